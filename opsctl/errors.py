@@ -1,0 +1,160 @@
+"""One exception tree for opsctl; only ``cli.py`` turns these into exit codes.
+
+Every error builds its own one-line message from typed fields and may carry a
+``hint`` (the next command to run) and a ``log_path`` (where the full output was
+saved), so that no failure is ever silent. The exit-code table in README.md is
+generated from :data:`EXIT_CODES`; keep them in step.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+# Exit codes, one per family (documented in README.md).
+OK = 0
+INTERNAL = 1
+USAGE = 2
+TRANSPORT = 10
+AUTH = 11
+HOST_KEY = 12
+CONTAINER_MISSING = 20
+CONTAINER_NOT_RUNNING = 21
+REMOTE_FAILED = 25
+TORCH_ENV = 30
+JOB_FAILED = 40
+JOB_UNHEALTHY = 41
+INVALID_TRANSITION = 50
+INTERRUPTED = 130
+
+EXIT_CODES: dict[int, str] = {
+    OK: "success (job healthy / command done)",
+    INTERNAL: "bug in opsctl (traceback printed)",
+    USAGE: "usage or configuration error (bad flag, inventory or playbook)",
+    TRANSPORT: "cannot connect to the host (DNS, refused, timeout, sshd gone)",
+    AUTH: "SSH authentication failed",
+    HOST_KEY: "host key unknown or changed (see `opsctl host trust`)",
+    CONTAINER_MISSING: "container does not exist",
+    CONTAINER_NOT_RUNNING: "container exists but is not running",
+    REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline)",
+    TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
+    JOB_FAILED: "the job failed, was lost or cancelled",
+    JOB_UNHEALTHY: "the job did not become healthy before its timeout",
+    INVALID_TRANSITION: "job state machine refused a transition (bug or race)",
+    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running)",
+}
+
+
+class OpsctlError(Exception):
+    """Root of every error opsctl renders nicely; anything else is a bug."""
+
+    exit_code: int = INTERNAL
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None, log_path: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+        self.log_path = log_path
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {
+            "type": type(self).__name__,
+            "message": self.message,
+            "exit_code": self.exit_code,
+            "hint": self.hint,
+            "log_path": self.log_path,
+        }
+
+
+class ConfigError(OpsctlError, ValueError):
+    """Bad inventory, playbook or flag: nothing was done remotely."""
+
+    exit_code = USAGE
+
+
+class TransportError(OpsctlError):
+    """The SSH hop to the Proxmox host failed."""
+
+    exit_code = TRANSPORT
+
+
+class AuthError(TransportError):
+    exit_code = AUTH
+
+
+class HostKeyError(TransportError):
+    """Unknown or changed host key; never silently accepted."""
+
+    exit_code = HOST_KEY
+
+
+class ContainerError(OpsctlError):
+    """The container is missing or in the wrong state."""
+
+    exit_code = CONTAINER_MISSING
+
+
+class ContainerMissing(ContainerError):
+    exit_code = CONTAINER_MISSING
+
+
+class ContainerNotRunning(ContainerError):
+    exit_code = CONTAINER_NOT_RUNNING
+
+
+class RemoteCommandFailed(OpsctlError):
+    """A command in the container exited non-zero or ran past its deadline."""
+
+    exit_code = REMOTE_FAILED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: t.Sequence[str] = (),
+        rc: int | None = None,
+        stderr_tail: str = "",
+        hint: str | None = None,
+        log_path: str | None = None,
+    ):
+        super().__init__(message, hint=hint, log_path=log_path)
+        self.argv = list(argv)
+        self.rc = rc
+        self.stderr_tail = stderr_tail
+
+
+class DeadlineExceeded(RemoteCommandFailed):
+    """The per-call deadline fired; the remote process group was killed."""
+
+
+class AgentError(RemoteCommandFailed):
+    """The container agent answered with an error document (rebuilt from the wire)."""
+
+    def __init__(self, message: str, *, remote_type: str, fields: dict[str, t.Any] | None = None,
+                 hint: str | None = None, log_path: str | None = None):
+        super().__init__(message, hint=hint, log_path=log_path)
+        self.remote_type = remote_type
+        self.fields = fields or {}
+
+
+class TorchEnvError(OpsctlError, ValueError):
+    """Installing, verifying or switching a torch build failed; the old build stays."""
+
+    exit_code = TORCH_ENV
+
+
+class JobFailed(OpsctlError):
+    """The job ended FAILED, CANCELLED or LOST."""
+
+    exit_code = JOB_FAILED
+
+
+class JobUnhealthy(OpsctlError):
+    """The job is alive but did not become healthy before the playbook's timeout."""
+
+    exit_code = JOB_UNHEALTHY
+
+
+class InvalidTransition(OpsctlError):
+    exit_code = INVALID_TRANSITION

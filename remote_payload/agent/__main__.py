@@ -1,0 +1,76 @@
+"""Agent entry point: parse argv, run one verb, print one JSON document.
+
+Verb modules are imported lazily (only the one asked for) so that a `status`
+round trip pays for no imports it does not use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import traceback
+
+from remote_payload import wire
+from remote_payload.agent.common import AgentFailure
+
+# verb name -> module exposing add_arguments(parser) and run(args) -> JSON-able data
+VERBS: dict[str, str] = {
+    "env": "remote_payload.agent.verbs_env",
+    "launch": "remote_payload.agent.verbs_jobs",
+    "status": "remote_payload.agent.verbs_jobs",
+    "logs": "remote_payload.agent.verbs_jobs",
+    "stop": "remote_payload.agent.verbs_jobs",
+    "stacks": "remote_payload.agent.verbs_jobs",
+    "jobs": "remote_payload.agent.verbs_jobs",
+    # torch builds and caches (issue 3)
+    "envs": "remote_payload.agent.verbs_torch",
+    "swap": "remote_payload.agent.verbs_torch",
+    "cache-info": "remote_payload.agent.verbs_torch",
+    "cache-clear": "remote_payload.agent.verbs_torch",
+    # compile-race probe (issue 5)
+    "probe": "remote_payload.agent.verbs_probe",
+}
+
+DEFAULT_ROOT = "/opt/opsctl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="remote_payload.agent")
+    parser.add_argument("--root", default=os.environ.get("OPSCTL_ROOT", DEFAULT_ROOT))
+    parser.add_argument("--json", action="store_true", help="accepted for symmetry; output is always JSON")
+    parser.add_argument("verb", choices=sorted(VERBS))
+    known, rest = parser.parse_known_args(argv)
+    verb = known.verb
+    try:
+        module = importlib.import_module(VERBS[verb])
+        sub = argparse.ArgumentParser(prog=f"remote_payload.agent {verb}")
+        sub.add_argument("--json", action="store_true")
+        module.add_arguments(verb, sub)
+        args = sub.parse_args(rest)
+        args.root = known.root
+        args.verb = verb
+        data = module.run(verb, args)
+        reply = wire.ok_reply(verb, data)
+        rc = 0
+    except AgentFailure as exc:
+        reply = wire.error_reply(verb, exc.type, exc.message, **exc.fields)
+        rc = wire.AGENT_ERROR_RC
+    except SystemExit as exc:  # argparse error: still one JSON document
+        reply = wire.error_reply(verb, "UsageError", f"bad arguments for {verb}: {rest!r}",
+                                 code=exc.code)
+        rc = wire.AGENT_ERROR_RC
+    except Exception as exc:  # a bug in the agent: say so, with the traceback
+        reply = wire.error_reply(verb, "AgentCrashed", f"{type(exc).__name__}: {exc}",
+                                 traceback=traceback.format_exc()[-4000:])
+        rc = wire.AGENT_ERROR_RC
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
