@@ -1,0 +1,114 @@
+"""Hosts and containers from ``inventory/*.yaml`` (pydantic at the boundary).
+
+Files are read from the repo's ``inventory/``, then ``$OPSCTL_HOME/inventory/``
+(where ``opsctl sandbox up`` writes ``sandbox.yaml``), then ``$OPSCTL_INVENTORY``;
+a later definition of the same host name wins. ``--host`` also takes a bare
+address (``10.1.2.6``, ``root@10.1.2.6:2222``) with defaults user=root, port 22.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from opsctl import paths, yamlfile
+from opsctl.errors import ConfigError
+
+DEFAULT_ROOT = "/opt/opsctl"
+
+
+class ContainerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpus: int = Field(default=0, ge=0)
+    description: str | None = None
+
+
+class HostSpec(BaseModel):
+    """One Proxmox host reached over SSH."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = ""
+    address: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = "root"
+    identity_file: str | None = None
+    known_hosts: str | None = None  # default ~/.ssh/known_hosts
+    host_key_fingerprint: str | None = None  # "SHA256:..." pin, checked on every connect
+    sudo: bool = False  # prefix `sudo -n` for non-root users
+    node: str | None = None  # Proxmox node name (informational)
+    root: str = DEFAULT_ROOT  # opsctl's directory inside containers
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    containers: dict[int, ContainerSpec] = Field(default_factory=dict)
+    torch_builds: dict[str, t.Any] | None = None  # per-host overrides of the builds table
+
+    @property
+    def label(self) -> str:
+        return self.name or self.address
+
+    def ssh_label(self) -> str:
+        port = "" if self.port == 22 else f":{self.port}"
+        return f"{self.user}@{self.address}{port}"
+
+
+class InventoryFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    torch_builds: dict[str, t.Any] | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    hosts: dict[str, HostSpec]
+    sources: tuple[str, ...]
+    torch_builds: dict[str, t.Any]
+
+    def resolve(self, host: str) -> HostSpec:
+        """An inventory name, or a bare ``[user@]address[:port]``.
+
+        Raises:
+            ConfigError: neither a known name nor something that looks like an address.
+        """
+        if host in self.hosts:
+            return self.hosts[host]
+        m = _BARE.fullmatch(host)
+        if m is None:
+            known = ", ".join(sorted(self.hosts)) or "(none)"
+            raise ConfigError(f"unknown host {host!r}: not in the inventory and not an address",
+                              hint=f"known hosts: {known}; or pass an address like 10.1.2.6")
+        by_address = [h for h in self.hosts.values()
+                      if h.address == m["address"] and (m["port"] is None or int(m["port"]) == h.port)]
+        if by_address and m["user"] is None:
+            return by_address[0]
+        return HostSpec(name=host, address=m["address"], user=m["user"] or "root",
+                        port=int(m["port"] or 22))
+
+
+_BARE = re.compile(r"(?:(?P<user>[A-Za-z0-9_.-]+)@)?(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])"
+                   r"(?::(?P<port>\d+))?")
+
+
+def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
+    """Read every ``*.yaml`` inventory file.
+
+    Raises:
+        ConfigError: a file is not valid (message names file, line and field).
+    """
+    hosts: dict[str, HostSpec] = {}
+    builds: dict[str, t.Any] = {}
+    sources: list[str] = []
+    for d in dirs if dirs is not None else paths.inventory_dirs():
+        if not d.is_dir():
+            continue
+        for path in sorted(d.glob("*.yaml")):
+            data, lines = yamlfile.load(path)
+            parsed = yamlfile.validate(InventoryFile, data or {}, path, lines)
+            for name, spec in parsed.hosts.items():
+                hosts[name] = spec.model_copy(update={"name": name})
+            if parsed.torch_builds:
+                builds.update(parsed.torch_builds)
+            sources.append(str(path))
+    return Inventory(hosts=hosts, sources=tuple(sources), torch_builds=builds)

@@ -1,0 +1,116 @@
+"""Job specs from ``playbooks/*.yaml``, validated with pydantic.
+
+A playbook says what to run in the container and when it counts as healthy;
+``torch:`` and ``cache:`` say which torch build and compile-cache policy the
+job needs (applied by ``deploy`` before launch).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+import typing as t
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from opsctl import paths, yamlfile
+from opsctl.errors import ConfigError
+
+
+class HealthyWhen(BaseModel):
+    """Exactly one criterion: first event of a kind, a regex on output, or started."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    event: str | None = None
+    regex: str | None = None
+    started: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> HealthyWhen:
+        given = [k for k in ("event", "regex", "started") if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of event, regex, started")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"invalid regex: {exc}") from None
+        return self
+
+    def to_wire(self) -> dict[str, t.Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class TorchSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    variant: str
+    version: str | None = None
+
+
+class Playbook(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    description: str | None = None
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    healthy_when: HealthyWhen = Field(default_factory=lambda: HealthyWhen(started=True))
+    timeout_s: float = Field(default=600, gt=0)
+    expect_tok_s: float | None = Field(default=None, gt=0)
+    torch: TorchSpec | None = None
+    cache: t.Literal["keep", "clear", "seed"] = "keep"
+    requirements: list[str] = Field(default_factory=list)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_are_strings(cls, v: t.Any) -> t.Any:
+        if isinstance(v, dict):
+            bad = [k for k, x in v.items() if not isinstance(x, (str, int, float)) or isinstance(x, bool)]
+            if bad:
+                raise ValueError(f"env values must be strings (quote them): {', '.join(map(str, bad))}")
+            return {str(k): str(x) for k, x in v.items()}
+        return v
+
+    def new_job_id(self) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return f"{self.name}-{stamp}-{secrets.token_hex(2)}"
+
+    def job_spec(self, job_id: str, *, root: str, replace: bool = False,
+                 python: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, t.Any]:
+        """The agent's launch spec (docs/contracts.md)."""
+        env = dict(extra_env or {})
+        env.update(self.env)
+        return {
+            "job_id": job_id,
+            "name": self.name,
+            "command": list(self.command),
+            "env": env,
+            "workdir": self.workdir or f"{root}/payload",
+            "healthy_when": self.healthy_when.to_wire(),
+            "timeout_s": self.timeout_s,
+            "replace": replace,
+            "expect_tok_s": self.expect_tok_s,
+            "python": python,
+        }
+
+
+def load(path: str | Path) -> Playbook:
+    """Load a playbook by path, or by name from ``playbooks/``.
+
+    Raises:
+        ConfigError: missing file, bad YAML or an invalid field (file:line field: problem).
+    """
+    p = Path(path)
+    if not p.exists() and not p.suffix:
+        candidate = paths.REPO_ROOT / "playbooks" / f"{p.name}.yaml"
+        if candidate.exists():
+            p = candidate
+    if not p.exists():
+        available = ", ".join(sorted(x.stem for x in (paths.REPO_ROOT / "playbooks").glob("*.yaml")))
+        raise ConfigError(f"playbook {str(path)!r} not found", hint=f"available: {available}")
+    data, lines = yamlfile.load(p)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}:1: a playbook is a mapping with at least name and command")
+    return yamlfile.validate(Playbook, data, p, lines)
