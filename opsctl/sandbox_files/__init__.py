@@ -1,0 +1,3 @@
+"""Files the sandbox installs on its emulated Proxmox host (the `pct` stand-in)."""
+
+from __future__ import annotations
