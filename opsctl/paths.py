@@ -24,6 +24,14 @@ def payload_source() -> Path:
 
 
 def inventory_dirs() -> list[Path]:
+    """Repo inventory, then $OPSCTL_HOME's, then $OPSCTL_INVENTORY.
+
+    ``OPSCTL_INVENTORY_DIRS`` (os.pathsep-separated) replaces the whole list; tests use it so
+    that the shipped example host (a real 10.x address) is never contacted.
+    """
+    override = os.environ.get("OPSCTL_INVENTORY_DIRS")
+    if override is not None:
+        return [Path(p) for p in override.split(os.pathsep) if p]
     dirs = [REPO_ROOT / "inventory", home() / "inventory"]
     extra = os.environ.get("OPSCTL_INVENTORY")
     if extra:

@@ -1,0 +1,153 @@
+"""Ship the payload and call agent verbs in a container; parse their one JSON reply."""
+
+from __future__ import annotations
+
+import json
+import time
+import typing as t
+from dataclasses import dataclass
+
+import pydantic
+
+from opsctl import payload
+from opsctl.errors import (
+    AgentError,
+    JobFailed,
+    RemoteCommandFailed,
+    TorchEnvError,
+)
+from opsctl.models import AgentReply
+from opsctl.transport import CommandResult, Remote, save_log
+
+# Agent error types that map onto a more specific local family (exit code).
+_ERROR_FAMILIES: dict[str, type[AgentError]] = {}
+
+
+class TorchAgentError(AgentError, TorchEnvError):
+    exit_code = TorchEnvError.exit_code
+
+
+class JobAgentError(AgentError, JobFailed):
+    exit_code = JobFailed.exit_code
+
+
+for _name in ("TorchInstallFailed", "TorchVerifyFailed", "UnknownVariant", "SwapRefused",
+              "CacheSeedFailed"):
+    _ERROR_FAMILIES[_name] = TorchAgentError
+_ERROR_FAMILIES["NoSuchJob"] = AgentError
+
+_HINTS = {
+    "JobAlreadyRunning": "stop it first (`opsctl stop`) or deploy with --replace",
+    "NoSuchJob": "list jobs with `opsctl status --json` after a deploy",
+}
+
+
+@dataclass(frozen=True)
+class PayloadResult:
+    sent: bool
+    digest: str
+    files: int
+    bytes_sent: int
+    elapsed_s: float
+
+
+@dataclass
+class Agent:
+    """Agent verbs in one container, over one :class:`Remote`."""
+
+    remote: Remote
+    ctid: int
+    root: str = "/opt/opsctl"
+    python: str = "python3"
+
+    def argv(self, verb: str, *args: str) -> list[str]:
+        return ["env", f"PYTHONPATH={self.root}/payload", self.python, "-m", "remote_payload.agent",
+                "--root", self.root, verb, *args, "--json"]
+
+    def call(self, verb: str, *args: str, timeout: float = 60) -> t.Any:
+        """Run one verb; returns its ``data``.
+
+        Raises:
+            AgentError (or a family subclass): the agent answered an error document.
+            RemoteCommandFailed: no valid reply (output saved, path in the error).
+            ContainerMissing/ContainerNotRunning/TransportError: from the transport.
+        """
+        step = f"agent {verb}"
+        result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout, step=step)
+        reply = parse_reply(self.remote.host.label, self.ctid, step, result)
+        if reply.ok:
+            return reply.data
+        err = reply.error or {}
+        etype = str(err.get("type", "AgentError"))
+        fields = dict(err.get("fields") or {})
+        cls = _ERROR_FAMILIES.get(etype, AgentError)
+        log_path = fields.get("log_path")
+        message = f"{self.remote.host.label} ct {self.ctid}: {verb}: {err.get('message', etype)}"
+        if etype == "AgentCrashed":
+            log_path = str(save_log(step, result))
+        raise cls(message, remote_type=etype, fields=fields, hint=_HINTS.get(etype),
+                  log_path=log_path)
+
+    # --- payload ------------------------------------------------------------------
+
+    def remote_digest(self) -> str | None:
+        r = self.remote.pct_exec(self.ctid, ["cat", f"{self.root}/payload/MANIFEST.json"],
+                                 timeout=20, step="read payload manifest")
+        if r.rc != 0:
+            return None
+        try:
+            return str(json.loads(r.stdout)["digest"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def ensure_payload(self, *, force: bool = False) -> PayloadResult:
+        """Send ``remote_payload/`` unless the container already has this exact digest.
+
+        Raises:
+            RemoteCommandFailed: transfer or verification failed (old payload kept).
+        """
+        start = time.monotonic()
+        manifest = payload.build_manifest()
+        if not force and self.remote_digest() == manifest.digest:
+            return PayloadResult(False, manifest.digest, len(manifest.files), 0,
+                                 time.monotonic() - start)
+        data = payload.tar_bytes(manifest)
+        step = "payload transfer"
+        r = self.remote.pct_exec(
+            self.ctid, [self.python, "-c", payload.UNPACK_SCRIPT, self.root],
+            timeout=120, stdin=data, step=step)
+        try:
+            doc = json.loads(r.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            doc = {"ok": False, "error": "no reply from the unpack step"}
+        if r.rc != 0 or not doc.get("ok") or doc.get("digest") != manifest.digest:
+            path = save_log(step, r)
+            raise RemoteCommandFailed(
+                f"{self.remote.host.label} ct {self.ctid}: payload transfer failed: "
+                f"{doc.get('error') or r.stderr_tail(1)} (previous payload kept)",
+                argv=r.argv, rc=r.rc, stderr_tail=r.stderr_tail(), log_path=str(path))
+        return PayloadResult(True, manifest.digest, len(manifest.files), len(data),
+                             time.monotonic() - start)
+
+
+def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> AgentReply:
+    """Exactly one JSON document, or a clear error with the output saved.
+
+    Raises:
+        RemoteCommandFailed: the output is not an agent reply.
+    """
+    text = result.stdout.decode("utf-8", "replace").strip()
+    try:
+        return AgentReply.model_validate_json(text.splitlines()[-1] if text else "")
+    except (pydantic.ValidationError, IndexError):
+        pass
+    path = save_log(step, result)
+    stderr = result.stderr.decode("utf-8", "replace")
+    if "No module named remote_payload" in stderr or "No module named 'remote_payload" in stderr:
+        reason, hint = "no opsctl payload in the container", "run `opsctl deploy` first"
+    elif result.rc == 127:
+        reason, hint = "python3 not found in the container", "install python3 in the container"
+    else:
+        reason, hint = f"no valid reply (rc={result.rc}): {result.stderr_tail(1) or 'no output'}", None
+    raise RemoteCommandFailed(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,
+                              stderr_tail=result.stderr_tail(), hint=hint, log_path=str(path))

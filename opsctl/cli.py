@@ -1,0 +1,408 @@
+"""opsctl command line: parse, call one operation, render, exit code. Nothing else.
+
+Every error that is an :class:`~opsctl.errors.OpsctlError` becomes one clear line
+(plus hint and log path) and its family's exit code, in :meth:`OpsctlGroup.invoke`.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import typing as t
+
+import click
+
+from opsctl import errors
+from opsctl.errors import OpsctlError
+
+F = t.TypeVar("F", bound=t.Callable[..., t.Any])
+
+
+class OpsctlGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> t.Any:
+        try:
+            return super().invoke(ctx)
+        except OpsctlError as exc:
+            _report_error(ctx, exc)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted (the remote job, if any, keeps running)", err=True)
+            ctx.exit(errors.INTERRUPTED)
+
+
+def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
+    from opsctl import render
+
+    if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
+        render.print_json({"ok": False, "error": exc.to_dict()})
+    render.error(render.console(stderr=True), exc)
+
+
+def json_option(f: F) -> F:
+    @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout.")
+    @functools.wraps(f)
+    def wrapper(*args: t.Any, as_json: bool, **kwargs: t.Any) -> t.Any:
+        if as_json:
+            click.get_current_context().meta["opsctl_json"] = True
+        return f(*args, as_json=as_json, **kwargs)
+
+    return t.cast(F, wrapper)
+
+
+def target_options(f: F) -> F:
+    f = click.option("--ct", "ctid", type=int, default=None,
+                     help="Container id (default: the last deploy's).")(f)
+    f = click.option("--host", "host", default=None,
+                     help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
+                          "(default: the last deploy's).")(f)
+    f = click.option("--accept-new-host-key", is_flag=True,
+                     help="Like OpenSSH accept-new: record an unknown host key "
+                          "(a changed key is still refused).")(f)
+    return f
+
+
+@click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="opsctl")
+def cli() -> None:
+    """Run GPU training jobs in Proxmox LXC containers and keep them healthy."""
+
+
+# --- sandbox ------------------------------------------------------------------------------
+
+
+@cli.group(cls=OpsctlGroup)
+def sandbox() -> None:
+    """Make this machine an emulated Proxmox host (loopback sshd + real LXC + pct)."""
+
+
+@sandbox.command("up")
+@click.option("--ct", "ctids", type=int, multiple=True, default=(200,), show_default=True)
+@json_option
+def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
+    """Start (or reuse) the sandbox and write its inventory entry `sandbox`."""
+    from opsctl import render
+    from opsctl import sandbox as sb
+
+    con = render.console(stderr=True)
+    start = time.monotonic()
+    if not as_json:
+        con.print("bringing the sandbox up (first time: ~1 min to build the containers)…")
+    info = sb.up(containers=ctids)
+    doc = {**_dc(info), "elapsed_s": round(time.monotonic() - start, 2)}
+    if as_json:
+        render.print_json(doc)
+        return
+    out = render.console()
+    out.print(f"sandbox up in {doc['elapsed_s']:.1f}s: ssh {info.user}@{info.host} -p {info.port}, "
+              f"containers {', '.join(map(str, info.containers))}")
+    out.print(f"inventory host `sandbox` written; try: opsctl exec --host sandbox --ct "
+              f"{info.containers[0]} -- uname -a")
+
+
+@sandbox.command("down")
+def sandbox_down() -> None:
+    """Stop the sandbox containers and sshd (keeps them for a fast `up`)."""
+    from opsctl import sandbox as sb
+
+    sb.down()
+    click.echo("sandbox stopped")
+
+
+@sandbox.command("destroy")
+def sandbox_destroy() -> None:
+    """Remove the sandbox containers, keys and state."""
+    from opsctl import sandbox as sb
+
+    sb.destroy()
+    click.echo("sandbox destroyed")
+
+
+@sandbox.command("status")
+@json_option
+def sandbox_status(as_json: bool) -> None:
+    """Show whether the sandbox is up."""
+    from opsctl import render
+    from opsctl import sandbox as sb
+
+    info = sb.info()
+    if as_json:
+        render.print_json(_dc(info) if info else None)
+    else:
+        click.echo("sandbox is not set up" if info is None else f"sandbox: {_dc(info)}")
+
+
+def _dc(obj: t.Any) -> dict[str, t.Any]:
+    import dataclasses
+
+    d = dataclasses.asdict(obj)
+    return {k: (str(v) if hasattr(v, "__fspath__") else v) for k, v in d.items()}
+
+
+# --- deploy / status / logs / stop ---------------------------------------------------------
+
+
+@cli.command()
+@target_options
+@click.option("--playbook", "playbook_path", required=True,
+              help="Path or name of a playbook (playbooks/<name>.yaml).")
+@click.option("--replace", is_flag=True, help="Stop a running job first instead of refusing.")
+@click.option("--no-wait", is_flag=True, help="Launch and return without watching.")
+@click.option("--poll", "poll_s", type=float, default=2.0, show_default=True, help="Poll interval (s).")
+@click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
+@json_option
+def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str,
+           replace: bool, no_wait: bool, poll_s: float, force_payload: bool, as_json: bool) -> None:
+    """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
+    from opsctl import jobs, render
+    from opsctl import playbook as playbook_mod
+
+    book = playbook_mod.load(playbook_path)  # validate before touching anything remote
+    if host is None:
+        raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
+    err = render.console(stderr=True)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        prepare = _torch_prepare_hook()
+        if as_json or not err.is_terminal:
+            report = _deploy_plain(jobs, tgt, book, replace, no_wait, poll_s, force_payload, as_json,
+                                   prepare, err)
+        else:
+            report = _deploy_live(jobs, tgt, book, replace, no_wait, poll_s, force_payload, prepare, err)
+    if as_json:
+        render.print_json(report.to_dict())
+        return
+    out = render.console()
+    render.status(out, report.target, report.status)
+    verdict = {"healthy": "healthy: training is running", "terminal": "finished",
+               "launched": "launched (not watched)"}.get(report.outcome, report.outcome)
+    out.print(f"[bold green]{report.job_id}: {verdict}[/] after {render.duration(report.elapsed_s)}")
+
+
+def _torch_prepare_hook() -> t.Any:
+    try:
+        from opsctl import torch_deploy
+    except ImportError:
+        return None
+    return torch_deploy.prepare
+
+
+def _deploy_plain(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,
+                  force_payload: bool, as_json: bool, prepare: t.Any, err: t.Any) -> t.Any:
+    from opsctl import render
+
+    last: dict[str, t.Any] = {"state": None}
+
+    def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
+        key = (st.state, st.phase) if st is not None else None
+        if problem or key != last["state"]:
+            last["state"] = key
+            if not as_json:
+                err.print(render.progress_line(st, elapsed, problem))
+
+    def on_step(name: str) -> None:
+        if not as_json and not name.endswith("-done"):
+            err.print(f"{render.now_stamp()} {name}…")
+
+    return _deploy_call(jobs, tgt, book, replace, no_wait, poll_s, force_payload, prepare,
+                        on_update, on_step, as_json)
+
+
+def _deploy_live(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,
+                 force_payload: bool, prepare: t.Any, err: t.Any) -> t.Any:
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    from opsctl import render
+
+    spinner = Spinner("dots", text="connecting…")
+    with Live(spinner, console=err, refresh_per_second=8, transient=True):
+        def on_step(name: str) -> None:
+            spinner.update(text=f"{name}…")
+
+        def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
+            spinner.update(text=render.progress_line(st, elapsed, problem))
+
+        return _deploy_call(jobs, tgt, book, replace, no_wait, poll_s, force_payload, prepare,
+                            on_update, on_step, False)
+
+
+def _deploy_call(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,
+                 force_payload: bool, prepare: t.Any, on_update: t.Any, on_step: t.Any,
+                 as_json: bool) -> t.Any:
+    from opsctl import render
+
+    try:
+        return jobs.deploy(tgt, book, replace=replace, wait=not no_wait, poll_s=poll_s,
+                           on_update=on_update, on_step=on_step, force_payload=force_payload,
+                           prepare=prepare)
+    except (errors.JobFailed, errors.JobUnhealthy) as exc:
+        report = getattr(exc, "report", None)
+        if report is not None:
+            if as_json:
+                render.print_json({**report.to_dict(), "ok": False, "error": exc.to_dict()})
+                click.get_current_context().meta["opsctl_json_done"] = True  # one document only
+            else:
+                render.status(render.console(stderr=True), report.target, report.status)
+        raise
+
+
+@cli.command()
+@target_options
+@click.option("--job", "job_id", default=None, help="Job id (default: the current job).")
+@click.option("--lines", "-n", type=int, default=20, show_default=True, help="Pane lines to show.")
+@click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
+@click.option("--poll", "poll_s", type=float, default=2.0, show_default=True)
+@json_option
+def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
+           lines: int, follow: bool, poll_s: float, as_json: bool) -> None:
+    """Job state, pane tail, metrics, GPUs and a diagnosis of known failures."""
+    from opsctl import jobs, render, watch
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        if follow:
+            err = render.console(stderr=True)
+            seen: dict[str, t.Any] = {"key": None}
+
+            def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
+                key = (st.state, st.phase, (st.last_step or {}).get("step")) if st else None
+                if not as_json and (problem or key != seen["key"]):
+                    seen["key"] = key
+                    err.print(render.progress_line(st, elapsed, problem))
+
+            st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
+                            on_update=on_update, lines=lines).status
+        else:
+            st = watch.fetch_status(tgt.agent, job_id, lines)
+    if as_json:
+        render.print_json(st.model_dump(mode="json"))
+    else:
+        render.status(render.console(), tgt.label, st, pane_lines=lines)
+    if follow and st.state.value != "SUCCEEDED":
+        sys.exit(errors.JOB_FAILED)
+
+
+@cli.command()
+@target_options
+@click.option("--job", "job_id", default=None)
+@click.option("--follow", "-f", is_flag=True, help="Keep following until the job ends.")
+@click.option("--offset", type=int, default=0, help="Start at this byte of output.log.")
+def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
+         follow: bool, offset: int) -> None:
+    """The job's full output (output.log), byte-exact; -f follows until the job ends."""
+    from opsctl import jobs
+
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        jobs.follow_logs(tgt, job_id, write, follow=follow, offset=offset)
+
+
+@cli.command()
+@target_options
+@click.option("--job", "job_id", default=None)
+@click.option("--grace", "grace_s", type=float, default=30.0, show_default=True,
+              help="Seconds after SIGINT before SIGTERM, then SIGKILL.")
+@json_option
+def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
+         grace_s: float, as_json: bool) -> None:
+    """Stop the job: SIGINT, then SIGTERM to its process group, then SIGKILL."""
+    from opsctl import jobs, render
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        res = jobs.stop(tgt, job_id, grace_s)
+    if as_json:
+        render.print_json(res.model_dump(mode="json"))
+    else:
+        click.echo(f"{res.job_id}: {res.state.value} (signals: {', '.join(res.signals_sent) or 'none'})")
+
+
+# --- exec / hosts ------------------------------------------------------------------------
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@target_options
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Deadline; when it fires the remote process group is killed.")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_s: float | None,
+         argv: tuple[str, ...]) -> None:
+    """Run ARGV in the container (after `--`); output streams, exit code passes through."""
+    from opsctl import jobs
+
+    args = list(argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise errors.ConfigError("nothing to run: give the command after --")
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+
+    def w(stream: t.BinaryIO) -> t.Callable[[bytes], None]:
+        def write(data: bytes) -> None:
+            stream.write(data)
+            stream.flush()
+        return write
+
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        res = tgt.remote.pct_exec(tgt.ctid, args, timeout=timeout_s, stdin=stdin, on_stdout=w(out),
+                                  on_stderr=w(err), step="exec")
+    sys.exit(res.rc)
+
+
+@cli.command()
+@click.option("--check", is_flag=True, help="Also connect to each host and list its containers.")
+@json_option
+def hosts(check: bool, as_json: bool) -> None:
+    """Hosts and containers in the inventory (reachability with --check)."""
+    from opsctl import hostcheck, render
+
+    rows = hostcheck.list_hosts(check=check)
+    if as_json:
+        render.print_json([r.to_dict() for r in rows])
+        return
+    from rich.table import Table
+
+    table = Table(box=None)
+    for c in ("host", "address", "user", "containers", "reachable", "detail"):
+        table.add_column(c)
+    for r in rows:
+        reach = "-" if r.reachable is None else ("[green]yes[/]" if r.reachable else "[red]no[/]")
+        table.add_row(r.name, f"{r.address}:{r.port}", r.user,
+                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach, r.detail or "")
+    render.console().print(table)
+
+
+@cli.group(cls=OpsctlGroup)
+def host() -> None:
+    """Host keys and trust."""
+
+
+@host.command("trust")
+@click.option("--host", "host_name", required=True)
+@click.option("--yes", is_flag=True, help="Record the key without asking.")
+def host_trust(host_name: str, yes: bool) -> None:
+    """Show the host's key fingerprint and record it in known_hosts."""
+    from opsctl import hostcheck
+
+    fp, already = hostcheck.fetch_fingerprint(host_name)
+    click.echo(f"{host_name}: host key {fp}")
+    if already:
+        click.echo("already trusted")
+        return
+    if not yes and not click.confirm("trust this key?", default=False):
+        raise errors.HostKeyError(f"{host_name}: key not trusted")
+    hostcheck.trust(host_name)
+    click.echo("recorded in known_hosts")
+
+
+def main() -> None:
+    cli(prog_name="opsctl")
+
+
+if __name__ == "__main__":
+    main()

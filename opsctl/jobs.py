@@ -1,0 +1,191 @@
+"""The operations behind the CLI: deploy, status, logs, stop. Each returns a report.
+
+Kept free of click and rich so tests and other tools can call them directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from opsctl import inventory as inventory_mod
+from opsctl import target as target_mod
+from opsctl import watch
+from opsctl.agent_client import Agent, PayloadResult
+from opsctl.errors import ConfigError, JobFailed, JobUnhealthy
+from opsctl.inventory import HostSpec
+from opsctl.models import JobStatus, LogsChunk, StopResult
+from opsctl.playbook import Playbook
+from opsctl.transport import Remote
+
+
+@dataclass
+class Target:
+    """A resolved host + container, with its connection and agent."""
+
+    name: str  # what the user typed (inventory name or address)
+    host: HostSpec
+    ctid: int
+    remote: Remote
+    agent: Agent
+
+    @property
+    def label(self) -> str:
+        return f"{self.host.label} ct {self.ctid}"
+
+    def close(self) -> None:
+        self.remote.close()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool = False) -> Target:
+    """Resolve flags (or the remembered target) to a :class:`Target`; connects lazily.
+
+    Raises:
+        ConfigError: unknown host, no target, or a container id the host does not list.
+    """
+    last = target_mod.resolve(host, ctid)
+    inv = inventory_mod.load()
+    spec = inv.resolve(last.host)
+    if last.ctid < 100:
+        raise ConfigError(f"container id {last.ctid} is not valid: Proxmox ids start at 100")
+    remote = Remote(spec, accept_new_host_key=accept_new_host_key)
+    return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root))
+
+
+# --- deploy ---------------------------------------------------------------------------
+
+
+@dataclass
+class DeployReport:
+    target: str
+    job_id: str
+    playbook: str
+    payload: PayloadResult
+    outcome: str  # healthy | terminal | timeout | launched
+    status: JobStatus
+    elapsed_s: float
+    steps: list[dict[str, t.Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {
+            "target": self.target, "job_id": self.job_id, "playbook": self.playbook,
+            "payload": self.payload.__dict__, "outcome": self.outcome,
+            "elapsed_s": round(self.elapsed_s, 3), "steps": self.steps,
+            "status": self.status.model_dump(mode="json"),
+        }
+
+
+PrepareHook = t.Callable[[Target, Playbook, list[dict[str, t.Any]]], dict[str, t.Any]]
+
+
+def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,
+           poll_s: float = watch.DEFAULT_POLL_S, on_update: watch.OnUpdate | None = None,
+           on_step: t.Callable[[str], None] | None = None, force_payload: bool = False,
+           prepare: PrepareHook | None = None) -> DeployReport:
+    """Ship the payload, prepare the torch env, launch, and watch until healthy or failed.
+
+    ``prepare`` (torch build + compile cache, issue 3) returns the launch spec
+    overrides (``python``, extra ``env``).
+
+    Raises:
+        JobFailed: the job ended FAILED/CANCELLED/LOST before becoming healthy.
+        JobUnhealthy: still not healthy after the playbook's ``timeout_s``.
+        (and transport/container/agent errors from the steps)
+    """
+    start = time.monotonic()
+    steps: list[dict[str, t.Any]] = []
+
+    def step(name: str, **info: t.Any) -> None:
+        steps.append({"step": name, "t": round(time.monotonic() - start, 3), **info})
+        if on_step is not None:
+            on_step(name)
+
+    step("payload")
+    pay = tgt.agent.ensure_payload(force=force_payload)
+    step("payload-done", sent=pay.sent, digest=pay.digest[:12])
+    overrides: dict[str, t.Any] = {}
+    if prepare is not None:
+        step("prepare")
+        overrides = prepare(tgt, book, steps)
+    job_id = book.new_job_id()
+    spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
+                         python=overrides.get("python"), extra_env=overrides.get("env"))
+    step("launch", job_id=job_id)
+    import json
+
+    args = ["--spec-json", json.dumps(spec)]
+    if replace:
+        args.append("--replace")
+    status = JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))
+    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
+    outcome = "launched"
+    if wait:
+        step("watch")
+        result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
+                            poll_s=poll_s, on_update=on_update)
+        status, outcome = result.status, result.reason
+    report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
+                          time.monotonic() - start, steps)
+    check_outcome(report)
+    return report
+
+
+def check_outcome(report: DeployReport) -> None:
+    st = report.status
+    if st.terminal and st.state.value != "SUCCEEDED":
+        why = f"exit code {st.exit_code}" if st.exit_code is not None else (st.signal or "")
+        first = st.diagnosis[0].summary if st.diagnosis else (st.output_tail[-1] if st.output_tail else "")
+        err = JobFailed(f"{report.target}: job {report.job_id} {st.state.value}"
+                        f"{' (' + why + ')' if why else ''}{': ' + first if first else ''}",
+                        hint="opsctl status  (pane tail, diagnosis) · opsctl logs  (full output)",
+                        log_path=st.output_log)
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+    if report.outcome == "timeout":
+        err2 = JobUnhealthy(f"{report.target}: job {report.job_id} not healthy after "
+                            f"{report.elapsed_s:.0f} s (state {st.state.value})",
+                            hint="opsctl status  ·  opsctl stacks (is it stuck?)", log_path=st.output_log)
+        err2.report = report  # type: ignore[attr-defined]
+        raise err2
+
+
+# --- logs / stop ------------------------------------------------------------------------
+
+
+def read_logs(tgt: Target, job_id: str | None, offset: int,
+              max_bytes: int = 1 << 20) -> tuple[bytes, LogsChunk]:
+    args = ["--offset", str(offset), "--max-bytes", str(max_bytes)]
+    if job_id:
+        args += ["--job", job_id]
+    chunk = LogsChunk.model_validate(tgt.agent.call("logs", *args, timeout=30))
+    return base64.b64decode(chunk.data_b64), chunk
+
+
+def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None], *,
+                follow: bool, offset: int = 0, poll_s: float = 1.0) -> LogsChunk:
+    """Stream output.log from ``offset``; with ``follow`` until the job ends."""
+    while True:
+        data, chunk = read_logs(tgt, job_id, offset)
+        if data:
+            write(data)
+        offset = chunk.next_offset
+        if not chunk.eof:
+            continue
+        if not follow or chunk.terminal:
+            return chunk
+        time.sleep(poll_s)
+
+
+def stop(tgt: Target, job_id: str | None, grace_s: float) -> StopResult:
+    args = ["--grace", f"{grace_s:g}"]
+    if job_id:
+        args += ["--job", job_id]
+    return StopResult.model_validate(tgt.agent.call("stop", *args, timeout=grace_s + 30))

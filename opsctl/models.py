@@ -1,0 +1,89 @@
+"""Typed views of the agent's JSON replies (docs/contracts.md); parsed once, here."""
+
+from __future__ import annotations
+
+import typing as t
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from remote_payload.wire import JobState
+
+
+class _Wire(BaseModel):
+    # The agent may grow fields before the CLI knows them: ignore, never fail.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class GpuRow(_Wire):
+    index: int
+    name: str = ""
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+
+
+class DiagnosisItem(_Wire):
+    cause: str
+    severity: t.Literal["error", "warning", "info"] = "error"
+    summary: str
+    evidence: list[str] = Field(default_factory=list)
+    hint: str = ""
+
+
+class JobStatus(_Wire):
+    job_id: str
+    name: str = ""
+    state: JobState
+    healthy: bool = False
+    phase: str | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    elapsed_s: float | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    alive: bool = False
+    exit_code: int | None = None
+    signal: str | None = None
+    pane_tail: list[str] = Field(default_factory=list)
+    output_tail: list[str] = Field(default_factory=list)
+    output_log: str | None = None
+    output_size: int = 0
+    last_output_at: float | None = None
+    last_step: dict[str, t.Any] | None = None
+    events_tail: list[dict[str, t.Any]] = Field(default_factory=list)
+    gpus: list[GpuRow] = Field(default_factory=list)
+    gpu_error: str | None = None
+    diagnosis: list[DiagnosisItem] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.is_terminal()
+
+
+class LogsChunk(_Wire):
+    job_id: str
+    offset: int
+    next_offset: int
+    data_b64: str = ""
+    eof: bool = True
+    state: JobState
+    terminal: bool = False
+
+
+class StopResult(_Wire):
+    job_id: str
+    state: JobState
+    signals_sent: list[str] = Field(default_factory=list)
+    remaining_pids: list[int] = Field(default_factory=list)
+
+
+class AgentReply(_Wire):
+    ok: bool
+    verb: str
+    agent_version: int = 1
+    data: t.Any = None
+    error: dict[str, t.Any] | None = None

@@ -1,0 +1,116 @@
+"""Build, ship and verify ``remote_payload/`` in the container.
+
+The payload travels as a tar stream on the stdin of one ``pct exec``; the
+container side (:data:`UNPACK_SCRIPT`, a constant run by the container's
+python3) checks every file against the sha256 manifest and only then switches
+``payload -> payloads/<digest>`` with an atomic symlink rename. An unchanged
+payload (same digest) is not sent again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl import paths
+
+_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+_SKIP_SUFFIXES = {".pyc", ".pyo"}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: dict[str, str]  # relpath (under the payload dir) -> sha256
+    digest: str
+
+    def to_json(self) -> bytes:
+        return json.dumps({"files": self.files, "digest": self.digest}, indent=1,
+                          sort_keys=True).encode()
+
+
+def build_manifest(src: Path | None = None) -> Manifest:
+    src = src or paths.payload_source()
+    files: dict[str, str] = {}
+    for path in sorted(src.rglob("*")):
+        rel_parts = path.relative_to(src).parts
+        if any(p in _SKIP_DIRS for p in rel_parts) or path.suffix in _SKIP_SUFFIXES:
+            continue
+        if path.is_file():
+            rel = "/".join((src.name, *rel_parts))
+            files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256("\n".join(f"{k} {v}" for k, v in files.items()).encode()).hexdigest()
+    return Manifest(files=files, digest=digest)
+
+
+def tar_bytes(manifest: Manifest, src: Path | None = None) -> bytes:
+    src = src or paths.payload_source()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        data = manifest.to_json()
+        info = tarfile.TarInfo("MANIFEST.json")
+        info.size = len(data)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(data))
+        for rel in manifest.files:
+            path = src.parent / rel
+            info = tar.gettarinfo(str(path), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            with path.open("rb") as f:
+                tar.addfile(info, f)
+    return buf.getvalue()
+
+
+# Runs in the container as `python3 -c UNPACK_SCRIPT <root>`; stdin is the tar.gz.
+# Constant text (never built from input); prints one JSON line.
+UNPACK_SCRIPT = r"""
+import hashlib, json, os, shutil, sys, tarfile, time
+root = sys.argv[1]
+store = os.path.join(root, "payloads")
+os.makedirs(store, exist_ok=True)
+tmp = os.path.join(store, ".incoming-%d" % os.getpid())
+def fail(msg):
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"ok": False, "error": msg})); sys.exit(3)
+try:
+    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|gz") as tar:
+        for m in tar:
+            name = os.path.normpath(m.name)
+            if name.startswith(("/", "..")) or not (m.isfile() or m.isdir()):
+                fail("unsafe member in payload: %r" % m.name)
+            tar.extract(m, tmp, set_attrs=False)
+except (tarfile.TarError, OSError, EOFError) as e:
+    fail("payload transfer broken: %s" % e)
+man = json.load(open(os.path.join(tmp, "MANIFEST.json")))
+seen = []
+for rel, want in man["files"].items():
+    p = os.path.join(tmp, rel)
+    try:
+        got = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    except OSError:
+        fail("missing after transfer: " + rel)
+    if got != want:
+        fail("sha256 mismatch after transfer: %s (%s != %s)" % (rel, got[:12], want[:12]))
+    seen.append(rel)
+final = os.path.join(store, man["digest"][:16])
+if os.path.exists(final):
+    shutil.rmtree(final)
+os.rename(tmp, final)
+link = os.path.join(root, "payload")
+previous = os.path.realpath(link) if os.path.islink(link) else None
+if os.path.exists(link) and not os.path.islink(link):
+    shutil.rmtree(link)
+tmp_link = link + ".tmp-%d" % os.getpid()
+os.symlink(os.path.relpath(final, root), tmp_link)
+os.replace(tmp_link, link)
+keep = {os.path.realpath(final), previous}
+for d in os.listdir(store):
+    full = os.path.realpath(os.path.join(store, d))
+    if full not in keep:
+        shutil.rmtree(full, ignore_errors=True)
+print(json.dumps({"ok": True, "digest": man["digest"], "files": len(seen), "path": final}))
+"""

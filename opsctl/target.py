@@ -1,0 +1,55 @@
+"""Remember the last target (host, container, job) so `opsctl status` needs no flags."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from opsctl import paths
+from opsctl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LastTarget:
+    host: str
+    ctid: int
+    job_id: str | None = None
+
+
+def _path() -> Path:
+    return paths.home() / "last-target.json"
+
+
+def save(target: LastTarget) -> None:
+    p = _path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(target)), encoding="utf-8")
+    tmp.replace(p)
+
+
+def load() -> LastTarget | None:
+    try:
+        data = json.loads(_path().read_text(encoding="utf-8"))
+        return LastTarget(host=str(data["host"]), ctid=int(data["ctid"]), job_id=data.get("job_id"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def resolve(host: str | None, ctid: int | None) -> LastTarget:
+    """Explicit flags win; otherwise the last deploy's target.
+
+    Raises:
+        ConfigError: nothing given and nothing remembered.
+    """
+    last = load()
+    if host is None and last is not None:
+        host = last.host
+    if ctid is None and last is not None and host == last.host:
+        ctid = last.ctid
+    if host is None or ctid is None:
+        raise ConfigError("no target: pass --host and --ct (nothing remembered from a deploy yet)",
+                          hint="e.g. opsctl status --host sandbox --ct 200")
+    job = last.job_id if last is not None and (last.host, last.ctid) == (host, ctid) else None
+    return LastTarget(host=host, ctid=ctid, job_id=job)

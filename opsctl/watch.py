@@ -1,0 +1,80 @@
+"""Poll a job until it is healthy, finished, or out of time — never a blind sleep.
+
+Connection errors back off and reconnect; a job that crashes is reported within
+one poll interval plus one round trip.
+"""
+
+from __future__ import annotations
+
+import time
+import typing as t
+from dataclasses import dataclass
+
+from opsctl.agent_client import Agent
+from opsctl.errors import TransportError
+from opsctl.models import JobStatus
+
+DEFAULT_POLL_S = 2.0
+#: Give up after this long without a single successful poll.
+MAX_OUTAGE_S = 90.0
+
+Until = t.Literal["healthy", "terminal"]
+OnUpdate = t.Callable[[JobStatus | None, float, str | None], None]
+
+
+@dataclass(frozen=True)
+class WatchOutcome:
+    status: JobStatus
+    reason: t.Literal["healthy", "terminal", "timeout"]
+    elapsed_s: float
+    polls: int
+
+
+def fetch_status(agent: Agent, job_id: str | None, lines: int = 20) -> JobStatus:
+    args = ["--lines", str(lines)]
+    if job_id:
+        args += ["--job", job_id]
+    return JobStatus.model_validate(agent.call("status", *args, timeout=30))
+
+
+def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | None,
+         poll_s: float = DEFAULT_POLL_S, on_update: OnUpdate | None = None,
+         lines: int = 20) -> WatchOutcome:
+    """Poll ``status`` until the condition holds.
+
+    Raises:
+        TransportError: no successful poll for :data:`MAX_OUTAGE_S`.
+    """
+    start = time.monotonic()
+    polls = 0
+    backoff = 0.5
+    last_ok = start
+    status: JobStatus | None = None
+    while True:
+        loop_start = time.monotonic()
+        try:
+            status = fetch_status(agent, job_id, lines)
+            polls += 1
+            backoff = 0.5
+            last_ok = time.monotonic()
+            problem = None
+        except TransportError as exc:
+            agent.remote.close()
+            if time.monotonic() - last_ok > MAX_OUTAGE_S:
+                raise
+            problem = f"connection problem, retrying in {backoff:g} s: {exc.message}"
+        elapsed = time.monotonic() - start
+        if on_update is not None:
+            on_update(status, elapsed, problem)
+        if status is not None and problem is None:
+            if status.terminal:
+                return WatchOutcome(status, "terminal", elapsed, polls)
+            if until == "healthy" and status.healthy:
+                return WatchOutcome(status, "healthy", elapsed, polls)
+            if timeout_s is not None and elapsed >= timeout_s:
+                return WatchOutcome(status, "timeout", elapsed, polls)
+        if problem is not None:
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 8.0)
+            continue
+        time.sleep(max(0.0, poll_s - (time.monotonic() - loop_start)))
