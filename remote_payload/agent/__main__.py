@@ -30,6 +30,7 @@ VERBS: dict[str, str] = {
     "swap": "remote_payload.agent.verbs_torch",
     "cache-info": "remote_payload.agent.verbs_torch",
     "cache-clear": "remote_payload.agent.verbs_torch",
+    "cache-seed": "remote_payload.agent.verbs_torch",
     # compile-race probe (issue 5)
     "probe": "remote_payload.agent.verbs_probe",
 }

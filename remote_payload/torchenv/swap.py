@@ -1,0 +1,313 @@
+"""Swap the current torch build: switch to an installed one, or install, verify, then switch.
+
+The rule that matters: until the new build has been installed AND verified in its own
+venv, nothing the current build uses is touched. Any failure removes the half-made venv
+and says which step failed, with the full output saved to a log file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import typing as t
+
+from remote_payload.agent.common import AgentFailure, write_json_atomic
+from remote_payload.torchenv.fingerprint import (
+    INSPECT_SCRIPT,
+    fingerprint_of,
+    parse_inspect_output,
+    store_facts,
+)
+from remote_payload.torchenv.jobguard import refuse_if_job_running
+from remote_payload.torchenv.layout import (
+    MARKER,
+    Layout,
+    append_history,
+    build_name,
+    check_pin,
+    current_build,
+    dir_usage,
+    expected_cuda,
+    locked,
+    read_marker,
+    switch_current,
+)
+from remote_payload.torchenv.procs import clean_env, run_logged
+
+_WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapRequest:
+    """What the local side resolved from the builds table (the agent never reads it)."""
+
+    version: str  # "2.11.0", no local tag
+    variant: str  # "cu130" | "cu128" | "cpu"
+    index_url: str | None = None  # the build's index; ignored with a wheelhouse
+    wheelhouse: str | None = None  # dir of streamed wheels: --no-index --find-links
+    requirements: tuple[str, ...] = ()  # the playbook's extra packages
+    requirements_index_url: str | None = None  # "the normal index" for them (None: PyPI)
+    reinstall: bool = False
+    dry_run: bool = False
+    pip_retries: int = 3
+    pip_timeout_s: float = 60.0  # per socket operation
+    install_timeout_s: float = 3600.0
+    verify_timeout_s: float = 900.0
+
+
+class _StepFailed(Exception):
+    def __init__(self, step: str, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.step, self.message, self.reason = step, message, reason
+
+
+def has_gpus() -> bool:
+    """True when the container sees an NVIDIA GPU (then cuda must work in a CUDA build)."""
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return True
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        proc = subprocess.run([exe, "-L"], capture_output=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0 and b"GPU" in proc.stdout
+
+
+def pip_failure_reason(output: str) -> str:
+    """Name the cause from pip's output, so the operator does not have to read it first."""
+    text = output.lower()
+    if "no space left on device" in text:
+        return "disk-full"
+    if any(s in text for s in ("connection refused", "failed to establish a new connection",
+                               "name or service not known", "temporary failure in name resolution",
+                               "read timed out", "connecttimeout", "network is unreachable")):
+        return "index-unreachable"
+    if "no matching distribution found" in text or "could not find a version" in text:
+        return "no-such-version"
+    return "pip-error"
+
+
+_REASON_TEXT = {
+    "disk-full": "the container's disk is full",
+    "index-unreachable": "the package index is unreachable",
+    "no-such-version": "the index has no such torch version",
+    "pip-error": "pip failed",
+}
+
+
+def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
+    """The torch version the streamed wheel really has (e.g. ``2.13.0+cpu``).
+
+    Raises
+    ------
+    _StepFailed
+        No torch wheel, or one whose version does not match the requested build.
+    """
+    found = []
+    for name in sorted(os.listdir(wheelhouse)):
+        m = _WHEEL_RE.match(name)
+        if m:
+            found.append(m.group(1))
+    want = {f"{version}+{variant}", version}
+    matching = [v for v in found if v in want]
+    if not matching:
+        raise _StepFailed("wheelhouse", f"no torch wheel for {version}+{variant} in {wheelhouse} "
+                          f"(found: {', '.join(found) or 'none'})", "no-such-version")
+    return sorted(matching, key=lambda v: "+" not in v)[0]  # prefer the exact local tag
+
+
+def _rewrite_bin(venv: str, old: str, new: str) -> None:
+    """Console scripts and activate files embed the venv path; the venv moved from ``old``."""
+    bindir = os.path.join(venv, "bin")
+    for name in os.listdir(bindir):
+        path = os.path.join(bindir, name)
+        if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        if old.encode() in data:
+            mode = os.stat(path).st_mode
+            with open(path, "wb") as f:
+                f.write(data.replace(old.encode(), new.encode()))
+            os.chmod(path, mode)
+
+
+def _summary(checks: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    return "; ".join(f"{c['name']}: {c['detail']}" for c in checks if not c.get("ok"))
+
+
+def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
+    """Make ``torch-<version>-<variant>`` the current build.
+
+    Returns the reply of the ``swap`` verb (see docs/contracts.md).
+
+    Raises
+    ------
+    AgentFailure
+        ``JobRunning`` (a job uses the current build), ``TorchEnvBusy`` (another swap),
+        ``TorchInstallFailed`` with ``step`` / ``reason`` / ``log_path`` (current kept).
+    """
+    check_pin(req.version, req.variant)
+    build = build_name(req.version, req.variant)
+    if not req.wheelhouse and not req.index_url:
+        raise AgentFailure("TorchInstallFailed", "need --index-url or --wheelhouse",
+                           step="args", build=build)
+    refuse_if_job_running(layout, f"swap torch to {build}")
+    t0 = time.monotonic()
+    with locked(layout):
+        previous = current_build(layout)
+        installed = read_marker(layout, build) is not None
+        if previous == build and not req.reinstall:
+            action = "noop"
+        elif installed and not req.reinstall:
+            action = "switch"
+        else:
+            action = "install"
+        reply: dict[str, t.Any] = {
+            "action": action, "build": build, "previous": previous, "dry_run": req.dry_run,
+            "path": layout.build_dir(build), "log_path": None, "verification": None,
+            "install_seconds": None, "switch_seconds": None,
+        }
+        if req.dry_run or action == "noop":
+            reply.update(current=previous, seconds=round(time.monotonic() - t0, 3))
+            return reply
+        if action == "install":
+            reply.update(_install(layout, build, req, previous))
+        t_switch = time.monotonic()
+        switch_current(layout, build)
+        reply["switch_seconds"] = round(time.monotonic() - t_switch, 4)
+        reply["current"] = current_build(layout)
+        reply["seconds"] = round(time.monotonic() - t0, 3)
+        reply["python"] = os.path.join(layout.build_dir(build), "bin", "python")
+        append_history(layout, {"time": time.time(), "from": previous, "to": build,
+                                "action": action, "result": "ok", "log_path": reply["log_path"],
+                                "seconds": reply["seconds"]})
+    return reply
+
+
+def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
+             ) -> dict[str, t.Any]:
+    os.makedirs(layout.envs, exist_ok=True)
+    log_path = layout.new_log("install", build)
+    tmp = os.path.join(layout.envs, f".building-{build}-{os.getpid()}")
+    final = layout.build_dir(build)
+    t0 = time.monotonic()
+    step = "venv"
+    try:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        rc, out = run_logged([sys.executable, "-m", "venv", tmp], log_path=log_path,
+                             env=clean_env(), label="venv", timeout_s=300)
+        if rc != 0:
+            hint = " (install python3-venv in the container)" if "ensurepip" in out else ""
+            raise _StepFailed("venv", f"python -m venv failed{hint}")
+        scratch = os.path.join(tmp, ".opsctl-tmp")
+        os.makedirs(scratch)
+        python = os.path.join(tmp, "bin", "python")
+        pip = [python, "-m", "pip", "install", "--isolated", "--no-cache-dir", "--no-input",
+               "--disable-pip-version-check", "--retries", str(req.pip_retries),
+               "--timeout", str(req.pip_timeout_s)]
+        step = "wheelhouse" if req.wheelhouse else "pip-install"
+        if req.wheelhouse:
+            pinned = wheelhouse_pin(req.wheelhouse, req.version, req.variant)
+            source = ["--no-index", "--find-links", req.wheelhouse]
+        else:
+            pinned = f"{req.version}+{req.variant}"
+            source = ["--index-url", str(req.index_url)]
+        step = "pip-install"
+        env = clean_env(TMPDIR=scratch)
+        rc, out = run_logged([*pip, *source, f"torch=={pinned}"], log_path=log_path, env=env,
+                             label="pip", timeout_s=req.install_timeout_s, watch_dir=tmp)
+        if rc != 0:
+            reason = pip_failure_reason(out)
+            raise _StepFailed(step, f"{_REASON_TEXT[reason]} (pip exit {rc})", reason)
+        if req.requirements:
+            step = "requirements"
+            constraints = os.path.join(scratch, "constraints.txt")
+            with open(constraints, "w", encoding="utf-8") as f:
+                f.write(f"torch=={pinned}\n")  # extras must never replace the pinned torch
+            if req.wheelhouse:
+                extra_src = source
+            elif req.requirements_index_url:
+                extra_src = ["--index-url", req.requirements_index_url]
+            else:
+                extra_src = []
+            rc, out = run_logged([*pip, *extra_src, "-c", constraints, *req.requirements],
+                                 log_path=log_path, env=env, label="pip",
+                                 timeout_s=req.install_timeout_s, watch_dir=tmp)
+            if rc != 0:
+                reason = pip_failure_reason(out)
+                raise _StepFailed(step, f"extra requirements: {_REASON_TEXT[reason]} "
+                                  f"(pip exit {rc})", reason)
+        step = "verify"
+        verification = _verify(python, pinned, req, scratch, log_path)
+        step = "finalize"
+        shutil.rmtree(scratch, ignore_errors=True)
+        _rewrite_bin(tmp, tmp, final)
+        size, files = dir_usage(tmp)
+        install_s = round(time.monotonic() - t0, 2)
+        write_json_atomic(os.path.join(tmp, MARKER), {
+            "build": build, "version": req.version, "variant": req.variant, "pin": pinned,
+            "index_url": None if req.wheelhouse else req.index_url,
+            "wheelhouse": req.wheelhouse, "requirements": list(req.requirements),
+            "installed_at": time.time(), "install_seconds": install_s, "log_path": log_path,
+            "size_bytes": size, "files": files, "verification": verification,
+        })
+        if os.path.exists(final):  # --reinstall: the old copy goes only now
+            trash = os.path.join(layout.envs, f".trash-{build}-{os.getpid()}")
+            os.replace(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, final)
+        store_facts(final, verification["facts"])
+    except (_StepFailed, OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, _StepFailed):
+            step, message, reason = exc.step, exc.message, exc.reason
+        else:
+            reason = "disk-full" if getattr(exc, "errno", None) == 28 else "os-error"
+            message = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(OSError):
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(f"\n[opsctl] FAILED at step {step}: {message}\n")
+            append_history(layout, {"time": time.time(), "from": previous, "to": build,
+                                    "action": "install", "result": "failed", "step": step,
+                                    "reason": reason, "error": message, "log_path": log_path,
+                                    "seconds": round(time.monotonic() - t0, 2)})
+        raise AgentFailure("TorchInstallFailed",
+                           f"installing {build} failed at step {step}: {message}; "
+                           f"{previous or 'no build'} stays current; full output: {log_path}",
+                           step=step, reason=reason, build=build, current=previous,
+                           log_path=log_path) from None
+    return {"log_path": log_path, "install_seconds": install_s, "verification": verification,
+            "fingerprint": fingerprint_of(verification["facts"])}
+
+
+def _verify(python: str, pinned: str, req: SwapRequest, scratch: str, log_path: str
+            ) -> dict[str, t.Any]:
+    cuda = expected_cuda(req.variant)
+    argv = [python, "-I", INSPECT_SCRIPT, "--verify", "--expect-version", pinned,
+            "--expect-cuda", cuda or "none"]
+    if cuda is not None and has_gpus():
+        argv.append("--require-cuda")
+    # The tiny compile writes to a throwaway cache, never to the builds' caches or /tmp.
+    env = clean_env(TMPDIR=scratch, TORCHINDUCTOR_CACHE_DIR=os.path.join(scratch, "inductor"),
+                    TRITON_CACHE_DIR=os.path.join(scratch, "triton"))
+    rc, out = run_logged(argv, log_path=log_path, env=env, label="verify",
+                         timeout_s=req.verify_timeout_s)
+    result = parse_inspect_output(out)
+    if result is None:
+        raise _StepFailed("verify", f"the verification script printed no result (exit {rc})",
+                          "verify-crashed")
+    checks = result.get("checks") or []
+    if rc != 0 or not result.get("ok"):
+        raise _StepFailed("verify", f"verification failed: {_summary(checks)}", "verify-failed")
+    return {"checks": checks, "facts": result.get("facts") or {}}
