@@ -1,0 +1,21 @@
+"""Test isolation: every test gets its own OPSCTL_HOME, no inherited TMUX, no real inventory.
+
+The shipped inventory names a real 10.x host; tests must never contact it, so
+``OPSCTL_INVENTORY_DIRS`` points only at the test's own inventory dir.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["tests.sandbox_plugin"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    home = tmp_path_factory.mktemp("opsctl-home")
+    monkeypatch.setenv("OPSCTL_HOME", str(home))
+    monkeypatch.setenv("OPSCTL_INVENTORY_DIRS", str(home / "inventory"))
+    monkeypatch.delenv("TMUX", raising=False)
+    monkeypatch.delenv("TMUX_PANE", raising=False)
+    return home
