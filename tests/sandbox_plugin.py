@@ -1,0 +1,63 @@
+"""pytest plugin: the real sandbox (loopback sshd + LXC containers) as session fixtures.
+
+One sandbox home is shared by every test session on the machine (``/var/tmp/opsctl-test-
+sandbox``, or ``$OPSCTL_TEST_SANDBOX_HOME``), so the containers are made once and reused;
+``sandbox.up`` serializes parallel sessions with a file lock. Tests that use the ``sandbox``
+fixture get the ``sandbox`` marker automatically (``-m "not sandbox"`` deselects them) and are
+skipped, naming exactly what is missing, when the machine cannot run it — except when
+``$CI`` or ``$OPSCTL_REQUIRE_SANDBOX`` is set, where a missing prerequisite fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opsctl import sandbox as sandbox_mod
+
+DEFAULT_HOME = Path("/var/tmp/opsctl-test-sandbox")
+STOPPED_CT = 201  # kept stopped; tests must not start it (use their own ctid for that)
+MISSING_CT = 999  # never created
+
+
+def sandbox_home() -> Path:
+    return Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "sandbox" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.sandbox)
+
+
+def _require_sandbox() -> None:
+    missing = sandbox_mod.check_prerequisites()
+    if not missing:
+        return
+    reason = "sandbox unavailable: " + "; ".join(missing)
+    if os.environ.get("CI") or os.environ.get("OPSCTL_REQUIRE_SANDBOX"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[sandbox_mod.SandboxInfo]:
+    """The running sandbox host with container 200 up; left running for the next session."""
+    _require_sandbox()
+    yield sandbox_mod.up(sandbox_home(), containers=(200,))
+
+
+@pytest.fixture
+def stopped_ct(sandbox: sandbox_mod.SandboxInfo) -> int:
+    """A container that exists and is stopped (ctid 201)."""
+    return sandbox_mod.ensure_container(STOPPED_CT, running=False, home=sandbox_home())
+
+
+@pytest.fixture
+def missing_ct(sandbox: sandbox_mod.SandboxInfo) -> int:
+    """A ctid with no container behind it (999)."""
+    sandbox_mod.remove_container(MISSING_CT, home=sandbox_home())
+    return MISSING_CT
