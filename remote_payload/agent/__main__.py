@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="remote_payload.agent")
     parser.add_argument("--root", default=os.environ.get("OPSCTL_ROOT", DEFAULT_ROOT))
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; output is always JSON")
+    parser.add_argument("--tmux-socket", default=os.environ.get("OPSCTL_TMUX_SOCKET", "opsctl"),
+                        help="tmux socket name (tmux -L) the job sessions live on")
     parser.add_argument("verb", choices=sorted(VERBS))
     known, rest = parser.parse_known_args(argv)
     verb = known.verb
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         module.add_arguments(verb, sub)
         args = sub.parse_args(rest)
         args.root = known.root
+        args.tmux_socket = known.tmux_socket
         args.verb = verb
         data = module.run(verb, args)
         reply = wire.ok_reply(verb, data)

@@ -1,0 +1,154 @@
+"""GPU table for ``status`` and ``env``: NVML when importable, else ``nvidia-smi``.
+
+No GPU (no driver, no nvidia-smi) is an answer, ``[]``, not an error. A
+failing nvidia-smi is ``[]`` plus ``gpu_error`` so status still renders.
+The nvidia-smi query is started early and collected late (:class:`GpuQuery`)
+so its latency overlaps the rest of ``status``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import typing as t
+
+QUERY_FIELDS = ("index,name,utilization.gpu,memory.used,memory.total,"
+                "temperature.gpu,power.draw")
+SMI_ARGS = (f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits")
+SMI_TIMEOUT_S = 3.0
+
+Gpu = dict[str, t.Any]
+
+
+def _num(text: str) -> float | None:
+    """``[N/A]``, ``[Not Supported]``, ``N/A`` and anything unparsable become None."""
+    s = text.strip()
+    if not s or s.startswith("[") or s.upper() in ("N/A", "NA"):
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def parse_smi_csv(text: str) -> list[Gpu]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` output.
+
+    Raises
+    ------
+    ValueError
+        A line does not have the 7 expected fields.
+    """
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 7:
+            # a GPU name never contains a comma in practice; refuse rather than guess
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        index = _num(parts[0])
+        gpus.append({
+            "index": int(index) if index is not None else len(gpus),
+            "name": parts[1],
+            "util_pct": _num(parts[2]),
+            "mem_used_mib": _num(parts[3]),
+            "mem_total_mib": _num(parts[4]),
+            "temp_c": _num(parts[5]),
+            "power_w": _num(parts[6]),
+        })
+    return gpus
+
+
+def _nvml_query() -> list[Gpu] | None:
+    """Query NVML; None when pynvml is missing or the driver cannot be reached."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+
+            def get(fn: t.Callable[[], t.Any]) -> t.Any:
+                try:
+                    return fn()
+                except Exception:  # NVMLError_NotSupported and friends
+                    return None
+
+            name = get(lambda h=h: pynvml.nvmlDeviceGetName(h))
+            if isinstance(name, bytes):
+                name = name.decode("utf-8", "replace")
+            util = get(lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            mem = get(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h))
+            temp = get(lambda h=h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+            power = get(lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h))
+            gpus.append({
+                "index": i,
+                "name": name or "",
+                "util_pct": float(util) if util is not None else None,
+                "mem_used_mib": mem.used / 2**20 if mem is not None else None,
+                "mem_total_mib": mem.total / 2**20 if mem is not None else None,
+                "temp_c": float(temp) if temp is not None else None,
+                "power_w": power / 1000.0 if power is not None else None,
+            })
+        return gpus
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+class GpuQuery:
+    """Start the query now, collect with :meth:`result` (``(gpus, gpu_error)``)."""
+
+    def __init__(self, smi: str | None = None):
+        self._done: tuple[list[Gpu], str | None] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        nvml = _nvml_query()
+        if nvml is not None:
+            self._done = (nvml, None)
+            return
+        smi = smi or shutil.which("nvidia-smi")
+        if smi is None:
+            self._done = ([], None)
+            return
+        try:
+            self._proc = subprocess.Popen([smi, *SMI_ARGS], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            self._done = ([], f"nvidia-smi: {exc}")
+
+    def result(self) -> tuple[list[Gpu], str | None]:
+        if self._done is not None:
+            return self._done
+        proc = self._proc
+        if proc is None:  # unreachable: __init__ sets one of the two
+            return [], "no GPU query started"
+        try:
+            out, err = proc.communicate(timeout=SMI_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            self._done = ([], f"nvidia-smi timed out after {SMI_TIMEOUT_S:g}s")
+            return self._done
+        if proc.returncode != 0:
+            text = (err or out).decode("utf-8", "replace").strip()
+            self._done = ([], f"nvidia-smi exited {proc.returncode}: {text[-500:]}")
+            return self._done
+        try:
+            self._done = (parse_smi_csv(out.decode("utf-8", "replace")), None)
+        except ValueError as exc:
+            self._done = ([], str(exc))
+        return self._done
+
+
+def query() -> tuple[list[Gpu], str | None]:
+    """One-shot GPU table: ``(gpus, gpu_error)``."""
+    return GpuQuery().result()

@@ -1,0 +1,441 @@
+"""The job directory model and the reconcile step that keeps its state honest.
+
+``jobs/<id>/`` is the only record of a job (docs/contracts.md). The wrapper
+writes it while it lives; the agent reads it and checks it against ``/proc``
+(pid *and* start time, so a reused pid is never mistaken for the job) before
+it believes a non-terminal state. No live process and no exit code is LOST.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import typing as t
+
+from remote_payload import wire
+from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
+
+JobState = wire.JobState
+
+# file names inside jobs/<id>/
+SPEC = "spec.json"
+LAUNCH = "launch.json"  # agent-side facts: created_at, tmux socket/session, argv, base env
+STATUS = "status.json"
+OUTPUT = "output.log"
+EVENTS = "events.jsonl"
+EXIT_CODE = "exit_code"
+PID = "pid"
+CANCEL = "cancel_requested"
+HANGUP = "hangup"  # the wrapper got SIGHUP: tmux server or pane went away
+STACK_DUMPS = "stack-dumps"
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
+# how long status waits for the wrapper to record the exit of a child it saw die
+EXIT_RECORD_WAIT_S = 1.0
+# a launch whose wrapper has not recorded a start after this long is LOST
+PENDING_GRACE_S = 30.0
+
+
+# --- paths ------------------------------------------------------------------
+
+
+def jobs_root(root: str) -> str:
+    return os.path.join(root, "jobs")
+
+
+def job_dir(root: str, job_id: str) -> str:
+    if not JOB_ID_RE.match(job_id):
+        raise AgentFailure("BadJobId", f"invalid job id {job_id!r}", job_id=job_id)
+    return os.path.join(jobs_root(root), job_id)
+
+
+def current_job_id(root: str) -> str | None:
+    try:
+        with open(os.path.join(jobs_root(root), "current"), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def set_current_job(root: str, job_id: str) -> None:
+    path = os.path.join(jobs_root(root), "current")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(job_id + "\n")
+    os.replace(tmp, path)
+
+
+def resolve_job(root: str, job_id: str | None) -> str:
+    """The given job or the current one; raises ``NoSuchJob``."""
+    jid = job_id or current_job_id(root)
+    if jid is None:
+        raise AgentFailure("NoSuchJob", f"no job has been launched under {root}", root=root)
+    if not os.path.isdir(job_dir(root, jid)):
+        raise AgentFailure("NoSuchJob", f"job {jid} does not exist under {root}", job_id=jid)
+    return jid
+
+
+def list_job_ids(root: str) -> list[str]:
+    try:
+        names = os.listdir(jobs_root(root))
+    except FileNotFoundError:
+        return []
+    return [n for n in names if JOB_ID_RE.match(n) and os.path.isdir(os.path.join(jobs_root(root), n))]
+
+
+def new_job_id(name: str) -> str:
+    import secrets  # only launch needs it; status must not pay for hashlib
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "job"
+    return f"{safe[:80]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+# --- spec -------------------------------------------------------------------
+
+
+def _bad(message: str, field: str) -> AgentFailure:
+    return AgentFailure("BadSpec", message, field=field)
+
+
+def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
+    """Check a launch spec and fill defaults; unknown keys are kept (later issues add some).
+
+    Raises
+    ------
+    AgentFailure
+        ``BadSpec`` with the offending ``field``.
+    """
+    if not isinstance(raw, dict):
+        raise _bad("spec must be a JSON object", "")
+    spec = dict(raw)
+    cmd = spec.get("command")
+    if not (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd)):
+        raise _bad("command must be a non-empty list of strings", "command")
+    env = spec.get("env") or {}
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                          for k, v in env.items())):
+        raise _bad("env must map strings to strings", "env")
+    spec["env"] = env
+    workdir = spec.get("workdir") or payload_dir
+    if not isinstance(workdir, str) or not os.path.isdir(workdir):
+        raise _bad(f"workdir {workdir!r} is not a directory in the container", "workdir")
+    spec["workdir"] = workdir
+    spec["healthy_when"] = _validate_healthy(spec.get("healthy_when") or dict(HEALTHY_DEFAULT))
+    timeout = spec.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or timeout <= 0):
+        raise _bad("timeout_s must be a positive number or null", "timeout_s")
+    python = spec.get("python")
+    if python is not None and not (isinstance(python, str) and python):
+        raise _bad("python must be a path", "python")
+    name = spec.get("name") or os.path.basename(cmd[0])
+    if not isinstance(name, str):
+        raise _bad("name must be a string", "name")
+    spec["name"] = name
+    job_id = spec.get("job_id") or new_job_id(name)
+    if not (isinstance(job_id, str) and JOB_ID_RE.match(job_id)):
+        raise _bad(f"job_id {job_id!r} must match {JOB_ID_RE.pattern}", "job_id")
+    spec["job_id"] = job_id
+    return spec
+
+
+def _validate_healthy(hw: t.Any) -> dict[str, t.Any]:
+    if not isinstance(hw, dict):
+        raise _bad("healthy_when must be an object", "healthy_when")
+    kinds = [k for k in ("event", "regex", "started") if k in hw]
+    if len(kinds) != 1:
+        raise _bad("healthy_when needs exactly one of event, regex, started", "healthy_when")
+    if "regex" in hw:
+        try:
+            re.compile(hw["regex"])
+        except (re.error, TypeError) as exc:
+            raise _bad(f"healthy_when.regex does not compile: {exc}", "healthy_when.regex") from None
+    if "event" in hw and not isinstance(hw["event"], str):
+        raise _bad("healthy_when.event must be an event name", "healthy_when.event")
+    if "started" in hw and hw["started"] is not True:
+        raise _bad("healthy_when.started must be true", "healthy_when.started")
+    return dict(hw)
+
+
+def job_argv(spec: dict[str, t.Any]) -> list[str]:
+    """The command with a leading ``python``/``python3`` replaced by ``spec["python"]``."""
+    argv = list(spec["command"])
+    if spec.get("python") and argv[0] in ("python", "python3"):
+        argv[0] = spec["python"]
+    return argv
+
+
+# --- exit records -------------------------------------------------------------
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def final_state(exit_rec: dict[str, t.Any], cancelled: bool) -> JobState:
+    """Terminal state from an ``exit_code`` record and the cancel marker."""
+    if cancelled:
+        return JobState.CANCELLED
+    if exit_rec.get("exit_code") == 0 and not exit_rec.get("signal"):
+        return JobState.SUCCEEDED
+    return JobState.FAILED
+
+
+# --- /proc ------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, pgrp, starttime_ticks)`` of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm may contain spaces and parens: split after the last ')'
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[2]), int(fields[19])
+
+
+def start_ticks(pid: int) -> int | None:
+    st = proc_stat(pid)
+    return st[2] if st else None
+
+
+def proc_alive(pid: int | None, ticks: int | None) -> bool:
+    """True when ``pid`` runs, is not a zombie, and (if known) started at ``ticks``."""
+    if not pid:
+        return False
+    st = proc_stat(pid)
+    if st is None or st[0] in ("Z", "X"):
+        return False
+    return ticks is None or st[2] == ticks
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def group_members(pgid: int | None, min_ticks: int | None = None) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid``.
+
+    ``min_ticks`` filters out processes older than the job, so a recycled pgid
+    never makes an unrelated process look like part of it.
+    """
+    if not pgid:
+        return []
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = proc_stat(int(name))
+        if st is None or st[1] != pgid or st[0] in ("Z", "X"):
+            continue
+        if min_ticks is not None and st[2] < min_ticks:
+            continue
+        pids.append(int(name))
+    return sorted(pids)
+
+
+def catches_signal(pid: int, signum: int) -> bool:
+    """Whether the process installed a handler for ``signum`` (``SigCgt`` in /proc status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def is_python(pid: int) -> bool:
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        argv = proc_cmdline(pid)
+        exe = os.path.basename(argv[0]) if argv else ""
+    return exe.startswith("python")
+
+
+def wait_until(pred: t.Callable[[], bool], timeout_s: float, interval_s: float = 0.01) -> bool:
+    """Poll ``pred`` until true or ``timeout_s``; returns the last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+# --- file tails ----------------------------------------------------------------
+
+
+def read_tail_bytes(path: str, max_bytes: int) -> tuple[bytes, int, bool]:
+    """Last ``max_bytes`` of a file: ``(data, file_size, starts_at_file_start)``."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes)
+            f.seek(start)
+            return f.read(size - start), size, start == 0
+    except FileNotFoundError:
+        return b"", 0, True
+
+
+def tail_lines(path: str, n: int) -> tuple[list[str], int]:
+    """Last ``n`` lines of a log as a terminal shows them (text after the last ``\\r``)."""
+    if n <= 0:
+        return [], read_tail_bytes(path, 0)[1]
+    want = max(8192, n * 256)
+    while True:
+        data, size, whole = read_tail_bytes(path, want)
+        if whole or data.count(b"\n") > n or want >= 4 * 2**20:
+            break
+        want *= 4
+    lines = data.decode("utf-8", "replace").split("\n")
+    if not whole:
+        lines = lines[1:]  # the first one is cut
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln.rstrip("\r").rsplit("\r", 1)[-1] for ln in lines[-n:]], size
+
+
+def tail_events(path: str, n: int) -> list[dict[str, t.Any]]:
+    import json
+
+    if n <= 0:
+        return []
+    data, _, whole = read_tail_bytes(path, max(16384, n * 1024))
+    rows = data.split(b"\n")
+    if not whole:
+        rows = rows[1:]
+    events = []
+    for row in rows:
+        if row.strip():
+            try:
+                events.append(json.loads(row))
+            except ValueError:
+                continue
+    return events[-n:]
+
+
+# --- reconcile -------------------------------------------------------------------
+
+
+class JobRecord(t.NamedTuple):
+    """What the job dir says, checked against /proc."""
+
+    job_id: str
+    path: str
+    spec: dict[str, t.Any]
+    launch: dict[str, t.Any]
+    status: dict[str, t.Any]  # status.json with the reconciled state folded in
+    pid: dict[str, t.Any]
+    exit: dict[str, t.Any] | None
+    state: JobState
+    alive: bool
+    evidence: list[str]
+
+
+def load(root: str, job_id: str) -> JobRecord:
+    """Read a job dir and reconcile its state (persisting LOST/CANCELLED when the wrapper is gone)."""
+    path = job_dir(root, job_id)
+    spec = read_json(os.path.join(path, SPEC), {}) or {}
+    launch = read_json(os.path.join(path, LAUNCH), {}) or {}
+    status = read_json(os.path.join(path, STATUS), {}) or {}
+    pid = read_json(os.path.join(path, PID), {}) or {}
+    exit_rec = read_json(os.path.join(path, EXIT_CODE))
+    state = JobState(status.get("state", JobState.PENDING.value))
+    evidence = list(status.get("evidence") or [])
+
+    def record(st: JobState, alive: bool, ev: list[str]) -> JobRecord:
+        return JobRecord(job_id, path, spec, launch, status, pid, exit_rec, st, alive, ev)
+
+    if state.is_terminal():
+        return record(state, proc_alive(pid.get("pid"), pid.get("start_ticks")), evidence)
+    cancelled = os.path.exists(os.path.join(path, CANCEL))
+    if not pid:
+        # the wrapper has not recorded a start yet (launch waits for it)
+        age = time.time() - float(launch.get("created_at") or time.time())
+        if age < PENDING_GRACE_S:
+            return record(state, False, evidence)
+        return _persist(record(state, False, evidence), JobState.LOST, [
+            f"the wrapper recorded no start within {PENDING_GRACE_S:g}s of launch",
+            *_lost_evidence(path, pid, launch)])
+    wrapper_ok = _wrapper_alive(pid, path)
+    child_ok = proc_alive(pid.get("pid"), pid.get("start_ticks"))
+    if exit_rec is None and wrapper_ok and not child_ok:
+        # the child just died and the wrapper is recording it: the first status
+        # after a crash must already say FAILED, so wait for the record briefly
+        exit_path = os.path.join(path, EXIT_CODE)
+        wait_until(lambda: os.path.exists(exit_path), EXIT_RECORD_WAIT_S)
+        exit_rec = read_json(exit_path)
+        status = read_json(os.path.join(path, STATUS), status) or status
+        state = JobState(status.get("state", state.value))
+        evidence = list(status.get("evidence") or [])
+        if state.is_terminal():
+            return record(state, False, evidence)
+    if exit_rec is not None:
+        # the wrapper recorded the exit but not yet the final status.json
+        return record(final_state(exit_rec, cancelled), False, evidence)
+    if wrapper_ok:
+        return record(state, True, evidence)
+    if child_ok:
+        return record(state, True, [*evidence, f"wrapper pid {pid.get('wrapper_pid')} is gone "
+                                    f"but job pid {pid.get('pid')} still runs; its output is "
+                                    "no longer recorded"])
+    why = _lost_evidence(path, pid, launch)
+    if cancelled:
+        return _persist(record(state, False, evidence), JobState.CANCELLED,
+                        [*why, "cancel was requested; the exit status is unknown"])
+    return _persist(record(state, False, evidence), JobState.LOST, why)
+
+
+def _wrapper_alive(rec: dict[str, t.Any], path: str) -> bool:
+    wpid = rec.get("wrapper_pid")
+    if not proc_alive(wpid, rec.get("wrapper_start_ticks")):
+        return False
+    # pid and start time match; the cmdline names the job dir (belt and braces)
+    return any(path in a for a in proc_cmdline(int(wpid))) if wpid else False
+
+
+def _lost_evidence(path: str, pid: dict[str, t.Any], launch: dict[str, t.Any]) -> list[str]:
+    why = []
+    if pid:
+        why.append(f"wrapper pid {pid.get('wrapper_pid')} is gone")
+        why.append(f"job pid {pid.get('pid')} (pgid {pid.get('pgid')}) is gone")
+    else:
+        why.append("the wrapper never recorded a job pid")
+    why.append(f"no {EXIT_CODE} file in {path}")
+    hup = read_json(os.path.join(path, HANGUP))
+    if hup:
+        why.append(f"wrapper got SIGHUP at {hup.get('at')}: {hup.get('why')}")
+    if launch.get("tmux_session"):
+        why.append(f"tmux session {launch['tmux_session']} on socket "
+                   f"{launch.get('tmux_socket')} was its home")
+    return why
+
+
+def _persist(rec: JobRecord, new: JobState, why: list[str]) -> JobRecord:
+    """Record a terminal state decided by the agent (the wrapper is gone; nobody else writes)."""
+    if not wire.can_transition(rec.state, new):
+        return rec._replace(evidence=why)
+    now = time.time()
+    status = dict(rec.status)
+    status["state"] = new.value
+    status["ended_at"] = status.get("ended_at") or now
+    status["evidence"] = why
+    status["transitions"] = [*status.get("transitions", []), [new.value, now, "reconciled by agent"]]
+    write_json_atomic(os.path.join(rec.path, STATUS), status)
+    return rec._replace(status=status, state=new, alive=False, evidence=why)

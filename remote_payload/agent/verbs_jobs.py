@@ -1,0 +1,449 @@
+"""Job verbs: ``launch``, ``status``, ``logs``, ``stop``, ``stacks``, ``jobs``.
+
+Each reads or changes ``<root>/jobs/<id>/`` (see :mod:`remote_payload.agent.jobs`)
+and returns JSON-able data; ``__main__`` wraps it in the reply envelope.
+``status`` is on the hot path of every ``opsctl status``/watch poll, so it
+imports nothing heavy (no libtmux) and overlaps its subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+import typing as t
+
+from remote_payload.agent import jobs
+from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
+
+JobState = jobs.JobState
+
+DEFAULT_LINES = 20
+DIAGNOSIS_LINES = 200  # diagnosis sees more of the log than the user asked to display
+EVENTS_TAIL = 5
+LAUNCH_WAIT_S = 5.0
+DEFAULT_GRACE_S = 30.0
+DEFAULT_KILL_AFTER_S = 10.0
+LOGS_MAX_BYTES = 256 * 1024
+STACKS_SETTLE_S = 0.2
+DUMP_HEADER = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+DUMP_LINE = re.compile(r"^(?:  File \".*\", line \d+|  <no Python frame>|  \.\.\.|$)")
+
+
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    if verb == "launch":
+        p.add_argument("--spec-json", required=True, help="job spec (docs/contracts.md)")
+        p.add_argument("--replace", action="store_true", help="stop a running job first")
+        p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+                       help="with --replace: seconds between SIGINT and SIGTERM")
+    if verb in ("status", "logs", "stop", "stacks"):
+        p.add_argument("--job", default=None, help="job id (default: the current job)")
+    if verb == "status":
+        p.add_argument("--lines", type=int, default=DEFAULT_LINES)
+    if verb == "logs":
+        p.add_argument("--offset", type=int, required=True)
+        p.add_argument("--max-bytes", type=int, default=LOGS_MAX_BYTES)
+    if verb == "stop":
+        p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+                       help="seconds between SIGINT and SIGTERM (the trainer checkpoints on SIGINT)")
+        p.add_argument("--kill-after", type=float, default=DEFAULT_KILL_AFTER_S,
+                       help="seconds between SIGTERM and SIGKILL")
+    if verb == "stacks":
+        p.add_argument("--timeout", type=float, default=10.0)
+
+
+def run(verb: str, args: argparse.Namespace) -> t.Any:
+    root = args.root
+    if verb == "launch":
+        return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
+                      socket=_socket(args))
+    if verb == "status":
+        return status_document(root, jobs.resolve_job(root, args.job), lines=args.lines)
+    if verb == "logs":
+        return logs(root, jobs.resolve_job(root, args.job), args.offset, args.max_bytes)
+    if verb == "stop":
+        return stop(root, jobs.resolve_job(root, args.job), grace=args.grace,
+                    kill_after=args.kill_after)
+    if verb == "stacks":
+        return stacks(root, jobs.resolve_job(root, args.job), timeout=args.timeout)
+    if verb == "jobs":
+        return list_jobs(root)
+    raise AgentFailure("UnknownVerb", f"verbs_jobs does not handle {verb}")
+
+
+def _socket(args: argparse.Namespace) -> str:
+    from remote_payload.agent import tmux
+
+    return tmux.socket_name(getattr(args, "tmux_socket", None))
+
+
+# --- status -------------------------------------------------------------------
+
+
+def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[str, t.Any]:
+    """The status document of docs/contracts.md, reconciled against /proc."""
+    from remote_payload.agent import gpus
+    from remote_payload.agent.tmux import PaneCapture
+
+    gpu_query = gpus.GpuQuery()  # nvidia-smi runs while we read files
+    rec = jobs.load(root, job_id)
+    pane = None
+    if rec.launch.get("tmux_session"):
+        pane = PaneCapture(rec.launch["tmux_socket"], rec.launch["tmux_session"], lines)
+    output_log = os.path.join(rec.path, jobs.OUTPUT)
+    diag_tail, size = jobs.tail_lines(output_log, max(lines, DIAGNOSIS_LINES))
+    events_tail = jobs.tail_events(os.path.join(rec.path, jobs.EVENTS), EVENTS_TAIL)
+    st = rec.status
+    exit_rec = rec.exit or {}
+    now = time.time()
+    started = st.get("started_at") or rec.pid.get("started_at")
+    ended = st.get("ended_at") or exit_rec.get("ended_at")
+    if rec.state.is_terminal() and ended is None:
+        ended = now
+    created = st.get("created_at") or rec.launch.get("created_at") or now
+    doc: dict[str, t.Any] = {
+        "job_id": job_id,
+        "name": rec.spec.get("name") or st.get("name") or job_id,
+        "state": rec.state.value,
+        "healthy": bool(st.get("healthy")) or rec.state == JobState.SUCCEEDED,
+        "phase": st.get("phase"),
+        "created_at": created,
+        "started_at": started,
+        "ended_at": ended,
+        "elapsed_s": round((ended or now) - (started or created), 3),
+        "pid": rec.pid.get("pid"),
+        "pgid": rec.pid.get("pgid"),
+        "alive": rec.alive,
+        "exit_code": exit_rec.get("exit_code", st.get("exit_code")),
+        "signal": exit_rec.get("signal", st.get("signal")),
+        "pane_tail": [],
+        "output_tail": diag_tail[-lines:] if lines > 0 else [],
+        "output_log": output_log,
+        "output_size": size,
+        "last_output_at": st.get("last_output_at"),
+        "last_step": st.get("last_step"),
+        "events_tail": events_tail,
+        "gpus": [],
+        "gpu_error": None,
+        "diagnosis": [],
+        "evidence": rec.evidence,
+        "tmux": {"socket": rec.launch.get("tmux_socket"), "session": rec.launch.get("tmux_session"),
+                 "error": None},
+        "healthy_when": rec.spec.get("healthy_when"),
+        "timeout_s": rec.spec.get("timeout_s"),
+        "transitions": st.get("transitions") or [],
+        "now": now,
+    }
+    if pane is not None:
+        doc["pane_tail"] = pane.result()
+        doc["tmux"]["error"] = pane.error
+    doc["gpus"], doc["gpu_error"] = gpu_query.result()
+    doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
+    return doc
+
+
+def _diagnose(tail: list[str], events: list[dict[str, t.Any]], doc: dict[str, t.Any],
+              now: float) -> list[dict[str, t.Any]]:
+    """Run the diagnosis module if it is shipped; its failure is a finding, never an outage."""
+    import importlib
+
+    try:
+        diagnosis = importlib.import_module("remote_payload.diagnosis")
+    except ModuleNotFoundError as exc:
+        if exc.name == "remote_payload.diagnosis":  # not shipped (yet): nothing to say
+            return []
+        return [_diag_failure(exc)]
+    except Exception as exc:
+        return [_diag_failure(exc)]
+    try:
+        found = diagnosis.diagnose(output_tail=tail, events=events, status=doc, now=now)
+        return [dict(d) for d in found]
+    except Exception as exc:
+        return [_diag_failure(exc)]
+
+
+def _diag_failure(exc: BaseException) -> dict[str, t.Any]:
+    return {"cause": "diagnosis_failed", "severity": "info",
+            "summary": f"diagnosis raised {type(exc).__name__}: {exc}",
+            "evidence": [], "hint": "report this as an opsctl bug; the status above is still valid"}
+
+
+# --- launch -------------------------------------------------------------------
+
+
+def launch(root: str, spec_json: str, *, replace: bool, grace: float,
+           socket: str) -> dict[str, t.Any]:
+    """Create ``jobs/<id>/`` and start the wrapper in tmux; return the first status document.
+
+    Raises
+    ------
+    AgentFailure
+        ``BadSpec``, ``JobAlreadyRunning`` (without ``--replace``), ``JobExists``,
+        ``TmuxFailed`` or ``LaunchFailed`` (the wrapper never recorded a start).
+    """
+    from remote_payload.agent import tmux
+
+    try:
+        raw = json.loads(spec_json)
+    except ValueError as exc:
+        raise AgentFailure("BadSpec", f"--spec-json is not JSON: {exc}", field="") from None
+    payload = _payload_dir()
+    spec = jobs.validate_spec(raw, payload)
+    job_id = spec["job_id"]
+
+    current = jobs.current_job_id(root)
+    if current and os.path.isdir(os.path.join(jobs.jobs_root(root), current)):
+        rec = jobs.load(root, current)
+        if not rec.state.is_terminal():
+            if not replace:
+                raise AgentFailure(
+                    "JobAlreadyRunning",
+                    f"job {current} is {rec.state.value}; stop it or launch with --replace",
+                    job_id=current, state=rec.state.value)
+            stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S)
+
+    path = jobs.job_dir(root, job_id)
+    os.makedirs(jobs.jobs_root(root), exist_ok=True)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        raise AgentFailure("JobExists", f"job {job_id} already exists", job_id=job_id) from None
+    now = time.time()
+    session = tmux.session_name(job_id)
+    argv = jobs.job_argv(spec)
+    write_json_atomic(os.path.join(path, jobs.SPEC), spec)
+    write_json_atomic(os.path.join(path, jobs.LAUNCH), {
+        "created_at": now, "tmux_socket": socket, "tmux_session": session,
+        "payload_dir": payload, "argv": argv, "agent_python": sys.executable,
+        "base_env": _base_env(),
+    })
+    write_json_atomic(os.path.join(path, jobs.STATUS), {
+        "job_id": job_id, "name": spec["name"], "state": JobState.PENDING.value,
+        "created_at": now, "healthy": False,
+        "transitions": [[JobState.PENDING.value, now, "launched"]],
+    })
+    open(os.path.join(path, jobs.OUTPUT), "ab").close()
+    jobs.set_current_job(root, job_id)
+
+    for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
+        tmux.kill_session(socket, dead)
+    wrapper_argv = ["env", f"PYTHONPATH={payload}", sys.executable, "-m",
+                    "remote_payload.agent.wrapper", path]
+    try:
+        tmux.start_session(socket, session, wrapper_argv, cwd=spec["workdir"])
+    except tmux.TmuxError as exc:
+        _fail_launch(path, f"tmux refused to start the session: {exc.stderr}")
+        raise AgentFailure("TmuxFailed", str(exc), job_id=job_id, socket=socket) from None
+
+    started = jobs.wait_until(
+        lambda: os.path.exists(os.path.join(path, jobs.PID))
+        or os.path.exists(os.path.join(path, jobs.EXIT_CODE)), LAUNCH_WAIT_S)
+    if not started:
+        pane = tmux.PaneCapture(socket, session, 30).result()
+        _fail_launch(path, f"the wrapper recorded no start within {LAUNCH_WAIT_S:g}s")
+        raise AgentFailure("LaunchFailed",
+                           f"job {job_id}: the wrapper did not start within {LAUNCH_WAIT_S:g}s",
+                           job_id=job_id, pane_tail=pane)
+    return status_document(root, job_id)
+
+
+def _payload_dir() -> str:
+    """The directory holding the ``remote_payload`` package the agent runs from."""
+    import remote_payload
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(remote_payload.__file__)))
+
+
+def _base_env() -> dict[str, str]:
+    """The job's starting env: the agent's (what `pct exec` gives), minus tmux and our PYTHONPATH."""
+    drop = {"TMUX", "TMUX_PANE", "PYTHONPATH", "OPSCTL_TMUX_SOCKET"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _fail_launch(path: str, why: str) -> None:
+    now = time.time()
+    status = read_json(os.path.join(path, jobs.STATUS), {}) or {}
+    status.update(state=JobState.FAILED.value, ended_at=now, evidence=[why])
+    status["transitions"] = [*status.get("transitions", []), [JobState.FAILED.value, now, why]]
+    write_json_atomic(os.path.join(path, jobs.STATUS), status)
+
+
+# --- logs ---------------------------------------------------------------------
+
+
+def logs(root: str, job_id: str, offset: int, max_bytes: int) -> dict[str, t.Any]:
+    """Raw bytes of ``output.log`` from ``offset``.
+
+    The state is read *before* the bytes: a terminal state plus ``eof`` means
+    the follower has everything.
+    """
+    if offset < 0 or max_bytes <= 0:
+        raise AgentFailure("BadOffset", "offset must be >= 0 and max-bytes > 0",
+                           offset=offset, max_bytes=max_bytes)
+    rec = jobs.load(root, job_id)
+    path = os.path.join(rec.path, jobs.OUTPUT)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if offset > size:
+                raise AgentFailure("BadOffset", f"offset {offset} is past the end ({size})",
+                                   offset=offset, size=size)
+            f.seek(offset)
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        data, size = b"", 0
+    next_offset = offset + len(data)
+    return {"job_id": job_id, "offset": offset, "next_offset": next_offset,
+            "data_b64": base64.b64encode(data).decode("ascii"), "eof": next_offset >= size,
+            "size": size, "state": rec.state.value, "terminal": rec.state.is_terminal()}
+
+
+# --- stop ---------------------------------------------------------------------
+
+
+def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
+         kill_after: float = DEFAULT_KILL_AFTER_S) -> dict[str, t.Any]:
+    """SIGINT the job's process group, then SIGTERM after ``grace``, then SIGKILL.
+
+    Returns the signals sent and the pids still left (empty unless something
+    survived SIGKILL, e.g. a process stuck in the kernel).
+    """
+    rec = jobs.load(root, job_id)
+    if rec.state.is_terminal():
+        return {"job_id": job_id, "state": rec.state.value, "signals_sent": [],
+                "remaining_pids": [], "already_terminal": True}
+    path = rec.path
+    write_json_atomic(os.path.join(path, jobs.CANCEL), {"at": time.time()})
+    pgid, ticks = rec.pid.get("pgid"), rec.pid.get("start_ticks")
+    sent: list[str] = []
+    t0 = time.monotonic()
+    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, kill_after),
+                        (signal.SIGKILL, 5.0)):
+        if not jobs.group_members(pgid, ticks):
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        sent.append(sig.name)
+        jobs.wait_until(lambda: not jobs.group_members(pgid, ticks), wait_s, 0.02)
+    remaining = jobs.group_members(pgid, ticks)
+    # the wrapper records the exit (and so CANCELLED); give it a moment
+    jobs.wait_until(lambda: jobs.load(root, job_id).state.is_terminal(), 3.0, 0.02)
+    rec = jobs.load(root, job_id)
+    return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
+            "remaining_pids": remaining, "waited_s": round(time.monotonic() - t0, 3),
+            "exit_code": (rec.exit or {}).get("exit_code"), "signal": (rec.exit or {}).get("signal")}
+
+
+# --- stacks -------------------------------------------------------------------
+
+
+def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
+    """Make the job's python processes dump all thread stacks (SIGUSR1 via sitecustomize).
+
+    Only processes that installed a SIGUSR1 handler are signalled: for any
+    other, SIGUSR1's default action would kill it.
+
+    Raises
+    ------
+    AgentFailure
+        ``JobNotRunning`` or ``NoStacks`` (no python process, no handler, no dump).
+    """
+    rec = jobs.load(root, job_id)
+    if rec.state.is_terminal() or not rec.alive:
+        raise AgentFailure("JobNotRunning", f"job {job_id} is {rec.state.value}; no stacks",
+                           job_id=job_id, state=rec.state.value)
+    members = jobs.group_members(rec.pid.get("pgid"), rec.pid.get("start_ticks"))
+    pythons = [p for p in members if jobs.is_python(p)]
+    if not pythons:
+        raise AgentFailure("NoStacks", f"job {job_id} has no python process (pids {members})",
+                           job_id=job_id, pids=members)
+    armed = [p for p in pythons if jobs.catches_signal(p, signal.SIGUSR1)]
+    if not armed:
+        raise AgentFailure(
+            "NoStacks", f"python pids {pythons} have no SIGUSR1 handler (sitecustomize not loaded, "
+            "e.g. python -I/-S); not signalled because SIGUSR1 would kill them",
+            job_id=job_id, pids=pythons)
+    log = os.path.join(rec.path, jobs.OUTPUT)
+    start = os.path.getsize(log)
+    for p in armed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGUSR1)
+    text, end = _wait_for_dump(log, start, timeout)
+    dump = _dump_lines(text)
+    if not dump:
+        raise AgentFailure("NoStacks", f"signalled {armed} but no stack dump appeared in "
+                           f"{log} within {timeout:g}s", job_id=job_id, pids=armed)
+    dumps_dir = os.path.join(rec.path, jobs.STACK_DUMPS)
+    os.makedirs(dumps_dir, exist_ok=True)
+    saved = os.path.join(dumps_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{start}.txt")
+    with open(saved, "w", encoding="utf-8") as f:
+        f.write("\n".join(dump) + "\n")
+    return {"job_id": job_id, "pids": armed, "offset_start": start, "offset_end": end,
+            "threads": sum(1 for ln in dump if DUMP_HEADER.match(ln)),
+            "dump": "\n".join(dump), "saved_to": saved}
+
+
+def _wait_for_dump(log: str, start: int, timeout: float) -> tuple[str, int]:
+    """Wait for a dump header after ``start``, then until the log stops growing."""
+    deadline = time.monotonic() + timeout
+    seen_at: float | None = None
+    last_size = start
+    text = ""
+    while time.monotonic() < deadline:
+        size = os.path.getsize(log)
+        if size != last_size:
+            with open(log, "rb") as f:
+                f.seek(start)
+                text = f.read(size - start).decode("utf-8", "replace")
+            last_size = size
+            if seen_at is None and any(DUMP_HEADER.match(ln) for ln in text.splitlines()):
+                seen_at = time.monotonic()
+            elif seen_at is not None:
+                seen_at = time.monotonic()  # still growing: keep waiting for quiet
+        if seen_at is not None and time.monotonic() - seen_at >= STACKS_SETTLE_S:
+            break
+        time.sleep(0.02)
+    return text, last_size
+
+
+def _dump_lines(text: str) -> list[str]:
+    """The faulthandler blocks in ``text``, without the job's other output."""
+    out: list[str] = []
+    inside = False
+    for ln in text.splitlines():
+        if DUMP_HEADER.match(ln):
+            inside = True
+            out.append(ln)
+        elif inside and DUMP_LINE.match(ln):
+            out.append(ln)
+        else:
+            inside = False
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+# --- jobs ---------------------------------------------------------------------
+
+
+def list_jobs(root: str) -> dict[str, t.Any]:
+    """Every job with its reconciled state, newest first."""
+    current = jobs.current_job_id(root)
+    rows = []
+    for jid in jobs.list_job_ids(root):
+        try:
+            rec = jobs.load(root, jid)
+        except (AgentFailure, ValueError, OSError) as exc:
+            rows.append({"job_id": jid, "state": None, "error": str(exc), "created_at": 0.0})
+            continue
+        rows.append({"job_id": jid, "name": rec.spec.get("name"), "state": rec.state.value,
+                     "created_at": rec.status.get("created_at") or rec.launch.get("created_at"),
+                     "ended_at": rec.status.get("ended_at"), "current": jid == current})
+    rows.sort(key=lambda r: r.get("created_at") or 0.0, reverse=True)
+    return {"current": current, "jobs": rows}

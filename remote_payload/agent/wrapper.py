@@ -1,0 +1,344 @@
+"""The job wrapper: ``python3 -m remote_payload.agent.wrapper <job_dir>``, the process in the tmux pane.
+
+It owns the job's lifetime record. It starts the job command in its own
+process group with stdout+stderr merged into one pipe, copies every byte to
+``output.log`` (so nothing is lost to scrollback) and to the pane, picks out
+event lines (``events.jsonl``), moves the state forward (``status.json``,
+write-then-rename) and writes ``exit_code`` when the child ends. If the tmux
+server goes away (SIGHUP) it takes the job's process group down with it and
+records LOST, so a dead tmux server never leaves orphans behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import typing as t
+
+from remote_payload import wire
+from remote_payload.agent import jobs
+from remote_payload.agent.common import read_json, write_json_atomic
+
+JobState = wire.JobState
+
+STATUS_THROTTLE_S = 0.5  # status.json is rewritten at most this often for mere output
+DRAIN_AFTER_EXIT_S = 0.5  # read what grandchildren still hold open, then stop
+MAX_LINE = 1 << 20  # a "line" longer than this is judged as it is (progress bars, binary)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL if the wrapper dies (best effort, Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+class Wrapper:
+    """One job run: spawn, pump output, track state, record the end."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.spec: dict[str, t.Any] = read_json(self._f(jobs.SPEC))
+        self.launch: dict[str, t.Any] = read_json(self._f(jobs.LAUNCH), {}) or {}
+        old = read_json(self._f(jobs.STATUS), {}) or {}
+        now = time.time()
+        self.status: dict[str, t.Any] = {
+            "job_id": self.spec["job_id"], "name": self.spec.get("name"),
+            "state": JobState.PENDING.value, "phase": None, "healthy": False,
+            "created_at": old.get("created_at", now), "started_at": None, "ended_at": None,
+            "last_output_at": None, "output_size": 0, "last_step": None, "events_count": 0,
+            "exit_code": None, "signal": None, "evidence": [],
+            "transitions": old.get("transitions") or [[JobState.PENDING.value, now, "launched"]],
+        }
+        self.state = JobState.PENDING
+        hw = self.spec.get("healthy_when") or jobs.HEALTHY_DEFAULT
+        self.healthy_when: dict[str, t.Any] = hw
+        self.regex = re.compile(hw["regex"]) if "regex" in hw else None
+        self.log_fd = os.open(self._f(jobs.OUTPUT), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.events = open(self._f(jobs.EVENTS), "a", encoding="utf-8")  # noqa: SIM115
+        self.partial = b""
+        self.pane_ok = True
+        self.last_write = 0.0
+        self.dirty = False
+        self.pending_signals: list[int] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.child_ticks: int | None = None
+
+    def _f(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    # --- state ---------------------------------------------------------------
+
+    def advance(self, new: JobState, why: str) -> None:
+        """Move forward if the transition table allows it; anything else is ignored (forward-only)."""
+        if new == self.state or not wire.can_transition(self.state, new):
+            return
+        self.state = new
+        self.status["state"] = new.value
+        self.status["transitions"].append([new.value, time.time(), why])
+        if new == JobState.RUNNING or new == JobState.SUCCEEDED:
+            self.status["healthy"] = True
+        self.write_status()
+
+    def write_status(self, force: bool = True) -> None:
+        now = time.time()
+        if not force and now - self.last_write < STATUS_THROTTLE_S:
+            self.dirty = True
+            return
+        self.status["updated_at"] = now
+        write_json_atomic(self._f(jobs.STATUS), self.status)
+        self.last_write = now
+        self.dirty = False
+
+    # --- output --------------------------------------------------------------
+
+    def to_pane(self, data: bytes) -> None:
+        """The pane is for humans: never block on it, never fail the job over it."""
+        if not self.pane_ok:
+            return
+        try:
+            os.write(1, data)
+        except BlockingIOError:
+            pass  # pane not drained (tmux stopped?): drop, output.log has it
+        except OSError:
+            self.pane_ok = False  # EIO: the pty is gone
+
+    def on_output(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while view:
+            n = os.write(self.log_fd, view)
+            view = view[n:]
+        self.to_pane(chunk)
+        self.status["output_size"] += len(chunk)
+        self.status["last_output_at"] = time.time()
+        self.partial += chunk
+        lines = self.partial.split(b"\n")
+        self.partial = lines.pop()
+        if len(self.partial) > MAX_LINE:
+            lines.append(self.partial)
+            self.partial = b""
+        for line in lines:
+            self.on_line(line)
+        self.write_status(force=False)
+
+    def on_line(self, line: bytes) -> None:
+        if self.regex is not None and not self.status["healthy"]:
+            text = line.decode("utf-8", "replace").rstrip("\r")
+            if self.regex.search(text):
+                self.advance(JobState.RUNNING, f"healthy_when regex matched: {text[:200]}")
+        if not line.lstrip().startswith(b"{"):
+            return
+        ev = wire.parse_event(line)
+        if ev is not None:
+            self.on_event(ev)
+
+    def on_event(self, ev: dict[str, t.Any]) -> None:
+        ev = {**ev, "_at": time.time()}
+        self.events.write(json.dumps(ev, separators=(",", ":")) + "\n")
+        self.events.flush()
+        self.status["events_count"] += 1
+        kind = ev["event"]
+        if kind == wire.EVENT_PHASE:
+            phase = ev.get("phase")
+            self.status["phase"] = phase
+            target = wire.PHASE_TO_STATE.get(str(phase))
+            # RUNNING means healthy, which only healthy_when decides
+            if target is not None and target != JobState.RUNNING:
+                self.advance(target, f"phase {phase}")
+            self.write_status()
+        elif kind == wire.EVENT_STEP:
+            first = self.status["last_step"] is None
+            self.status["last_step"] = ev
+            if first:
+                self.write_status()
+        want = self.healthy_when
+        if "event" in want and all(ev.get(k) == v for k, v in want.items()):
+            self.advance(JobState.RUNNING, f"healthy_when event {kind}")
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(self.launch.get("base_env") or os.environ)
+        env.update(self.spec.get("env") or {})
+        payload = self.launch.get("payload_dir") or os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        hook = os.path.join(payload, "remote_payload", "sitehook")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (hook, payload, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONFAULTHANDLER"] = "1"
+        env["OPSCTL_JOB_ID"] = self.spec["job_id"]
+        env["OPSCTL_JOB_DIR"] = self.path
+        return env
+
+    def record_pid(self, pid: int | None, started_at: float | None) -> None:
+        me = os.getpid()
+        write_json_atomic(self._f(jobs.PID), {
+            "wrapper_pid": me, "wrapper_start_ticks": jobs.start_ticks(me),
+            "pid": pid, "pgid": pid, "start_ticks": self.child_ticks, "started_at": started_at,
+            "argv": self.launch.get("argv") or self.spec["command"],
+        })
+
+    def finish(self, exit_code: int | None, sig: str | None, why: str,
+               error: str | None = None) -> None:
+        now = time.time()
+        rec = {"exit_code": exit_code, "signal": sig, "ended_at": now, "error": error}
+        write_json_atomic(self._f(jobs.EXIT_CODE), rec)
+        cancelled = os.path.exists(self._f(jobs.CANCEL))
+        self.status.update(exit_code=exit_code, signal=sig, ended_at=now)
+        self.status["evidence"] = [*self.status["evidence"], why]
+        final = jobs.final_state(rec, cancelled)
+        self.advance(final, why + (" after cancel was requested" if cancelled else ""))
+        self.write_status()
+        self.to_pane(f"\r\n[opsctl] job {self.spec['job_id']} {final.value}: {why}\r\n".encode())
+
+    def handle_signals(self) -> bool:
+        """Act on signals the wrapper received; True when it must hang up."""
+        sigs, self.pending_signals = self.pending_signals, []
+        hangup = False
+        for sig in sigs:
+            if sig == signal.SIGHUP:
+                hangup = True
+            elif self.proc is not None:  # Ctrl-C / TERM in the pane: pass it on
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, sig)
+        return hangup
+
+    def hang_up(self) -> None:
+        """tmux is gone: end the job's process group and record LOST (no exit_code)."""
+        proc = self.proc
+        sent = []
+        if proc is not None:
+            for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+                if not jobs.group_members(proc.pid, self.child_ticks) and proc.poll() is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+                sent.append(sig.name)
+                jobs.wait_until(lambda p=proc: p.poll() is not None
+                                and not jobs.group_members(p.pid, self.child_ticks), wait_s, 0.02)
+        why = "wrapper got SIGHUP: the tmux server or pane went away"
+        write_json_atomic(self._f(jobs.HANGUP), {"at": time.time(), "why": why, "signals": sent})
+        self.status["evidence"] = [*self.status["evidence"], why,
+                                   f"job process group ended with {', '.join(sent) or 'no signal'}"]
+        self.status["ended_at"] = time.time()
+        self.advance(JobState.LOST, why)
+        self.write_status()
+
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda s, _f: self.pending_signals.append(s))
+        with contextlib.suppress(OSError):
+            fl = fcntl.fcntl(1, fcntl.F_GETFL)
+            fcntl.fcntl(1, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+
+        if os.path.exists(self._f(jobs.CANCEL)):
+            self.record_pid(None, None)
+            self.finish(None, None, "cancelled before it started")
+            return 0
+        argv = self.launch.get("argv") or jobs.job_argv(self.spec)
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=self.spec.get("workdir") or None, env=self.child_env(), process_group=0,
+                preexec_fn=_die_with_parent)
+        except OSError as exc:
+            msg = f"[opsctl] cannot start {argv[0]!r}: {exc}\n"
+            self.on_output(msg.encode())
+            self.record_pid(None, None)
+            self.finish(127, None, f"could not start: {exc}", error=str(exc))
+            return 127
+        self.proc = proc
+        started = time.time()
+        self.child_ticks = jobs.start_ticks(proc.pid)
+        self.record_pid(proc.pid, started)
+        self.status["started_at"] = started
+        self.advance(JobState.SETTING_UP, f"pid {proc.pid} started")
+        if self.healthy_when.get("started"):
+            self.advance(JobState.RUNNING, "healthy_when started")
+        return self.pump(proc, wake_r)
+
+    def pump(self, proc: subprocess.Popen[bytes], wake_r: int) -> int:
+        out = proc.stdout
+        if out is None:  # unreachable: stdout=PIPE
+            raise RuntimeError("child has no stdout pipe")
+        rfd = out.fileno()
+        exited_at: float | None = None
+        while True:
+            timeout = STATUS_THROTTLE_S if exited_at is None else DRAIN_AFTER_EXIT_S / 5
+            ready, _, _ = select.select([rfd, wake_r], [], [], timeout)
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+                if self.handle_signals():
+                    self.hang_up()
+                    return 129
+            if rfd in ready:
+                try:
+                    chunk = os.read(rfd, 65536)
+                except OSError as exc:
+                    if exc.errno != errno.EINTR:
+                        raise
+                    continue
+                if not chunk:
+                    break
+                self.on_output(chunk)
+            if self.dirty:
+                self.write_status(force=False)
+            if exited_at is None and proc.poll() is not None:
+                exited_at = time.monotonic()
+            if exited_at is not None and time.monotonic() - exited_at > DRAIN_AFTER_EXIT_S:
+                break
+        rc = proc.wait()
+        if self.partial:
+            self.on_line(self.partial)
+            self.partial = b""
+        left = self.reap_leftovers(proc.pid)
+        if left:
+            self.status["evidence"].append(f"killed {len(left)} leftover process(es) of the "
+                                           f"job's group: {left}")
+        if rc < 0:
+            name = jobs.signal_name(-rc)
+            self.finish(None, name, f"killed by {name}")
+            return 128 - rc
+        self.finish(rc, None, f"exited with code {rc}")
+        return rc
+
+    def reap_leftovers(self, pgid: int) -> list[int]:
+        """Processes the job left in its group after it exited: TERM, then KILL (no orphans)."""
+        left = jobs.group_members(pgid, self.child_ticks)
+        if not left:
+            return []
+        for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 1.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+            if jobs.wait_until(lambda: not jobs.group_members(pgid, self.child_ticks), wait_s):
+                break
+        return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python3 -m remote_payload.agent.wrapper JOB_DIR\n")
+        return 2
+    return Wrapper(os.path.abspath(args[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
