@@ -359,7 +359,7 @@ def classify_pct_failure(host: str, ctid: int, result: CommandResult, step: str)
     label = f"{host}: container {ctid}"
     if _MISSING.search(text):
         raise ContainerMissing(f"{label} does not exist (step: {step or 'pct exec'})",
-                               hint=f"list containers with `opsctl exec`-free `pct list` on {host}")
+                               hint="`opsctl hosts --check` lists the containers each host has")
     if _NOT_RUNNING.search(text):
         raise ContainerNotRunning(f"{label} is not running (step: {step or 'pct exec'})",
                                   hint=f"start it on the host: pct start {ctid}")

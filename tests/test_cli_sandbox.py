@@ -1,0 +1,221 @@
+"""opsctl end to end through the real sandbox: loopback sshd -> pct -> LXC -> agent -> tmux.
+
+These are the user's workflows from issue 2; every remote effect is checked in the
+container itself, never through a mock.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl import errors
+from opsctl.cli import cli
+
+pytestmark = pytest.mark.sandbox
+
+# A job that looks like a trainer: events on stdout, a few steps, then exit 0.
+TRAINER_LIKE = textwrap.dedent("""
+    import json, sys, time
+    def ev(**k): print(json.dumps(k), flush=True)
+    ev(event="phase", phase="loading"); print("loading model", flush=True)
+    ev(event="phase", phase="training")
+    for step in range(1, STEPS + 1):
+        ev(event="step", step=step, loss=1.0 / step, acc=0.1 * step, tok_s=1234.0, eta_s=STEPS - step,
+           lr=1e-3)
+        time.sleep(SLEEP)
+    print("done", flush=True)
+""")
+
+
+def trainer_like(steps: int, sleep: float) -> str:
+    return TRAINER_LIKE.replace("STEPS", str(steps)).replace("SLEEP", str(sleep))
+
+
+CRASHER = textwrap.dedent("""
+    import time
+    print("starting", flush=True)
+    time.sleep(1.0)
+    def load_model():
+        raise RuntimeError("boom: simulated crash at model load")
+    load_model()
+""")
+
+
+@pytest.fixture
+def target(sandbox, isolated_env: Path, tmp_path: Path):
+    """The sandbox in this test's inventory, and a cleanup that stops any job left running."""
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    yield "sandbox"
+    CliRunner().invoke(cli, ["stop", "--host", "sandbox", "--ct", "200", "--grace", "1"])
+
+
+def playbook(tmp_path: Path, name: str, script: str, **extra: object) -> Path:
+    doc = {"name": name, "command": ["python3", "-c", script], "timeout_s": 60, **extra}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(json.dumps(doc))  # JSON is YAML
+    return p
+
+
+def run(*args: str, input: bytes | None = None):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, input=input)
+
+
+def cexec(*argv: str) -> str:
+    res = run("exec", "--host", "sandbox", "--ct", "200", "--", *argv)
+    return res.stdout
+
+
+class TestDeploy:
+    def test_deploy_waits_until_healthy_then_status_shows_running_with_metrics(self, target, tmp_path):
+        book = playbook(tmp_path, "healthy", trainer_like(steps=40, sleep=0.25),
+                        healthy_when={"event": "step"})
+        res = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--json",
+                  "--replace")
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        assert doc["outcome"] == "healthy"
+        st = json.loads(run("status", "--json").stdout)
+        assert st["state"] == "RUNNING"
+        assert st["last_step"]["event"] == "step" and st["last_step"]["tok_s"] == 1234.0
+        assert any("loading model" in line for line in st["pane_tail"] + st["output_tail"])
+
+    def test_a_job_that_exits_zero_ends_succeeded(self, target, tmp_path):
+        book = playbook(tmp_path, "quick", trainer_like(steps=3, sleep=0.05))
+        res = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--json",
+                  "--replace")
+        assert res.exit_code == 0, res.output
+        res = run("status", "--follow", "--json", "--poll", "0.5")
+        st = json.loads(res.stdout)
+        assert (st["state"], st["exit_code"], res.exit_code) == ("SUCCEEDED", 0, 0)
+
+    def test_an_unchanged_payload_is_not_sent_again(self, target, tmp_path):
+        book = playbook(tmp_path, "quick", trainer_like(steps=1, sleep=0.01))
+        run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace", "--no-wait")
+        res = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--json",
+                  "--replace", "--no-wait")
+        assert json.loads(res.stdout)["payload"]["sent"] is False
+
+    def test_a_second_launch_is_refused_while_a_job_runs(self, target, tmp_path):
+        book = playbook(tmp_path, "long", trainer_like(steps=100, sleep=0.5))
+        assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
+                   "--no-wait", "--replace").exit_code == 0
+        res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
+                                       str(book), "--no-wait"])
+        assert res.exit_code == errors.REMOTE_FAILED
+        assert "JobAlreadyRunning" in res.output or "already" in res.output
+
+
+class TestFailures:
+    def test_a_crash_is_reported_failed_with_traceback_within_the_detection_bound(self, target, tmp_path):
+        book = playbook(tmp_path, "crash", CRASHER, healthy_when={"event": "step"})
+        start = time.monotonic()
+        res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
+                                       str(book), "--json", "--replace"])
+        elapsed = time.monotonic() - start
+        assert res.exit_code == errors.JOB_FAILED, res.output
+        doc = json.loads(res.stdout)
+        st = doc["status"]
+        assert st["state"] == "FAILED" and st["exit_code"] == 1
+        assert any("boom: simulated crash" in line for line in st["output_tail"])
+        # crash at ~1 s after start; default poll 2 s + one round trip + launch overhead
+        assert elapsed < 1.0 + 2.0 + 3.0, f"reported after {elapsed:.1f}s"
+
+    def test_a_job_killed_by_a_signal_is_failed_with_the_signal(self, target, tmp_path):
+        script = "import os, signal, time; print('x', flush=True); time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"
+        book = playbook(tmp_path, "killed", script, healthy_when={"event": "step"})
+        res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
+                                       str(book), "--json", "--replace"])
+        assert res.exit_code == errors.JOB_FAILED
+        st = json.loads(res.stdout)["status"]
+        assert (st["state"], st["signal"]) == ("FAILED", "SIGKILL")
+
+    def test_killing_the_tmux_server_makes_the_job_lost(self, target, tmp_path):
+        book = playbook(tmp_path, "lost", trainer_like(steps=200, sleep=0.5))
+        assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
+                   "--replace").exit_code == 0
+        cexec("tmux", "-L", "opsctl", "kill-server")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            st = json.loads(run("status", "--json").stdout)
+            if st["state"] == "LOST":
+                break
+            time.sleep(0.5)
+        assert st["state"] == "LOST", st
+        assert st["evidence"]
+
+    def test_stop_cancels_the_job_and_leaves_no_process(self, target, tmp_path):
+        marker = f"opsctl-stop-marker-{time.time_ns()}"
+        script = trainer_like(steps=500, sleep=0.5) + f"\n# {marker}\n"
+        book = playbook(tmp_path, "stoppable", script)
+        assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
+                   "--replace").exit_code == 0
+        res = run("stop", "--json", "--grace", "5")
+        doc = json.loads(res.stdout)
+        assert doc["state"] == "CANCELLED" and doc["remaining_pids"] == []
+        st = json.loads(run("status", "--json").stdout)
+        assert st["state"] == "CANCELLED"
+        assert marker not in cexec("ps", "-eo", "args")
+
+
+class TestRefusals:
+    def test_a_missing_container_is_a_clear_error(self, target, missing_ct, tmp_path):
+        res = CliRunner().invoke(cli, ["status", "--host", target, "--ct", str(missing_ct)])
+        assert res.exit_code == errors.CONTAINER_MISSING
+        assert f"container {missing_ct} does not exist" in res.output
+
+    def test_a_stopped_container_is_a_clear_error(self, target, stopped_ct, tmp_path):
+        book = playbook(tmp_path, "quick", trainer_like(steps=1, sleep=0.01))
+        res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", str(stopped_ct),
+                                       "--playbook", str(book)])
+        assert res.exit_code == errors.CONTAINER_NOT_RUNNING
+        assert f"container {stopped_ct} is not running" in res.output
+
+    def test_an_unreachable_host_is_a_clear_error(self, isolated_env):
+        res = CliRunner().invoke(cli, ["status", "--host", "root@127.0.0.1:9", "--ct", "200"])
+        assert res.exit_code == errors.TRANSPORT
+        assert "cannot connect to root@127.0.0.1:9" in res.output
+
+    def test_a_changed_host_key_is_refused(self, target, sandbox, isolated_env, tmp_path):
+        fake_known = tmp_path / "known_hosts"
+        other_key = "AAAAC3NzaC1lZDI1NTE5AAAAIB7n5vY9cXjJ0p0Jp6mJ5bJjvN6Zr3c2oUuE1t0b3Ijd"
+        fake_known.write_text(f"[127.0.0.1]:{sandbox.port} ssh-ed25519 {other_key}\n")
+        inv = isolated_env / "inventory" / "sandbox.yaml"
+        text = inv.read_text().replace(str(sandbox.known_hosts_file), str(fake_known))
+        text = "\n".join(x for x in text.splitlines() if "host_key_fingerprint" not in x) + "\n"
+        inv.write_text(text)
+        res = CliRunner().invoke(cli, ["status", "--host", "sandbox", "--ct", "200"])
+        assert res.exit_code == errors.HOST_KEY
+        assert "CHANGED" in res.output
+
+    def test_an_unknown_host_key_is_refused_unless_accept_new(self, target, sandbox, isolated_env, tmp_path):
+        empty_known = tmp_path / "known_hosts"
+        inv = isolated_env / "inventory" / "sandbox.yaml"
+        text = inv.read_text().replace(str(sandbox.known_hosts_file), str(empty_known))
+        text = "\n".join(x for x in text.splitlines() if "host_key_fingerprint" not in x) + "\n"
+        inv.write_text(text)
+        res = CliRunner().invoke(cli, ["exec", "--host", "sandbox", "--ct", "200", "--", "true"])
+        assert res.exit_code == errors.HOST_KEY
+        res = CliRunner().invoke(cli, ["exec", "--accept-new-host-key", "--host", "sandbox", "--ct",
+                                       "200", "--", "true"])
+        assert res.exit_code == 0
+        assert sandbox.host_key_fingerprint  # recorded; next time strict checking passes
+        assert CliRunner().invoke(cli, ["exec", "--host", "sandbox", "--ct", "200", "--",
+                                        "true"]).exit_code == 0
+
+    def test_a_malformed_playbook_changes_nothing_remotely(self, target, tmp_path):
+        before = cexec("sh", "-c", "ls /opt/opsctl/jobs 2>/dev/null | sort")
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("name: bad\ncommand: [python3]\nhealthy_when: {event: step, regex: x}\n")
+        res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook", str(bad)])
+        assert res.exit_code == errors.USAGE
+        assert f"{bad}:3: healthy_when" in res.output
+        assert cexec("sh", "-c", "ls /opt/opsctl/jobs 2>/dev/null | sort") == before
