@@ -130,7 +130,8 @@ class TestFailures:
         assert elapsed < 1.0 + 2.0 + 3.0, f"reported after {elapsed:.1f}s"
 
     def test_a_job_killed_by_a_signal_is_failed_with_the_signal(self, target, tmp_path):
-        script = "import os, signal, time; print('x', flush=True); time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"
+        script = ("import os, signal, time; print('x', flush=True); time.sleep(0.5); "
+                  "os.kill(os.getpid(), signal.SIGKILL)")
         book = playbook(tmp_path, "killed", script, healthy_when={"event": "step"})
         res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
                                        str(book), "--json", "--replace"])
