@@ -1,0 +1,117 @@
+"""Operational speed of opsctl on the sandbox, side by side in one run (issue 2 targets).
+
+    python3 benchmarks/ops.py [--runs 10] [--json out.json]
+
+1. ``opsctl status --json`` wall time vs a raw ``ssh … pct exec 200 -- true`` on the same
+   sshd (target ratio ≤ 1.5);
+2. crash detection: from the job printing its traceback to ``opsctl status --follow``
+   reporting FAILED (target ≤ 3 s at default settings);
+3. re-deploy of an unchanged payload, launch included, no waiting (target ≤ 2 s).
+
+Uses its own OPSCTL_HOME so it never touches your last target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from opsctl import sandbox  # noqa: E402
+
+CRASH_JOB = """
+import sys, time
+print("warming up", flush=True)
+time.sleep(3)
+t = time.time()
+sys.stderr.write(f"CRASH_AT={t!r}\\n"); sys.stderr.flush()
+raise RuntimeError("benchmark crash")
+"""
+
+LONG_JOB = "import time\nprint('x', flush=True)\ntime.sleep(600)\n"
+
+
+def timed(argv: list[str], env: dict[str, str], check: bool = True) -> tuple[float, subprocess.CompletedProcess[bytes]]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True)
+    elapsed = time.perf_counter() - start
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{argv} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    return elapsed, proc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--json", dest="json_out")
+    args = ap.parse_args()
+
+    info = sandbox.up()
+    home = Path(tempfile.mkdtemp(prefix="opsctl-bench-"))
+    (home / "inventory").mkdir()
+    shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
+    env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
+    opsctl = [sys.executable, "-m", "opsctl.cli"]
+    exe = shutil.which("opsctl")
+    if exe:
+        opsctl = [exe]
+    target = ["--host", "sandbox", "--ct", str(info.containers[0])]
+
+    def book(name: str, script: str, **extra: object) -> str:
+        p = home / f"{name}.yaml"
+        p.write_text(json.dumps({"name": name, "command": ["python3", "-c", script], **extra}))
+        return str(p)
+
+    results: dict[str, object] = {}
+    # warm: payload present, a long job running so status has something to report
+    timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB), "--replace",
+           "--no-wait"], env)
+
+    raw = [timed([*info.ssh_argv(), "pct", "exec", str(info.containers[0]), "--", "true"], env)[0]
+           for _ in range(args.runs)]
+    ours = [timed([*opsctl, "status", "--json"], env)[0] for _ in range(args.runs)]
+    results["raw_ssh_pct_exec_true_s"] = statistics.median(raw)
+    results["opsctl_status_json_s"] = statistics.median(ours)
+    results["status_ratio"] = results["opsctl_status_json_s"] / results["raw_ssh_pct_exec_true_s"]
+
+    redeploy = [timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB),
+                       "--replace", "--no-wait", "--json"], env)[0] for _ in range(3)]
+    results["redeploy_unchanged_payload_s"] = statistics.median(redeploy)
+
+    detections = []
+    for _ in range(3):
+        timed([*opsctl, "deploy", *target, "--playbook", book("bench-crash", CRASH_JOB),
+               "--replace", "--no-wait"], env)
+        _, proc = timed([*opsctl, "status", "--follow", "--json"], env, check=False)
+        done = time.time()
+        doc = json.loads(proc.stdout)
+        crash_at = next(float(line.split("=", 1)[1]) for line in doc["output_tail"]
+                        if line.startswith("CRASH_AT="))
+        assert doc["state"] == "FAILED", doc["state"]
+        detections.append(done - crash_at)
+    results["crash_detection_s"] = statistics.median(detections)
+    results["crash_detection_max_s"] = max(detections)
+    timed([*opsctl, "stop", "--grace", "1"], env, check=False)
+
+    targets = {"status_ratio": 1.5, "crash_detection_s": 3.0, "redeploy_unchanged_payload_s": 2.0}
+    for key, value in results.items():
+        goal = targets.get(key)
+        mark = "" if goal is None else (" ✓" if float(value) <= goal else f" ✗ (target ≤ {goal})")  # type: ignore[arg-type]
+        print(f"{key:34s} {float(value):8.3f}{mark}")  # type: ignore[arg-type]
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
+    shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
