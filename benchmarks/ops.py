@@ -41,7 +41,8 @@ raise RuntimeError("benchmark crash")
 LONG_JOB = "import time\nprint('x', flush=True)\ntime.sleep(600)\n"
 
 
-def timed(argv: list[str], env: dict[str, str], check: bool = True) -> tuple[float, subprocess.CompletedProcess[bytes]]:
+def timed(argv: list[str], env: dict[str, str],
+          check: bool = True) -> tuple[float, subprocess.CompletedProcess[bytes]]:
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True)
     elapsed = time.perf_counter() - start
