@@ -17,6 +17,9 @@ import subprocess
 import sys
 import time
 import typing as t
+import urllib.error
+import urllib.parse
+import urllib.request
 
 from remote_payload.agent.common import AgentFailure, write_json_atomic
 from remote_payload.torchenv.fingerprint import (
@@ -41,6 +44,7 @@ from remote_payload.torchenv.layout import (
 )
 from remote_payload.torchenv.procs import clean_env, run_logged
 
+_HREF_RE = re.compile(r"torch-([^-/\"'#]+)-[^/\"'#]*\.whl")
 _WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
 
 
@@ -91,6 +95,8 @@ def pip_failure_reason(output: str) -> str:
                                "name or service not known", "temporary failure in name resolution",
                                "read timed out", "connecttimeout", "network is unreachable")):
         return "index-unreachable"
+    if "resolutionimpossible" in text:
+        return "conflict"
     if "no matching distribution found" in text or "could not find a version" in text:
         return "no-such-version"
     return "pip-error"
@@ -100,8 +106,28 @@ _REASON_TEXT = {
     "disk-full": "the container's disk is full",
     "index-unreachable": "the package index is unreachable",
     "no-such-version": "the index has no such torch version",
+    "conflict": "pip found conflicting requirements",
     "pip-error": "pip failed",
 }
+
+
+def probe_index(index_url: str, timeout_s: float = 10.0) -> tuple[str, str]:
+    """(reason, detail) for a failed install from ``index_url``: unreachable, or what it has.
+
+    pip says only "from versions: none" when it cannot connect and retries are off, so
+    the agent asks the index itself.
+    """
+    url = index_url.rstrip("/") + "/torch/"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            page = resp.read(4 << 20).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return "no-such-version", f"{url} answered HTTP {exc.code} (no torch project there)"
+    except (urllib.error.URLError, OSError) as exc:
+        why = getattr(exc, "reason", exc)
+        return "index-unreachable", f"cannot reach {index_url}: {why}"
+    versions = sorted({urllib.parse.unquote(m.group(1)) for m in _HREF_RE.finditer(page)})
+    return "no-such-version", f"{index_url} has torch {', '.join(versions) or 'no versions'}"
 
 
 def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
@@ -224,12 +250,18 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
             pinned = f"{req.version}+{req.variant}"
             source = ["--index-url", str(req.index_url)]
         step = "pip-install"
-        env = clean_env(TMPDIR=scratch)
+        # --isolated skips user config and PIP_* vars but still reads /etc/pip.conf & co;
+        # PIP_CONFIG_FILE=/dev/null makes pip skip every config file.
+        env = clean_env(TMPDIR=scratch, PIP_CONFIG_FILE=os.devnull)
         rc, out = run_logged([*pip, *source, f"torch=={pinned}"], log_path=log_path, env=env,
                              label="pip", timeout_s=req.install_timeout_s, watch_dir=tmp)
         if rc != 0:
             reason = pip_failure_reason(out)
-            raise _StepFailed(step, f"{_REASON_TEXT[reason]} (pip exit {rc})", reason)
+            detail = f"{_REASON_TEXT[reason]} (pip exit {rc})"
+            if not req.wheelhouse and reason in ("no-such-version", "pip-error"):
+                reason, found = probe_index(str(req.index_url))
+                detail = f"{_REASON_TEXT[reason]}: {found} (pip exit {rc})"
+            raise _StepFailed(step, detail, reason)
         if req.requirements:
             step = "requirements"
             constraints = os.path.join(scratch, "constraints.txt")
@@ -267,7 +299,9 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
             os.replace(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, final)
-        store_facts(final, verification["facts"])
+        facts = dict(verification["facts"], executable=os.path.join(final, "bin", "python"))
+        verification["facts"] = facts
+        store_facts(final, facts)
     except (_StepFailed, OSError, subprocess.SubprocessError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, _StepFailed):

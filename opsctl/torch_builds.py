@@ -1,0 +1,318 @@
+"""The torch builds table and wheelhouse preparation (local side of issue 3; no torch import).
+
+A build is a variant (``cpu``, ``cu128``, ``cu130``, ...) plus a torch release; the variant
+is the wheel's local tag, so the exact pin is ``torch==<version>+<variant>``. Defaults ship
+in ``inventory/torch-builds.yaml``; any inventory file's ``torch_builds:`` and a host's
+``torch_builds:`` override them field by field, so a mirror or an air-gapped host changes
+one line, not the table.
+
+    table = load_table(inv.torch_builds, host.torch_builds)
+    build = table.resolve(TorchPin.parse("cu130"), version="2.11.0")
+    argv = swap_args(build)                      # -> agent verb `swap`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+import typing as t
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from opsctl import paths
+from opsctl.errors import ConfigError, TorchEnvError
+
+DEFAULTS_PATH = paths.REPO_ROOT / "inventory" / "torch-builds.yaml"
+DEFAULT_INDEX = "https://download.pytorch.org/whl/{variant}"
+_VARIANT_RE = re.compile(r"^(cpu|cu\d{3})$")
+_RELEASE_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.]*)$")
+_TORCH_WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
+_SAVED_RE = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S.*\S)\s*$")
+
+
+class BuildSpec(BaseModel):
+    """One row of the builds table as written in YAML (every field optional for overrides)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: str | None = None
+    index_url: str | None = None
+    wheelhouse: bool | None = None
+    download_index_url: str | None = None
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, v: t.Any) -> t.Any:
+        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchBuild:
+    """A resolved build: everything the agent's ``swap`` verb needs."""
+
+    variant: str
+    version: str
+    index_url: str
+    wheelhouse: bool = False
+    download_index_url: str | None = None  # None: the operator's pip configuration
+
+    @property
+    def name(self) -> str:
+        """Directory name in the container: ``torch-2.11.0-cu130``."""
+        return f"torch-{self.version}-{self.variant}"
+
+    @property
+    def pin(self) -> str:
+        return f"{self.version}+{self.variant}"
+
+    @property
+    def requirement(self) -> str:
+        return f"torch=={self.pin}"
+
+    @property
+    def expected_cuda(self) -> str | None:
+        """What ``torch.version.cuda`` must say: ``cu128`` -> ``12.8``, ``cpu`` -> None."""
+        if self.variant == "cpu":
+            return None
+        digits = self.variant[2:]
+        return f"{int(digits[:-1])}.{digits[-1]}"
+
+
+def _check_variant_format(variant: str) -> None:
+    if not _VARIANT_RE.match(variant):
+        raise ConfigError(f"torch variant {variant!r} is not 'cpu' or 'cuNNN' (e.g. cu130)")
+
+
+def check_release(version: str) -> str:
+    """A plain torch release (``2.11.0``); the variant supplies the local tag.
+
+    Raises:
+        ConfigError: a local tag, an empty or a malformed version.
+    """
+    if "+" in version:
+        base, tag = version.split("+", 1)
+        raise ConfigError(f"torch version {version!r} carries a local tag; give the release and "
+                          f"the variant separately", hint=f"opsctl swap-torch {tag} --version {base}")
+    if not _RELEASE_RE.match(version):
+        raise ConfigError(f"torch version {version!r} is not a release like 2.11.0")
+    return version
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchPin:
+    """What the operator asked for: a variant, optionally with a version."""
+
+    variant: str
+    version: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, known: t.Iterable[str] | None = None) -> TorchPin:
+        """``cu130`` or ``2.11.0+cu130``.
+
+        Raises:
+            ConfigError: malformed, or (when ``known`` is given) a variant not in the table;
+                the message lists the known variants.
+        """
+        text = text.strip()
+        version: str | None = None
+        variant = text
+        if "+" in text:
+            version, variant = text.split("+", 1)
+            check_release(version)
+        known_list = sorted(known) if known is not None else None
+        if known_list is not None and variant not in known_list:
+            raise ConfigError(
+                f"unknown torch variant {variant!r}; known variants: {', '.join(known_list)}",
+                hint=f"e.g. opsctl swap-torch {known_list[0] if known_list else 'cu130'}, or add "
+                     f"{variant!r} under torch_builds: in the inventory")
+        _check_variant_format(variant)
+        return cls(variant=variant, version=version)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildsTable:
+    builds: t.Mapping[str, TorchBuild]
+
+    def variants(self) -> list[str]:
+        return sorted(self.builds)
+
+    def resolve(self, pin: TorchPin | str, *, version: str | None = None,
+                index_url: str | None = None, wheelhouse: bool | None = None) -> TorchBuild:
+        """The build for ``pin`` with command-line overrides applied.
+
+        Raises:
+            ConfigError: unknown variant (lists the known ones), bad version, conflicting versions.
+        """
+        if isinstance(pin, str):
+            pin = TorchPin.parse(pin, self.variants())
+        elif pin.variant not in self.builds:
+            TorchPin.parse(pin.variant, self.variants())  # raises with the known list
+        base = self.builds[pin.variant]
+        if version and pin.version and version != pin.version:
+            raise ConfigError(f"two torch versions given: {pin.version} (in the pin) and "
+                              f"{version} (--version)")
+        chosen = check_release(version or pin.version or base.version)
+        return dataclasses.replace(
+            base, version=chosen, index_url=index_url or base.index_url,
+            wheelhouse=base.wheelhouse if wheelhouse is None else wheelhouse)
+
+
+def _read_defaults(path: Path) -> dict[str, t.Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the torch builds table: {exc}") from None
+    builds = data.get("torch_builds") if isinstance(data, dict) else None
+    if not isinstance(builds, dict):
+        raise ConfigError(f"{path}: expected a 'torch_builds:' mapping")
+    return builds
+
+
+def _parse_rows(rows: t.Mapping[str, t.Any], where: str) -> dict[str, BuildSpec]:
+    out = {}
+    for variant, row in rows.items():
+        _check_variant_format(str(variant))
+        try:
+            out[str(variant)] = BuildSpec.model_validate(row or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(f"{where}: torch_builds.{variant}.{loc}: {first['msg']}") from None
+    return out
+
+
+def load_table(inventory_builds: t.Mapping[str, t.Any] | None = None,
+               host_builds: t.Mapping[str, t.Any] | None = None,
+               defaults_path: Path | None = DEFAULTS_PATH) -> BuildsTable:
+    """Shipped defaults, then the inventory's ``torch_builds``, then the host's: field by field.
+
+    Raises:
+        ConfigError: a bad row, or a variant without a version anywhere.
+    """
+    layers: list[tuple[str, t.Mapping[str, t.Any]]] = []
+    if defaults_path is not None:
+        layers.append((str(defaults_path), _read_defaults(defaults_path)))
+    layers.append(("inventory torch_builds", inventory_builds or {}))
+    layers.append(("host torch_builds", host_builds or {}))
+    merged: dict[str, dict[str, t.Any]] = {}
+    for where, rows in layers:
+        for variant, spec in _parse_rows(rows, where).items():
+            merged.setdefault(variant, {}).update(spec.model_dump(exclude_none=True))
+    builds = {}
+    for variant, row in merged.items():
+        if not row.get("version"):
+            raise ConfigError(f"torch build {variant!r} has no version in the builds table")
+        builds[variant] = TorchBuild(
+            variant=variant, version=check_release(str(row["version"])),
+            index_url=row.get("index_url") or DEFAULT_INDEX.format(variant=variant),
+            wheelhouse=bool(row.get("wheelhouse", False)),
+            download_index_url=row.get("download_index_url"))
+    return BuildsTable(builds)
+
+
+def remote_wheelhouse_dir(root: str, build: TorchBuild) -> str:
+    """Where streamed wheels go in the container (the agent gets it as ``--wheelhouse``)."""
+    return f"{root.rstrip('/')}/wheelhouse/{build.name}"
+
+
+def swap_args(build: TorchBuild, *, wheelhouse_dir: str | None = None,
+              requirements: t.Sequence[str] = (), requirements_index_url: str | None = None,
+              reinstall: bool = False, dry_run: bool = False) -> list[str]:
+    """Arguments of the agent verb ``swap`` for ``build`` (the transport joins them once)."""
+    args = ["--variant", build.variant, "--version", build.version]
+    if build.wheelhouse:
+        if wheelhouse_dir is None:
+            raise ConfigError(f"{build.name} installs from a wheelhouse but none was prepared")
+        args += ["--wheelhouse", wheelhouse_dir]
+    else:
+        args += ["--index-url", build.index_url]
+    for req in requirements:
+        args += ["--requirement", req]
+    if requirements_index_url:
+        args += ["--requirements-index-url", requirements_index_url]
+    if reinstall:
+        args.append("--reinstall")
+    if dry_run:
+        args.append("--dry-run")
+    return args
+
+
+@dataclasses.dataclass(frozen=True)
+class Wheelhouse:
+    """Wheels downloaded on the operator's machine, ready to stream into the container."""
+
+    directory: Path
+    files: tuple[Path, ...]
+    torch_version: str  # what the torch wheel really is, e.g. "2.13.0+cpu"
+    total_bytes: int
+    seconds: float
+    log_path: Path
+
+
+def prepare_wheelhouse(build: TorchBuild, dest: Path, *, requirements: t.Sequence[str] = (),
+                       python_version: str | None = None, platform: str | None = None,
+                       pip: t.Sequence[str] = (sys.executable, "-m", "pip"),
+                       timeout_s: float = 3600.0,
+                       on_line: t.Callable[[str], None] | None = None) -> Wheelhouse:
+    """``pip download`` torch (exact pin) + its dependencies + ``requirements`` into ``dest``.
+
+    Runs with the operator's own pip configuration (that is the point: it reaches indexes or
+    caches the container cannot), plus ``--index-url`` when the build sets
+    ``download_index_url``. ``python_version``/``platform`` target a container whose
+    python differs from the operator's (binary wheels only then).
+
+    Raises:
+        TorchEnvError: pip failed (log path attached) or no matching torch wheel came back.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    log_path = paths.logs_dir() / f"wheelhouse-{build.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    argv = [*pip, "download", "--dest", str(dest), "--no-input", "--disable-pip-version-check",
+            build.requirement, *requirements]
+    if build.download_index_url:
+        argv += ["--index-url", build.download_index_url]
+    if python_version or platform:
+        argv += ["--only-binary=:all:"]
+        if python_version:
+            argv += ["--python-version", python_version]
+        if platform:
+            argv += ["--platform", platform]
+    t0 = time.monotonic()
+    files: list[Path] = []
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL, errors="replace")
+        if proc.stdout is None:
+            raise TorchEnvError("pip download started without an output pipe")
+        deadline = t0 + timeout_s
+        for line in proc.stdout:
+            log.write(line)
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+            m = _SAVED_RE.match(line)
+            if m:
+                files.append(Path(m.group(1)).resolve())
+            if time.monotonic() > deadline:
+                proc.kill()
+        rc = proc.wait()
+    if rc != 0:
+        raise TorchEnvError(f"pip download of {build.requirement} failed (exit {rc})",
+                            log_path=str(log_path),
+                            hint="check the operator's pip configuration or set "
+                                 "download_index_url in the builds table")
+    if not files:  # older pip versions word it differently: fall back to the directory
+        files = sorted(p.resolve() for p in dest.glob("*.whl"))
+    files = sorted(set(files))
+    torch_versions = [m.group(1) for f in files if (m := _TORCH_WHEEL_RE.match(f.name))]
+    if build.pin not in torch_versions and build.version not in torch_versions:
+        raise TorchEnvError(f"pip download returned no torch wheel for {build.pin} "
+                            f"(got: {', '.join(torch_versions) or 'none'})", log_path=str(log_path))
+    torch_version = build.pin if build.pin in torch_versions else build.version
+    return Wheelhouse(directory=dest, files=tuple(files), torch_version=torch_version,
+                      total_bytes=sum(os.path.getsize(f) for f in files),
+                      seconds=round(time.monotonic() - t0, 2), log_path=log_path)
