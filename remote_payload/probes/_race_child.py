@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
+import math
 import os
 import signal
 import sys
@@ -236,6 +237,10 @@ def run(args: argparse.Namespace) -> int:
     faulthandler.enable(file=sys.stderr, all_threads=True)  # fatal signals print stacks
     dump_f = open(args.dump_file, "w")  # noqa: SIM115 -- must outlive a hang
     faulthandler.dump_traceback_later(args.watchdog_s, repeat=False, file=dump_f, exit=False)
+    if args.kill_after_s:
+        # Backstop if the parent is gone (killed by a deadline above it): SIGALRM's
+        # default action ends the process even while a hung thread holds the GIL.
+        signal.alarm(max(1, math.ceil(args.kill_after_s)))
     result: dict[str, t.Any] = {"mode": mode, "pid": os.getpid(), "simulate": args.simulate}
     say(mode, f"pid {os.getpid()}: {args.threads} threads, backward={args.backward}, "
         f"device={args.device}, watchdog after {args.watchdog_s:.0f} s")
@@ -323,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--watchdog-s", type=float, required=True)
     p.add_argument("--dump-file", required=True)
+    p.add_argument("--kill-after-s", type=float, default=None,
+                   help="die by SIGALRM after this long, whatever happens")
     p.add_argument("--simulate", choices=SIMULATIONS, default=None)
     return run(p.parse_args(argv))
 

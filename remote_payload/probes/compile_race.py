@@ -130,7 +130,8 @@ def run_child(cfg: ProbeConfig, mode: str, workdir: str, raw: RawLog) -> ChildRu
     argv = [cfg.python, "-u", "-m", "remote_payload.probes._race_child", "--mode", mode,
             "--threads", str(cfg.threads), "--device", cfg.device,
             "--backward" if cfg.backward else "--no-backward",
-            "--watchdog-s", f"{cfg.watchdog_s:.1f}", "--dump-file", dump_path]
+            "--watchdog-s", f"{cfg.watchdog_s:.1f}", "--dump-file", dump_path,
+            "--kill-after-s", f"{cfg.timeout_s + 10:.0f}"]
     if cfg.simulate:
         argv += ["--simulate", cfg.simulate]
     env = dict(os.environ)
