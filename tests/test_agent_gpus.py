@@ -1,0 +1,104 @@
+"""GPU table parsing and the nvidia-smi fallbacks of the container agent."""
+
+from __future__ import annotations
+
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from remote_payload.agent import gpus
+
+# real `nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,
+# temperature.gpu,power.draw --format=csv,noheader,nounits` lines (H200 idle and busy)
+H200_IDLE = "0, NVIDIA H200, 0, 0, 143771, 27, 73.52"
+H200_BUSY = "7, NVIDIA H200, 100, 131072, 143771, 61, 688.17"
+
+
+def test_an_H200_line_parses_into_numbers() -> None:
+    assert gpus.parse_smi_csv(H200_IDLE + "\n") == [{
+        "index": 0, "name": "NVIDIA H200", "util_pct": 0.0, "mem_used_mib": 0.0,
+        "mem_total_mib": 143771.0, "temp_c": 27.0, "power_w": 73.52}]
+
+
+def test_several_gpus_keep_their_order_and_indices() -> None:
+    table = gpus.parse_smi_csv(f"{H200_IDLE}\n{H200_BUSY}\n")
+    assert [g["index"] for g in table] == [0, 7]
+    assert table[1]["util_pct"] == 100.0
+    assert table[1]["power_w"] == 688.17
+
+
+@pytest.mark.parametrize("missing", ["[N/A]", "[Not Supported]", "N/A", ""])
+def test_unavailable_fields_become_null(missing: str) -> None:
+    (gpu,) = gpus.parse_smi_csv(f"0, NVIDIA H200, {missing}, 0, 143771, {missing}, {missing}")
+    assert gpu["util_pct"] is None
+    assert gpu["temp_c"] is None
+    assert gpu["power_w"] is None
+    assert gpu["mem_total_mib"] == 143771.0
+
+
+def test_a_line_with_the_wrong_field_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        gpus.parse_smi_csv("0, NVIDIA H200, 0")
+
+
+def _fake_smi(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "nvidia-smi"
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about nvidia-smi; keep a locally installed pynvml out of them."""
+    monkeypatch.setattr(gpus, "_nvml_query", lambda: None)
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_no_nvidia_smi_means_no_gpus_and_no_error(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpus.query() == ([], None)
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_working_nvidia_smi_is_parsed(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, f"""\
+        case "$*" in *--query-gpu=index,name,utilization.gpu*noheader,nounits*) ;;
+          *) echo "bad args: $*" >&2; exit 2;; esac
+        echo '{H200_IDLE}'
+        echo '{H200_BUSY}'
+        """)
+    table, err = gpus.GpuQuery(smi=str(smi)).result()
+    assert err is None
+    assert [g["index"] for g in table] == [0, 7]
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_failing_nvidia_smi_gives_no_gpus_and_says_why(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, """\
+        echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+        exit 9
+        """)
+    table, err = gpus.GpuQuery(smi=str(smi)).result()
+    assert table == []
+    assert err is not None
+    assert err.startswith("nvidia-smi exited 9: NVIDIA-SMI has failed")
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_hanging_nvidia_smi_is_cut_off_at_the_timeout(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpus, "SMI_TIMEOUT_S", 0.2)
+    smi = _fake_smi(tmp_path, "exec sleep 30\n")
+    query = gpus.GpuQuery(smi=str(smi))
+    table, err = query.result()
+    assert table == []
+    assert err == "nvidia-smi timed out after 0.2s"
+    proc = query._proc
+    assert proc is not None
+    assert proc.returncode is not None  # killed and reaped, not left behind
+    assert not os.path.exists(f"/proc/{proc.pid}/stat") or proc.returncode < 0
