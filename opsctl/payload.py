@@ -13,7 +13,7 @@ import hashlib
 import io
 import json
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl import paths
@@ -26,6 +26,7 @@ _SKIP_SUFFIXES = {".pyc", ".pyo"}
 class Manifest:
     files: dict[str, str]  # relpath (under the payload dir) -> sha256
     digest: str
+    contents: dict[str, tuple[bytes, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> bytes:
         return json.dumps({"files": self.files, "digest": self.digest}, indent=1,
@@ -33,35 +34,32 @@ class Manifest:
 
 
 def build_manifest(src: Path | None = None) -> Manifest:
+    """Snapshot the payload: each file is read once, so what is hashed is what is sent."""
     src = src or paths.payload_source()
     files: dict[str, str] = {}
+    contents: dict[str, tuple[bytes, int]] = {}
     for path in sorted(src.rglob("*")):
         rel_parts = path.relative_to(src).parts
         if any(p in _SKIP_DIRS for p in rel_parts) or path.suffix in _SKIP_SUFFIXES:
             continue
         if path.is_file():
             rel = "/".join((src.name, *rel_parts))
-            files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+            data = path.read_bytes()
+            files[rel] = hashlib.sha256(data).hexdigest()
+            contents[rel] = (data, path.stat().st_mode & 0o777)
     digest = hashlib.sha256("\n".join(f"{k} {v}" for k, v in files.items()).encode()).hexdigest()
-    return Manifest(files=files, digest=digest)
+    return Manifest(files=files, digest=digest, contents=contents)
 
 
-def tar_bytes(manifest: Manifest, src: Path | None = None) -> bytes:
-    src = src or paths.payload_source()
+def tar_bytes(manifest: Manifest) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        data = manifest.to_json()
-        info = tarfile.TarInfo("MANIFEST.json")
-        info.size = len(data)
-        info.mode = 0o644
-        tar.addfile(info, io.BytesIO(data))
-        for rel in manifest.files:
-            path = src.parent / rel
-            info = tar.gettarinfo(str(path), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            with path.open("rb") as f:
-                tar.addfile(info, f)
+        for rel, (data, mode) in [("MANIFEST.json", (manifest.to_json(), 0o644)),
+                                  *manifest.contents.items()]:
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = mode
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 

@@ -33,7 +33,8 @@ SEVERITY_COLOR = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    # soft_wrap: an error stays one line (grep-able, copy-able), whatever the terminal width
+    return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
 
 
 def print_json(doc: t.Any) -> None:

@@ -41,7 +41,8 @@ BASE = "base"  # template container; real ones are cheap `lxc-copy`s of it
 RELEASE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "tmux", "procps")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-APT_INSTALL = "apt-get install -y lxc debootstrap openssh-server openssh-client tmux"
+APT_INSTALL = ("apt-get install -y lxc lxc-templates debootstrap rsync distro-info wget "
+               "openssh-server openssh-client tmux")
 PCT_SOURCE = Path(__file__).with_name("sandbox_files") / "pct.py"
 # Units that must not run in a container sharing the host's network namespace: its sshd
 # would bind the host's port 22, and ifupdown would act on the host's interfaces.
@@ -140,6 +141,7 @@ def check_prerequisites() -> list[str]:
                        "or with sudo")
     tools = {"lxc-create": "lxc", "lxc-attach": "lxc", "lxc-copy": "lxc",
              "lxc-start": "lxc", "lxc-info": "lxc", "debootstrap": "debootstrap",
+             "rsync": "rsync",  # the debian template and lxc-copy copy rootfs with it
              "sshd": "openssh-server", "ssh-keygen": "openssh-client", "ssh": "openssh-client"}
     for tool, package in tools.items():
         if _which(tool) is None:

@@ -111,7 +111,7 @@ class TestDeploy:
         res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
                                        str(book), "--no-wait"])
         assert res.exit_code == errors.REMOTE_FAILED
-        assert "JobAlreadyRunning" in res.output or "already" in res.output
+        assert "is RUNNING; stop it or launch with --replace" in res.output
 
 
 class TestFailures:
