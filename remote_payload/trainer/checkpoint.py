@@ -1,0 +1,115 @@
+"""Self-describing checkpoints, written atomically.
+
+Layout of ``<out_dir>/ckpt-<step>/``: ``model.safetensors`` (drafter weights of the
+*uncompiled* module; metadata holds cfg, step, torch version, run id), ``optim.pt``
+(AdamW state) and ``meta.json``. The directory is written under a temporary name and
+renamed into place, then ``<out_dir>/latest`` is replaced the same way, so a reader never
+sees half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import typing as t
+
+import torch
+from torch import nn
+
+FORMAT = 1
+_BAD_PREFIXES = ("_orig_mod.", "module.")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, malformed or does not match the model."""
+
+
+def _check_keys(keys: t.Iterable[str], where: str) -> None:
+    bad = sorted(k for k in keys if k.startswith(_BAD_PREFIXES) or "._orig_mod." in k)
+    if bad:
+        raise CheckpointError(
+            f"{where}: unexpected wrapper prefixes in keys {bad[:3]} (a compiled or DDP module's "
+            "state_dict was used; save and load the raw module)")
+
+
+def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optimizer,
+         meta: dict[str, t.Any]) -> pathlib.Path:
+    """Write ``ckpt-<step>`` and point ``latest`` at it; returns the checkpoint path."""
+    from safetensors.torch import save_file
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"ckpt-{step:07d}"
+    state = {k: v.detach().contiguous().cpu() for k, v in raw_model.state_dict().items()}
+    _check_keys(state, "save")
+    full_meta = {"format": FORMAT, "step": step, "torch": torch.__version__, **meta}
+    if not final.exists():
+        tmp = out / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(state, str(tmp / "model.safetensors"),
+                  metadata={"meta": json.dumps(full_meta, sort_keys=True)})
+        torch.save({"optim": optim.state_dict(), "step": step}, tmp / "optim.pt")
+        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1, sort_keys=True))
+        os.replace(tmp, final)
+    latest_tmp = out / f".latest.tmp-{os.getpid()}"
+    latest_tmp.write_text(final.name + "\n")
+    os.replace(latest_tmp, out / "latest")
+    return final
+
+
+def resolve(resume: str | None, out_dir: str) -> pathlib.Path | None:
+    """``None`` -> fresh start; ``auto`` -> ``out_dir/latest`` if any; else that directory.
+
+    Raises:
+        CheckpointError: an explicit path does not exist.
+    """
+    if resume is None:
+        return None
+    if resume == "auto":
+        latest = pathlib.Path(out_dir) / "latest"
+        if not latest.is_file():
+            return None
+        return pathlib.Path(out_dir) / latest.read_text().strip()
+    p = pathlib.Path(resume)
+    if not (p / "meta.json").is_file():
+        raise CheckpointError(f"--resume {resume}: no meta.json there")
+    return p
+
+
+def read_meta(path: pathlib.Path) -> dict[str, t.Any]:
+    try:
+        meta: dict[str, t.Any] = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable meta.json ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT}")
+    return meta
+
+
+def load(path: pathlib.Path, raw_model: nn.Module, optim: torch.optim.Optimizer | None,
+         device: torch.device) -> dict[str, t.Any]:
+    """Load weights (and optimizer state) into the raw module; returns meta.
+
+    Raises:
+        CheckpointError: wrong format, wrapper prefixes, or key/shape mismatch.
+    """
+    from safetensors.torch import load_file
+
+    meta = read_meta(path)
+    state = load_file(str(path / "model.safetensors"), device=str(device))
+    _check_keys(state, str(path))
+    own = raw_model.state_dict()
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        raise CheckpointError(f"{path}: keys differ (missing {missing[:3]}, unexpected {extra[:3]})")
+    shapes = [k for k in own if own[k].shape != state[k].shape]
+    if shapes:
+        raise CheckpointError(f"{path}: shape mismatch for {shapes[:3]}")
+    raw_model.load_state_dict(state)
+    if optim is not None:
+        opt_state = torch.load(path / "optim.pt", map_location=device, weights_only=True)
+        optim.load_state_dict(opt_state["optim"])
+    return meta

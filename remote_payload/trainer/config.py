@@ -1,0 +1,229 @@
+"""Configuration: one model dataclass, one run dataclass, named presets, argv parsing.
+
+Why two dataclasses: :class:`DrafterConfig` describes the model (target shape and drafter
+architecture) and travels inside every checkpoint; :class:`TrainArgs` describes one run
+(steps, data, devices). Both are plain dataclasses so ``asdict`` is the serialisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing as t
+from dataclasses import dataclass, field
+
+
+class TrainerConfigError(ValueError):
+    """A bad flag, preset or shape: nothing was started."""
+
+
+@dataclass
+class DrafterConfig:
+    preset: str = "tiny"  # name in PRESETS this config came from (informational)
+    # --- target shape (a frozen Qwen3 causal LM) ---
+    vocab_size: int = 256  # target vocabulary; the LM head is (vocab_size, hidden_size)
+    hidden_size: int = 64  # target width; the drafter runs at the same width
+    target_layers: int = 6  # T: decoder layers of the target
+    num_heads: int = 4  # attention heads (target and drafter)
+    num_kv_heads: int = 2  # GQA key/value heads (target and drafter)
+    head_dim: int = 16  # per-head width (Qwen3 decouples it from hidden_size / num_heads)
+    intermediate_size: int = 128  # SwiGLU MLP width
+    rope_theta: float = 10000.0  # RoPE base (Qwen3 checkpoints use 1e6)
+    rms_eps: float = 1e-6  # RMSNorm epsilon
+    tie_embeddings: bool = False  # LM head shares the embedding matrix (Qwen3-0.6B does)
+    # --- drafter ---
+    draft_layers: int = 2  # L: drafter decoder layers; also how many target layers feed it
+    target_layer_ids: tuple[int, ...] = ()  # target layers (0-based outputs) used as context; () = spread
+    block_size: int = 4  # tokens per draft block: [anchor token, MASK x (block_size - 1)]
+    max_anchors: int = 8  # N: anchors sampled per sequence (fixed, so shapes stay static)
+    gamma: float = 7.0  # loss decay: weight of block position k is exp(-(k - 1) / gamma)
+    mask_token_id: int = -1  # token id used for MASK positions; -1 = vocab_size - 1
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "target_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size", "draft_layers", "max_anchors"):
+            if getattr(self, name) < 1:
+                raise TrainerConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_size < 2:
+            raise TrainerConfigError(f"block_size must be >= 2, got {self.block_size}")
+        if self.num_heads % self.num_kv_heads:
+            raise TrainerConfigError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise TrainerConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.gamma <= 0:
+            raise TrainerConfigError(f"gamma must be > 0, got {self.gamma}")
+        if self.mask_token_id == -1:
+            self.mask_token_id = self.vocab_size - 1
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise TrainerConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary")
+        self.target_layer_ids = tuple(self.target_layer_ids) or spread_layer_ids(
+            self.target_layers, self.draft_layers)
+        if len(self.target_layer_ids) != self.draft_layers:
+            raise TrainerConfigError(
+                f"target_layer_ids has {len(self.target_layer_ids)} entries, "
+                f"expected draft_layers={self.draft_layers}")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.target_layers]
+        if bad:
+            raise TrainerConfigError(f"target_layer_ids {bad} outside 0..{self.target_layers - 1}")
+
+    @property
+    def target_layers_run(self) -> int:
+        """Target layers actually executed: nothing after the last feature layer is needed."""
+        return max(self.target_layer_ids) + 1
+
+
+def spread_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """L layers spread evenly from layer 1 to T-3 (T//2 when L = 1), as in DFlash."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, max(1, num_target_layers - 3)
+    span = end - start
+    return tuple(round(start + i * span / (num_draft_layers - 1))
+                 for i in range(num_draft_layers))
+
+
+#: Named shapes, looked up by exact name. Qwen3 numbers from the public config.json files.
+PRESETS: dict[str, DrafterConfig] = {
+    "tiny": DrafterConfig(preset="tiny"),
+    "qwen3-0.6b": DrafterConfig(
+        preset="qwen3-0.6b", vocab_size=151936, hidden_size=1024, target_layers=28, num_heads=16,
+        num_kv_heads=8, head_dim=128, intermediate_size=3072, rope_theta=1e6, tie_embeddings=True,
+        draft_layers=5, block_size=32, max_anchors=64),
+    "qwen3-8b": DrafterConfig(
+        preset="qwen3-8b", vocab_size=151936, hidden_size=4096, target_layers=36, num_heads=32,
+        num_kv_heads=8, head_dim=128, intermediate_size=12288, rope_theta=1e6,
+        draft_layers=5, block_size=32, max_anchors=64),
+}
+
+#: Default sequence-length buckets per preset (every batch is padded to one of these).
+DEFAULT_BUCKETS: dict[str, tuple[int, ...]] = {
+    "tiny": (48, 96),
+    "qwen3-0.6b": (1024, 2048, 3072, 4096),
+    "qwen3-8b": (1024, 2048, 3072, 4096),
+}
+
+
+def preset(name: str, **overrides: t.Any) -> DrafterConfig:
+    """Return the preset called exactly ``name`` with ``overrides`` applied.
+
+    Raises:
+        TrainerConfigError: unknown name (the message lists the choices) or invalid override.
+    """
+    if name not in PRESETS:
+        raise TrainerConfigError(f"unknown preset {name!r}; choices: {', '.join(sorted(PRESETS))}")
+    base = dataclasses.asdict(PRESETS[name])
+    if "draft_layers" in overrides or "target_layers" in overrides:
+        base["target_layer_ids"] = ()  # re-spread for the new layer counts
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return DrafterConfig(**base)
+
+
+def _h(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class TrainArgs:
+    preset: str = field(default="tiny", metadata=_h("model shape: " + ", ".join(PRESETS)))
+    target_path: str | None = field(default=None, metadata=_h(
+        "local HF checkpoint dir of the target (config.json + safetensors); default: random weights"))
+    draft_layers: int | None = field(default=None, metadata=_h("override the preset's drafter depth"))
+    block_size: int | None = field(default=None, metadata=_h("override the preset's block size"))
+    max_anchors: int | None = field(default=None, metadata=_h("override the preset's anchors/seq"))
+    gamma: float | None = field(default=None, metadata=_h("override the loss decay gamma"))
+    tokenizer: str | None = field(default=None, metadata=_h(
+        "local tokenizer dir, needed only for JSONL records with 'text'"))
+    data: str = field(default="synthetic", metadata=_h(
+        "'synthetic' or a JSONL file of {input_ids: [...], loss_mask: [...]}"))
+    seq_buckets: str = field(default="", metadata=_h(
+        "comma-separated sequence-length buckets (default: the preset's)"))
+    token_budget: int = field(default=49152, metadata=_h("max padded tokens per batch per rank"))
+    max_batch: int = field(default=64, metadata=_h("max sequences per batch"))
+    steps: int = field(default=100, metadata=_h("optimizer steps to run (total, also after resume)"))
+    lr: float = field(default=6e-4, metadata=_h("peak learning rate"))
+    min_lr_ratio: float = field(default=0.1, metadata=_h("cosine floor as a fraction of lr"))
+    warmup_steps: int = field(default=10, metadata=_h("linear warm-up steps"))
+    weight_decay: float = field(default=0.01, metadata=_h("AdamW weight decay"))
+    grad_clip: float = field(default=1.0, metadata=_h("global grad-norm clip (0 = off)"))
+    seed: int = field(default=0, metadata=_h("seed for weights, data and anchors"))
+    device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
+    attn: str = field(default="auto", metadata=_h("auto | flex | sdpa (auto: flex on cuda)"))
+    compile: str = field(default="auto", metadata=_h("auto | on | off (auto: on for cuda)"))
+    dtype: str = field(default="auto", metadata=_h("auto | bf16 | fp32 autocast (auto: bf16 on cuda)"))
+    ce_chunk: int = field(default=4096, metadata=_h("block tokens per LM-head cross-entropy chunk"))
+    topology: str = field(default="colocated", metadata=_h("colocated | split"))
+    target_ranks: int = field(default=0, metadata=_h("split: how many ranks run the target"))
+    nproc: int = field(default=1, metadata=_h("spawn this many local ranks (ignored under torchrun)"))
+    out_dir: str = field(default="runs/dflash", metadata=_h("checkpoints go here"))
+    stop_at_step: int = field(default=0, metadata=_h(
+        "stop (checkpoint, exit 0) once this step is reached, keeping --steps' schedule (0 = off)"))
+    ckpt_every: int = field(default=0, metadata=_h("checkpoint every K steps (0 = only at exit)"))
+    resume: str | None = field(default=None, metadata=_h("checkpoint dir, or 'auto' for the latest"))
+    run_id: str = field(default="", metadata=_h("run id recorded in checkpoints (default: random)"))
+    log_every: int = field(default=1, metadata=_h("emit a step event every N steps"))
+    warmup_only: bool = field(default=False, metadata=_h("compile every shape bucket once and exit"))
+    save_cache_artifacts: str | None = field(default=None, metadata=_h(
+        "write torch.compiler mega-cache artifacts here after compiling"))
+    load_cache_artifacts: str | None = field(default=None, metadata=_h(
+        "load torch.compiler mega-cache artifacts from here when the file exists"))
+    check_replicas: bool = field(default=False, metadata=_h(
+        "at exit, verify all drafter replicas hold identical weights (event 'replicas')"))
+    peak_tflops: float = field(default=790.0, metadata=_h("bf16 dense peak per GPU for the mfu field"))
+
+    def __post_init__(self) -> None:
+        choices = {"device": ("auto", "cpu", "cuda"), "attn": ("auto", "flex", "sdpa"),
+                   "compile": ("auto", "on", "off"), "dtype": ("auto", "bf16", "fp32"),
+                   "topology": ("colocated", "split")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise TrainerConfigError(
+                    f"--{name.replace('_', '-')} {getattr(self, name)!r}; choices: {', '.join(allowed)}")
+        if self.preset not in PRESETS:
+            raise TrainerConfigError(
+                f"unknown preset {self.preset!r}; choices: {', '.join(sorted(PRESETS))}")
+        for name in ("token_budget", "max_batch", "ce_chunk", "nproc", "log_every"):
+            if getattr(self, name) < 1:
+                raise TrainerConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if min(self.steps, self.warmup_steps, self.ckpt_every, self.stop_at_step) < 0:
+            raise TrainerConfigError(
+                "--steps, --warmup-steps, --ckpt-every and --stop-at-step must be >= 0")
+        if self.topology == "split" and self.target_ranks < 1:
+            raise TrainerConfigError("--topology split needs --target-ranks K >= 1")
+        if self.topology == "colocated" and self.target_ranks:
+            raise TrainerConfigError("--target-ranks only applies to --topology split")
+
+    def buckets(self) -> tuple[int, ...]:
+        if not self.seq_buckets:
+            return DEFAULT_BUCKETS[self.preset]
+        try:
+            out = tuple(sorted({int(x) for x in self.seq_buckets.split(",") if x.strip()}))
+        except ValueError as e:
+            raise TrainerConfigError(f"--seq-buckets {self.seq_buckets!r}: {e}") from None
+        if not out or out[0] < 2:
+            raise TrainerConfigError(f"--seq-buckets {self.seq_buckets!r}: need lengths >= 2")
+        return out
+
+    def model_config(self) -> DrafterConfig:
+        return preset(self.preset, draft_layers=self.draft_layers, block_size=self.block_size,
+                      max_anchors=self.max_anchors, gamma=self.gamma)
+
+
+def parse_args(argv: t.Sequence[str] | None = None) -> TrainArgs:
+    """Parse argv into :class:`TrainArgs`; one ``--flag-name`` per field.
+
+    Raises:
+        TrainerConfigError: a value fails validation.
+    """
+    p = argparse.ArgumentParser(prog="python -m remote_payload.trainer",
+                                description="Train a DFlash drafter against a frozen Qwen3 target.")
+    hints = t.get_type_hints(TrainArgs)
+    for f in dataclasses.fields(TrainArgs):
+        flag = "--" + f.name.replace("_", "-")
+        typ = hints[f.name]
+        if typ is bool:
+            p.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
+            continue
+        conv = next((c for c in (int, float) if typ in (c, c | None)), str)
+        p.add_argument(flag, dest=f.name, type=conv, default=f.default, help=f.metadata["help"])
+    return TrainArgs(**vars(p.parse_args(argv)))

@@ -1,0 +1,387 @@
+"""The training loop: setup, compile discipline, steps, events, checkpoints, signals.
+
+Launch (see the package docstring for more)::
+
+    python -m remote_payload.trainer --preset tiny --device cpu --attn sdpa --steps 40
+    python -m remote_payload.trainer --preset qwen3-8b --nproc 8 --topology split --target-ranks 5
+    torchrun --nproc-per-node 8 -m remote_payload.trainer --preset qwen3-8b --topology split \\
+        --target-ranks 5
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import sys
+import time
+import typing as t
+import uuid
+
+import torch
+
+from ..compile_guard import serialized_compile
+from . import checkpoint, dist
+from .checkpoint import CheckpointError
+from .config import DrafterConfig, TrainArgs, TrainerConfigError, parse_args
+from .data import Batch, Source, SyntheticSource, make_source
+from .engine import Engine, lr_at
+from .events import Log
+from .flops import step_flops
+from .target import Target, build_target, config_from_dir
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; the loop checks it at step boundaries."""
+
+    requested = False
+    signame = ""
+
+    @classmethod
+    def handler(cls, signum: int, _frame: t.Any) -> None:
+        cls.requested = True
+        cls.signame = signal.Signals(signum).name
+
+
+def _resolve_runtime(args: TrainArgs) -> tuple[torch.device, str, bool, torch.dtype | None]:
+    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not cuda:
+        raise TrainerConfigError("--device cuda but torch.cuda.is_available() is False")
+    dev_type = args.device if args.device != "auto" else ("cuda" if cuda else "cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if dev_type == "cuda" else torch.device("cpu")
+    attn = args.attn if args.attn != "auto" else ("flex" if dev_type == "cuda" else "sdpa")
+    compile_on = args.compile == "on" or (args.compile == "auto" and dev_type == "cuda")
+    if attn == "flex" and dev_type == "cpu" and not args.warmup_only:
+        raise TrainerConfigError(
+            "--attn flex on CPU: compiled flex_attention has no CPU backward; use --attn sdpa")
+    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and dev_type == "cuda")
+    return device, attn, compile_on, torch.bfloat16 if bf16 else None
+
+
+def _apply_compile_settings(args: TrainArgs) -> None:
+    """Compile knobs, set here (not at import) so importing the package has no effects."""
+    import torch._dynamo.config as dcfg
+
+    limit = max(8, 4 * len(args.buckets()))
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dcfg, name):
+            setattr(dcfg, name, limit)
+    if args.load_cache_artifacts and os.path.isfile(args.load_cache_artifacts):
+        with open(args.load_cache_artifacts, "rb") as f:
+            torch.compiler.load_cache_artifacts(f.read())
+
+
+def cache_counters() -> dict[str, int]:
+    """Inductor / AOTAutograd cache hit-miss counters (a loaded cache proves nothing
+    until these show hits)."""
+    from torch._dynamo.utils import counters
+
+    out: dict[str, int] = {}
+    for group in ("inductor", "aot_autograd"):
+        for k, v in counters[group].items():
+            if "cache" in k:
+                out[f"{group}.{k}"] = int(v)
+    out["graphs"] = int(counters["stats"].get("unique_graphs", 0))
+    return out
+
+
+def _model_config(args: TrainArgs) -> DrafterConfig:
+    cfg = args.model_config()
+    if args.target_path:
+        from .config import preset
+
+        over = config_from_dir(args.target_path, cfg)
+        cfg = preset(args.preset, draft_layers=cfg.draft_layers, block_size=cfg.block_size,
+                     max_anchors=cfg.max_anchors, gamma=cfg.gamma, **over)
+    return cfg
+
+
+class Trainer:
+    def __init__(self, args: TrainArgs, topo: dist.Topo, log: Log):
+        self.args, self.topo, self.log = args, topo, log
+        self.device, self.attn, self.compile_on, self.amp = _resolve_runtime(args)
+        self.cfg = _model_config(args)
+        self.run_id = args.run_id or uuid.uuid4().hex[:12]
+        self.tdtype = torch.bfloat16 if self.amp is torch.bfloat16 else torch.float32
+        buckets = args.buckets()
+        self.source: Source = make_source(
+            args.data, self.cfg.vocab_size, args.tokenizer, buckets=buckets, token_budget=args.token_budget,
+            max_batch=args.max_batch, n_anchors=self.cfg.max_anchors,
+            block_size=self.cfg.block_size, seed=args.seed)
+        # Split drafter ranks only need the target's embedding and LM head.
+        body = not (topo.split and topo.is_drafter)
+        self.target: Target = build_target(self.cfg, self.device, self.tdtype, args.target_path,
+                                           args.seed, body=body)
+        self.engine: Engine | None = None
+        if topo.is_drafter:
+            self.engine = Engine(
+                self.cfg, attn=self.attn, device=self.device, autocast_dtype=self.amp,
+                compile_model=self.compile_on, embed=self.target.embed,
+                head_weight=self.target.head_weight, lr=args.lr, weight_decay=args.weight_decay,
+                grad_clip=args.grad_clip, ce_chunk=args.ce_chunk, ddp_group=topo.drafter_group,
+                seed=args.seed)
+        self.seen_shapes: set[tuple[int, int]] = set()
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _feats_for(self, j: int, batch: Batch) -> torch.Tensor:
+        if not self.topo.split:
+            return self.target.features(batch.input_ids)
+        rows, seq_len = batch.input_ids.shape
+        width = self.cfg.draft_layers * self.cfg.hidden_size
+        return dist.request_features(self.topo, j, (rows, seq_len, width), self.tdtype,
+                                     self.device)
+
+    def _step(self, feats: torch.Tensor, batch: Batch, step: int) -> t.Any:
+        """One optimizer step; the first step of each shape compiles under the process-wide
+        lock and is timed and reported."""
+        if self.engine is None:
+            raise RuntimeError("_step called on a target rank")
+        shape = (batch.input_ids.shape[0], batch.input_ids.shape[1])
+        lr = lr_at(step, self.args.lr, self.args.warmup_steps, self.args.steps,
+                   self.args.min_lr_ratio)
+        if shape in self.seen_shapes:
+            return self.engine.train_step(feats, batch, lr), lr, None
+        self._sync()
+        t0 = time.perf_counter()
+        with serialized_compile():
+            out = self.engine.train_step(feats, batch, lr)
+            self._sync()
+        secs = time.perf_counter() - t0
+        self.seen_shapes.add(shape)
+        if self.compile_on:
+            cc = cache_counters()
+            self.log.event("compile", name="drafter_step", shape=list(shape), seconds=round(secs, 3),
+                           recompiles=max(0, len(self.seen_shapes) - 1), cache=cc)
+            self.log.say(f"compiled drafter step for shape {shape} in {secs:.1f}s")
+        return out, lr, secs
+
+    def _save(self, step: int) -> None:
+        if self.engine is None or self.topo.rank != 0:
+            return
+        meta = {"run_id": self.run_id, "cfg": _asdict(self.cfg), "args": _asdict(self.args)}
+        path = checkpoint.save(self.args.out_dir, step, self.engine.raw, self.engine.opt, meta)
+        self.log.event("checkpoint", step=step, path=str(path))
+        self.log.say(f"checkpoint saved: {path}")
+
+    def _resume(self) -> int:
+        path = None
+        if self.topo.rank == 0:
+            p = checkpoint.resolve(self.args.resume, self.args.out_dir)
+            path = str(p) if p is not None else None
+        path = dist.broadcast_object(self.topo, path)
+        if path is None:
+            return 0
+        import pathlib
+
+        if self.engine is not None:
+            meta = checkpoint.load(pathlib.Path(path), self.engine.raw, self.engine.opt, self.device)
+        else:
+            meta = checkpoint.read_meta(pathlib.Path(path))
+        self.log.event("resume", step=meta["step"], path=path, from_run=meta.get("run_id"))
+        self.log.say(f"resumed from {path} at step {meta['step']}")
+        return int(meta["step"])
+
+    # --- modes -----------------------------------------------------------------
+
+    def warmup(self) -> int:
+        """Compile every shape bucket once (random features) and exit."""
+        self.log.event("phase", phase="compiling", buckets=[list(s) for s in self.source.shapes()])
+        if self.engine is not None:
+            width = self.cfg.draft_layers * self.cfg.hidden_size
+            for rows, seq_len in self.source.shapes():
+                src = SyntheticSource(self.cfg.vocab_size, buckets=[seq_len],
+                                      token_budget=self.args.token_budget,
+                                      max_batch=self.args.max_batch, n_anchors=self.cfg.max_anchors,
+                                      block_size=self.cfg.block_size, seed=self.args.seed)
+                batch = src.batch(0).to(self.device)
+                feats = torch.randn(rows, seq_len, width, device=self.device, dtype=self.tdtype)
+                self._step(feats, batch, 0)
+        if self.topo.rank == 0 and self.args.save_cache_artifacts:
+            art = torch.compiler.save_cache_artifacts()
+            if art is not None:
+                tmp = self.args.save_cache_artifacts + f".tmp-{os.getpid()}"
+                with open(tmp, "wb") as f:
+                    f.write(art[0])
+                os.replace(tmp, self.args.save_cache_artifacts)
+                self.log.event("cache_artifacts", path=self.args.save_cache_artifacts,
+                               bytes=len(art[0]))
+        self.log.event("cache", **cache_counters())
+        self.log.event("phase", phase="done")
+        self.log.event("done", step=0, warmup_only=True)
+        return 0
+
+    def run(self) -> int:
+        start = self._resume()
+        if self.topo.is_drafter:
+            return self._drafter_loop(start)
+        return self._target_loop(start)
+
+    def _target_loop(self, start: int) -> int:
+        for j in self.topo.target_items(start, self.args.steps):
+            batch = self.source.batch(j).to(self.device)
+            feats = self.target.features(batch.input_ids)
+            if not dist.serve_features(j % self.topo.n_drafters, feats):
+                break
+        return 0
+
+    def _drafter_loop(self, start: int) -> int:
+        args, topo, log = self.args, self.topo, self.log
+        log.event("phase", phase="compiling" if self.compile_on else "training",
+                  start_step=start, steps=args.steps)
+        step, announced = start, not self.compile_on
+        window = _Window(self.device)
+        while step < args.steps:
+            stop = _StopFlag.requested or (0 < args.stop_at_step <= step)
+            if dist.all_drafters_max(topo, float(stop)) > 0:
+                dist.tell_targets_stop(topo, step, args.steps, self.device)
+                break
+            j = topo.batch_index(step)
+            cpu_batch = self.source.batch(j)
+            batch = cpu_batch.to(self.device)
+            feats = self._feats_for(j, batch)
+            out, lr, compile_s = self._step(feats, batch, step)
+            step += 1
+            if not announced:
+                log.event("phase", phase="training", step=step)
+                announced = True
+            window.add(out)
+            if compile_s is not None and self.compile_on:
+                window.restart_clock()  # tok_s measures steady state, not compilation
+            else:
+                window.tokens += cpu_batch.n_tokens
+                window.timed_steps += 1
+                if self.device.type == "cuda":
+                    window.flops += step_flops(self.cfg, *cpu_batch.input_ids.shape,
+                                               cpu_batch.anchors, cpu_batch.valid)["total"]
+            if step % args.log_every == 0 or step == args.steps:
+                self._log_step(step, lr, window)
+                window = _Window(self.device, window.step_time)
+            if args.ckpt_every and step % args.ckpt_every == 0 and step < args.steps:
+                self._save(step)
+        self._save(step)
+        if args.check_replicas:
+            self._check_replicas()
+        why = _StopFlag.signame or ("stop-at-step" if step < args.steps else "finished")
+        log.event("phase", phase="done")
+        log.event("done", step=step, reason=why)
+        log.say(f"done at step {step} ({why})")
+        return 0
+
+    def _log_step(self, step: int, lr: float, w: _Window) -> None:
+        self._sync()
+        elapsed = time.perf_counter() - w.t0
+        loss_s, correct, counted, n, tok_all, flops_all = dist.all_drafters_sum(
+            self.topo, [float(w.loss), float(w.correct), float(w.counted), float(w.steps),
+                        float(w.tokens), w.flops])
+        tok_s = tok_all / elapsed if w.timed_steps and elapsed > 0 else 0.0
+        if w.timed_steps:
+            w.step_time = elapsed / w.timed_steps
+        eta = (w.step_time or 0.0) * (self.args.steps - step)
+        fields: dict[str, t.Any] = {"step": step, "loss": round(loss_s / max(n, 1.0), 5),
+                                    "acc": round(correct / max(counted, 1.0), 5),
+                                    "tok_s": round(tok_s, 1), "eta_s": round(eta, 1),
+                                    "lr": float(f"{lr:.4g}")}
+        if flops_all and elapsed > 0:
+            peak = self.args.peak_tflops * 1e12 * self.topo.world
+            fields["mfu"] = round(flops_all / elapsed / peak, 4)
+        self.log.event("step", **fields)
+        self.log.say(f"step {step}/{self.args.steps} loss {fields['loss']:.4f} acc "
+                     f"{fields['acc']:.3f} tok/s {tok_s:,.0f} eta {eta:,.0f}s lr {lr:.2e}")
+
+    def _check_replicas(self) -> None:
+        if self.engine is None:
+            return
+        h = hashlib.sha256()
+        for k, v in sorted(self.engine.raw.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().float().cpu().numpy().tobytes())
+        digest = int.from_bytes(h.digest()[:7], "big")
+        sums = dist.gather_drafters(self.topo, digest)
+        self.log.event("replicas", identical=len(set(sums)) == 1, checksums=[f"{x:014x}" for x in sums])
+
+
+class _Window:
+    """Metrics accumulated on the device between two step events (no per-step sync)."""
+
+    def __init__(self, device: torch.device, step_time: float | None = None):
+        self.loss = torch.zeros((), device=device)
+        self.correct = torch.zeros((), device=device)
+        self.counted = torch.zeros((), device=device)
+        self.steps = 0
+        self.tokens = 0
+        self.timed_steps = 0
+        self.flops = 0.0
+        self.step_time = step_time
+        self.t0 = time.perf_counter()
+
+    def add(self, out: t.Any) -> None:
+        self.loss += out.loss
+        self.correct += out.correct
+        self.counted += out.counted
+        self.steps += 1
+
+    def restart_clock(self) -> None:
+        self.t0 = time.perf_counter()
+        self.tokens, self.timed_steps, self.flops = 0, 0, 0.0
+
+
+def _asdict(obj: t.Any) -> dict[str, t.Any]:
+    import dataclasses
+
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(obj).items()}
+
+
+def run(args: TrainArgs) -> int:
+    """Run one rank (already inside torchrun / a spawned child, or single-process)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _StopFlag.handler)
+    rank = int(os.environ.get("RANK", "0"))
+    log = Log(rank)
+    topo: dist.Topo | None = None
+    try:
+        log.event("phase", phase="loading", preset=args.preset, topology=args.topology,
+                  torch=torch.__version__, pid=os.getpid())
+        device = _resolve_runtime(args)[0]
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        _apply_compile_settings(args)
+        topo = dist.init(args, device)
+        log.rank = topo.rank
+        trainer = Trainer(args, topo, log)
+        log.say(f"dflash trainer: preset {args.preset}, {trainer.cfg.draft_layers} draft layers, "
+                f"block {trainer.cfg.block_size}, {trainer.cfg.max_anchors} anchors, device "
+                f"{trainer.device}, attn {trainer.attn}, compile {trainer.compile_on}, world "
+                f"{topo.world} ({topo.n_drafters} drafter, {topo.n_targets} target ranks)")
+        rc = trainer.warmup() if args.warmup_only else trainer.run()
+        dist.finish(topo)
+        return rc
+    except (TrainerConfigError, CheckpointError) as e:
+        log.error(type(e).__name__, str(e))
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as e:
+        log.error(type(e).__name__, str(e))
+        raise
+
+
+def main(argv: t.Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+    except TrainerConfigError as e:
+        Log().error("TrainerConfigError", str(e))
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if args.nproc > 1 and "RANK" not in os.environ:
+        return dist.spawn(argv, args.nproc)
+    with contextlib.suppress(Exception):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    return run(args)
