@@ -25,6 +25,8 @@ from remote_payload.agent import jobs
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# the container runs the agent on Debian's python3 (3.11); point this at one to check it here
+AGENT_PY = os.environ.get("OPSCTL_TEST_AGENT_PYTHON") or sys.executable
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists() or not any(
     (Path(d) / "tmux").exists() for d in os.environ.get("PATH", "").split(os.pathsep)),
@@ -59,7 +61,7 @@ class Agent:
 
     def reply(self, verb: str, *args: str) -> dict[str, t.Any]:
         proc = subprocess.run(
-            [PY, "-m", "remote_payload.agent", "--root", str(self.root), "--tmux-socket",
+            [AGENT_PY, "-m", "remote_payload.agent", "--root", str(self.root), "--tmux-socket",
              self.socket, verb, *args, "--json"],
             capture_output=True, env=self.env, timeout=120, check=False)
         lines = proc.stdout.decode().splitlines()

@@ -39,7 +39,7 @@ def parse_smi_csv(text: str) -> list[Gpu]:
     ValueError
         A line does not have the 7 expected fields.
     """
-    gpus = []
+    gpus: list[Gpu] = []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -60,10 +60,18 @@ def parse_smi_csv(text: str) -> list[Gpu]:
     return gpus
 
 
+def _nvml_get(fn: t.Callable[..., t.Any], *args: t.Any) -> t.Any:
+    """One NVML reading; None when this GPU does not support it (NVMLError_NotSupported...)."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
 def _nvml_query() -> list[Gpu] | None:
     """Query NVML; None when pynvml is missing or the driver cannot be reached."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:
@@ -71,27 +79,20 @@ def _nvml_query() -> list[Gpu] | None:
     except Exception:
         return None
     try:
-        gpus = []
+        gpus: list[Gpu] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-
-            def get(fn: t.Callable[[], t.Any]) -> t.Any:
-                try:
-                    return fn()
-                except Exception:  # NVMLError_NotSupported and friends
-                    return None
-
-            name = get(lambda h=h: pynvml.nvmlDeviceGetName(h))
+            name = _nvml_get(pynvml.nvmlDeviceGetName, h)
             if isinstance(name, bytes):
                 name = name.decode("utf-8", "replace")
-            util = get(lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-            mem = get(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h))
-            temp = get(lambda h=h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
-            power = get(lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h))
+            util = _nvml_get(pynvml.nvmlDeviceGetUtilizationRates, h)
+            mem = _nvml_get(pynvml.nvmlDeviceGetMemoryInfo, h)
+            temp = _nvml_get(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+            power = _nvml_get(pynvml.nvmlDeviceGetPowerUsage, h)  # milliwatts
             gpus.append({
                 "index": i,
                 "name": name or "",
-                "util_pct": float(util) if util is not None else None,
+                "util_pct": float(util.gpu) if util is not None else None,
                 "mem_used_mib": mem.used / 2**20 if mem is not None else None,
                 "mem_total_mib": mem.total / 2**20 if mem is not None else None,
                 "temp_c": float(temp) if temp is not None else None,

@@ -241,9 +241,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         _fail_launch(path, f"tmux refused to start the session: {exc.stderr}")
         raise AgentFailure("TmuxFailed", str(exc), job_id=job_id, socket=socket) from None
 
-    started = jobs.wait_until(
-        lambda: os.path.exists(os.path.join(path, jobs.PID))
-        or os.path.exists(os.path.join(path, jobs.EXIT_CODE)), LAUNCH_WAIT_S)
+    started = jobs.wait_until(lambda: _wrapper_started(path), LAUNCH_WAIT_S)
     if not started:
         pane = tmux.PaneCapture(socket, session, 30).result()
         _fail_launch(path, f"the wrapper recorded no start within {LAUNCH_WAIT_S:g}s")
@@ -251,6 +249,14 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                            f"job {job_id}: the wrapper did not start within {LAUNCH_WAIT_S:g}s",
                            job_id=job_id, pane_tail=pane)
     return status_document(root, job_id)
+
+
+def _wrapper_started(path: str) -> bool:
+    """The wrapper wrote its first state (after the pid file) or an exit record."""
+    if os.path.exists(os.path.join(path, jobs.EXIT_CODE)):
+        return True
+    st = read_json(os.path.join(path, jobs.STATUS), {}) or {}
+    return st.get("state", JobState.PENDING.value) != JobState.PENDING.value
 
 
 def _payload_dir() -> str:
@@ -320,12 +326,13 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
                 "remaining_pids": [], "already_terminal": True}
     path = rec.path
     write_json_atomic(os.path.join(path, jobs.CANCEL), {"at": time.time()})
-    pgid, ticks = rec.pid.get("pgid"), rec.pid.get("start_ticks")
+    pgid: int | None = rec.pid.get("pgid")
+    ticks: int | None = rec.pid.get("start_ticks")
     sent: list[str] = []
     t0 = time.monotonic()
     for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, kill_after),
                         (signal.SIGKILL, 5.0)):
-        if not jobs.group_members(pgid, ticks):
+        if pgid is None or not jobs.group_members(pgid, ticks):
             break
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)

@@ -82,7 +82,7 @@ class Wrapper:
 
     # --- state ---------------------------------------------------------------
 
-    def advance(self, new: JobState, why: str) -> None:
+    def advance(self, new: JobState, why: str, write: bool = True) -> None:
         """Move forward if the transition table allows it; anything else is ignored (forward-only)."""
         if new == self.state or not wire.can_transition(self.state, new):
             return
@@ -91,7 +91,8 @@ class Wrapper:
         self.status["transitions"].append([new.value, time.time(), why])
         if new == JobState.RUNNING or new == JobState.SUCCEEDED:
             self.status["healthy"] = True
-        self.write_status()
+        if write:
+            self.write_status()
 
     def write_status(self, force: bool = True) -> None:
         now = time.time()
@@ -216,6 +217,9 @@ class Wrapper:
                     os.killpg(self.proc.pid, sig)
         return hangup
 
+    def group_done(self, proc: subprocess.Popen[bytes]) -> bool:
+        return proc.poll() is not None and not jobs.group_members(proc.pid, self.child_ticks)
+
     def hang_up(self) -> None:
         """tmux is gone: end the job's process group and record LOST (no exit_code)."""
         proc = self.proc
@@ -227,8 +231,7 @@ class Wrapper:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
                 sent.append(sig.name)
-                jobs.wait_until(lambda p=proc: p.poll() is not None
-                                and not jobs.group_members(p.pid, self.child_ticks), wait_s, 0.02)
+                jobs.wait_until(lambda: self.group_done(proc), wait_s, 0.02)
         why = "wrapper got SIGHUP: the tmux server or pane went away"
         write_json_atomic(self._f(jobs.HANGUP), {"at": time.time(), "why": why, "signals": sent})
         self.status["evidence"] = [*self.status["evidence"], why,
@@ -268,9 +271,11 @@ class Wrapper:
         self.child_ticks = jobs.start_ticks(proc.pid)
         self.record_pid(proc.pid, started)
         self.status["started_at"] = started
-        self.advance(JobState.SETTING_UP, f"pid {proc.pid} started")
+        # one write for both steps: launch returns the first non-PENDING status it sees
+        self.advance(JobState.SETTING_UP, f"pid {proc.pid} started", write=False)
         if self.healthy_when.get("started"):
-            self.advance(JobState.RUNNING, "healthy_when started")
+            self.advance(JobState.RUNNING, "healthy_when started", write=False)
+        self.write_status()
         return self.pump(proc, wake_r)
 
     def pump(self, proc: subprocess.Popen[bytes], wake_r: int) -> int:
