@@ -87,7 +87,7 @@ def known_hosts_name(address: str, port: int) -> str:
 def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.Any:
     import paramiko
 
-    class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
         """Unknown host key: accept only a pinned match or, with accept-new, record it.
 
         A *changed* key never reaches this policy: paramiko raises BadHostKeyException.
