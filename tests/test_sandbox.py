@@ -99,7 +99,7 @@ def test_missing_prerequisites_are_named_with_the_apt_command(monkeypatch):
     with pytest.raises(ConfigError) as err:
         sandbox_mod.up(Path("/nonexistent-opsctl-home"))
     assert "debootstrap" in err.value.message
-    assert err.value.hint.startswith("apt-get install -y lxc debootstrap openssh-server")
+    assert err.value.hint.startswith("apt-get install -y lxc lxc-templates debootstrap rsync")
 
 
 # ---------------------------------------------------------------- pct exec
@@ -131,7 +131,7 @@ def test_exec_passes_hostile_argv_through_byte_exactly(sandbox):
     assert _argv_echo(sandbox, HOSTILE) == HOSTILE
 
 
-@settings(max_examples=15, deadline=None,
+@settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
                         max_size=12), min_size=1, max_size=4))
