@@ -111,23 +111,54 @@ _REASON_TEXT = {
 }
 
 
-def probe_index(index_url: str, timeout_s: float = 10.0) -> tuple[str, str]:
-    """(reason, detail) for a failed install from ``index_url``: unreachable, or what it has.
+@dataclasses.dataclass(frozen=True)
+class IndexView:
+    """What the build's index says about torch, as far as it could be read."""
 
-    pip says only "from versions: none" when it cannot connect and retries are off, so
-    the agent asks the index itself.
-    """
+    error: str | None  # "cannot reach URL: [Errno 111] Connection refused"; None: reachable
+    versions: frozenset[str] | None  # None: inconclusive (HTTP error, page too big, auth)
+
+
+def read_index(index_url: str, timeout_s: float = 15.0, limit: int = 16 << 20) -> IndexView:
+    """Read ``<index>/torch/`` (PEP 503). pip says only "from versions: none" when it
+    cannot connect with retries off, so the agent asks the index itself."""
     url = index_url.rstrip("/") + "/torch/"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            page = resp.read(4 << 20).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return "no-such-version", f"{url} answered HTTP {exc.code} (no torch project there)"
-    except (urllib.error.URLError, OSError) as exc:
-        why = getattr(exc, "reason", exc)
-        return "index-unreachable", f"cannot reach {index_url}: {why}"
-    versions = sorted({urllib.parse.unquote(m.group(1)) for m in _HREF_RE.finditer(page)})
-    return "no-such-version", f"{index_url} has torch {', '.join(versions) or 'no versions'}"
+            raw = resp.read(limit + 1)
+    except urllib.error.HTTPError:
+        return IndexView(None, None)  # auth or layout pip may handle better: let pip decide
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return IndexView(f"cannot reach {index_url}: {getattr(exc, 'reason', exc)}", None)
+    if len(raw) > limit:
+        return IndexView(None, None)
+    page = raw.decode("utf-8", "replace")
+    return IndexView(None, frozenset(urllib.parse.unquote(m.group(1))
+                                     for m in _HREF_RE.finditer(page)))
+
+
+def missing_version_detail(index_url: str, pinned: str, versions: t.Iterable[str]) -> str:
+    tag = pinned.partition("+")[2]
+    same = sorted(v for v in versions if v.endswith(f"+{tag}")) or sorted(versions)
+    shown = ", ".join(same[-10:]) or "no torch wheels"
+    return f"torch {pinned} is not on {index_url} (it has: {shown})"
+
+
+def preflight_index(index_url: str, pinned: str) -> None:
+    """Fail fast, before a venv is made, when the index is down or lacks the version.
+
+    Raises
+    ------
+    _StepFailed
+        step ``index``: ``index-unreachable`` or ``no-such-version``.
+    """
+    view = read_index(index_url)
+    if view.error is not None:
+        raise _StepFailed("index", f"{_REASON_TEXT['index-unreachable']}: {view.error}",
+                          "index-unreachable")
+    if view.versions is not None and pinned not in view.versions:
+        raise _StepFailed("index", missing_version_detail(index_url, pinned, view.versions),
+                          "no-such-version")
 
 
 def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
@@ -227,8 +258,11 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
     tmp = os.path.join(layout.envs, f".building-{build}-{os.getpid()}")
     final = layout.build_dir(build)
     t0 = time.monotonic()
-    step = "venv"
+    step = "index"
     try:
+        if not req.wheelhouse:
+            preflight_index(str(req.index_url), f"{req.version}+{req.variant}")
+        step = "venv"
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         rc, out = run_logged([sys.executable, "-m", "venv", tmp], log_path=log_path,
@@ -259,8 +293,9 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
             reason = pip_failure_reason(out)
             detail = f"{_REASON_TEXT[reason]} (pip exit {rc})"
             if not req.wheelhouse and reason in ("no-such-version", "pip-error"):
-                reason, found = probe_index(str(req.index_url))
-                detail = f"{_REASON_TEXT[reason]}: {found} (pip exit {rc})"
+                view = read_index(str(req.index_url))
+                if view.error is not None:
+                    reason, detail = "index-unreachable", f"{view.error} (pip exit {rc})"
             raise _StepFailed(step, detail, reason)
         if req.requirements:
             step = "requirements"
