@@ -357,10 +357,11 @@ def classify_pct_failure(host: str, ctid: int, result: CommandResult, step: str)
     """
     text = result.stderr.decode("utf-8", "replace")
     label = f"{host}: container {ctid}"
-    if _MISSING.search(text):
+    # pct dies with 255 (PVE CLIHandler); a user command printing the same text is not pct's refusal
+    if result.rc == 255 and _MISSING.search(text):
         raise ContainerMissing(f"{label} does not exist (step: {step or 'pct exec'})",
                                hint="`opsctl hosts --check` lists the containers each host has")
-    if _NOT_RUNNING.search(text):
+    if result.rc == 255 and _NOT_RUNNING.search(text):
         raise ContainerNotRunning(f"{label} is not running (step: {step or 'pct exec'})",
                                   hint=f"start it on the host: pct start {ctid}")
     if result.rc == 127 and ("pct: command not found" in text or "pct: not found" in text):
