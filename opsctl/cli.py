@@ -122,15 +122,21 @@ def sandbox_destroy() -> None:
 @sandbox.command("status")
 @json_option
 def sandbox_status(as_json: bool) -> None:
-    """Show whether the sandbox is up."""
+    """Show whether the sandbox's sshd and containers are running."""
     from opsctl import render
     from opsctl import sandbox as sb
 
-    info = sb.info()
+    st = sb.status()
+    doc = None if st is None else {**_dc(st.info), "sshd_running": st.sshd_running,
+                                   "container_states": st.containers, "healthy": st.healthy}
     if as_json:
-        render.print_json(_dc(info) if info else None)
+        render.print_json(doc)
+    elif st is None:
+        click.echo("sandbox is not set up (opsctl sandbox up)")
     else:
-        click.echo("sandbox is not set up" if info is None else f"sandbox: {_dc(info)}")
+        states = ", ".join(f"{c}: {s}" for c, s in st.containers.items())
+        click.echo(f"sandbox {'up' if st.healthy else 'DEGRADED'}: sshd "
+                   f"{'running' if st.sshd_running else 'stopped'} on 127.0.0.1:{st.info.port}; {states}")
 
 
 def _dc(obj: t.Any) -> dict[str, t.Any]:
