@@ -53,12 +53,19 @@ def _fake_smi(tmp_path: Path, body: str) -> Path:
 
 @pytest.fixture
 def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests are about nvidia-smi; keep a locally installed pynvml out of them."""
+    """No driver library reachable through pynvml either (whatever is installed here)."""
     monkeypatch.setattr(gpus, "_nvml_query", lambda: None)
 
 
+def test_without_nvidia_smi_NVML_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = gpus.parse_smi_csv(H200_IDLE)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(gpus, "_nvml_query", lambda: table)
+    assert gpus.query() == (table, None)
+
+
 @pytest.mark.usefixtures("no_nvml")
-def test_no_nvidia_smi_means_no_gpus_and_no_error(tmp_path: Path,
+def test_no_nvidia_smi_and_no_NVML_means_no_gpus_and_no_error(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert gpus.query() == ([], None)
