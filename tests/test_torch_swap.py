@@ -274,3 +274,47 @@ def test_cache_clear_removes_current_then_all(root: Path) -> None:
     assert {r["fingerprint"] for r in reply["data"]["removed"]} == after
     assert agent(root, "cache-info")[0]["data"]["caches"] == []
     assert not [n for n in os.listdir(root / "cache") if n.startswith(".trash")]
+
+
+FAKE_WARMUP = '''
+import argparse, json, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--warmup-only", action="store_true")
+p.add_argument("--save-cache-artifacts")
+p.add_argument("--load-cache-artifacts")
+p.add_argument("--hits", type=int, default=1)
+a = p.parse_args()
+assert a.warmup_only
+if a.save_cache_artifacts:
+    open(a.save_cache_artifacts, "wb").write(b"fake artifact")
+    print(json.dumps({"event": "compile", "name": "step", "seconds": 2.5,
+                      "cache": {"inductor.fxgraph_cache_miss": 1}}))
+else:
+    assert open(a.load_cache_artifacts, "rb").read() == b"fake artifact"
+    print(json.dumps({"event": "compile", "name": "step", "seconds": 0.5,
+                      "cache": {"inductor.fxgraph_cache_hit": a.hits}}))
+print(json.dumps({"event": "done", "step": 0}))
+'''
+
+
+def test_cache_seed_installs_the_artifact_only_when_hits_prove_reuse(root: Path,
+                                                                     tmp_path: Path) -> None:
+    script = tmp_path / "warm.py"
+    script.write_text(FAKE_WARMUP)
+    reply, _ = agent(root, "cache-seed", "--command-json",
+                     json.dumps(["python3", str(script), "--hits", "0"]))
+    err = reply["error"]
+    assert (err["type"], err["fields"]["step"]) == ("CacheSeedFailed", "prove-reuse")
+    fp = job_env(str(root))["OPSCTL_CACHE_FINGERPRINT"]
+    assert not (root / "cache" / fp / "mega-cache.bin").exists()
+
+    reply, _ = agent(root, "cache-seed", "--command-json", json.dumps(["python3", str(script)]))
+    data = reply["data"]
+    assert data["fingerprint"] == fp and data["reuse_proven"] is True
+    assert (data["cold"]["compile_seconds"], data["seeded"]["compile_seconds"]) == (2.5, 0.5)
+    assert data["seeded"]["counters"] == {"inductor.fxgraph_cache_hit": 1}
+    assert data["speedup"] == 5.0
+    assert (root / "cache" / fp / "mega-cache.bin").read_bytes() == b"fake artifact"
+    prov = json.loads((root / "cache" / fp / "provenance.json").read_text())
+    assert prov["seed"]["seeded"]["hits"] == 1
+    assert not [n for n in os.listdir(root / "cache") if n.startswith(".seed")]

@@ -47,7 +47,7 @@ def summarize_events(events: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.A
     """Compile seconds and cache hit/miss counters from a run's events.
 
     Counters are numeric fields whose name contains ``hit`` or ``miss``, top level or in a
-    ``counters`` dict, of ``compile``/``cache``/``cache_stats``/``compile_stats``/``warmup``
+    ``counters``/``cache`` dict, of ``compile``/``cache``/``cache_stats``/``compile_stats``/``warmup``
     events; the last value per name wins (counters are cumulative in a process).
     """
     counters: dict[str, float] = {}
@@ -57,8 +57,9 @@ def summarize_events(events: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.A
         if ev.get("event") not in _COUNTER_EVENTS:
             continue
         fields = dict(ev)
-        if isinstance(ev.get("counters"), dict):
-            fields.update(ev["counters"])
+        for nested in ("counters", "cache"):  # the trainer nests them under "cache"
+            if isinstance(ev.get(nested), dict):
+                fields.update(ev[nested])
         for k, v in fields.items():
             if isinstance(v, int | float) and not isinstance(v, bool) and ("hit" in k or "miss" in k):
                 counters[k] = v
