@@ -220,3 +220,26 @@ class TestRefusals:
         assert res.exit_code == errors.USAGE
         assert f"{bad}:3: healthy_when" in res.output
         assert cexec("sh", "-c", "ls /opt/opsctl/jobs 2>/dev/null | sort") == before
+
+
+class TestObserving:
+    def test_logs_follow_streams_the_whole_output_until_the_job_ends(self, target, tmp_path):
+        script = "import sys\nfor i in range(300):\n    print(f'line {i:04d} ' + 'x' * 50, flush=True)\n"
+        book = playbook(tmp_path, "chatty", script)
+        assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
+                   "--replace", "--no-wait").exit_code == 0
+        res = run("logs", "-f")
+        lines = [x for x in res.stdout.splitlines() if x.startswith("line ")]
+        assert [x.split()[1] for x in lines] == [f"{i:04d}" for i in range(300)]
+
+    def test_hosts_check_reports_reachability_and_the_hosts_containers(self, target):
+        res = run("hosts", "--check", "--json")
+        rows = {r["name"]: r for r in json.loads(res.stdout)}
+        assert rows["sandbox"]["reachable"] is True
+        assert {"vmid": "200", "status": "running"}.items() <= rows["sandbox"]["remote_containers"][0].items()
+
+    def test_status_without_flags_uses_the_last_deploys_target(self, target, tmp_path):
+        book = playbook(tmp_path, "quick", trainer_like(steps=1, sleep=0.01))
+        run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace")
+        res = run("status", "--json")
+        assert json.loads(res.stdout)["name"] == "quick"
