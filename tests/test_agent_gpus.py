@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,38 @@ def test_a_hanging_nvidia_smi_is_cut_off_at_the_timeout(tmp_path: Path,
     assert proc is not None
     assert proc.returncode is not None  # killed and reaped, not left behind
     assert not os.path.exists(f"/proc/{proc.pid}/stat") or proc.returncode < 0
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_the_sampler_writes_fresh_tables_that_status_reuses(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_smi(tmp_path, f"echo '{H200_IDLE}'\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    sample_path = tmp_path / "gpus.json"
+    stop = threading.Event()
+    sampler = threading.Thread(target=gpus.sample_forever, args=(str(sample_path), stop, 0.05))
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not sample_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sample = gpus.read_sample(str(sample_path), time.time())
+    finally:
+        stop.set()
+        sampler.join(10)
+    assert sample is not None
+    table, err, _at = sample
+    assert err is None
+    assert table == gpus.parse_smi_csv(H200_IDLE)
+    stale = time.time() + gpus.SAMPLE_MAX_AGE_S + 1
+    assert gpus.read_sample(str(sample_path), stale) is None  # the sampler died: query live
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_machine_without_gpus_is_sampled_once_and_stays_valid(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sample_path = tmp_path / "gpus.json"
+    gpus.sample_forever(str(sample_path), threading.Event(), 0.05)  # returns: nothing to watch
+    assert gpus.read_sample(str(sample_path), time.time() + 3600) == ([], None, pytest.approx(
+        json.loads(sample_path.read_text())["at"]))

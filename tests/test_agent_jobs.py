@@ -253,6 +253,9 @@ def test_healthy_when_started_is_RUNNING_as_soon_as_launch_returns(agent: Agent)
     assert doc["state"] == "RUNNING"
     assert doc["alive"] is True
     assert doc["pid"] == doc["pgid"]
+    sample = Path(doc["output_log"]).with_name("gpus.json")
+    _wait(sample.exists)  # the wrapper samples GPUs so status need not query them
+    assert json.loads(sample.read_text())["gpus"] == agent.status(doc["job_id"])["gpus"]
     agent.data("stop", "--grace", "5")
 
 

@@ -9,18 +9,30 @@ all on the critical path of ``status``; the nvidia-smi query takes ~27 ms but
 runs as a subprocess started first and collected last (:class:`GpuQuery`), so
 it overlaps the rest of the verb. NVML is the fallback for containers that
 have the driver library but no nvidia-smi binary.
+
+While a job runs its wrapper samples the table every :data:`SAMPLE_INTERVAL_S`
+into ``jobs/<id>/gpus.json`` (:func:`sample_forever`); ``status`` reads a fresh
+sample instead of paying for a query (nvidia-smi takes 100s of ms on 8 GPUs
+without persistence mode).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
+import threading
+import time
 import typing as t
 
 QUERY_FIELDS = ("index,name,utilization.gpu,memory.used,memory.total,"
                 "temperature.gpu,power.draw")
 SMI_ARGS = (f"--query-gpu={QUERY_FIELDS}", "--format=csv,noheader,nounits")
 SMI_TIMEOUT_S = 3.0
+SAMPLE_FILE = "gpus.json"
+SAMPLE_INTERVAL_S = 2.0
+SAMPLE_MAX_AGE_S = 3 * SAMPLE_INTERVAL_S  # older than this: the sampler is gone, query live
 
 Gpu = dict[str, t.Any]
 
@@ -158,3 +170,33 @@ class GpuQuery:
 def query() -> tuple[list[Gpu], str | None]:
     """One-shot GPU table: ``(gpus, gpu_error)``."""
     return GpuQuery().result()
+
+
+def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    """Write ``{"at", "gpus", "gpu_error", "static"}`` to ``path`` every ``interval_s`` until ``stop``.
+
+    A machine without nvidia-smi and NVML is sampled once (``static``: nothing will change).
+    """
+    while not stop.is_set():
+        table, err = query()
+        static = not table and err is None
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"at": time.time(), "gpus": table, "gpu_error": err, "static": static}, f)
+        os.replace(tmp, path)
+        if static:
+            return
+        stop.wait(interval_s)
+
+
+def read_sample(path: str, now: float) -> tuple[list[Gpu], str | None, float] | None:
+    """``(gpus, gpu_error, sampled_at)`` from a fresh sample file, else None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            sample = json.load(f)
+    except (OSError, ValueError):
+        return None
+    at = float(sample.get("at") or 0.0)
+    if not sample.get("static") and not 0 <= now - at <= SAMPLE_MAX_AGE_S:
+        return None
+    return list(sample.get("gpus") or []), sample.get("gpu_error"), at

@@ -91,7 +91,10 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
     from remote_payload.agent import gpus
     from remote_payload.agent.tmux import PaneCapture
 
-    gpu_query = gpus.GpuQuery()  # nvidia-smi runs while we read files
+    now = time.time()
+    # the wrapper samples GPUs while the job runs; otherwise nvidia-smi runs while we read files
+    sample = gpus.read_sample(os.path.join(jobs.job_dir(root, job_id), gpus.SAMPLE_FILE), now)
+    gpu_query = None if sample is not None else gpus.GpuQuery()
     rec = jobs.load(root, job_id)
     pane = None
     if rec.launch.get("tmux_session"):
@@ -101,7 +104,6 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
     events_tail = jobs.tail_events(os.path.join(rec.path, jobs.EVENTS), EVENTS_TAIL)
     st = rec.status
     exit_rec = rec.exit or {}
-    now = time.time()
     started = st.get("started_at") or rec.pid.get("started_at")
     ended = st.get("ended_at") or exit_rec.get("ended_at")
     if rec.state.is_terminal() and ended is None:
@@ -131,6 +133,7 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         "events_tail": events_tail,
         "gpus": [],
         "gpu_error": None,
+        "gpus_at": now,
         "diagnosis": [],
         "evidence": rec.evidence,
         "tmux": {"socket": rec.launch.get("tmux_socket"), "session": rec.launch.get("tmux_session"),
@@ -143,7 +146,10 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
     if pane is not None:
         doc["pane_tail"] = pane.result()
         doc["tmux"]["error"] = pane.error
-    doc["gpus"], doc["gpu_error"] = gpu_query.result()
+    if gpu_query is not None:
+        doc["gpus"], doc["gpu_error"] = gpu_query.result()
+    elif sample is not None:
+        doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
     return doc
 
@@ -256,7 +262,7 @@ def _wrapper_started(path: str) -> bool:
     if os.path.exists(os.path.join(path, jobs.EXIT_CODE)):
         return True
     st = read_json(os.path.join(path, jobs.STATUS), {}) or {}
-    return st.get("state", JobState.PENDING.value) != JobState.PENDING.value
+    return bool(st.get("state", JobState.PENDING.value) != JobState.PENDING.value)
 
 
 def _payload_dir() -> str:

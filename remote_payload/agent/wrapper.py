@@ -21,11 +21,12 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent import jobs
+from remote_payload.agent import gpus, jobs
 from remote_payload.agent.common import read_json, write_json_atomic
 
 JobState = wire.JobState
@@ -276,7 +277,14 @@ class Wrapper:
         if self.healthy_when.get("started"):
             self.advance(JobState.RUNNING, "healthy_when started", write=False)
         self.write_status()
-        return self.pump(proc, wake_r)
+        # started after the fork above: preexec_fn is only safe without other threads
+        stop_sampling = threading.Event()
+        threading.Thread(target=gpus.sample_forever, name="gpu-sampler", daemon=True,
+                         args=(self._f(gpus.SAMPLE_FILE), stop_sampling)).start()
+        try:
+            return self.pump(proc, wake_r)
+        finally:
+            stop_sampling.set()
 
     def pump(self, proc: subprocess.Popen[bytes], wake_r: int) -> int:
         out = proc.stdout
