@@ -1,0 +1,519 @@
+"""Name a job's failure from its output and events, with the next action.
+
+The agent calls :func:`diagnose` in every ``status`` on the last ~200 output
+lines, so it is stdlib-only and cheap (a few substring checks per line; the
+regexes run only on lines that pass them). Each signature is one row of
+:data:`SIGNATURES`: a cause name, a severity, a hint, and a small predicate that
+returns the summary and evidence or ``None``. To add one, write a predicate and
+add a row; ``tests/test_diagnosis.py`` feeds each row a real captured log.
+
+Finding shape (docs/contracts.md, status document ``diagnosis``)::
+
+    {"cause": str, "severity": "error" | "warning" | "info", "summary": str,
+     "evidence": [str], "hint": str}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal as _signal
+import typing as t
+
+from remote_payload.probes import stackdump
+
+# Defaults when the status document carries no thresholds (seconds without
+# output or step events before an alive job counts as hung).
+HANG_THRESHOLD_S = 600.0
+COMPILE_HANG_THRESHOLD_S = 1800.0  # a cold torch.compile of a big model takes minutes
+GPU_IDLE_PCT = 5.0
+THROUGHPUT_WARN_RATIO = 0.5  # warn below half the playbook's expect_tok_s
+MAX_EVIDENCE = 4
+MAX_EVIDENCE_CHARS = 300
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+FX_RACE_FIXES = (
+    "Fixes, best first: (1) run one process per GPU instead of threads; (2) use torch >= 2.14 "
+    "(the FX tracing flag is thread-local there); (3) if threads must stay, serialize every "
+    "compile (first call, each new shape, first backward) behind one lock "
+    "(remote_payload.compile_guard.serialized_compile) and bound the shapes. Do not use "
+    "torch._dynamo.config.force_compile_during_fx_trace: it ran at 4.6 Ktok/s instead of ~20. "
+    "A warm compile cache only hides the race; `opsctl probe compile-race` checks a build cold.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    cause: str
+    severity: str
+    summary: str
+    evidence: list[str]
+    hint: str
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """What a predicate found; ``severity``/``hint`` override the table row when set."""
+
+    summary: str
+    evidence: list[str]
+    severity: str | None = None
+    hint: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    lines: list[str]  # output tail plus error-event messages, oldest first
+    events: list[dict[str, t.Any]]
+    status: dict[str, t.Any]
+    now: float
+
+    def grep(self, *needles: str) -> list[str]:
+        """Lines containing any needle (plain substring: fast)."""
+        return [ln for ln in self.lines if any(n in ln for n in needles)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    cause: str
+    severity: str
+    hint: str
+    match: t.Callable[[Context], Match | None]
+
+
+def _ev(lines: t.Iterable[str]) -> list[str]:
+    """Evidence: the last few distinct lines, trimmed."""
+    out: list[str] = []
+    for ln in lines:
+        s = ln.strip()
+        if len(s) > MAX_EVIDENCE_CHARS:
+            s = s[:MAX_EVIDENCE_CHARS - 3] + "..."
+        if s and s not in out:
+            out.append(s)
+    return out[-MAX_EVIDENCE:]
+
+
+def _num(x: t.Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+# --- predicates -----------------------------------------------------------------
+
+_FX_NEEDLES = ("Detected that you are using FX to symbolically trace a dynamo-optimized function",
+               "is_fx_symbolic_tracing")
+
+
+def _fx_race(ctx: Context) -> Match | None:
+    hits = ctx.grep(*_FX_NEEDLES)
+    if not hits:
+        return None
+    n = sum(1 for ln in hits if _FX_NEEDLES[0] in ln and "Error" in ln)
+    return Match(
+        "Concurrent torch.compile in threads: the FX tracing race (torch <= 2.13 keeps the FX "
+        "tracing flag process-global, so one thread's compile breaks another's compiled call)"
+        + (f"; raised {n} time(s) in this output" if n else ""),
+        _ev(hits))
+
+
+def _compile_hang_stacks(ctx: Context) -> Match | None:
+    if not stackdump.looks_like_dump(ctx.lines):
+        return None
+    dumps = stackdump.parse_dump(ctx.lines)
+    if not dumps:
+        return None
+    dump = dumps[-1]
+    compiling = [th for th in dump.threads if th.in_compile and th.landmarks()
+                 and not set(th.landmarks()) <= {"compile worker pool"}]
+    if not compiling:
+        return None
+    tracing = [th for th in compiling if "fx Tracer.trace" in th.landmarks()]
+    ev = [f"thread {th.ident}: {' < '.join(th.landmarks()[:3])} at {th.where()}"
+          for th in compiling]
+    several = len(compiling) > 1
+    summary = (f"Stack dump: {len(compiling)} thread(s) inside torch.compile"
+               + (" at once, one of them in FX Tracer.trace: the concurrent-compile hang"
+                  if several and tracing else "")
+               + (" (a dump taken after a timeout)" if dump.timeout_after else ""))
+    return Match(summary, _ev(ev), severity="error" if several and tracing else "warning",
+                 hint=FX_RACE_FIXES if several else
+                 "One thread is compiling; take `opsctl stacks` again in a minute: if the "
+                 "stack has not moved, the compile is stuck.")
+
+
+def _activity_times(ctx: Context) -> list[float]:
+    st = ctx.status
+    times = [_num(st.get("last_output_at"))]
+    last_step = st.get("last_step") or {}
+    times.append(_num(last_step.get("_at")))
+    for ev in ctx.events:
+        for key in ("_at", "ts", "time"):
+            if _num(ev.get(key)) is not None:
+                times.append(_num(ev.get(key)))
+                break
+    return [x for x in times if x is not None]
+
+
+def _hang(ctx: Context) -> Match | None:
+    st = ctx.status
+    state = str(st.get("state") or "")
+    if not st.get("alive") or state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST", "PENDING"):
+        return None
+    compiling = state == "COMPILING" or str(st.get("phase") or "") in ("compiling", "warmup")
+    thr = _num(st.get("compile_hang_threshold_s" if compiling else "hang_threshold_s"))
+    if thr is None:
+        thr = COMPILE_HANG_THRESHOLD_S if compiling else HANG_THRESHOLD_S
+    times = _activity_times(ctx)
+    started = _num(st.get("started_at")) or _num(st.get("created_at"))
+    if times:
+        last, what = max(times), "no new output or step events"
+    elif started is not None:
+        last, what = started, "no output at all since the start"
+    else:
+        return None
+    idle = ctx.now - last
+    if idle < thr:
+        return None
+    utils = [_num(g.get("util_pct")) for g in st.get("gpus") or []]
+    known = [u for u in utils if u is not None]
+    ev = [f"{what} for {idle:.0f} s (threshold {thr:.0f} s{' while compiling' if compiling else ''}"
+          f", state {state or '?'})"]
+    step = st.get("last_step")
+    if step:
+        ev.append(f"last step event: step {step.get('step')}, tok_s {step.get('tok_s')}")
+    if known:
+        ev.append("GPU util: " + ", ".join(f"{u:.0f}%" for u in known))
+    if known and max(known) >= GPU_IDLE_PCT:
+        return Match(f"Quiet for {idle:.0f} s but the GPUs are busy (max {max(known):.0f}%): "
+                     "probably a long step or compile that prints nothing",
+                     ev, severity="info",
+                     hint="`opsctl stacks` shows what every thread is doing; print progress more "
+                          "often if this is expected")
+    gpu_word = "GPUs idle" if known else "GPU load unknown"
+    return Match(f"Looks hung: alive, {what} for {idle:.0f} s, {gpu_word}"
+                 + (" (stuck compiling?)" if compiling else ""), ev,
+                 severity="error" if known else "warning")
+
+
+_OOM_NEW = re.compile(
+    r"Tried to allocate (?P<req>[\d.]+ [KMGT]?i?B)\. GPU (?P<gpu>\d+) has a total capac?i?ty of "
+    r"(?P<total>[\d.]+ [KMGT]?i?B) of which (?P<free>[\d.]+ (?:[KMGT]?i?B|bytes)) is free\."
+    r"(?: Including non-PyTorch memory, this process has (?P<proc>[\d.]+ [KMGT]?i?B) memory in use\.)?"
+    r"(?: Of the allocated memory (?P<alloc>[\d.]+ [KMGT]?i?B) is allocated by PyTorch, and "
+    r"(?P<reserved>[\d.]+ [KMGT]?i?B) is reserved by PyTorch but unallocated\.)?")
+_OOM_OLD = re.compile(
+    r"Tried to allocate (?P<req>[\d.]+ [KMGT]?i?B) \(GPU (?P<gpu>\d+); (?P<total>[\d.]+ [KMGT]?i?B) "
+    r"total capacity; (?P<alloc>[\d.]+ [KMGT]?i?B) already allocated; (?P<free>[\d.]+ [KMGT]?i?B) "
+    r"free; (?P<reserved>[\d.]+ [KMGT]?i?B) reserved in total by PyTorch\)")
+_UNITS = {"B": 1 / 2**30, "bytes": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0,
+          "TiB": 2**10}
+
+
+def gib(size: str | None) -> float | None:
+    """'1.20 GiB' -> 1.2; '512.00 MiB' -> 0.5."""
+    if not size:
+        return None
+    num, _, unit = size.partition(" ")
+    try:
+        return float(num) * _UNITS.get(unit, 1.0)
+    except ValueError:
+        return None
+
+
+def _cuda_oom(ctx: Context) -> Match | None:
+    hits = ctx.grep("CUDA out of memory", "OutOfMemoryError")
+    if not hits:
+        return None
+    for ln in reversed(hits):
+        m = _OOM_NEW.search(ln) or _OOM_OLD.search(ln)
+        if m:
+            g = m.groupdict()
+            summary = (f"CUDA out of memory on GPU {g['gpu']}: tried to allocate {g['req']} "
+                       f"with {g['free']} free of {g['total']}")
+            extra = []
+            if g.get("proc"):
+                extra.append(f"this process holds {g['proc']}")
+            if g.get("alloc"):
+                extra.append(f"PyTorch allocated {g['alloc']}")
+            if g.get("reserved"):
+                extra.append(f"{g['reserved']} reserved but unallocated")
+            if extra:
+                summary += " (" + ", ".join(extra) + ")"
+            hint = ("Lower token_budget / max_batch_size (or the sequence length), or shard "
+                    "the model differently.")
+            reserved, total = gib(g.get("reserved")), gib(g.get("total"))
+            if reserved is not None and total and reserved > 0.05 * total:
+                hint += (" Much memory is reserved but unallocated (fragmentation): set "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+            proc = gib(g.get("proc"))
+            if proc is not None and total and proc < 0.5 * total:
+                hint += (" This process holds less than half the GPU: another process uses it "
+                         "(check nvidia-smi).")
+            return Match(summary, _ev([ln]), hint=hint)
+    return Match("CUDA out of memory", _ev(hits))
+
+
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>.*?)\) ran for "
+    r"(?P<ms>\d+) milliseconds before timing out")
+
+
+def _nccl_timeout(ctx: Context) -> Match | None:
+    hits = ctx.grep("Watchdog caught collective operation timeout", "timed out in blocking wait")
+    if not hits:
+        return None
+    m = next((m for ln in reversed(hits) if (m := _NCCL_TIMEOUT.search(ln))), None)
+    if m is None:
+        return Match("NCCL collective timed out", _ev(hits))
+    work = dict(kv.split("=", 1) for kv in m.group("work").split(", ") if "=" in kv)
+    ranks = sorted({int(r) for r in re.findall(r"\[Rank (\d+)\] Watchdog caught", "\n".join(hits))})
+    return Match(
+        f"NCCL {work.get('OpType', 'collective')} (SeqNum {work.get('SeqNum', '?')}) timed out "
+        f"after {int(m.group('ms')) / 1000:.0f} s" + (f" on rank(s) {ranks}" if ranks else ""),
+        _ev(hits))
+
+
+_NCCL_ERROR = re.compile(r"NCCL error in: (?P<where>\S+?),? (?P<what>[^,(]+)")
+_NCCL_CODES = ("ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+               "ncclInvalidUsage", "ncclRemoteError", "ncclInvalidArgument")
+
+
+def _nccl_error(ctx: Context) -> Match | None:
+    hits = [ln for ln in ctx.grep("NCCL error", *_NCCL_CODES, "NCCL communicator was aborted")
+            if "Watchdog caught collective operation timeout" not in ln]
+    if not hits:
+        return None
+    code = next((c for ln in hits for c in _NCCL_CODES if c in ln), None)
+    m = next((m for ln in reversed(hits) if (m := _NCCL_ERROR.search(ln))), None)
+    what = m.group("what").strip() if m else "error"
+    return Match(f"NCCL {what}" + (f" ({code})" if code else ""), _ev(hits))
+
+
+def _flex_uncompiled(ctx: Context) -> Match | None:
+    hits = ctx.grep("flex_attention called without torch.compile()")
+    if not hits:
+        return None
+    return Match("flex_attention runs uncompiled: the unfused path materializes the full score "
+                 "matrix (the incident's 4.6 Ktok/s instead of ~20 Ktok/s)", _ev(hits))
+
+
+_RECOMPILE = re.compile(r"torch\._?dynamo hit (?:config\.)?(?P<kind>recompile_limit|cache_size_limit|"
+                        r"accumulated_recompile_limit|accumulated_cache_size_limit)"
+                        r"|hit recompilation cache limit")
+_RECOMPILE_FN = re.compile(r"function: '(?P<fn>[^']+)' \((?P<where>[^)]*)\)")
+
+
+def _recompile_limit(ctx: Context) -> Match | None:
+    hits = ctx.grep("hit config.", "recompile_limit", "cache_size_limit", "recompilation cache limit")
+    hits = [ln for ln in hits if _RECOMPILE.search(ln) or "function: '" in ln
+            or "last reason:" in ln or "recompile_limit reached" in ln]
+    if not any(_RECOMPILE.search(ln) or "recompile_limit reached" in ln for ln in hits):
+        return None
+    more = [ln for ln in ctx.lines if "function: '" in ln or "last reason:" in ln]
+    fns = sorted({m.group("fn") for ln in more if (m := _RECOMPILE_FN.search(ln))})
+    return Match("torch._dynamo hit its recompile limit"
+                 + (f" for {', '.join(repr(f) for f in fns)}" if fns else "")
+                 + ": that code now runs uncompiled (slow path)", _ev(hits + more))
+
+
+_DRIVER_NEEDLES = ("The NVIDIA driver on your system is too old",
+                   "CUDA driver version is insufficient for CUDA runtime version",
+                   "no kernel image is available for execution on the device",
+                   "Found no NVIDIA driver on your system",
+                   "is not compatible with the current PyTorch installation")
+
+
+def _cuda_mismatch(ctx: Context) -> Match | None:
+    hits = ctx.grep(*_DRIVER_NEEDLES)
+    if not hits:
+        return None
+    found = re.search(r"found version (\d+)", "\n".join(hits))
+    kind = next(n for n in _DRIVER_NEEDLES if any(n in ln for ln in hits))
+    summary = {
+        _DRIVER_NEEDLES[0]: "The torch build needs a newer NVIDIA driver than the host has",
+        _DRIVER_NEEDLES[1]: "The torch build's CUDA runtime is newer than the host driver supports",
+        _DRIVER_NEEDLES[2]: "The torch build has no kernels for this GPU architecture",
+        _DRIVER_NEEDLES[3]: "No NVIDIA driver visible in the container",
+        _DRIVER_NEEDLES[4]: "The torch build does not support this GPU",
+    }[kind]
+    if found:
+        v = int(found.group(1))
+        summary += f" (driver supports CUDA {v // 1000}.{(v % 1000) // 10})"
+    return Match(summary, _ev(hits))
+
+
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '(?P<mod>[^']+)'")
+_NO_NAME = re.compile(r"ImportError: cannot import name '(?P<name>[^']+)' from '(?P<mod>[^']+)'")
+
+
+def _missing_module(ctx: Context) -> Match | None:
+    hits = ctx.grep("ModuleNotFoundError", "ImportError: cannot import name")
+    if not hits:
+        return None
+    mods = [m.group("mod") for ln in hits if (m := _NO_MODULE.search(ln))]
+    names = [f"{m.group('name')} from {m.group('mod')}" for ln in hits
+             if (m := _NO_NAME.search(ln))]
+    if not mods and not names:
+        return None
+    hint = ("Install it into the job's env (envs/current, see `opsctl envs`) or fix PYTHONPATH / "
+            "the job's workdir.")
+    if any(m.split(".")[0] == "torch" for m in mods):
+        hint = "torch is not installed in the python the job ran: check the job's env / `opsctl envs`."
+    elif any(m.split(".")[0] == "remote_payload" for m in mods):
+        hint = "The payload is not on PYTHONPATH or not deployed: run `opsctl deploy`."
+    if names and not mods:
+        hint = ("A package is there but in another version than the code expects: pin matching "
+                "versions in the env.")
+    what = ", ".join(dict.fromkeys([f"no module {m!r}" for m in mods]
+                                   + [f"cannot import {n}" for n in names]))
+    return Match(f"Import failed: {what}", _ev(hits), hint=hint)
+
+
+_SIGNAL_MEANING = {
+    "SIGKILL": ("Killed by SIGKILL: most likely the kernel OOM killer (host RAM, not GPU memory)",
+                "On the Proxmox host: `dmesg -T | grep -iE 'killed process|out of memory'` (or "
+                "`journalctl -k`); check the container's memory limit (`pct config <ct>`); reduce "
+                "dataloader workers / pinned buffers. Ignore if you killed it yourself."),
+    "SIGSEGV": ("Crashed with a segmentation fault (native code: torch/driver/extension bug or a "
+                "build mismatch)", "Read the faulthandler stack above the crash in `opsctl logs`; "
+                "try another torch build (`opsctl envs`)."),
+    "SIGABRT": ("Aborted (SIGABRT): a C++ exception, failed assert, or the NCCL watchdog tearing "
+                "the process down", "Read the lines just above the abort in `opsctl logs`."),
+    "SIGBUS": ("Bus error (SIGBUS): often /dev/shm too small for dataloader workers",
+               "Enlarge /dev/shm in the container or use fewer dataloader workers."),
+    "SIGTERM": ("Terminated by SIGTERM: something stopped it (opsctl stop, a scheduler, shutdown)",
+                "Check who sent it; `opsctl status` evidence shows opsctl's own stops."),
+}
+
+
+_KILLED_LINE = re.compile(r"^(?:.*: line \d+: +\d+ )?Killed\b")  # bash's report of a SIGKILL
+
+
+def _killed_by_signal(ctx: Context) -> Match | None:
+    st = ctx.status
+    if st.get("state") == "CANCELLED":
+        return None
+    sig = st.get("signal")
+    code = st.get("exit_code")
+    if not sig and isinstance(code, int) and (code < 0 or 128 < code < 160):
+        num = -code if code < 0 else code - 128
+        try:
+            sig = _signal.Signals(num).name
+        except ValueError:
+            sig = f"signal {num}"
+    killed_lines = [ln for ln in ctx.lines[-20:] if _KILLED_LINE.match(ln.strip())]
+    if not sig and killed_lines and not st.get("alive"):
+        sig = "SIGKILL"
+    if not sig:
+        return None
+    summary, hint = _SIGNAL_MEANING.get(str(sig), (f"Killed by {sig}", "See `opsctl logs`."))
+    ev = [f"exit_code={code} signal={st.get('signal')}", *killed_lines]
+    return Match(summary, _ev(ev), hint=hint)
+
+
+def _throughput(ctx: Context) -> Match | None:
+    st = ctx.status
+    if str(st.get("state") or "") not in ("RUNNING", ""):
+        return None
+    expect = _num(st.get("expect_tok_s")) or _num((st.get("spec") or {}).get("expect_tok_s"))
+    step = st.get("last_step") or {}
+    tok_s = _num(step.get("tok_s"))
+    if not expect or tok_s is None or (_num(step.get("step")) or 0) < 2:
+        return None
+    ratio = tok_s / expect
+    if ratio >= THROUGHPUT_WARN_RATIO:
+        return None
+    recent = [_num(e.get("tok_s")) for e in ctx.events if e.get("event") == "step"]
+    ev = [f"last step {step.get('step')}: {tok_s:,.0f} tok/s; playbook expects {expect:,.0f}"]
+    if len([r for r in recent if r is not None]) > 1:
+        ev.append("recent tok/s: " + ", ".join(f"{r:,.0f}" for r in recent[-5:] if r is not None))
+    return Match(f"Throughput {tok_s / 1000:.1f} Ktok/s is {ratio:.0%} of the expected "
+                 f"{expect / 1000:.1f} Ktok/s", ev)
+
+
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<msg>.*))?$")
+
+
+def _python_exception(ctx: Context) -> Match | None:
+    st = ctx.status
+    if st.get("state") != "FAILED":
+        return None
+    for ln in reversed(ctx.lines):
+        m = _EXC_LINE.match(ln.strip())
+        if m:
+            msg = (m.group("msg") or "").strip()
+            return Match(f"The job failed with {m.group('type')}" + (f": {msg}" if msg else ""),
+                         _ev([ln]))
+    return None
+
+
+# --- the table ------------------------------------------------------------------
+
+SIGNATURES: tuple[Signature, ...] = (
+    Signature("fx_tracing_race", "error", FX_RACE_FIXES, _fx_race),
+    Signature("compile_hang_stacks", "warning", FX_RACE_FIXES, _compile_hang_stacks),
+    Signature("hang", "error",
+              "Run `opsctl stacks` to see every thread's Python stack (stuck in torch.compile? in "
+              "a collective? in data loading?), then decide whether to `opsctl stop` it.", _hang),
+    Signature("cuda_oom", "error", "Lower token_budget / max_batch_size.", _cuda_oom),
+    Signature("nccl_timeout", "error",
+              "One rank stopped reaching the collective (crashed, hung, or far slower, e.g. still "
+              "compiling): read every rank's output, `opsctl stacks` while it is stuck, "
+              "NCCL_DEBUG=INFO for transport problems; raise the process-group timeout only if "
+              "one step is legitimately that slow.", _nccl_timeout),
+    Signature("nccl_error", "error",
+              "Run with NCCL_DEBUG=INFO (NCCL_DEBUG=WARN first) to see the cause; check that the "
+              "NCCL and CUDA versions match the driver and that all GPUs are visible "
+              "(CUDA_VISIBLE_DEVICES). Keep NVLink multicast off (NCCL_NVLS_ENABLE=0).",
+              _nccl_error),
+    Signature("flex_attention_uncompiled", "warning",
+              "Call torch.compile(flex_attention), not the plain function; if threads compile "
+              "concurrently fix that first (fx_tracing_race), and do not use "
+              "force_compile_during_fx_trace.", _flex_uncompiled),
+    Signature("recompile_limit", "warning",
+              "Bound the shapes (pad to a few buckets, or torch._dynamo.mark_dynamic) or raise "
+              "torch._dynamo.config.recompile_limit; TORCH_LOGS=recompiles shows each reason.",
+              _recompile_limit),
+    Signature("cuda_driver_mismatch", "error",
+              "Use a torch build that matches the host driver (CUDA 12.8 builds need driver "
+              ">= 570, CUDA 13.0 builds >= 580; `nvidia-smi` shows the driver) and the GPU "
+              "arch: `opsctl envs` / swap to a matching build.", _cuda_mismatch),
+    Signature("missing_module", "error", "Install the missing package into the job's env.",
+              _missing_module),
+    Signature("killed_by_signal", "error", "See `opsctl logs`.", _killed_by_signal),
+    Signature("throughput_regression", "warning",
+              "Common causes: uncompiled flex_attention or recompile-limit fallbacks (see other "
+              "findings), force_compile_during_fx_trace, another process on the GPUs "
+              "(nvidia-smi), data loading stalls.", _throughput),
+    Signature("python_exception", "error", "`opsctl logs` shows the full traceback.",
+              _python_exception),
+)
+
+_SLOW_PATH_CAUSES = ("flex_attention_uncompiled", "recompile_limit", "fx_tracing_race")
+
+
+def diagnose(*, output_tail: list[str], events: list[dict[str, t.Any]], status: dict[str, t.Any],
+             now: float) -> list[dict[str, t.Any]]:
+    """Every signature that matches, errors first; ``[]`` for a healthy job."""
+    lines = [ln.rstrip("\r\n") for ln in output_tail]
+    for ev in events:
+        if ev.get("event") == "error":  # the trainer's own error events read like log lines
+            lines.append(f"{ev.get('type') or 'Error'}: {ev.get('message') or ''}")
+    ctx = Context(lines, list(events), dict(status), now)
+    found: list[Finding] = []
+    for sig in SIGNATURES:
+        m = sig.match(ctx)
+        if m is not None:
+            found.append(Finding(sig.cause, m.severity or sig.severity, m.summary, m.evidence,
+                                 m.hint or sig.hint))
+    causes = {f.cause for f in found}
+    if "python_exception" in causes and any(
+            f.severity == "error" and f.cause != "python_exception" for f in found):
+        found = [f for f in found if f.cause != "python_exception"]  # a named cause says more
+    slow = [c for c in _SLOW_PATH_CAUSES if c in causes]
+    if slow:
+        found = [dataclasses.replace(f, summary=f"{f.summary}; likely cause: {', '.join(slow)}")
+                 if f.cause == "throughput_regression" else f for f in found]
+    found.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+    return [f.to_dict() for f in found]

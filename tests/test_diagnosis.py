@@ -1,0 +1,260 @@
+"""Every diagnosis signature against a real captured log; a healthy log yields nothing."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+import typing as t
+
+import pytest
+
+from remote_payload import diagnosis, wire
+
+FIX = pathlib.Path(__file__).parent / "fixtures"
+H200 = FIX / "h200-torch-2.11.0-cu130"
+DIAG = FIX / "diagnosis"
+NOW = 1_800_000_000.0
+
+
+def log(path: pathlib.Path) -> list[str]:
+    """Fixture lines without the ``#!`` metadata (source citations)."""
+    return [ln for ln in path.read_text().splitlines() if not ln.startswith("#!")]
+
+
+def status(**kw: t.Any) -> dict[str, t.Any]:
+    base: dict[str, t.Any] = {
+        "state": "FAILED", "alive": False, "phase": "training", "exit_code": 1, "signal": None,
+        "gpus": [], "last_step": None, "last_output_at": NOW - 5, "started_at": NOW - 600,
+        "expect_tok_s": None,
+    }
+    base.update(kw)
+    return base
+
+
+def run(lines: list[str], st: dict[str, t.Any] | None = None,
+        events: list[dict[str, t.Any]] | None = None) -> list[dict[str, t.Any]]:
+    if events is None:
+        events = [ev for ln in lines if (ev := wire.parse_event(ln))]
+    return diagnosis.diagnose(output_tail=lines, events=events, status=st or status(), now=NOW)
+
+
+def causes(found: list[dict[str, t.Any]]) -> list[str]:
+    return [f["cause"] for f in found]
+
+
+def by_cause(found: list[dict[str, t.Any]], cause: str) -> dict[str, t.Any]:
+    hits = [f for f in found if f["cause"] == cause]
+    assert hits, f"{cause} not in {causes(found)}"
+    return hits[0]
+
+
+def test_every_finding_has_the_contract_shape() -> None:
+    found = run(log(H200 / "fx-race-error-backward.txt"))
+    assert found, "expected findings"
+    for f in found:
+        assert set(f) == {"cause", "severity", "summary", "evidence", "hint"}, f
+        assert f["severity"] in ("error", "warning", "info"), f
+        assert isinstance(f["evidence"], list) and all(isinstance(e, str) for e in f["evidence"])
+
+
+@pytest.mark.parametrize("name", ["fx-race-error-forward.txt", "fx-race-error-backward.txt"])
+def test_fx_race_is_named_with_fixes_best_first(name: str) -> None:
+    f = by_cause(run(log(H200 / name)), "fx_tracing_race")
+    assert f["severity"] == "error"
+    assert "Concurrent torch.compile in threads" in f["summary"]
+    assert any("Detected that you are using FX" in e for e in f["evidence"]), f["evidence"]
+    hint = f["hint"]
+    assert hint.index("one process per GPU") < hint.index("torch >= 2.14") < hint.index("lock")
+
+
+def test_fx_race_outranks_the_generic_exception_line() -> None:
+    found = run(log(H200 / "fx-race-error-backward.txt"))
+    assert "python_exception" not in causes(found), causes(found)
+
+
+@pytest.mark.parametrize("name", ["compile-hang-3-threads-stacks.txt",
+                                  "compile-hang-watchdog-stacks.txt"])
+def test_watchdog_stacks_with_threads_in_compile_read_as_the_concurrent_compile_hang(
+        name: str) -> None:
+    found = run(log(H200 / name), status(state="COMPILING", alive=True, exit_code=None))
+    f = by_cause(found, "compile_hang_stacks")
+    assert f["severity"] == "error"
+    assert "concurrent-compile hang" in f["summary"]
+    assert any("fx Tracer.trace" in e for e in f["evidence"]), f["evidence"]
+
+
+def test_probe_raw_output_from_the_h200_reads_as_the_compile_hang() -> None:
+    raw = (FIX / "h200-probe" / "raw.log").read_text().splitlines()
+    dump_start = next(i for i, ln in enumerate(raw) if ln.startswith("Timeout ("))
+    found = run(raw[dump_start:dump_start + 200], status(state="COMPILING", alive=True,
+                                                         exit_code=None))
+    assert "compile_hang_stacks" in causes(found), causes(found)
+
+
+def test_hang_when_alive_silent_past_the_threshold_and_gpus_idle() -> None:
+    st = status(state="RUNNING", alive=True, exit_code=None, last_output_at=NOW - 900,
+                gpus=[{"index": 0, "util_pct": 0.0}, {"index": 1, "util_pct": 1.0}],
+                last_step={"event": "step", "step": 41, "tok_s": 19000.0, "_at": NOW - 905})
+    f = by_cause(run(log(H200 / "compile-hang-3-threads-stacks.txt")[:0], st), "hang")
+    assert f["severity"] == "error"
+    assert "900 s" in f["summary"] and "GPUs idle" in f["summary"]
+    assert "opsctl stacks" in f["hint"]
+
+
+def test_hang_threshold_is_longer_while_compiling() -> None:
+    quiet = {"alive": True, "exit_code": None, "last_output_at": NOW - 900, "gpus": []}
+    assert "hang" in causes(run([], status(state="RUNNING", **quiet)))
+    assert "hang" not in causes(run([], status(state="COMPILING", **quiet)))
+    st = status(state="COMPILING", compile_hang_threshold_s=600, **quiet)
+    f = by_cause(run([], st), "hang")
+    assert f["severity"] == "warning", "GPU load unknown: a warning, not an error"
+    assert "compiling" in f["summary"]
+
+
+def test_a_job_that_printed_nothing_at_all_is_called_out() -> None:
+    st = status(state="SETTING_UP", alive=True, exit_code=None, last_output_at=None,
+                started_at=NOW - 1000, gpus=[{"index": 0, "util_pct": 0.0}])
+    f = by_cause(run([], st, events=[]), "hang")
+    assert "no output at all" in f["summary"]
+
+
+def test_quiet_but_busy_gpus_is_only_info() -> None:
+    st = status(state="RUNNING", alive=True, exit_code=None, last_output_at=NOW - 900,
+                gpus=[{"index": 0, "util_pct": 97.0}])
+    assert by_cause(run([], st), "hang")["severity"] == "info"
+
+
+def test_cuda_oom_reports_the_numbers_from_the_message() -> None:
+    f = by_cause(run(log(DIAG / "cuda-oom.txt")), "cuda_oom")
+    assert f["summary"].startswith("CUDA out of memory on GPU 0: tried to allocate 22.00 MiB "
+                                   "with 11.06 MiB free of 23.65 GiB"), f["summary"]
+    assert "this process holds 23.60 GiB" in f["summary"]
+    assert "expandable_segments" not in f["hint"], "194 MiB reserved is not fragmentation"
+
+
+def test_cuda_oom_with_much_reserved_memory_suggests_expandable_segments() -> None:
+    f = by_cause(run(log(DIAG / "cuda-oom-fragmented.txt")), "cuda_oom")
+    assert "9.35 GiB reserved but unallocated" in f["summary"]
+    assert "expandable_segments:True" in f["hint"]
+
+
+def test_cuda_oom_old_message_format_is_parsed() -> None:
+    f = by_cause(run(log(DIAG / "cuda-oom-old-format.txt")), "cuda_oom")
+    assert "tried to allocate 2.26 GiB with 3.03 GiB free of 6.00 GiB" in f["summary"]
+
+
+def test_nccl_watchdog_timeout_names_op_seq_duration_and_ranks() -> None:
+    found = run(log(DIAG / "nccl-timeout.txt"))
+    f = by_cause(found, "nccl_timeout")
+    assert f["summary"] == "NCCL ALLREDUCE (SeqNum 808) timed out after 600 s on rank(s) [0, 1]"
+    assert "nccl_error" not in causes(found)
+
+
+def test_nccl_error_names_the_nccl_code() -> None:
+    f = by_cause(run(log(DIAG / "nccl-error.txt")), "nccl_error")
+    assert f["summary"] == "NCCL unhandled cuda error (ncclUnhandledCudaError)"
+    assert "NCCL_DEBUG=INFO" in f["hint"]
+
+
+def test_uncompiled_flex_attention_is_the_slow_path() -> None:
+    f = by_cause(run(log(DIAG / "flex-uncompiled.txt"), status(state="RUNNING", alive=True,
+                                                               exit_code=None)),
+                 "flex_attention_uncompiled")
+    assert f["severity"] == "warning"
+    assert "4.6 Ktok/s" in f["summary"]
+
+
+@pytest.mark.parametrize("name,fn", [("recompile-limit.txt", "'f'"),
+                                     ("recompile-limit-fullgraph.txt",
+                                      "'dion2_post_orthogonalize'")])
+def test_recompile_limit_names_the_function(name: str, fn: str) -> None:
+    f = by_cause(run(log(DIAG / name)), "recompile_limit")
+    assert fn in f["summary"] and "uncompiled" in f["summary"]
+
+
+@pytest.mark.parametrize("name,words", [
+    ("cuda-driver-too-old.txt", "needs a newer NVIDIA driver than the host has (driver supports "
+                                "CUDA 11.0)"),
+    ("cuda-driver-insufficient.txt", "CUDA runtime is newer than the host driver supports"),
+    ("cuda-no-kernel-image.txt", "no kernels for this GPU architecture"),
+])
+def test_cuda_driver_or_build_mismatch(name: str, words: str) -> None:
+    f = by_cause(run(log(DIAG / name)), "cuda_driver_mismatch")
+    assert words in f["summary"], f["summary"]
+    assert "580" in f["hint"]
+
+
+def test_missing_module_names_the_module() -> None:
+    found = run(log(DIAG / "missing-module.txt"))
+    f = by_cause(found, "missing_module")
+    assert f["summary"] == "Import failed: no module 'dflash_missing_mod'"
+    assert "python_exception" not in causes(found)
+
+
+def test_missing_torch_points_at_the_env() -> None:
+    lines = ["ModuleNotFoundError: No module named 'torch'"]
+    assert "torch is not installed" in by_cause(run(lines), "missing_module")["hint"]
+
+
+def test_sigkill_points_at_the_oom_killer_and_dmesg() -> None:
+    found = run(log(DIAG / "killed-sigkill.txt"), status(exit_code=137, signal=None))
+    f = by_cause(found, "killed_by_signal")
+    assert "OOM killer" in f["summary"] and "dmesg" in f["hint"]
+    assert any("Killed" in e for e in f["evidence"]), f["evidence"]
+
+
+def test_signal_from_the_status_document_is_used() -> None:
+    f = by_cause(run([], status(exit_code=None, signal="SIGSEGV")), "killed_by_signal")
+    assert "segmentation fault" in f["summary"]
+
+
+def test_a_cancelled_job_is_not_reported_as_killed() -> None:
+    assert run([], status(state="CANCELLED", exit_code=None, signal="SIGTERM")) == []
+
+
+def test_throughput_far_below_expectation_warns_and_names_the_slow_path() -> None:
+    steps = [{"event": "step", "step": s, "tok_s": 4600.0, "_at": NOW - 10 + s} for s in (5, 6, 7)]
+    st = status(state="RUNNING", alive=True, exit_code=None, expect_tok_s=20000.0,
+                last_step=steps[-1])
+    found = run(log(DIAG / "flex-uncompiled.txt"), st, events=steps)
+    f = by_cause(found, "throughput_regression")
+    assert f["severity"] == "warning"
+    assert f["summary"].startswith("Throughput 4.6 Ktok/s is 23% of the expected 20.0 Ktok/s")
+    assert "likely cause: flex_attention_uncompiled" in f["summary"]
+
+
+def test_throughput_near_expectation_is_fine() -> None:
+    st = status(state="RUNNING", alive=True, exit_code=None, expect_tok_s=20000.0,
+                last_step={"event": "step", "step": 9, "tok_s": 12800.0})
+    assert "throughput_regression" not in causes(run([], st))
+
+
+def test_unknown_failure_still_names_the_last_exception() -> None:
+    f = by_cause(run(log(DIAG / "python-exception.txt")), "python_exception")
+    assert f["summary"].startswith("The job failed with json.decoder.JSONDecodeError: Expecting")
+
+
+def test_errors_come_before_warnings() -> None:
+    lines = log(DIAG / "flex-uncompiled.txt") + log(H200 / "fx-race-error-forward.txt")
+    sev = [f["severity"] for f in run(lines)]
+    assert sev == sorted(sev, key=diagnosis.SEVERITY_ORDER.__getitem__), sev
+
+
+def test_a_healthy_log_yields_no_findings() -> None:
+    lines = log(DIAG / "healthy-training.txt")
+    events = [ev | {"_at": NOW - 30 + i} for i, ln in enumerate(lines)
+              if (ev := wire.parse_event(ln))]
+    st = status(state="RUNNING", alive=True, exit_code=None, expect_tok_s=20000.0,
+                last_step=events[-2], gpus=[{"index": 0, "util_pct": 96.0}])
+    assert run(lines, st, events) == []
+
+
+def test_diagnosis_is_fast_on_a_full_tail() -> None:
+    lines = (log(H200 / "compile-hang-3-threads-stacks.txt") + log(DIAG / "nccl-timeout.txt")
+             + log(DIAG / "healthy-training.txt")) * 2
+    st = status(state="RUNNING", alive=True, exit_code=None, last_output_at=NOW - 900)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        run(lines[-200:], st)
+    per_call = (time.perf_counter() - t0) / 20
+    assert per_call < 0.02, f"diagnose took {per_call * 1000:.1f} ms"
