@@ -210,7 +210,7 @@ def _ce_chunk(logits: torch.Tensor, target: torch.Tensor,
     loss = ((lse - tgt) * w).sum()
     correct = ((lf.argmax(-1) == target) & (w > 0)).sum()
     p = torch.exp(lf - lse.unsqueeze(-1))
-    p = p - F.one_hot(target, lf.shape[-1]).to(p.dtype)
+    p = p.scatter_add(-1, target.unsqueeze(-1), -torch.ones_like(tgt).unsqueeze(-1))  # p - onehot
     return loss, correct, (p * w.unsqueeze(-1)).to(logits.dtype)
 
 
