@@ -273,8 +273,10 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
         scratch = os.path.join(tmp, ".opsctl-tmp")
         os.makedirs(scratch)
         python = os.path.join(tmp, "bin", "python")
+        # --no-compile: byte-compiling all of torch doubles the install time; the modules a
+        # job imports get compiled on first import (verification already imports torch).
         pip = [python, "-m", "pip", "install", "--isolated", "--no-cache-dir", "--no-input",
-               "--disable-pip-version-check", "--retries", str(req.pip_retries),
+               "--no-compile", "--disable-pip-version-check", "--retries", str(req.pip_retries),
                "--timeout", str(req.pip_timeout_s)]
         step = "wheelhouse" if req.wheelhouse else "pip-install"
         if req.wheelhouse:
