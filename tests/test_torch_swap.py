@@ -318,3 +318,32 @@ def test_cache_seed_installs_the_artifact_only_when_hits_prove_reuse(root: Path,
     prov = json.loads((root / "cache" / fp / "provenance.json").read_text())
     assert prov["seed"]["seeded"]["hits"] == 1
     assert not [n for n in os.listdir(root / "cache") if n.startswith(".seed")]
+
+
+def test_reinstalling_the_current_build_keeps_it_current(root: Path, index_url: str) -> None:
+    reply, _ = swap(root, "cu128", index_url, "--reinstall")
+    assert (reply["data"]["action"], reply["data"]["previous"]) == ("install", "torch-2.11.0-cu128")
+    assert os.readlink(root / "envs" / "current") == "torch-2.11.0-cu128"
+    assert current_python(str(root)) is not None and leftovers(root) == []
+
+
+def test_wheelhouse_without_the_pinned_wheel_fails_before_making_a_venv(root: Path,
+                                                                        tmp_path: Path) -> None:
+    build_fake_torches(str(tmp_path))  # cu126/cu128/cu130 fakes, no +cpu
+    reply, _ = agent(root, "swap", "--variant", "cpu", "--version", "2.11.0",
+                     "--wheelhouse", str(tmp_path))
+    err = reply["error"]
+    assert (err["fields"]["step"], err["fields"]["reason"]) == ("wheelhouse", "no-such-version")
+    assert "found: 2.11.0+cu126, 2.11.0+cu128, 2.11.0+cu130" in err["message"]
+    assert os.readlink(root / "envs" / "current") == "torch-2.11.0-cu128" and leftovers(root) == []
+
+
+def test_wheelhouse_install_of_a_fake_build(root: Path, tmp_path: Path, index_url: str) -> None:
+    build_fake_torches(str(tmp_path))
+    reply, _ = agent(root, "swap", "--variant", "cu130", "--version", "2.11.0", "--reinstall",
+                     "--wheelhouse", str(tmp_path))
+    assert reply["ok"], reply
+    marker = json.loads((root / "envs" / "torch-2.11.0-cu130" / ".opsctl-build.json").read_text())
+    assert (marker["pin"], marker["wheelhouse"], marker["index_url"]) == (
+        "2.11.0+cu130", str(tmp_path), None)
+    swap(root, "cu128", index_url)

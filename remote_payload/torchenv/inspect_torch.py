@@ -26,7 +26,7 @@ FAKE_MARKER = "_opsctl_fake_wheel"  # set only by the test suite's fake torch wh
 def facts(torch: t.Any) -> dict[str, t.Any]:
     """Everything a compiled artifact's validity depends on (inductor keys on these too)."""
     try:
-        import triton  # type: ignore[import-not-found]
+        import triton  # type: ignore[import-not-found,unused-ignore]
 
         triton_version: str | None = str(triton.__version__)
     except Exception:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out: dict[str, t.Any] = {"ok": True}
     try:
-        import torch  # type: ignore[import-not-found]
+        import torch  # type: ignore[import-not-found,unused-ignore]
     except Exception as exc:
         traceback.print_exc()
         out = {"ok": False, "checks": [{"name": "import", "ok": False,

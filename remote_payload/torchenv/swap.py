@@ -67,7 +67,7 @@ class SwapRequest:
 
 
 class _StepFailed(Exception):
-    def __init__(self, step: str, message: str, reason: str | None = None):
+    def __init__(self, step: str, message: str, reason: str = "error"):
         super().__init__(message)
         self.step, self.message, self.reason = step, message, reason
 
@@ -170,7 +170,12 @@ def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
         No torch wheel, or one whose version does not match the requested build.
     """
     found = []
-    for name in sorted(os.listdir(wheelhouse)):
+    try:
+        names = sorted(os.listdir(wheelhouse))
+    except OSError as exc:
+        raise _StepFailed("wheelhouse", f"cannot read wheelhouse {wheelhouse}: {exc}",
+                          "no-such-version") from None
+    for name in names:
         m = _WHEEL_RE.match(name)
         if m:
             found.append(m.group(1))
@@ -258,10 +263,15 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
     tmp = os.path.join(layout.envs, f".building-{build}-{os.getpid()}")
     final = layout.build_dir(build)
     t0 = time.monotonic()
-    step = "index"
+    step = "wheelhouse" if req.wheelhouse else "index"
     try:
-        if not req.wheelhouse:
-            preflight_index(str(req.index_url), f"{req.version}+{req.variant}")
+        if req.wheelhouse:
+            pinned = wheelhouse_pin(req.wheelhouse, req.version, req.variant)
+            source = ["--no-index", "--find-links", req.wheelhouse]
+        else:
+            pinned = f"{req.version}+{req.variant}"
+            source = ["--index-url", str(req.index_url)]
+            preflight_index(str(req.index_url), pinned)
         step = "venv"
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
@@ -278,13 +288,6 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
         pip = [python, "-m", "pip", "install", "--isolated", "--no-cache-dir", "--no-input",
                "--no-compile", "--disable-pip-version-check", "--retries", str(req.pip_retries),
                "--timeout", str(req.pip_timeout_s)]
-        step = "wheelhouse" if req.wheelhouse else "pip-install"
-        if req.wheelhouse:
-            pinned = wheelhouse_pin(req.wheelhouse, req.version, req.variant)
-            source = ["--no-index", "--find-links", req.wheelhouse]
-        else:
-            pinned = f"{req.version}+{req.variant}"
-            source = ["--index-url", str(req.index_url)]
         step = "pip-install"
         # --isolated skips user config and PIP_* vars but still reads /etc/pip.conf & co;
         # PIP_CONFIG_FILE=/dev/null makes pip skip every config file.
@@ -331,11 +334,17 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
             "installed_at": time.time(), "install_seconds": install_s, "log_path": log_path,
             "size_bytes": size, "files": files, "verification": verification,
         })
-        if os.path.exists(final):  # --reinstall: the old copy goes only now
-            trash = os.path.join(layout.envs, f".trash-{build}-{os.getpid()}")
+        if os.path.exists(final):  # --reinstall: the old copy goes only now, and comes back
+            trash = os.path.join(layout.envs, f".trash-{build}-{os.getpid()}")  # on failure
             os.replace(final, trash)
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                os.replace(trash, final)
+                raise
             shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, final)
+        else:
+            os.replace(tmp, final)
         facts = dict(verification["facts"], executable=os.path.join(final, "bin", "python"))
         verification["facts"] = facts
         store_facts(final, facts)
