@@ -24,6 +24,7 @@ PROBE_MODULE = "remote_payload.probes.compile_race"
 EVENT_REPORT = "probe_report"  # == compile_race.EVENT_REPORT (not imported: keep the agent lean)
 MODES = ("unguarded", "guarded")
 TAIL_LINES = 30
+TERM_GRACE_S = 10.0
 _PAYLOAD_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -82,10 +83,16 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
     try:
         out_b, err_b = proc.communicate(timeout=deadline)
     except subprocess.TimeoutExpired:
+        # SIGTERM first: the probe then kills its mode child and still prints a report.
         timed_out = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out_b, err_b = proc.communicate()
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out_b, err_b = proc.communicate(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out_b, err_b = proc.communicate()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # children the probe left behind
     wall = round(time.monotonic() - t0, 3)
@@ -106,6 +113,7 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
         return crashed(why, argv=argv, rc=proc.returncode, raw=raw, wall_s=wall,
                        stdout=out, stderr=err)
     report.pop("event", None)
+    report["deadline_hit"] = timed_out  # then it is the probe's crashed report after SIGTERM
     report.setdefault("raw_output", raw)
     report["probe_rc"] = proc.returncode
     report["probe_output"] = os.path.join(outdir, "probe-output.log")

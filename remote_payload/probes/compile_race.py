@@ -85,6 +85,7 @@ class ChildRun:
     stderr: str = ""
     dump: str = ""
     result: dict[str, t.Any] | None = None
+    start_error: str | None = None  # the interpreter could not even be started
 
 
 def signal_name(rc: int | None) -> str | None:
@@ -150,8 +151,8 @@ def run_child(cfg: ProbeConfig, mode: str, workdir: str, raw: RawLog) -> ChildRu
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_f, env=env,
                                     cwd=mdir, start_new_session=True)
         except OSError as exc:
-            run.rc, run.stderr = 127, f"cannot start {cfg.python}: {exc}"
-            raw.write(run.stderr)
+            run.rc, run.start_error = 127, f"cannot start {cfg.python}: {exc}"
+            raw.write(run.start_error)
             return run
 
         def pump() -> None:
@@ -174,7 +175,8 @@ def run_child(cfg: ProbeConfig, mode: str, workdir: str, raw: RawLog) -> ChildRu
         except subprocess.TimeoutExpired:
             run.timed_out = True
             say(f"{mode}: no result after {cfg.timeout_s:.0f} s, killing the child")
-        _kill_group(proc.pid)  # also inductor compile workers left behind
+        finally:  # also on SIGTERM/Ctrl-C of this parent: never leave a hung child behind
+            _kill_group(proc.pid)  # the child's session: inductor compile workers too
         run.rc = proc.wait()
         reader.join(5.0)
     run.wall_s = round(time.monotonic() - t0, 3)
@@ -185,6 +187,12 @@ def run_child(cfg: ProbeConfig, mode: str, workdir: str, raw: RawLog) -> ChildRu
     raw.write(f"----- exit: rc={run.rc} signal={signal_name(run.rc)} "
               f"timed_out={run.timed_out} wall_s={run.wall_s}")
     return run
+
+
+def _temp_raw_path() -> str:
+    fd, path = tempfile.mkstemp(prefix="compile-race-", suffix=".log")
+    os.close(fd)
+    return path
 
 
 def _kill_group(pgid: int) -> None:
@@ -234,7 +242,7 @@ def mode_report(run: ChildRun) -> dict[str, t.Any]:
         "hang_stacks": [],
     }
     if run.result is None:
-        rep["error"] = rep["error"] or _no_result_reason(run)
+        rep["error"] = rep["error"] or run.start_error or _no_result_reason(run)
     if status == "hang":
         if rep["elapsed_s"] is None:
             rep["elapsed_s"] = run.wall_s
@@ -257,8 +265,9 @@ def _no_result_reason(run: ChildRun) -> str:
 def run_probe(cfg: ProbeConfig) -> dict[str, t.Any]:
     """Run every mode and build the report; child failures become report fields."""
     started = time.time()
-    raw_path = cfg.raw_output or tempfile.mkstemp(prefix="compile-race-", suffix=".log")[1]
+    raw_path = cfg.raw_output or _temp_raw_path()
     raw = RawLog(raw_path)
+    say(f"raw output: {raw_path}")
     raw.write(f"# opsctl {PROBE_NAME} probe, {time.strftime('%Y-%m-%d %H:%M:%S')} "
               f"on {socket.gethostname()}\n# config: {json.dumps(dataclasses.asdict(cfg))}")
     workdir = tempfile.mkdtemp(prefix="opsctl-probe-")
@@ -303,7 +312,7 @@ def crashed_report(error: str, *, raw_output: str | None = None,
     """The report when the probe itself failed: never print nothing."""
     return {
         "probe": PROBE_NAME, "version": REPORT_VERSION, "status": "crashed", "affected": None,
-        "verdict": f"The probe itself failed before it could test anything: {error}",
+        "verdict": f"The probe did not finish, so nothing is known about the build: {error}",
         "error": error, "detail": detail[-4000:], "modes": {}, "env": {
             "python": platform.python_version(), "hostname": socket.gethostname()},
         "raw_output": raw_output,
@@ -341,8 +350,19 @@ def parse_args(argv: list[str] | None) -> ProbeConfig:
                        simulate=a.simulate, python=a.python)
 
 
+class Terminated(BaseException):
+    """SIGTERM (e.g. a deadline above us): stop, kill the child, still print a report."""
+
+
+def _on_sigterm(signum: int, frame: t.Any) -> None:
+    raise Terminated(f"received {signal.Signals(signum).name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    if cfg.raw_output is None:  # decided here so even a crashed report can name it
+        cfg = dataclasses.replace(cfg, raw_output=_temp_raw_path())
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         report = run_probe(cfg)
     except BaseException as exc:  # includes KeyboardInterrupt: still say something
