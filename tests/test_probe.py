@@ -62,6 +62,7 @@ def test_a_child_that_holds_everything_is_killed_at_the_timeout_and_its_watchdog
     rc, _, rep = probe(tmp_path, "--simulate", "hang-hard", "--timeout", "3", "--threads", "2",
                        "--modes", "unguarded")
     assert time.monotonic() - t0 < 15
+    assert rc == 1
     m = rep["modes"]["unguarded"]
     assert (m["status"], m["killed_at_timeout"], m["signal"]) == ("hang", True, "SIGKILL"), m
     assert "no result before" in m["error"]
@@ -86,6 +87,7 @@ def test_a_child_killed_by_a_signal_reports_crashed_with_the_signal(tmp_path: Pa
 def test_the_fx_race_error_is_reported_as_error_with_the_message(tmp_path: Path) -> None:
     rc, _, rep = probe(tmp_path, "--simulate", "error", "--timeout", "10", "--threads", "2",
                        "--modes", "unguarded")
+    assert rc == 1
     m = rep["modes"]["unguarded"]
     assert m["status"] == "error"
     assert m["errors"] == [f"RuntimeError: {FX_RACE_MESSAGE}"]
@@ -96,7 +98,7 @@ def test_the_fx_race_error_is_reported_as_error_with_the_message(tmp_path: Path)
 
 def test_a_torch_import_failure_still_yields_a_crashed_report(tmp_path: Path) -> None:
     rc, _, rep = probe(tmp_path, "--simulate", "import-error", "--timeout", "10")
-    assert rep["status"] == "crashed"
+    assert rc == 1 and rep["status"] == "crashed"
     for m in rep["modes"].values():
         assert m["status"] == "crashed" and m["phase"] == "setup", m
         assert m["error"].startswith("ModuleNotFoundError: No module named 'torch'")
@@ -171,6 +173,7 @@ def test_a_real_cpu_compile_of_flex_attention_gives_a_well_formed_report(tmp_pat
                        "--backward", timeout=300)
     wall = time.monotonic() - t0
     assert rep["status"] in ("ok", "affected"), rep["verdict"]
+    assert rc == (0 if rep["status"] == "ok" else 1)
     assert rep["env"]["torch"].startswith("2.")
     assert rep["env"]["device"] == "cpu"
     for mode in ("unguarded", "guarded"):
