@@ -375,3 +375,27 @@ def test_a_bad_spec_is_refused_naming_the_field(agent: Agent, spec: dict[str, t.
 def test_status_without_any_job_is_a_typed_error(agent: Agent) -> None:
     reply = agent.reply("status")
     assert reply["error"]["type"] == "NoSuchJob"
+
+
+def test_launch_runs_python_jobs_on_the_current_torch_build_with_its_cache(agent: Agent) -> None:
+    from remote_payload.torchenv import fingerprint, layout
+
+    build = "torch-2.13.0-cpu"
+    build_dir = agent.root / "envs" / build
+    (build_dir / "bin").mkdir(parents=True)
+    (build_dir / "bin" / "python").symlink_to(PY)
+    (build_dir / layout.MARKER).write_text("{}")
+    fingerprint.store_facts(str(build_dir), {"torch": "2.13.0+cpu", "cuda": None, "triton": None,
+                                             "gpu": None, "python": "3.11"})
+    (agent.root / "envs" / "current").symlink_to(build)
+    spec = {"name": "on-build", "command": ["python3", "-c",
+            "import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR']); print(os.environ['MINE'])"],
+            "env": {"MINE": "kept"}}
+    doc = agent.data("launch", "--spec-json", json.dumps(spec))
+    end = agent.wait_state(doc["job_id"], "SUCCEEDED")
+    launched = json.loads(Path(doc["output_log"]).with_name("launch.json").read_text())
+    assert launched["argv"][0] == str(build_dir / "bin" / "python")
+    cache_dir, mine = end["output_tail"]
+    assert cache_dir.startswith(str(agent.root / "cache") + os.sep)
+    assert cache_dir.endswith(os.sep + "inductor")
+    assert mine == "kept"

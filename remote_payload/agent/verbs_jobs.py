@@ -202,6 +202,10 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     payload = _payload_dir()
     spec = jobs.validate_spec(raw, payload)
     job_id = spec["job_id"]
+    build_env, build_python = _torch_build(root)
+    spec["env"] = {**build_env, **spec["env"]}  # the spec's own values win
+    if build_python and not spec.get("python"):
+        spec["python"] = build_python
 
     current = jobs.current_job_id(root)
     if current and os.path.isdir(os.path.join(jobs.jobs_root(root), current)):
@@ -255,6 +259,30 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                            f"job {job_id}: the wrapper did not start within {LAUNCH_WAIT_S:g}s",
                            job_id=job_id, pane_tail=pane)
     return status_document(root, job_id)
+
+
+def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
+    """Cache env vars and python of the current torch build (docs/contracts.md, issue 3).
+
+    Raises
+    ------
+    AgentFailure
+        ``TorchEnvError`` when a build exists but cannot be read: running the job
+        on another torch or without its compile cache would hide the problem.
+    """
+    import importlib
+
+    try:
+        torchenv = importlib.import_module("remote_payload.torchenv")
+    except ModuleNotFoundError as exc:
+        if exc.name == "remote_payload.torchenv":  # not shipped: plain python jobs only
+            return {}, None
+        raise
+    try:
+        return dict(torchenv.job_env(root)), torchenv.current_python(root)
+    except Exception as exc:
+        raise AgentFailure("TorchEnvError", f"cannot read the current torch build under {root}: "
+                           f"{type(exc).__name__}: {exc}", root=root) from None
 
 
 def _wrapper_started(path: str) -> bool:
