@@ -347,3 +347,12 @@ def test_wheelhouse_install_of_a_fake_build(root: Path, tmp_path: Path, index_ur
     assert (marker["pin"], marker["wheelhouse"], marker["index_url"]) == (
         "2.11.0+cu130", str(tmp_path), None)
     swap(root, "cu128", index_url)
+
+
+def test_a_killed_install_leaves_nothing_behind_after_the_next_swap(root: Path,
+                                                                    index_url: str) -> None:
+    stale = root / "envs" / ".building-torch-2.11.0-cu130-99999"
+    (stale / "bin").mkdir(parents=True)
+    assert agent(root, "envs")[0]["data"]["in_progress_or_leftover"] == [stale.name]
+    swap(root, "cu128", index_url)
+    assert not stale.exists()

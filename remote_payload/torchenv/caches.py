@@ -106,7 +106,12 @@ def outside_candidates() -> list[tuple[str, str]]:
 def cache_info(layout: Layout, outside: t.Sequence[tuple[str, str]] | None = None
                ) -> dict[str, t.Any]:
     """Per fingerprint: size, files, created, last used, current or stale; outside caches."""
-    cur = current_fingerprint(layout)
+    warnings = []
+    try:
+        cur = current_fingerprint(layout)
+    except AgentFailure as exc:  # a broken build must not hide the caches
+        cur = None
+        warnings.append(f"cannot fingerprint the current build: {exc.message}")
     current_fp = cur[1] if cur else None
     caches = []
     names = sorted(os.listdir(layout.cache)) if os.path.isdir(layout.cache) else []
@@ -128,7 +133,6 @@ def cache_info(layout: Layout, outside: t.Sequence[tuple[str, str]] | None = Non
             "mega_cache": mega if os.path.exists(mega) else None, "seed": prov.get("seed"),
         })
     outside_found = []
-    warnings = []
     for path, why in (outside_candidates() if outside is None else outside):
         if not os.path.exists(path):
             continue

@@ -203,6 +203,13 @@ def _rewrite_bin(venv: str, old: str, new: str) -> None:
             os.chmod(path, mode)
 
 
+def _remove_stale_builds(layout: Layout) -> None:
+    """Half-made venvs of an install that was killed (we hold the lock: none is running)."""
+    for name in os.listdir(layout.envs):
+        if name.startswith((".building-", ".trash-")):
+            shutil.rmtree(os.path.join(layout.envs, name), ignore_errors=True)
+
+
 def _summary(checks: t.Sequence[t.Mapping[str, t.Any]]) -> str:
     return "; ".join(f"{c['name']}: {c['detail']}" for c in checks if not c.get("ok"))
 
@@ -226,6 +233,8 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
     refuse_if_job_running(layout, f"swap torch to {build}")
     t0 = time.monotonic()
     with locked(layout):
+        if not req.dry_run:
+            _remove_stale_builds(layout)
         previous = current_build(layout)
         installed = read_marker(layout, build) is not None
         if previous == build and not req.reinstall:
