@@ -399,3 +399,19 @@ def test_launch_runs_python_jobs_on_the_current_torch_build_with_its_cache(agent
     assert cache_dir.startswith(str(agent.root / "cache") + os.sep)
     assert cache_dir.endswith(os.sep + "inductor")
     assert mine == "kept"
+
+
+def test_a_crashing_wrapper_leaves_its_traceback_as_LOST_evidence(agent: Agent,
+                                                                  tmp_path: Path) -> None:
+    job_dir = agent.root / "jobs" / "broken-1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "spec.json").write_text(json.dumps({"command": ["true"]}))  # no job_id: a bug
+    (job_dir / "launch.json").write_text(json.dumps({"created_at": time.time()}))
+    (job_dir / "status.json").write_text(json.dumps({"state": "PENDING"}))
+    wrapper = subprocess.run([PY, "-m", "remote_payload.agent.wrapper", str(job_dir)],
+                             capture_output=True, text=True, env=agent.env, timeout=60, check=False)
+    assert wrapper.returncode == 70
+    assert "KeyError: 'job_id'" in wrapper.stderr
+    lost = agent.status("broken-1")
+    assert lost["state"] == "LOST"
+    assert any("the wrapper crashed: KeyError: 'job_id'" in e for e in lost["evidence"]), lost

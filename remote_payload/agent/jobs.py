@@ -29,6 +29,7 @@ EXIT_CODE = "exit_code"
 PID = "pid"
 CANCEL = "cancel_requested"
 HANGUP = "hangup"  # the wrapper got SIGHUP: tmux server or pane went away
+WRAPPER_ERROR = "wrapper_error.txt"  # traceback of a wrapper crash (a bug)
 STACK_DUMPS = "stack-dumps"
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -368,7 +369,8 @@ def load(root: str, job_id: str) -> JobRecord:
     if not pid:
         # the wrapper has not recorded a start yet (launch waits for it)
         age = time.time() - float(launch.get("created_at") or time.time())
-        if age < PENDING_GRACE_S:
+        crashed = os.path.exists(os.path.join(path, WRAPPER_ERROR))
+        if age < PENDING_GRACE_S and not crashed:
             return record(state, False, evidence)
         return _persist(record(state, False, evidence), JobState.LOST, [
             f"the wrapper recorded no start within {PENDING_GRACE_S:g}s of launch",
@@ -418,6 +420,12 @@ def _lost_evidence(path: str, pid: dict[str, t.Any], launch: dict[str, t.Any]) -
     else:
         why.append("the wrapper never recorded a job pid")
     why.append(f"no {EXIT_CODE} file in {path}")
+    try:
+        with open(os.path.join(path, WRAPPER_ERROR), encoding="utf-8") as f:
+            last = f.read().strip().splitlines()[-1:]
+        why.append(f"the wrapper crashed: {last[0] if last else '?'} (see {WRAPPER_ERROR})")
+    except OSError:
+        pass
     hup = read_json(os.path.join(path, HANGUP))
     if hup:
         why.append(f"wrapper got SIGHUP at {hup.get('at')}: {hup.get('why')}")

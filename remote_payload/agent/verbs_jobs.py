@@ -258,7 +258,11 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         raise AgentFailure("LaunchFailed",
                            f"job {job_id}: the wrapper did not start within {LAUNCH_WAIT_S:g}s",
                            job_id=job_id, pane_tail=pane)
-    return status_document(root, job_id)
+    doc = status_document(root, job_id)
+    if doc["state"] == JobState.LOST.value:  # the wrapper crashed before starting the job
+        raise AgentFailure("LaunchFailed", f"job {job_id}: the wrapper crashed",
+                           job_id=job_id, evidence=doc["evidence"], pane_tail=doc["pane_tail"])
+    return doc
 
 
 def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
@@ -287,7 +291,8 @@ def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
 
 def _wrapper_started(path: str) -> bool:
     """The wrapper wrote its first state (after the pid file) or an exit record."""
-    if os.path.exists(os.path.join(path, jobs.EXIT_CODE)):
+    if os.path.exists(os.path.join(path, jobs.EXIT_CODE)) or os.path.exists(
+            os.path.join(path, jobs.WRAPPER_ERROR)):
         return True
     st = read_json(os.path.join(path, jobs.STATUS), {}) or {}
     return bool(st.get("state", JobState.PENDING.value) != JobState.PENDING.value)

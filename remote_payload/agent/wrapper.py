@@ -72,6 +72,7 @@ class Wrapper:
         self.events = open(self._f(jobs.EVENTS), "a", encoding="utf-8")  # noqa: SIM115
         self.partial = b""
         self.pane_ok = True
+        self.log_error: str | None = None
         self.last_write = 0.0
         self.dirty = False
         self.pending_signals: list[int] = []
@@ -120,9 +121,14 @@ class Wrapper:
 
     def on_output(self, chunk: bytes) -> None:
         view = memoryview(chunk)
-        while view:
-            n = os.write(self.log_fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self.log_fd, view)
+                view = view[n:]
+        except OSError as exc:  # disk full: keep the job alive, say what was lost
+            if not self.log_error:
+                self.log_error = f"output.log write failed ({exc}); later output is incomplete"
+                self.status["evidence"] = [*self.status["evidence"], self.log_error]
         self.to_pane(chunk)
         self.status["output_size"] += len(chunk)
         self.status["last_output_at"] = time.time()
@@ -350,7 +356,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         sys.stderr.write("usage: python3 -m remote_payload.agent.wrapper JOB_DIR\n")
         return 2
-    return Wrapper(os.path.abspath(args[0])).run()
+    path = os.path.abspath(args[0])
+    try:
+        return Wrapper(path).run()
+    except Exception:
+        # a wrapper bug: leave the traceback where status finds it (LOST evidence)
+        import traceback
+
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        with contextlib.suppress(OSError), open(os.path.join(path, jobs.WRAPPER_ERROR), "w",
+                                                encoding="utf-8") as f:
+            f.write(text)
+        return 70
 
 
 if __name__ == "__main__":
