@@ -94,6 +94,8 @@ for rel, want in man["files"].items():
     if got != want:
         fail("sha256 mismatch after transfer: %s (%s != %s)" % (rel, got[:12], want[:12]))
     seen.append(rel)
+import compileall  # bytecode now, so every later agent call starts fast
+compileall.compile_dir(tmp, quiet=2, workers=1)
 final = os.path.join(store, man["digest"][:16])
 if os.path.exists(final):
     shutil.rmtree(final)
