@@ -189,3 +189,20 @@ def test_a_real_cpu_compile_of_flex_attention_gives_a_well_formed_report(tmp_pat
         assert waits[0] < 1.0 < waits[1], f"the second thread waited for the lock: {waits}"
     assert "forward only" in rep["verdict"]
     assert wall < 200, f"real CPU probe took {wall:.0f} s"
+
+
+def test_warm_modes_run_one_warm_caller_beside_the_compilers(tmp_path: Path) -> None:
+    _, _, rep = probe(tmp_path, "--simulate", "error", "--timeout", "10", "--threads", "3",
+                      "--modes", "warm-lock-only")
+    m = rep["modes"]["warm-lock-only"]
+    assert [th["role"] for th in m["threads"]] == ["warm", "compile", "compile"]
+    assert m["threads"][0]["status"] == "error" and m["status"] == "error"
+    assert "the warm thread" in rep["verdict"]
+
+
+def test_warm_modes_need_two_threads(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "remote_payload.probes.compile_race",
+                           "--modes", "warm-gated", "--threads", "1"], capture_output=True,
+                          text=True, env=env, timeout=30, check=False)
+    assert proc.returncode == 2 and ">= 2 for the warm-* modes" in proc.stderr

@@ -116,3 +116,18 @@ def test_the_h200_report_reproduces_the_measured_facts() -> None:
     assert gua["status"] == "ok" and 10 < gua["elapsed_s"] < 30
     raw = (FIX / "h200-probe" / "raw.log").read_text()
     assert "Timeout (0:01:48)!" in raw and "compile_fx_backward" in raw
+
+
+def test_warm_modes_show_whether_the_lock_alone_protects_warm_callers() -> None:
+    warm_err = {"role": "warm", "index": 0, "status": "error"}
+    modes = {"unguarded": mode("hang"), "guarded": mode("ok"),
+             "warm-lock-only": mode("error", threads=[warm_err],
+                                    errors=[f"RuntimeError: {race_report.FX_MARKER} ..."]),
+             "warm-gated": mode("ok", threads=[{"role": "warm", "index": 0, "status": "ok",
+                                                "calls": 812}])}
+    rep = race_report.build(modes=modes, env=ENV, threads=3, backward_requested=True)
+    v = rep["verdict"]
+    assert ("warm-lock-only, 1 thread making warm compiled calls (with only the compile lock) "
+            "while 2 compile under the lock: the warm thread raised the FX tracing race error") in v
+    assert "(812 warm calls)" in v
+    assert "The lock alone did not protect a thread making warm compiled calls" in v

@@ -27,9 +27,14 @@ import traceback
 import typing as t
 
 from remote_payload import wire
-from remote_payload.compile_guard import serialized_compile
+from remote_payload.compile_guard import compiled_call, serialized_compile
 
-MODES = ("unguarded", "guarded")
+MODES = ("unguarded", "guarded")  # the default pair
+# Thread 0 makes warm compiled calls in a loop while the others compile under the lock:
+# with the lock only (as a trainer that guards compiles but not steps), or gated by
+# compile_guard.compiled_call().
+WARM_MODES = ("warm-lock-only", "warm-gated")
+ALL_MODES = MODES + WARM_MODES
 SIMULATIONS = ("hang", "hang-hard", "crash", "error", "import-error")
 FX_RACE_MESSAGE = ("Detected that you are using FX to symbolically trace a dynamo-optimized "
                    "function. This is not supported at the moment.")
@@ -47,10 +52,13 @@ class ThreadRecord:
     traceback: str | None = None
     fx_flag_after: bool | None = None
     stage: str = "waiting at barrier"
+    role: str = "compile"  # compile | warm (warm modes: thread 0 loops its compiled call)
+    calls: int = 0
 
 
 def say(mode: str, msg: str) -> None:
-    print(f"[{mode}] {msg}", flush=True)
+    sys.stdout.write(f"[{mode}] {msg}\n")  # one write: lines from threads never interleave
+    sys.stdout.flush()
 
 
 def read_fx_flag() -> tuple[bool | None, str | None]:
@@ -199,6 +207,33 @@ def simulated_workload(kind: str, backward_req: bool) -> Workload:
 # --- the run -------------------------------------------------------------------
 
 
+def warm_worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], gated: bool,
+                barrier: threading.Barrier, stop: threading.Event) -> None:
+    """Call an already-compiled function in a loop until the compilers are done."""
+    rec.ident = f"0x{threading.get_ident():016x}"
+    barrier.wait()
+    rec.status, rec.stage = "running", "warm calls"
+    t0 = time.monotonic()
+    try:
+        while not stop.is_set():
+            if gated:
+                with compiled_call():
+                    step()
+            else:
+                step()
+            rec.calls += 1
+        rec.status = "ok"
+    except BaseException as exc:
+        rec.status = "error"
+        rec.error = f"{type(exc).__name__}: {exc}"
+        rec.traceback = traceback.format_exc()[-4000:]
+    rec.elapsed_s = round(time.monotonic() - t0, 3)
+    rec.fx_flag_after, _ = read_fx_flag()
+    rec.stage = "done"
+    say(mode, f"thread {rec.index} (warm): {rec.status} after {rec.calls} calls"
+        + (f" -- {rec.error}" if rec.error else ""))
+
+
 def worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], guarded: bool,
            barrier: threading.Barrier) -> None:
     rec.ident = f"0x{threading.get_ident():016x}"
@@ -270,9 +305,22 @@ def run(args: argparse.Namespace) -> int:
     records = [ThreadRecord(i) for i in range(args.threads)]
     steps = [work.make_step(i) for i in range(args.threads)]
     barrier = threading.Barrier(args.threads)
-    threads = [threading.Thread(target=worker, name=f"probe-{mode}-{i}", daemon=True,
-                                args=(mode, rec, step, mode == "guarded", barrier))
-               for i, (rec, step) in enumerate(zip(records, steps, strict=True))]
+    stop = threading.Event()
+    warm = mode in WARM_MODES
+    threads = []
+    for i, (rec, step) in enumerate(zip(records, steps, strict=True)):
+        if warm and i == 0:
+            rec.role = "warm"
+            if not args.simulate:  # compile it now, alone: the loop must start warm
+                with serialized_compile():
+                    step()
+            threads.append(threading.Thread(
+                target=warm_worker, name=f"probe-{mode}-{i}", daemon=True,
+                args=(mode, rec, step, mode == "warm-gated", barrier, stop)))
+        else:
+            threads.append(threading.Thread(
+                target=worker, name=f"probe-{mode}-{i}", daemon=True,
+                args=(mode, rec, step, mode != "unguarded", barrier)))
     say(mode, f"releasing {args.threads} threads together")  # the parent keys "phase" on this
     t_release = time.monotonic()
     for th in threads:
@@ -281,6 +329,10 @@ def run(args: argparse.Namespace) -> int:
         threading.Event().wait()  # as if the main thread could not run either (GIL held)
 
     deadline = t_start + args.watchdog_s + 1.0
+    compilers = threads[1:] if warm else threads
+    for th in compilers:
+        th.join(max(0.0, deadline - time.monotonic()))
+    stop.set()  # warm modes: the compilers are done (or hung); stop the warm loop
     for th in threads:
         th.join(max(0.0, deadline - time.monotonic()))
     hung = [rec for rec, th in zip(records, threads, strict=True) if th.is_alive()]
@@ -322,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="remote_payload.probes._race_child")
-    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--mode", choices=ALL_MODES, required=True)
     p.add_argument("--threads", type=int, default=3)
     p.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

@@ -46,7 +46,7 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.probes import race_report, stackdump
-from remote_payload.probes._race_child import EVENT_RESULT, MODES, SIMULATIONS
+from remote_payload.probes._race_child import ALL_MODES, EVENT_RESULT, MODES, SIMULATIONS, WARM_MODES
 
 EVENT_REPORT = "probe_report"
 PROBE_NAME = "compile-race"
@@ -330,7 +330,9 @@ def parse_args(argv: list[str] | None) -> ProbeConfig:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--raw-output", default=None, help="file for the full raw output")
     p.add_argument("--modes", default=",".join(MODES),
-                   help=f"comma-separated subset of {','.join(MODES)}")
+                   help=f"comma-separated, from {','.join(ALL_MODES)} (default "
+                        f"{','.join(MODES)}); warm-*: thread 0 loops warm compiled calls while "
+                        "the others compile under the lock")
     p.add_argument("--simulate", choices=SIMULATIONS,
                    default=os.environ.get("OPSCTL_PROBE_SIMULATE") or None,
                    help="test only: make every child hang / crash / raise deterministically")
@@ -338,11 +340,11 @@ def parse_args(argv: list[str] | None) -> ProbeConfig:
                    help="interpreter for the children (default: this one)")
     a = p.parse_args(argv)
     modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
-        p.error(f"--modes: unknown {bad}; choose from {','.join(MODES)}")
-    if a.threads < 1:
-        p.error("--threads must be >= 1")
+        p.error(f"--modes: unknown {bad}; choose from {','.join(ALL_MODES)}")
+    if a.threads < 1 or (a.threads < 2 and any(m in WARM_MODES for m in modes)):
+        p.error("--threads must be >= 1 (>= 2 for the warm-* modes)")
     if a.timeout <= 1:
         p.error("--timeout must be > 1 s")
     return ProbeConfig(threads=a.threads, timeout_s=a.timeout, backward=a.backward,

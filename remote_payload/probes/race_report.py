@@ -39,6 +39,8 @@ def _where_blocked(mode: dict[str, t.Any], limit: int = 3) -> str:
 
 
 def _describe(name: str, mode: dict[str, t.Any], threads: int, what: str) -> str:
+    if name.startswith("warm-"):
+        return _describe_warm(name, mode, threads)
     st = mode.get("status")
     el = mode.get("elapsed_s")
     secs = f"{el:.0f} s" if isinstance(el, (int, float)) else "?"
@@ -60,6 +62,29 @@ def _describe(name: str, mode: dict[str, t.Any], threads: int, what: str) -> str
     if mode.get("phase") == "compile":
         return f"{name}, {threads} threads {what} crashed the process ({cause})"
     return f"{name} could not start ({cause})"
+
+
+def _describe_warm(name: str, mode: dict[str, t.Any], threads: int) -> str:
+    how = "gated by compiled_call()" if name == "warm-gated" else "with only the compile lock"
+    setup = (f"{name}, 1 thread making warm compiled calls ({how}) while {threads - 1} "
+             "compile under the lock")
+    st = mode.get("status")
+    ths = mode.get("threads") or []
+    warm = next((th for th in ths if th.get("role") == "warm"), {})
+    el = mode.get("elapsed_s")
+    secs = f"{el:.0f} s" if isinstance(el, (int, float)) else "?"
+    if st == "ok":
+        return f"{setup}: passed in {secs} ({warm.get('calls', '?')} warm calls)"
+    if st == "error":
+        who = [("the warm thread" if th.get("role") == "warm" else f"compiler {th.get('index')}")
+               for th in ths if th.get("status") == "error"]
+        errs = mode.get("errors") or ["an error"]
+        fx = any(FX_MARKER in e for e in errs)
+        return (f"{setup}: {', '.join(who) or 'a thread'} raised "
+                + ("the FX tracing race error" if fx else errs[0]))
+    if st == "hang":
+        return f"{setup}: hung (no finish after {secs})"
+    return f"{setup}: crashed ({mode.get('error') or mode.get('signal')})"
 
 
 def build(*, modes: dict[str, dict[str, t.Any]], env: dict[str, t.Any], threads: int,
@@ -98,6 +123,10 @@ def build(*, modes: dict[str, dict[str, t.Any]], env: dict[str, t.Any], threads:
                     ">= 2.14).")
         else:
             tail = " Fixes, best first: " + FIXES + "."
+        lock_only = modes.get("warm-lock-only", {}).get("status")
+        if lock_only in ("error", "hang") and modes.get("warm-gated", {}).get("status") == "ok":
+            tail += (" The lock alone did not protect a thread making warm compiled calls "
+                     "meanwhile; compile_guard.compiled_call() (or guard_first_calls) did.")
         stuck = [m for m in modes.values() if m.get("fx_tracing_flag") is True]
         if stuck:
             tail += (" The FX tracing flag was still True afterwards, so every later compiled "
