@@ -62,7 +62,7 @@ def main() -> None:
     (home / "inventory").mkdir()
     shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
     env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
-    opsctl = [sys.executable, "-m", "opsctl.cli"]
+    opsctl = [sys.executable, "-m", "opsctl"]
     exe = shutil.which("opsctl")
     if exe:
         opsctl = [exe]

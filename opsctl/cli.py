@@ -384,6 +384,39 @@ def hosts(check: bool, as_json: bool) -> None:
 
 
 @cli.group(cls=OpsctlGroup)
+def mux() -> None:
+    """Connection multiplexers: one kept SSH connection per host (OPSCTL_MUX=0 disables)."""
+
+
+@mux.command("status")
+@json_option
+def mux_status(as_json: bool) -> None:
+    """List the live multiplexers of this OPSCTL_HOME."""
+    from opsctl import mux as mux_mod
+
+    rows = mux_mod.list_muxes()
+    if as_json:
+        from opsctl import render
+
+        render.print_json(rows)
+        return
+    if not rows:
+        click.echo("no live multiplexer")
+    for r in rows:
+        click.echo(f"{r['host']} ({r['target']}): pid {r['pid']}, {r['calls']} calls, "
+                   f"exits after {r['idle_s']:g} s idle")
+
+
+@mux.command("stop")
+def mux_stop() -> None:
+    """Stop every live multiplexer (the next command connects directly)."""
+    from opsctl import mux as mux_mod
+
+    stopped = mux_mod.stop_all()
+    click.echo(f"stopped {len(stopped)} multiplexer(s)")
+
+
+@cli.group(cls=OpsctlGroup)
 def host() -> None:
     """Host keys and trust."""
 
@@ -406,9 +439,11 @@ def host_trust(host_name: str, yes: bool) -> None:
     click.echo("recorded in known_hosts")
 
 
+
+
+# Commands of other modules register themselves on `cli` (kept out of this file on purpose).
+from opsctl import cli_diag  # noqa: E402,F401
+
+
 def main() -> None:
     cli(prog_name="opsctl")
-
-
-if __name__ == "__main__":
-    main()

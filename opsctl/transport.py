@@ -64,6 +64,7 @@ class CommandResult:
     stdout: bytes
     stderr: bytes
     elapsed_s: float
+    via: str = "ssh"  # "mux" when a connection multiplexer ran it (opsctl/mux.py)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,9 @@ class Remote:
     host: HostSpec
     accept_new_host_key: bool = False
     keepalive_s: int = 15
+    #: Reuse a live connection multiplexer for this host and leave one behind after a
+    #: direct connection (opsctl/mux.py; ``OPSCTL_MUX=0`` turns it off).
+    use_mux: bool = True
     _conn: fabric.Connection | None = field(default=None, init=False, repr=False)
 
     # --- lifecycle ------------------------------------------------------------
@@ -133,10 +137,16 @@ class Remote:
 
     def close(self) -> None:
         if self._conn is not None:
+            transport = self._conn.client.get_transport()
+            healthy = transport is not None and transport.is_active()
             try:
                 self._conn.close()
             finally:
                 self._conn = None
+            if healthy and self.use_mux:  # after a working connection: keep one for next time
+                from opsctl import mux
+
+                mux.spawn(self.host)
 
     @property
     def known_hosts(self) -> Path:
@@ -266,6 +276,15 @@ class Remote:
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
               on_stdout: Output | None, on_stderr: Output | None,
               local_deadline: float | None, step: str) -> CommandResult:
+        if self._conn is None and self.use_mux:
+            from opsctl import mux
+
+            start = time.monotonic()
+            reply = mux.call(self.host, command, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
+                             local_deadline=local_deadline, argv=argv, what=step or argv[0])
+            if reply is not None:
+                return CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
+                                     time.monotonic() - start, via="mux")
         import paramiko
 
         conn = self._open()
