@@ -54,11 +54,13 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
             "--deadline", f"{deadline:g}", timeout=deadline + 30)
     if as_json:
         render.print_json(report)
+        click.get_current_context().meta["opsctl_json_done"] = True  # one document only
     else:
         render_probe(render.console(), tgt.label, report)
     if report.get("status") == "crashed":
         raise errors.RemoteCommandFailed(
-            f"{tgt.label}: the probe itself did not finish: {report.get('error') or 'no report'}",
+            f"{tgt.label}: the probe did not finish: "
+            f"{report.get('error') or report.get('verdict') or 'no report'}",
             log_path=report.get("raw_output"), hint="the raw output file has everything it printed")
 
 

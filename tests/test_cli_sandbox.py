@@ -243,3 +243,36 @@ class TestObserving:
         run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace")
         res = run("status", "--json")
         assert json.loads(res.stdout)["name"] == "quick"
+
+
+class TestDiagnostics:
+    def test_stacks_shows_every_thread_of_a_live_job(self, target, tmp_path):
+        script = textwrap.dedent("""
+            import threading, time
+            def drafter_worker_compiling():
+                time.sleep(600)
+            threading.Thread(target=drafter_worker_compiling, name="drafter-1", daemon=True).start()
+            def main_loop_waiting():
+                print("started", flush=True)
+                time.sleep(600)
+            main_loop_waiting()
+        """)
+        book = playbook(tmp_path, "stuck", script, healthy_when={"regex": "started"})
+        assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
+                   "--replace").exit_code == 0
+        doc = json.loads(run("stacks", "--json").stdout)
+        assert doc["threads"] >= 2
+        assert "drafter_worker_compiling" in doc["dump"] and "main_loop_waiting" in doc["dump"]
+        human = run("stacks")
+        assert "drafter_worker_compiling" in human.stdout
+
+    def test_a_probe_without_torch_in_the_container_still_says_what_happened(self, target):
+        res = CliRunner().invoke(cli, ["probe", "compile-race", "--host", target, "--ct", "200",
+                                       "--timeout", "20", "--json"])
+        report = json.loads(res.stdout)
+        if report["status"] == "crashed":  # the container's python3 has no torch
+            assert res.exit_code == errors.REMOTE_FAILED
+            assert "No module named 'torch'" in report["verdict"]
+            assert "No module named 'torch'" in res.stderr
+        else:
+            assert res.exit_code == 0 and set(report["modes"]) == {"unguarded", "guarded"}
