@@ -276,3 +276,16 @@ class TestDiagnostics:
             assert "No module named 'torch'" in res.stderr
         else:
             assert res.exit_code == 0 and set(report["modes"]) == {"unguarded", "guarded"}
+
+    def test_status_names_the_fx_race_from_a_real_captured_crash(self, target, tmp_path):
+        fixture = (Path(__file__).parent / "fixtures" / "h200-torch-2.11.0-cu130"
+                   / "fx-race-error-forward.txt")
+        script = f"import sys\nsys.stderr.write({fixture.read_text()!r})\nsys.exit(1)\n"
+        book = playbook(tmp_path, "fxrace", script, healthy_when={"event": "step"})
+        res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
+                                       str(book), "--json", "--replace"])
+        assert res.exit_code == errors.JOB_FAILED
+        st = json.loads(res.stdout)["status"]
+        assert st["diagnosis"][0]["cause"] == "fx_tracing_race"
+        human = run("status")
+        assert "fx_tracing_race" in human.stdout and "one process per GPU" in human.stdout
