@@ -6,6 +6,8 @@ The shipped inventory names a real 10.x host; tests must never contact it, so
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest_plugins = ["tests.sandbox_plugin"]
@@ -16,6 +18,11 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     home = tmp_path_factory.mktemp("opsctl-home")
     monkeypatch.setenv("OPSCTL_HOME", str(home))
     monkeypatch.setenv("OPSCTL_INVENTORY_DIRS", str(home / "inventory"))
+    # No background connection multiplexers by default (each test has its own OPSCTL_HOME, so
+    # each would leave one behind); tests/test_mux_sandbox.py turns it on, and
+    # OPSCTL_TEST_MUX=1 runs the whole suite through it.
+    monkeypatch.setenv("OPSCTL_MUX", os.environ.get("OPSCTL_TEST_MUX", "0"))
+    monkeypatch.setenv("OPSCTL_MUX_IDLE_S", "5")
     monkeypatch.delenv("TMUX", raising=False)
     monkeypatch.delenv("TMUX_PANE", raising=False)
     return home
