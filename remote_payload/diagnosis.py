@@ -117,9 +117,15 @@ def _fx_race(ctx: Context) -> Match | None:
         _ev(hits))
 
 
+_STEP_EVENT = re.compile(r'"event"\s*:\s*"step"')
+
+
 def _compile_hang_stacks(ctx: Context) -> Match | None:
     if not stackdump.looks_like_dump(ctx.lines):
         return None
+    last_header = max(i for i, ln in enumerate(ctx.lines) if stackdump.looks_like_dump([ln]))
+    if any(_STEP_EVENT.search(ln) for ln in ctx.lines[last_header:]):
+        return None  # training stepped on after the dump: it was not stuck
     dumps = stackdump.parse_dump(ctx.lines)
     if not dumps:
         return None

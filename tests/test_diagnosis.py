@@ -258,3 +258,10 @@ def test_diagnosis_is_fast_on_a_full_tail() -> None:
         run(lines[-200:], st)
     per_call = (time.perf_counter() - t0) / 20
     assert per_call < 0.02, f"diagnose took {per_call * 1000:.1f} ms"
+
+
+def test_a_stack_dump_followed_by_training_steps_is_not_a_hang() -> None:
+    step = '{"event":"step","step":1,"loss":7.9,"tok_s":19000.0}'
+    lines = [*log(H200 / "compile-hang-3-threads-stacks.txt"), step]
+    found = run(lines, status(state="RUNNING", alive=True, exit_code=None))
+    assert "compile_hang_stacks" not in causes(found), causes(found)
