@@ -25,9 +25,9 @@ class Log:
         self.stream.write(line + "\n")
         self.stream.flush()
 
-    def event(self, name: str, **fields: t.Any) -> None:
+    def event(self, event: str, /, **fields: t.Any) -> None:
         if self.enabled:
-            self._write(format_event(name, **fields))
+            self._write(format_event(event, **fields))
 
     def say(self, text: str) -> None:
         if self.enabled:

@@ -1,0 +1,144 @@
+"""Drafter model rules: mask semantics, backend agreement, loss weights, chunked CE."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from remote_payload.trainer.config import (  # noqa: E402
+    PRESETS,
+    TrainerConfigError,
+    parse_args,
+    preset,
+    spread_layer_ids,
+)
+from remote_payload.trainer.data import SyntheticSource, block_inputs, sample_anchors  # noqa: E402
+from remote_payload.trainer.model import (  # noqa: E402
+    Drafter,
+    _ce_chunk,
+    dense_mask,
+    flex_block_mask,
+    lm_head_loss,
+    loss_weights,
+    make_mask_mod,
+)
+
+
+def test_block_query_sees_context_before_its_anchor_and_its_own_block_only():
+    # S=6 context tokens, block size 2, anchors 2 and 4; the second block is invalid.
+    anchors = torch.tensor([[2, 4]])
+    m = dense_mask(anchors, torch.tensor([[True, False]]), seq_len=6, block_size=2)[0, 0].int()
+    expected = torch.tensor([
+        # ctx 0 1 2 3 4 5 | blk0 | blk1
+        [1, 1, 0, 0, 0, 0, 1, 1, 0, 0],  # block 0, k=0 (anchor 2): ctx < 2 + own block
+        [1, 1, 0, 0, 0, 0, 1, 1, 0, 0],  # block 0, k=1: bidirectional inside the block
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # block 1 is invalid: sees nothing
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    ])
+    assert torch.equal(m, expected), m
+    m2 = dense_mask(anchors, torch.tensor([[True, True]]), seq_len=6, block_size=2)[0, 0].int()
+    assert m2[2].tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 1, 1], m2
+
+
+def test_mask_function_handles_queries_past_the_padded_block_length():
+    # create_block_mask evaluates Q_LEN rounded up to 128; those rows must be masked, not crash.
+    anchors, valid = torch.tensor([[2, 4]]), torch.tensor([[True, True]])
+    fn = make_mask_mod(anchors, valid, 6, 2)
+    q = torch.arange(128).view(128, 1)
+    kv = torch.arange(10).view(1, 10)
+    out = fn(torch.zeros_like(q), torch.zeros_like(q), q, kv)
+    assert out[4:].sum().item() == 0, out[4:].nonzero()[:3]
+    bm = flex_block_mask(anchors, valid, 6, 2)
+    assert bm.shape[-2:] == (4, 10), bm.shape
+
+
+def test_flex_and_sdpa_drafters_agree_on_the_forward_pass():
+    cfg = preset("tiny", draft_layers=1)
+    torch.manual_seed(0)
+    fx, sd = Drafter(cfg, "flex"), Drafter(cfg, "sdpa")
+    sd.load_state_dict(fx.state_dict())
+    src = SyntheticSource(cfg.vocab_size, buckets=[48], token_budget=96, max_batch=2,
+                          n_anchors=cfg.max_anchors, block_size=cfg.block_size, seed=1)
+    b = src.batch(0)
+    b.valid[1, -3:] = False  # exercise the keep-mask
+    ids, pos, _, _ = block_inputs(b, cfg.block_size, cfg.mask_token_id)
+    feats = torch.randn(2, 48, cfg.draft_layers * cfg.hidden_size)
+    emb = torch.randn(*ids.shape, cfg.hidden_size)
+    with torch.no_grad():  # compiled flex_attention has no CPU backward
+        o_flex = torch.compile(fx, dynamic=False)(feats, emb, pos,
+                                                  flex_block_mask(b.anchors, b.valid, 48, 4))
+        d = dense_mask(b.anchors, b.valid, 48, 4)
+        o_sdpa = sd(feats, emb, pos, (d, d.any(-1, keepdim=True)))
+    rel = float((o_flex - o_sdpa).norm() / o_sdpa.norm())
+    assert rel < 1e-5, rel
+
+
+def test_loss_weights_decay_from_k1_and_skip_the_anchor_and_invalid_blocks():
+    w = loss_weights(torch.tensor([[True, False]]), torch.ones(1, 8, dtype=torch.bool), 4, 2.0)
+    e = torch.exp(torch.tensor([0.0, -0.5, -1.0]))
+    assert torch.allclose(w[0, :4], torch.cat([torch.zeros(1), e])), w
+    assert w[0, 4:].sum().item() == 0, w
+
+
+def test_chunked_cross_entropy_matches_the_dense_reference_in_value_and_gradient():
+    torch.manual_seed(0)
+    h = torch.randn(10, 8, requires_grad=True)
+    head = torch.randn(30, 8)
+    tgt = torch.randint(0, 30, (10,))
+    w = torch.rand(10)
+    w[3] = 0
+    loss, correct, counted = lm_head_loss(h, head, tgt, w, chunk=3)
+    loss.backward()
+    h2 = h.detach().clone().requires_grad_()
+    ce = torch.nn.functional.cross_entropy(h2 @ head.t(), tgt, reduction="none")
+    ref = (ce * w).sum() / w.sum()
+    ref.backward()
+    assert abs(loss.item() - ref.item()) < 1e-5, (loss, ref)
+    assert torch.allclose(h.grad, h2.grad, atol=1e-6), (h.grad - h2.grad).abs().max()
+    assert counted.item() == 9, counted
+    pred = (h2 @ head.t()).argmax(-1)
+    assert correct.item() == int(((pred == tgt) & (w > 0)).sum()), correct
+    _ = _ce_chunk  # the per-chunk kernel is what torch.compile fuses on GPU
+
+
+def test_anchors_leave_room_for_a_full_block_inside_the_loss_mask():
+    lm = torch.ones(1, 20, dtype=torch.bool)
+    lm[0, :6] = False  # prompt
+    anchors, valid = sample_anchors(lm, [20], 50, 4, torch.Generator().manual_seed(0))
+    got = anchors[0][valid[0]].tolist()
+    assert got == list(range(5, 17)), got  # a+1..a+3 inside the mask, a+4 <= 20
+    assert valid[0].sum().item() == 12, valid
+
+
+def test_block_inputs_put_the_anchor_token_first_and_mask_tokens_after():
+    src = SyntheticSource(256, buckets=[48], token_budget=48, max_batch=1, n_anchors=2,
+                          block_size=4, seed=0)
+    b = src.batch(0)
+    ids, pos, tgt, _ = block_inputs(b, 4, 255)
+    a = int(b.anchors[0, 0])
+    assert ids[0, :4].tolist() == [int(b.input_ids[0, a]), 255, 255, 255], ids[0, :4]
+    assert pos[0, :4].tolist() == [a, a + 1, a + 2, a + 3], pos[0, :4]
+    assert tgt[0, :4].tolist() == b.input_ids[0, a:a + 4].tolist(), tgt[0, :4]
+
+
+def test_feature_layers_spread_from_1_to_t_minus_3_and_t_half_for_one_layer():
+    assert spread_layer_ids(36, 5) == (1, 9, 17, 25, 33), spread_layer_ids(36, 5)
+    assert spread_layer_ids(36, 1) == (18,), spread_layer_ids(36, 1)
+    assert PRESETS["qwen3-8b"].target_layers_run == 34, PRESETS["qwen3-8b"].target_layers_run
+
+
+def test_an_unknown_preset_is_an_error_that_lists_the_choices():
+    with pytest.raises(TrainerConfigError, match="qwen3-0.6b, qwen3-8b, tiny"):
+        preset("qwen3")
+    with pytest.raises(TrainerConfigError, match="choices"):
+        parse_args(["--preset", "qwen3-8"])
+
+
+def test_config_validation_rejects_bad_shapes():
+    with pytest.raises(TrainerConfigError, match="num_kv_heads"):
+        preset("tiny", num_kv_heads=3)
+    with pytest.raises(TrainerConfigError, match="block_size"):
+        preset("tiny", block_size=1)
+    with pytest.raises(TrainerConfigError, match="target-ranks"):
+        parse_args(["--topology", "split"])
