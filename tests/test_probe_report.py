@@ -131,3 +131,13 @@ def test_warm_modes_show_whether_the_lock_alone_protects_warm_callers() -> None:
             "while 2 compile under the lock: the warm thread raised the FX tracing race error") in v
     assert "(812 warm calls)" in v
     assert "The lock alone did not protect a thread making warm compiled calls" in v
+
+
+def test_the_h200_warm_report_shows_the_lock_alone_fails_the_warm_caller() -> None:
+    rep = json.loads((FIX / "h200-probe" / "report-warm.json").read_text())
+    lock_only, gated = rep["modes"]["warm-lock-only"], rep["modes"]["warm-gated"]
+    warm = lock_only["threads"][0]
+    assert (warm["role"], warm["status"]) == ("warm", "error")
+    assert race_report.FX_MARKER in warm["error"]
+    assert gated["status"] == "ok" and all(th["status"] == "ok" for th in gated["threads"])
+    assert "The lock alone did not protect" in rep["verdict"]
