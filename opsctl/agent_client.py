@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import pydantic
 
-from opsctl import payload
 from opsctl.errors import (
     AgentError,
     JobFailed,
@@ -106,6 +105,8 @@ class Agent:
         Raises:
             RemoteCommandFailed: transfer or verification failed (old payload kept).
         """
+        from opsctl import payload  # deploy only: keeps tarfile/hashing off the status path
+
         start = time.monotonic()
         manifest = payload.build_manifest()
         if not force and self.remote_digest() == manifest.digest:

@@ -263,10 +263,12 @@ def _deploy_call(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: b
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            lines: int, follow: bool, poll_s: float, as_json: bool) -> None:
     """Job state, pane tail, metrics, GPUs and a diagnosis of known failures."""
-    from opsctl import jobs, render, watch
+    from opsctl import jobs, watch
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if follow:
+            from opsctl import render
+
             err = render.console(stderr=True)
             seen: dict[str, t.Any] = {"key": None}
 
@@ -280,9 +282,13 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
                             on_update=on_update, lines=lines).status
         else:
             st = watch.fetch_status(tgt.agent, job_id, lines)
-    if as_json:
-        render.print_json(st.model_dump(mode="json"))
+    if as_json:  # no rich on this path: `status --json` is polled by scripts (docs/speed.md)
+        from opsctl.jsonout import print_json
+
+        print_json(st.model_dump(mode="json"))
     else:
+        from opsctl import render
+
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if follow and st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)

@@ -17,8 +17,10 @@ from opsctl.agent_client import Agent, PayloadResult
 from opsctl.errors import ConfigError, JobFailed, JobUnhealthy
 from opsctl.inventory import HostSpec
 from opsctl.models import JobStatus, LogsChunk, StopResult
-from opsctl.playbook import Playbook
 from opsctl.transport import Remote
+
+if t.TYPE_CHECKING:
+    from opsctl.playbook import Playbook
 
 
 @dataclass
@@ -83,7 +85,7 @@ class DeployReport:
         }
 
 
-PrepareHook = t.Callable[[Target, Playbook, list[dict[str, t.Any]]], dict[str, t.Any]]
+PrepareHook = t.Callable[[Target, "Playbook", list[dict[str, t.Any]]], dict[str, t.Any]]
 
 
 def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,

@@ -5,8 +5,6 @@ Colours live in a table here, not in the state enum.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 import typing as t
 
@@ -16,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opsctl.errors import OpsctlError
+from opsctl.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.models import DiagnosisItem, GpuRow, JobStatus
 from remote_payload.wire import JobState
 
@@ -35,12 +34,6 @@ SEVERITY_COLOR = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def console(stderr: bool = False) -> Console:
     # soft_wrap: an error stays one line (grep-able, copy-able), whatever the terminal width
     return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
-
-
-def print_json(doc: t.Any) -> None:
-    """Exactly one JSON document on stdout."""
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
-    sys.stdout.flush()
 
 
 def error(con: Console, exc: OpsctlError) -> None:
