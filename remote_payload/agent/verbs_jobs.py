@@ -140,6 +140,7 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
                  "error": None},
         "healthy_when": rec.spec.get("healthy_when"),
         "timeout_s": rec.spec.get("timeout_s"),
+        "expect_tok_s": rec.spec.get("expect_tok_s"),  # diagnosis warns on throughput regressions
         "transitions": st.get("transitions") or [],
         "now": now,
     }
