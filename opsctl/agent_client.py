@@ -30,6 +30,10 @@ class JobAgentError(AgentError, JobFailed):
     exit_code = JobFailed.exit_code
 
 
+class NoPayload(RemoteCommandFailed):
+    """The container has no opsctl payload yet (deploy ships it)."""
+
+
 for _name in ("TorchInstallFailed", "TorchVerifyFailed", "UnknownVariant", "SwapRefused",
               "CacheSeedFailed"):
     _ERROR_FAMILIES[_name] = TorchAgentError
@@ -144,11 +148,13 @@ def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> Agent
         pass
     path = save_log(step, result)
     stderr = result.stderr.decode("utf-8", "replace")
+    cls = RemoteCommandFailed
     if "No module named remote_payload" in stderr or "No module named 'remote_payload" in stderr:
         reason, hint = "no opsctl payload in the container", "run `opsctl deploy` first"
+        cls = NoPayload
     elif result.rc == 127:
         reason, hint = "python3 not found in the container", "install python3 in the container"
     else:
         reason, hint = f"no valid reply (rc={result.rc}): {result.stderr_tail(1) or 'no output'}", None
-    raise RemoteCommandFailed(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,
-                              stderr_tail=result.stderr_tail(), hint=hint, log_path=str(path))
+    raise cls(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,
+              stderr_tail=result.stderr_tail(), hint=hint, log_path=str(path))

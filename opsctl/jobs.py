@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from opsctl import inventory as inventory_mod
 from opsctl import target as target_mod
 from opsctl import watch
-from opsctl.agent_client import Agent, PayloadResult
-from opsctl.errors import ConfigError, JobFailed, JobUnhealthy
+from opsctl.agent_client import Agent, NoPayload, PayloadResult
+from opsctl.errors import AgentError, ConfigError, JobFailed, JobUnhealthy
 from opsctl.inventory import HostSpec
 from opsctl.models import JobStatus, LogsChunk, StopResult
 from opsctl.transport import Remote
@@ -110,23 +110,41 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         if on_step is not None:
             on_step(name)
 
-    step("payload")
-    pay = tgt.agent.ensure_payload(force=force_payload)
-    step("payload-done", sent=pay.sent, digest=pay.digest[:12])
-    overrides: dict[str, t.Any] = {}
-    if prepare is not None:
-        step("prepare")
-        overrides = prepare(tgt, book, steps)
     job_id = book.new_job_id()
-    spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
-                         python=overrides.get("python"), extra_env=overrides.get("env"))
-    step("launch", job_id=job_id)
-    import json
+    status: JobStatus | None = None
+    pay: PayloadResult | None = None
+    force = force_payload
+    if not force_payload and prepare is None:
+        # Unchanged-payload fast path: launch refuses unless the installed payload has our
+        # digest, so an unchanged re-deploy is one round trip instead of two.
+        from opsctl import payload as payload_mod
 
-    args = ["--spec-json", json.dumps(spec)]
-    if replace:
-        args.append("--replace")
-    status = JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))
+        manifest = payload_mod.build_manifest()
+        step("launch", job_id=job_id, payload_digest=manifest.digest[:12])
+        spec = book.job_spec(job_id, root=tgt.host.root, replace=replace)
+        try:
+            status = _launch(tgt, spec, replace, payload_digest=manifest.digest)
+            pay = PayloadResult(False, manifest.digest, len(manifest.files), 0, 0.0)
+            step("payload-done", sent=False, digest=manifest.digest[:12], checked_by="launch")
+        except NoPayload:
+            force = True
+        except AgentError as exc:
+            # PayloadMismatch: nothing was touched; UsageError: an older agent without the flag
+            if exc.remote_type not in ("PayloadMismatch", "UsageError"):
+                raise
+            force = exc.remote_type == "PayloadMismatch"
+    if status is None or pay is None:
+        step("payload")
+        pay = tgt.agent.ensure_payload(force=force)
+        step("payload-done", sent=pay.sent, digest=pay.digest[:12])
+        overrides: dict[str, t.Any] = {}
+        if prepare is not None:
+            step("prepare")
+            overrides = prepare(tgt, book, steps)
+        spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
+                             python=overrides.get("python"), extra_env=overrides.get("env"))
+        step("launch", job_id=job_id)
+        status = _launch(tgt, spec, replace)
     target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
     outcome = "launched"
     if wait:
@@ -138,6 +156,18 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
                           time.monotonic() - start, steps)
     check_outcome(report)
     return report
+
+
+def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool,
+            payload_digest: str | None = None) -> JobStatus:
+    import json
+
+    args = ["--spec-json", json.dumps(spec)]
+    if replace:
+        args.append("--replace")
+    if payload_digest is not None:
+        args += ["--payload-digest", payload_digest]
+    return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))
 
 
 def check_outcome(report: DeployReport) -> None:

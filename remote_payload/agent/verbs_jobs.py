@@ -42,6 +42,9 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--replace", action="store_true", help="stop a running job first")
         p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                        help="with --replace: seconds between SIGINT and SIGTERM")
+        p.add_argument("--payload-digest", default=None,
+                       help="launch only if the installed payload has this digest (deploy's "
+                            "unchanged-payload fast path: one round trip instead of two)")
     if verb in ("status", "logs", "stop", "stacks"):
         p.add_argument("--job", default=None, help="job id (default: the current job)")
     if verb == "status":
@@ -61,6 +64,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
 def run(verb: str, args: argparse.Namespace) -> t.Any:
     root = args.root
     if verb == "launch":
+        if args.payload_digest is not None:
+            _check_payload_digest(args.payload_digest)
         return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
                       socket=_socket(args))
     if verb == "status":
@@ -288,6 +293,17 @@ def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
     except Exception as exc:
         raise AgentFailure("TorchEnvError", f"cannot read the current torch build under {root}: "
                            f"{type(exc).__name__}: {exc}", root=root) from None
+
+
+def _check_payload_digest(want: str) -> None:
+    """Refuse (before touching any job) when the installed payload is not ``want``."""
+    try:
+        have = (read_json(os.path.join(_payload_dir(), "MANIFEST.json"), {}) or {}).get("digest")
+    except (OSError, ValueError, AttributeError):  # unreadable manifest: ship the payload again
+        have = None
+    if have != want:
+        raise AgentFailure("PayloadMismatch", f"installed payload is {str(have)[:12]}, "
+                           f"deploy sends {want[:12]}", have=have, want=want)
 
 
 def _wrapper_started(path: str) -> bool:

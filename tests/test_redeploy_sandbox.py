@@ -1,0 +1,96 @@
+"""Re-deploy speed path: an unchanged payload is checked by `launch` itself (one round trip);
+a missing or different payload is still shipped and verified before anything launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(120)"
+
+
+@pytest.fixture
+def private_root(sandbox, isolated_env: Path):
+    """The sandbox host with its own opsctl root in the container, so tests can break it freely."""
+    root = f"/tmp/opsctl-redeploy-{uuid.uuid4().hex[:8]}"
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
+    doc["hosts"]["sandbox"]["root"] = root
+    (inv / "sandbox.yaml").write_text(yaml.safe_dump(doc))
+    yield root
+    run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
+    run("exec", "--host", "sandbox", "--ct", "200", "--", "rm", "-rf", root)
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def deploy(tmp_path: Path) -> dict:
+    book = tmp_path / "sleeper.yaml"
+    book.write_text(json.dumps({"name": "sleeper", "command": ["python3", "-c", SLEEPER]}))
+    res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--replace",
+              "--no-wait", "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def steps(report: dict) -> list[str]:
+    return [s["step"] for s in report["steps"]]
+
+
+@pytest.mark.sandbox
+def test_first_deploy_ships_then_an_unchanged_redeploy_is_a_single_launch(private_root, tmp_path):
+    first = deploy(tmp_path)
+    assert first["payload"]["sent"] is True
+    assert "payload" in steps(first)  # the fast launch found no payload, so it was shipped
+    assert first["status"]["state"] in ("SETTING_UP", "RUNNING")
+
+    again = deploy(tmp_path)
+    assert again["payload"]["sent"] is False
+    assert steps(again) == ["launch", "payload-done"]  # no separate manifest read
+    assert again["payload"]["digest"] == first["payload"]["digest"]
+    assert again["status"]["state"] in ("SETTING_UP", "RUNNING")
+    assert again["job_id"] != first["job_id"]
+
+
+@pytest.mark.sandbox
+def test_a_different_installed_payload_is_replaced_before_the_launch(private_root, tmp_path):
+    first = deploy(tmp_path)
+    manifest = f"{private_root}/payload/MANIFEST.json"
+    res = run("exec", "--host", "sandbox", "--ct", "200", "--", "sed", "-i",
+              's/"digest": "[0-9a-f]*"/"digest": "0000"/', manifest)
+    assert res.exit_code == 0, res.output
+    again = deploy(tmp_path)
+    assert again["payload"]["sent"] is True
+    assert steps(again)[:3] == ["launch", "payload", "payload-done"]
+    installed = run("exec", "--host", "sandbox", "--ct", "200", "--", "cat", manifest).stdout
+    assert json.loads(installed)["digest"] == first["payload"]["digest"]
+    assert again["status"]["state"] in ("SETTING_UP", "RUNNING")
+
+
+def test_launch_with_another_payload_digest_is_refused_before_touching_any_job(tmp_path):
+    root = tmp_path / "root"
+    spec = {"job_id": "t-1", "name": "t", "command": [sys.executable, "-c", "pass"]}
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote_payload.agent", "--root", str(root), "--tmux-socket",
+         f"opsctl-test-{os.getpid()}", "launch", "--spec-json", json.dumps(spec),
+         "--payload-digest", "f" * 64, "--json"],
+        capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    reply = json.loads(proc.stdout)
+    assert proc.returncode == 3, reply
+    assert reply["error"]["type"] == "PayloadMismatch"
+    assert reply["error"]["fields"]["want"] == "f" * 64
+    assert not (root / "jobs").exists()
