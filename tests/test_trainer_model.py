@@ -129,7 +129,7 @@ def test_feature_layers_spread_from_1_to_t_minus_3_and_t_half_for_one_layer():
 
 
 def test_an_unknown_preset_is_an_error_that_lists_the_choices():
-    with pytest.raises(TrainerConfigError, match="qwen3-0.6b, qwen3-8b, tiny"):
+    with pytest.raises(TrainerConfigError, match=r"qwen3-0\.6b, qwen3-8b, tiny"):
         preset("qwen3")
     with pytest.raises(TrainerConfigError, match="choices"):
         parse_args(["--preset", "qwen3-8"])

@@ -86,7 +86,7 @@ def test_checkpoint_then_resume_reproduces_an_uninterrupted_run(capsys, tmp_path
     assert rc == 0 and ev[-1]["step"] == 3, ev[-1]
     rc, ev = _run(capsys, *common, "--out-dir", str(tmp_path / "b"), "--resume", "auto")
     assert rc == 0
-    assert [e for e in ev if e["event"] == "resume"][0]["step"] == 3, ev
+    assert next(e for e in ev if e["event"] == "resume")["step"] == 3, ev
     assert [e["step"] for e in ev if e["event"] == "step"] == [4, 5, 6], ev
     a, b = _load(tmp_path / "a" / "ckpt-0000006"), _load(tmp_path / "b" / "ckpt-0000006")
     assert a.keys() == b.keys()

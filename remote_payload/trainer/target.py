@@ -19,12 +19,12 @@ class _Stop(Exception):
     """Raised by the last feature hook: the layers after it are not needed."""
 
 
-def qwen3_config(cfg: DrafterConfig) -> t.Any:
+def qwen3_config(cfg: DrafterConfig, layers: int | None = None) -> t.Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.target_layers,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=layers or cfg.target_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
@@ -130,11 +130,8 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
             del model.model.layers[cfg.target_layers_run:]  # drop what no rank here runs
             model.model.layers = nn.ModuleList(model.model.layers[:1])
         return Target(model.to(device), cfg.target_layer_ids if body else ())
-    hf_cfg = qwen3_config(cfg)
+    hf_cfg = qwen3_config(cfg, layers=None if body else 1)
     hf_cfg._attn_implementation = "sdpa"
-    if not body:
-        hf_cfg.num_hidden_layers = 1
-        hf_cfg.layer_types = hf_cfg.layer_types[:1]
     torch.manual_seed(seed + 1_000_003)
     with _default_dtype(dtype), torch.device(device), torch.no_grad():
         model = Qwen3ForCausalLM(hf_cfg)

@@ -53,7 +53,7 @@ def _resolve_runtime(args: TrainArgs) -> tuple[torch.device, str, bool, torch.dt
     device = torch.device("cuda", local) if dev_type == "cuda" else torch.device("cpu")
     attn = args.attn if args.attn != "auto" else ("flex" if dev_type == "cuda" else "sdpa")
     compile_on = args.compile == "on" or (args.compile == "auto" and dev_type == "cuda")
-    if attn == "flex" and dev_type == "cpu" and not args.warmup_only:
+    if attn == "flex" and dev_type == "cpu":
         raise TrainerConfigError(
             "--attn flex on CPU: compiled flex_attention has no CPU backward; use --attn sdpa")
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and dev_type == "cuda")
