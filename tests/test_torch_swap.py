@@ -20,7 +20,13 @@ import pytest
 from remote_payload import wire
 from remote_payload.torchenv import caches, current_python, job_env
 from remote_payload.torchenv.layout import Layout
-from tests.wheel_index import build_fake_torches, closed_port_url, serve_index, write_simple_index
+from tests.wheel_index import (
+    build_fake_torches,
+    build_wheel,
+    closed_port_url,
+    serve_index,
+    write_simple_index,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,7 +50,10 @@ def agent(root: Path, *args: str) -> tuple[dict[str, t.Any], float]:
 @pytest.fixture(scope="module")
 def index_url(tmp_path_factory: pytest.TempPathFactory) -> t.Iterator[str]:
     base = tmp_path_factory.mktemp("index")
-    write_simple_index(str(base / "index"), build_fake_torches(str(base / "wheels")))
+    wheels = build_fake_torches(str(base / "wheels"))
+    wheels.append(build_wheel(str(base / "wheels"), "opsctl_fake_extra", "1.0",
+                              {"opsctl_fake_extra.py": "OK = True\n"}, requires=["torch"]))
+    write_simple_index(str(base / "index"), wheels)
     with serve_index(str(base / "index")) as url:
         yield url
 
@@ -356,3 +365,16 @@ def test_a_killed_install_leaves_nothing_behind_after_the_next_swap(root: Path,
     assert agent(root, "envs")[0]["data"]["in_progress_or_leftover"] == [stale.name]
     swap(root, "cu128", index_url)
     assert not stale.exists()
+
+
+def test_extra_requirements_install_without_replacing_the_pinned_torch(root: Path,
+                                                                      index_url: str) -> None:
+    reply, _ = swap(root, "cu130", index_url, "--reinstall", "--requirement", "opsctl-fake-extra",
+                    "--requirements-index-url", index_url)
+    assert reply["ok"], reply
+    python = root / "envs" / "torch-2.11.0-cu130" / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import opsctl_fake_extra, torch; "
+                          "print(opsctl_fake_extra.OK, torch.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "2.11.0+cu130"]
+    swap(root, "cu128", index_url)
