@@ -166,7 +166,8 @@ class TrainArgs:
     save_cache_artifacts: str | None = field(default=None, metadata=_h(
         "write torch.compiler mega-cache artifacts here after compiling"))
     load_cache_artifacts: str | None = field(default=None, metadata=_h(
-        "load torch.compiler mega-cache artifacts from here when the file exists"))
+        "load torch.compiler mega-cache artifacts from here when the file exists "
+        "(default: $OPSCTL_CACHE_ARTIFACTS unless --save-cache-artifacts is given)"))
     check_replicas: bool = field(default=False, metadata=_h(
         "at exit, verify all drafter replicas hold identical weights (event 'replicas')"))
     peak_tflops: float = field(default=790.0, metadata=_h("bf16 dense peak per GPU for the mfu field"))

@@ -60,7 +60,7 @@ def _resolve_runtime(args: TrainArgs) -> tuple[torch.device, str, bool, torch.dt
     return device, attn, compile_on, torch.bfloat16 if bf16 else None
 
 
-def _apply_compile_settings(args: TrainArgs) -> None:
+def _apply_compile_settings(args: TrainArgs, log: Log) -> None:
     """Compile knobs, set here (not at import) so importing the package has no effects."""
     import torch._dynamo.config as dcfg
 
@@ -68,9 +68,15 @@ def _apply_compile_settings(args: TrainArgs) -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dcfg, name):
             setattr(dcfg, name, limit)
-    if args.load_cache_artifacts and os.path.isfile(args.load_cache_artifacts):
-        with open(args.load_cache_artifacts, "rb") as f:
-            torch.compiler.load_cache_artifacts(f.read())
+    # The agent exports OPSCTL_CACHE_ARTIFACTS (the build's seeded mega-cache) to launched jobs;
+    # a seeding run itself (--save-cache-artifacts) must start cold, so it ignores the env.
+    path = args.load_cache_artifacts or (
+        None if args.save_cache_artifacts else os.environ.get("OPSCTL_CACHE_ARTIFACTS"))
+    if path and os.path.isfile(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        torch.compiler.load_cache_artifacts(data)
+        log.event("cache_artifacts_loaded", path=path, bytes=len(data))
 
 
 def cache_counters() -> dict[str, int]:
@@ -352,7 +358,7 @@ def run(args: TrainArgs) -> int:
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        _apply_compile_settings(args)
+        _apply_compile_settings(args, log)
         topo = dist.init(args, device)
         log.rank = topo.rank
         trainer = Trainer(args, topo, log)
