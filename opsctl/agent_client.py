@@ -67,7 +67,8 @@ class Agent:
         return ["env", f"PYTHONPATH={self.root}/payload", self.python, "-m", "remote_payload.agent",
                 "--root", self.root, verb, *args, "--json"]
 
-    def call(self, verb: str, *args: str, timeout: float = 60) -> t.Any:
+    def call(self, verb: str, *args: str, timeout: float = 60,
+             on_stderr: t.Callable[[bytes], None] | None = None) -> t.Any:
         """Run one verb; returns its ``data``.
 
         Raises:
@@ -76,7 +77,8 @@ class Agent:
             ContainerMissing/ContainerNotRunning/TransportError: from the transport.
         """
         step = f"agent {verb}"
-        result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout, step=step)
+        result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout, step=step,
+                                      on_stderr=on_stderr)
         reply = parse_reply(self.remote.host.label, self.ctid, step, result)
         if reply.ok:
             return reply.data

@@ -186,10 +186,8 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
 
 
 def _torch_prepare_hook() -> t.Any:
-    try:
-        from opsctl import torch_deploy
-    except ImportError:
-        return None
+    from opsctl import torch_deploy
+
     return torch_deploy.prepare
 
 
@@ -448,7 +446,7 @@ def host_trust(host_name: str, yes: bool) -> None:
 
 
 # Commands of other modules register themselves on `cli` (kept out of this file on purpose).
-from opsctl import cli_diag  # noqa: E402,F401
+from opsctl import cli_diag, cli_torch  # noqa: E402,F401
 
 
 def main() -> None:

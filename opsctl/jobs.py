@@ -85,7 +85,7 @@ class DeployReport:
         }
 
 
-PrepareHook = t.Callable[[Target, "Playbook", list[dict[str, t.Any]]], dict[str, t.Any]]
+PrepareHook = t.Callable[..., dict[str, t.Any]]  # (target, playbook, steps, progress=) -> overrides
 
 
 def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,
@@ -140,7 +140,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         overrides: dict[str, t.Any] = {}
         if prepare is not None:
             step("prepare")
-            overrides = prepare(tgt, book, steps)
+            overrides = prepare(tgt, book, steps, progress=on_step)
         spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
                              python=overrides.get("python"), extra_env=overrides.get("env"))
         step("launch", job_id=job_id)

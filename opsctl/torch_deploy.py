@@ -1,0 +1,231 @@
+"""Local side of torch builds and compile caches: swap-torch, envs, cache ops, deploy's prepare step.
+
+The work happens in the container (``remote_payload/torchenv`` through agent verbs);
+this module picks the build from the builds table, prepares and streams a
+wheelhouse for air-gapped builds, and turns replies into reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import threading
+import time
+import typing as t
+from pathlib import Path
+
+from opsctl import inventory, paths, torch_builds
+from opsctl.agent_client import Agent
+from opsctl.errors import RemoteCommandFailed
+from opsctl.transport import save_log
+
+if t.TYPE_CHECKING:
+    from opsctl.jobs import Target
+    from opsctl.playbook import Playbook
+
+Progress = t.Callable[[str], None]
+SWAP_TIMEOUT_S = 3600.0
+
+# Runs in the container: `python3 -c LIST_SCRIPT <dir>` -> {"name": size} of the wheels there.
+LIST_SCRIPT = r"""
+import json, os, sys
+d = sys.argv[1]
+out = {}
+if os.path.isdir(d):
+    for n in os.listdir(d):
+        p = os.path.join(d, n)
+        if n.endswith(".whl") and os.path.isfile(p):
+            out[n] = os.path.getsize(p)
+print(json.dumps(out))
+"""
+
+# Runs in the container: stdin is an uncompressed tar of wheels; each lands atomically in <dir>.
+RECEIVE_SCRIPT = r"""
+import hashlib, json, os, sys, tarfile
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+got = {}
+with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
+    for m in tar:
+        name = os.path.basename(m.name)
+        if not m.isfile() or name != m.name or not name.endswith(".whl"):
+            print(json.dumps({"ok": False, "error": "unexpected member %r" % m.name})); sys.exit(3)
+        src = tar.extractfile(m)
+        tmp = os.path.join(d, ".incoming-" + name)
+        h = hashlib.sha256()
+        with open(tmp, "wb") as f:
+            while True:
+                b = src.read(1 << 20)
+                if not b:
+                    break
+                h.update(b); f.write(b)
+        os.replace(tmp, os.path.join(d, name))
+        got[name] = h.hexdigest()
+print(json.dumps({"ok": True, "files": got}))
+"""
+
+
+def builds_table(tgt: Target) -> torch_builds.BuildsTable:
+    inv = inventory.load()
+    return torch_builds.load_table(inv.torch_builds, tgt.host.torch_builds)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def push_wheels(agent: Agent, files: t.Sequence[Path], dest: str,
+                progress: Progress | None = None) -> dict[str, t.Any]:
+    """Stream the wheels the container lacks (by name and size) into ``dest``; verify sha256.
+
+    Raises:
+        RemoteCommandFailed: transfer or checksum failed (output saved).
+    """
+    r = agent.remote.pct_exec(agent.ctid, [agent.python, "-c", LIST_SCRIPT, dest], timeout=30,
+                              step="list wheelhouse")
+    try:
+        have = json.loads(r.stdout or b"{}")
+    except ValueError:
+        have = {}
+    missing = [f for f in files if have.get(f.name) != f.stat().st_size]
+    total = sum(f.stat().st_size for f in missing)
+    if not missing:
+        return {"sent": 0, "bytes": 0, "present": len(files)}
+    if progress:
+        progress(f"streaming {len(missing)} wheels ({total / 1e6:.0f} MB) into the container")
+    rfd, wfd = os.pipe()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with os.fdopen(wfd, "wb") as w, tarfile.open(fileobj=w, mode="w|") as tar:
+                for f in missing:
+                    tar.add(str(f), arcname=f.name)
+        except BaseException as exc:  # surfaced below; the reader sees EOF
+            errors.append(exc)
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    start = time.monotonic()
+    with os.fdopen(rfd, "rb") as reader:
+        res = agent.remote.pct_exec(agent.ctid, [agent.python, "-c", RECEIVE_SCRIPT, dest],
+                                    timeout=1800, stdin=reader, step="push wheels")
+    writer.join()
+    try:
+        doc = json.loads(res.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        doc = {"ok": False, "error": "no reply"}
+    bad = [f.name for f in missing if doc.get("files", {}).get(f.name) != _sha256(f)]
+    if res.rc != 0 or not doc.get("ok") or bad or errors:
+        path = save_log("push-wheels", res)
+        why = doc.get("error") or (f"checksum mismatch: {bad[:3]}" if bad else
+                                   (repr(errors[0]) if errors else res.stderr_tail(1)))
+        raise RemoteCommandFailed(
+            f"{agent.remote.host.label} ct {agent.ctid}: wheel transfer failed: {why}",
+            log_path=str(path))
+    return {"sent": len(missing), "bytes": total, "present": len(files) - len(missing),
+            "seconds": round(time.monotonic() - start, 2)}
+
+
+def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: str | None = None,
+         wheelhouse: bool | None = None, requirements: t.Sequence[str] = (), dry_run: bool = False,
+         reinstall: bool = False, progress: Progress | None = None) -> dict[str, t.Any]:
+    """Make ``variant`` the container's current torch build (install if needed).
+
+    Raises:
+        ConfigError: unknown variant (lists the known ones).
+        TorchEnvError: download, install or verification failed; the old build stays current.
+    """
+    build = builds_table(tgt).resolve(variant, version=version, index_url=index_url,
+                                      wheelhouse=wheelhouse)
+    report: dict[str, t.Any] = {"build": build.name, "pin": build.pin}
+    tgt.agent.ensure_payload()
+    envs = tgt.agent.call("envs", timeout=60)
+    installed = {b["name"] for b in envs.get("builds", [])}
+    wheel_dir = None
+    if build.wheelhouse and (build.name not in installed or reinstall) and not dry_run:
+        dest = paths.home() / "wheelhouse" / build.name
+        if progress:
+            progress(f"downloading {build.requirement} and its dependencies on this machine")
+        wh = torch_builds.prepare_wheelhouse(build, dest, requirements=requirements,
+                                             on_line=_pip_progress(progress))
+        wheel_dir = torch_builds.remote_wheelhouse_dir(tgt.host.root, build)
+        report["wheelhouse"] = {"files": len(wh.files), "bytes": wh.total_bytes,
+                                "download_s": wh.seconds, "log_path": str(wh.log_path),
+                                **push_wheels(tgt.agent, wh.files, wheel_dir, progress)}
+    elif build.wheelhouse:
+        wheel_dir = torch_builds.remote_wheelhouse_dir(tgt.host.root, build)
+    args = torch_builds.swap_args(build, wheelhouse_dir=wheel_dir, requirements=requirements,
+                                  reinstall=reinstall, dry_run=dry_run)
+    if progress:
+        action = "switching to" if build.name in installed and not reinstall else "installing"
+        progress(f"{action} {build.name} in the container" +
+                 ("" if build.name in installed else " (pip + verify: minutes)"))
+    report.update(tgt.agent.call("swap", *args, timeout=SWAP_TIMEOUT_S,
+                                 on_stderr=_line_progress(progress)))
+    return report
+
+
+def _pip_progress(progress: Progress | None) -> t.Callable[[str], None] | None:
+    if progress is None:
+        return None
+
+    def on_line(line: str) -> None:
+        if line.startswith(("Collecting", "Saved", "Downloading", "File was already")):
+            progress(line.strip()[:120])
+
+    return on_line
+
+
+def _line_progress(progress: Progress | None) -> t.Callable[[bytes], None] | None:
+    if progress is None:
+        return None
+    buf = bytearray()
+
+    def on_stderr(chunk: bytes) -> None:
+        buf.extend(chunk)
+        while b"\n" in buf:
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf[:] = rest
+            text = line.decode("utf-8", "replace").strip()
+            if text:
+                progress(text[:120])
+
+    return on_stderr
+
+
+def cache_seed(tgt: Target, book: Playbook, timeout_s: float = 1800.0) -> dict[str, t.Any]:
+    args = ["--command-json", json.dumps(book.command), "--env-json", json.dumps(book.env),
+            "--timeout", f"{timeout_s:g}"]
+    if book.workdir:
+        args += ["--workdir", book.workdir]
+    return dict(tgt.agent.call("cache-seed", *args, timeout=timeout_s * 2 + 60))
+
+
+def prepare(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
+            progress: Progress | None = None) -> dict[str, t.Any]:
+    """Deploy's step before launch: the playbook's torch build current, its cache policy applied.
+
+    Returns launch overrides (none needed: the agent's launch uses ``envs/current``'s python
+    and the build's cache env by itself).
+    """
+    if book.torch is not None:
+        t0 = time.monotonic()
+        rep = swap(tgt, book.torch.variant, version=book.torch.version,
+                   requirements=book.requirements, progress=progress)
+        steps.append({"step": "torch", "build": rep["build"], "action": rep.get("action"),
+                      "seconds": round(time.monotonic() - t0, 2)})
+    if book.cache == "clear":
+        rep2 = tgt.agent.call("cache-clear", timeout=120)
+        steps.append({"step": "cache-clear", "freed_bytes": rep2.get("freed_bytes")})
+    elif book.cache == "seed":
+        rep3 = cache_seed(tgt, book)
+        steps.append({"step": "cache-seed", "speedup": rep3.get("speedup"),
+                      "reuse_proven": rep3.get("reuse_proven")})
+    return {}
