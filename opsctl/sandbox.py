@@ -40,6 +40,10 @@ DEFAULT_CONTAINERS: tuple[int, ...] = (200,)
 BASE = "base"  # template container; real ones are cheap `lxc-copy`s of it
 RELEASE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "tmux", "procps")
+# Installed on first start (kept apart so existing sandboxes catch up): torch.compile on CPU
+# needs a C++ compiler in the container, as inductor builds its kernels there.
+LATE_PACKAGES = ("g++",)
+_LATE_MARKER = "var/lib/opsctl-sandbox-packages"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 APT_INSTALL = ("apt-get install -y lxc lxc-templates debootstrap rsync distro-info wget "
                "openssh-server openssh-client tmux")
@@ -269,6 +273,9 @@ def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
              f"    known_hosts: {info.known_hosts_file}",
              f'    host_key_fingerprint: "{info.host_key_fingerprint}"', "    containers:"]
     lines += [f"      {ctid}: {{gpus: 0}}" for ctid in info.containers]
+    # the PyTorch index is out of reach here: the CPU build comes as a wheelhouse from this
+    # machine's pip (which finds torch==2.13.0 in its local cache)
+    lines += ["    torch_builds:", "      cpu: {wheelhouse: true}"]
     _write_atomic(path, "\n".join(lines) + "\n")
     return path
 
@@ -511,8 +518,23 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         # /tmp right away (e.g. a tmux socket) is wiped by systemd-tmpfiles at boot.
         _lxc(layout, "lxc-attach", name, "--clear-env", "--", "systemctl",
              "is-system-running", "--wait", check=False, timeout=CONTAINER_BOOT_TIMEOUT_S)
+    if running:
+        _ensure_late_packages(layout, name)
     elif not running and state == "running":
         _lxc(layout, "lxc-stop", name, "--kill")
+
+
+def _ensure_late_packages(layout: _Layout, name: str) -> None:
+    """apt-get install :data:`LATE_PACKAGES` once per container (the network is the host's)."""
+    marker = layout.lxc_path / name / "rootfs" / _LATE_MARKER
+    wanted = " ".join(LATE_PACKAGES)
+    if marker.is_file() and marker.read_text().strip() == wanted:
+        return
+    script = ("export PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive; "
+              'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"')
+    _lxc(layout, "lxc-attach", name, "--clear-env", "--", "sh", "-c", script, "sh",
+         *LATE_PACKAGES, timeout=900)
+    marker.write_text(wanted + "\n")
 
 
 def _ensure_base(layout: _Layout) -> None:
