@@ -87,7 +87,12 @@ class Agent:
         fields = dict(err.get("fields") or {})
         cls = _ERROR_FAMILIES.get(etype, AgentError)
         log_path = fields.get("log_path")
-        message = f"{self.remote.host.label} ct {self.ctid}: {verb}: {err.get('message', etype)}"
+        # one line: the full text is in the log the error points to
+        first = str(err.get("message", etype)).strip().splitlines() or [etype]
+        text = first[0] if len(first[0]) <= 300 else first[0][:297] + "..."
+        if len(first) > 1:
+            text += " […]"
+        message = f"{self.remote.host.label} ct {self.ctid}: {verb}: {text}"
         if etype == "AgentCrashed":
             log_path = str(save_log(step, result))
         raise cls(message, remote_type=etype, fields=fields, hint=_HINTS.get(etype),

@@ -42,7 +42,7 @@ RELEASE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "tmux", "procps")
 # Installed on first start (kept apart so existing sandboxes catch up): torch.compile on CPU
 # needs a C++ compiler in the container, as inductor builds its kernels there.
-LATE_PACKAGES = ("g++",)
+LATE_PACKAGES = ("g++", "python3-dev")
 _LATE_MARKER = "var/lib/opsctl-sandbox-packages"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 APT_INSTALL = ("apt-get install -y lxc lxc-templates debootstrap rsync distro-info wget "
