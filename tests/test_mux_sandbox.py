@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -190,3 +193,25 @@ def test_concurrent_calls_share_one_mux(spec):
         th.join()
     assert sorted(results) == [f"{i}\n".encode() for i in range(4)]
     assert mux.list_muxes()[0]["calls"] == 4
+
+
+def sshd_serving(pid: int) -> int:
+    """The sshd process at the other end of process ``pid``'s SSH connection (via ss)."""
+    table = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
+    mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
+    assert mine, f"no TCP connection of pid {pid} in ss output"
+    peer = re.search(rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),', table)
+    assert peer, f"no sshd peer for local port {mine[1]}"
+    return int(peer[1])
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_mux_whose_connection_drops_exits_and_the_next_call_connects_directly(spec):
+    start_mux(spec)
+    [row] = mux.list_muxes()
+    os.kill(sshd_serving(row["pid"]), signal.SIGKILL)  # the session our mux opened, nothing else
+    assert wait_for(lambda: not pid_alive(row["pid"]), 10), "mux survived its connection"
+    assert not mux.socket_path(spec).exists()
+    with Remote(spec) as r:
+        res = r.pct_exec(200, ["echo", "back"], timeout=30)
+    assert (res.via, res.stdout) == ("ssh", b"back\n")
