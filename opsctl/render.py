@@ -16,7 +16,7 @@ from rich.text import Text
 from opsctl.errors import OpsctlError
 from opsctl.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.models import DiagnosisItem, GpuRow, JobStatus
-from remote_payload.wire import JobState
+from remote_payload.wire import JobState, parse_event
 
 STATE_COLOR: dict[JobState, str] = {
     JobState.PENDING: "grey50",
@@ -125,7 +125,8 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
     panel = diagnosis(st.diagnosis)
     if panel is not None:
         con.print(panel)
-    tail = st.pane_tail or st.output_tail
+    # events are for machines (status parses them); the human panel shows the human lines
+    tail = [x for x in (st.pane_tail or st.output_tail) if parse_event(x) is None]
     if tail:
         src = "pane" if st.pane_tail else "output.log"
         shown = tail[-pane_lines:]
