@@ -215,13 +215,15 @@ def warm_worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], gated:
     rec.status, rec.stage = "running", "warm calls"
     t0 = time.monotonic()
     try:
-        while not stop.is_set():
+        while True:  # at least one call, even if the compilers finished first
             if gated:
                 with compiled_call():
                     step()
             else:
                 step()
             rec.calls += 1
+            if stop.is_set():
+                break
         rec.status = "ok"
     except BaseException as exc:
         rec.status = "error"
