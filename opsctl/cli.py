@@ -169,7 +169,7 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        prepare = _torch_prepare_hook()
+        prepare = _torch_prepare_hook(book)
         if as_json or not err.is_terminal:
             report = _deploy_plain(jobs, tgt, book, replace, no_wait, poll_s, force_payload, as_json,
                                    prepare, err)
@@ -185,10 +185,11 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     out.print(f"[bold green]{report.job_id}: {verdict}[/] after {render.duration(report.elapsed_s)}")
 
 
-def _torch_prepare_hook() -> t.Any:
+def _torch_prepare_hook(book: t.Any) -> t.Any:
+    """torch_deploy.prepare when the playbook needs it; None keeps deploy at one round trip."""
     from opsctl import torch_deploy
 
-    return torch_deploy.prepare
+    return torch_deploy.prepare if torch_deploy.prepare_needed(book) else None
 
 
 def _deploy_plain(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,

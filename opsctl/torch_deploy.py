@@ -208,6 +208,14 @@ def cache_seed(tgt: Target, book: Playbook, timeout_s: float = 1800.0) -> dict[s
     return dict(tgt.agent.call("cache-seed", *args, timeout=timeout_s * 2 + 60))
 
 
+def prepare_needed(book: Playbook) -> bool:
+    """Whether :func:`prepare` has remote work for ``book`` (keep in step with it).
+
+    Without it, deploy takes its one-round-trip path (launch checks the payload digest).
+    """
+    return book.torch is not None or book.cache in ("clear", "seed")
+
+
 def prepare(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
             progress: Progress | None = None) -> dict[str, t.Any]:
     """Deploy's step before launch: the playbook's torch build current, its cache policy applied.
