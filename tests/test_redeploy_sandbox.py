@@ -38,9 +38,9 @@ def run(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-def deploy(tmp_path: Path) -> dict:
+def deploy(tmp_path: Path, **extra: object) -> dict:
     book = tmp_path / "sleeper.yaml"
-    book.write_text(json.dumps({"name": "sleeper", "command": ["python3", "-c", SLEEPER]}))
+    book.write_text(json.dumps({"name": "sleeper", "command": ["python3", "-c", SLEEPER], **extra}))
     res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--replace",
               "--no-wait", "--json")
     assert res.exit_code == 0, res.output
@@ -79,6 +79,20 @@ def test_a_different_installed_payload_is_replaced_before_the_launch(private_roo
     installed = run("exec", "--host", "sandbox", "--ct", "200", "--", "cat", manifest).stdout
     assert json.loads(installed)["digest"] == first["payload"]["digest"]
     assert again["status"]["state"] in ("SETTING_UP", "RUNNING")
+
+
+@pytest.mark.sandbox
+def test_a_playbook_with_a_cache_policy_still_runs_the_prepare_step(private_root, tmp_path):
+    deploy(tmp_path)
+    book = tmp_path / "clear.yaml"
+    book.write_text(json.dumps({"name": "clear", "command": ["python3", "-c", SLEEPER],
+                                "cache": "clear"}))
+    res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--replace",
+              "--no-wait", "--json")
+    # this root has no torch build, so cache-clear refuses: proof that prepare ran (the
+    # one-round-trip path would have launched without it)
+    assert res.exit_code == 25, res.output
+    assert "cache-clear" in json.loads(res.stdout)["error"]["message"]
 
 
 def test_launch_with_another_payload_digest_is_refused_before_touching_any_job(tmp_path):
