@@ -140,3 +140,27 @@ def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: P
     info = json.loads(opsctl("cache", "info", "--json").stdout)
     assert info["current_build"] == "torch-2.13.0-cpu"
     assert info["current_fingerprint"].startswith("torch2.13.0+cpu-cudanone")
+
+
+@pytest.mark.slow
+def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isolated_env: Path,
+                                                                    tmp_path: Path):
+    """Runs after the demo test installed the real CPU build as /opt/opsctl's current one."""
+    from tests.test_torch_real import WARMUP
+
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    book = tmp_path / "seedme.yaml"
+    book.write_text(json.dumps({"name": "seedme", "command": ["python3", "-c", WARMUP],
+                                "torch": {"variant": "cpu", "version": "2.13.0"}}))
+    res = opsctl("cache", "seed", "--host", "sandbox", "--ct", "200", "--playbook", str(book),
+                 "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["reuse_proven"] is True
+    assert doc["cold"]["counters"].get("inductor.fxgraph_cache_miss", 0) >= 1
+    assert doc["seeded"]["counters"].get("inductor.fxgraph_cache_hit", 0) >= 1
+    info = json.loads(opsctl("cache", "info", "--host", "sandbox", "--ct", "200", "--json").stdout)
+    current = [c for c in info["caches"] if c["current"]]
+    assert current and current[0]["mega_cache"]
