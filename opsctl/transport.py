@@ -237,12 +237,7 @@ class Remote:
             DeadlineExceeded: the deadline fired (the remote group was killed).
         """
         argv = [str(a) for a in argv]
-        wrapped = list(argv)
-        if timeout is not None:
-            wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
-        if self.host.sudo:
-            wrapped = ["sudo", "-n", *wrapped]
-        command = shlex.join(wrapped)
+        command = host_command(argv, timeout=timeout, sudo=self.host.sudo)
         local_deadline = None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
         result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline, step)
         if timeout is not None and result.rc in TIMEOUT_RCS and result.elapsed_s >= timeout:
@@ -263,10 +258,7 @@ class Remote:
             ContainerMissing / ContainerNotRunning: pct said so (nothing ran).
             TransportError, DeadlineExceeded: as :meth:`run`.
         """
-        inner = [str(a) for a in argv]
-        if timeout is not None:
-            inner = ["timeout", "-k", "2", f"{timeout:g}", *inner]
-        pct = ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
+        pct = pct_argv(ctid, argv, timeout=timeout, keep_env=keep_env)
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step)
         if check_container and result.rc != 0:
@@ -343,6 +335,25 @@ class Remote:
             rc = 255
         return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
                              time.monotonic() - start)
+
+
+def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
+             keep_env: bool = False) -> list[str]:
+    """``pct exec <ct> --keep-env 0|1 -- [timeout …] argv`` (the container-side deadline)."""
+    inner = [str(a) for a in argv]
+    if timeout is not None:
+        inner = ["timeout", "-k", "2", f"{timeout:g}", *inner]
+    return ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
+
+
+def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False) -> str:
+    """The one string sent to sshd: ``[sudo -n] [timeout …] argv``, joined once by shlex."""
+    wrapped = [str(a) for a in argv]
+    if timeout is not None:
+        wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
+    if sudo:
+        wrapped = ["sudo", "-n", *wrapped]
+    return shlex.join(wrapped)
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, errors: list[BaseException]) -> None:
