@@ -33,7 +33,7 @@ AGENT_ERROR_RC = 3
 # --- job states -------------------------------------------------------------
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """Job lifecycle (SkyPilot style, forward only)."""
 
     PENDING = "PENDING"  # spec written, wrapper not started yet
@@ -71,11 +71,14 @@ def can_transition(old: JobState, new: JobState) -> bool:
 # --- trainer events -----------------------------------------------------------
 
 EVENT_PHASE = "phase"  # {"event":"phase","phase":"loading|compiling|training|checkpointing|done"}
-EVENT_STEP = "step"  # {"event":"step","step":int,"loss":float,"acc":float,"tok_s":float,"eta_s":float,"lr":float}
+# {"event":"step","step":int,"loss":float,"acc":float,"tok_s":float,"eta_s":float,"lr":float}
+EVENT_STEP = "step"
 EVENT_COMPILE = "compile"  # {"event":"compile","name":str,"seconds":float,"recompiles":int}
 EVENT_CHECKPOINT = "checkpoint"  # {"event":"checkpoint","step":int,"path":str}
 EVENT_ERROR = "error"  # {"event":"error","type":str,"message":str}
-EVENT_DONE = "done"  # {"event":"done","step":int}
+EVENT_DONE = "done"  # {"event":"done","step":int,"reason":"finished|SIGINT|SIGTERM|stop-at-step"}
+# The trainer also emits resume, cache, cache_artifacts, cache_artifacts_loaded and replicas
+# (docs/trainer.md); the probe emits probe_report. Any object with a string "event" is an event.
 
 PHASE_TO_STATE: dict[str, JobState] = {
     "loading": JobState.SETTING_UP,
