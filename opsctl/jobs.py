@@ -140,7 +140,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         overrides: dict[str, t.Any] = {}
         if prepare is not None:
             step("prepare")
-            overrides = prepare(tgt, book, steps, progress=on_step)
+            overrides = prepare(tgt, book, steps, progress=on_step, replace=replace)
         spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
                              python=overrides.get("python"), extra_env=overrides.get("env"))
         step("launch", job_id=job_id)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from opsctl import inventory, paths, torch_builds
 from opsctl.agent_client import Agent
-from opsctl.errors import RemoteCommandFailed
+from opsctl.errors import AgentError, RemoteCommandFailed
 from opsctl.transport import save_log
 
 if t.TYPE_CHECKING:
@@ -217,23 +217,63 @@ def prepare_needed(book: Playbook) -> bool:
 
 
 def prepare(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
-            progress: Progress | None = None) -> dict[str, t.Any]:
+            progress: Progress | None = None, replace: bool = False) -> dict[str, t.Any]:
     """Deploy's step before launch: the playbook's torch build current, its cache policy applied.
 
+    Idempotent: a build that is already current is not touched, and ``cache: seed`` does
+    nothing when the current build's cache already holds a mega-cache. A running job blocks
+    a build switch or a cache change; with ``replace`` it is stopped first (only then).
     Returns launch overrides (none needed: the agent's launch uses ``envs/current``'s python
     and the build's cache env by itself).
     """
     if book.torch is not None:
         t0 = time.monotonic()
-        rep = swap(tgt, book.torch.variant, version=book.torch.version,
-                   requirements=book.requirements, progress=progress)
-        steps.append({"step": "torch", "build": rep["build"], "action": rep.get("action"),
-                      "seconds": round(time.monotonic() - t0, 2)})
+        want = builds_table(tgt).resolve(book.torch.variant, version=book.torch.version).name
+        current = tgt.agent.call("envs", "--history", "0", timeout=60).get("current")
+        if current == want:
+            steps.append({"step": "torch", "build": want, "action": "noop", "seconds": 0.0})
+        else:
+            rep = _unless_running(tgt, replace, progress, lambda: swap(
+                tgt, book.torch.variant, version=book.torch.version,  # type: ignore[union-attr]
+                requirements=book.requirements, progress=progress))
+            steps.append({"step": "torch", "build": rep["build"], "action": rep.get("action"),
+                          "seconds": round(time.monotonic() - t0, 2)})
     if book.cache == "clear":
-        rep2 = tgt.agent.call("cache-clear", timeout=120)
+        rep2 = _unless_running(tgt, replace, progress,
+                               lambda: tgt.agent.call("cache-clear", timeout=120))
         steps.append({"step": "cache-clear", "freed_bytes": rep2.get("freed_bytes")})
     elif book.cache == "seed":
-        rep3 = cache_seed(tgt, book)
-        steps.append({"step": "cache-seed", "speedup": rep3.get("speedup"),
-                      "reuse_proven": rep3.get("reuse_proven")})
+        info = tgt.agent.call("cache-info", timeout=120)
+        if any(c.get("current") and c.get("mega_cache") for c in info.get("caches", [])):
+            steps.append({"step": "cache-seed", "action": "already seeded"})
+        else:
+            rep3 = _unless_running(tgt, replace, progress, lambda: cache_seed(tgt, book))
+            steps.append({"step": "cache-seed", "speedup": rep3.get("speedup"),
+                          "reuse_proven": rep3.get("reuse_proven")})
     return {}
+
+
+R = t.TypeVar("R")
+
+
+def _unless_running(tgt: Target, replace: bool, progress: Progress | None,
+                    action: t.Callable[[], R]) -> R:
+    """Run ``action``; if a running job blocks it and ``replace`` was asked, stop that job once.
+
+    Raises:
+        AgentError: ``JobRunning`` without ``replace`` (with a hint), or the action's own error.
+    """
+    try:
+        return action()
+    except AgentError as exc:
+        if exc.remote_type != "JobRunning":
+            raise
+        job = exc.fields.get("job_id")
+        if not replace:
+            exc.hint = (f"job {job} is running: `opsctl stop` it, or deploy with --replace "
+                        "(it is stopped only if the torch build or cache must change)")
+            raise
+    if progress:
+        progress(f"stopping job {job} (--replace) before changing the torch build/cache")
+    tgt.agent.call("stop", "--job", str(job), "--grace", "30", timeout=90)
+    return action()

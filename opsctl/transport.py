@@ -88,7 +88,7 @@ def known_hosts_name(address: str, port: int) -> str:
 def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.Any:
     import paramiko
 
-    class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc,unused-ignore]
         """Unknown host key: accept only a pinned match or, with accept-new, record it.
 
         A *changed* key never reaches this policy: paramiko raises BadHostKeyException.
@@ -196,7 +196,8 @@ class Remote:
             raise TransportError(f"cannot connect to {where}: timed out after "
                                  f"{self.host.connect_timeout_s:g} s") from None
         except paramiko.ssh_exception.NoValidConnectionsError as exc:
-            reason = "; ".join(sorted({e.strerror or str(e) for e in exc.errors.values()}))
+            reason = "; ".join(sorted({getattr(e, "strerror", None) or str(e)
+                                       for e in exc.errors.values()}))
             raise TransportError(f"cannot connect to {where}: {reason}") from None
         except socket.gaierror as exc:
             raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
