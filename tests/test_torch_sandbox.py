@@ -164,3 +164,27 @@ def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isola
     info = json.loads(opsctl("cache", "info", "--host", "sandbox", "--ct", "200", "--json").stdout)
     current = [c for c in info["caches"] if c["current"]]
     assert current and current[0]["mega_cache"]
+
+
+@pytest.mark.slow
+def test_redeploying_over_a_running_job_leaves_a_current_build_alone(sandbox, isolated_env: Path,
+                                                                     tmp_path: Path):
+    """After the demo: the cpu build is current, so --replace only replaces the job."""
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    long = tmp_path / "long.yaml"
+    long.write_text(json.dumps({"name": "long", "command": ["python3", "-c",
+                                                             "import time; time.sleep(300)"]}))
+    assert opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(long),
+                  "--replace", "--no-wait").exit_code == 0
+    smoke = str(REPO / "playbooks" / "dflash-cpu-smoke.yaml")
+    refused = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", smoke, "--no-wait")
+    assert refused.exit_code == errors.REMOTE_FAILED and "--replace" in refused.output
+    res = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", smoke, "--replace",
+                 "--no-wait", "--json")
+    assert res.exit_code == 0, res.output
+    steps = json.loads(res.stdout)["steps"]
+    assert {"step": "torch", "build": "torch-2.13.0-cpu", "action": "noop"}.items() <= \
+        next(s for s in steps if s["step"] == "torch").items()
+    opsctl("stop", "--grace", "5")
