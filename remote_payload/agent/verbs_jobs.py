@@ -25,6 +25,8 @@ from remote_payload.agent.common import AgentFailure, read_json, write_json_atom
 JobState = jobs.JobState
 
 DEFAULT_LINES = 20
+#: Stack dumps: the sitehook's private real-time signal (keep equal to sitecustomize's).
+STACKS_SIGNAL = signal.SIGRTMIN + 7
 DIAGNOSIS_LINES = 200  # diagnosis sees more of the log than the user asked to display
 EVENTS_TAIL = 5
 LAUNCH_WAIT_S = 5.0
@@ -426,17 +428,20 @@ def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
     if not pythons:
         raise AgentFailure("NoStacks", f"job {job_id} has no python process (pids {members})",
                            job_id=job_id, pids=members)
-    armed = [p for p in pythons if jobs.catches_signal(p, signal.SIGUSR1)]
+    # the private signal first (nothing else takes it over), SIGUSR1 for older sitehooks
+    plan = {p: next((s for s in (STACKS_SIGNAL, signal.SIGUSR1) if jobs.catches_signal(p, s)), None)
+            for p in pythons}
+    armed = [p for p, s in plan.items() if s is not None]
     if not armed:
         raise AgentFailure(
-            "NoStacks", f"python pids {pythons} have no SIGUSR1 handler (sitecustomize not loaded, "
-            "e.g. python -I/-S); not signalled because SIGUSR1 would kill them",
+            "NoStacks", f"python pids {pythons} have no stack-dump handler (sitecustomize not "
+            "loaded, e.g. python -I/-S); not signalled because the signal would kill them",
             job_id=job_id, pids=pythons)
     log = os.path.join(rec.path, jobs.OUTPUT)
     start = os.path.getsize(log)
     for p in armed:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGUSR1)
+            os.kill(p, plan[p])  # type: ignore[arg-type]
     text, end = _wait_for_dump(log, start, timeout)
     dump = _dump_lines(text)
     if not dump:
@@ -457,6 +462,7 @@ def _wait_for_dump(log: str, start: int, timeout: float) -> tuple[str, int]:
     deadline = time.monotonic() + timeout
     seen_at: float | None = None
     last_size = start
+    dump_len = 0
     text = ""
     while time.monotonic() < deadline:
         size = os.path.getsize(log)
@@ -465,10 +471,9 @@ def _wait_for_dump(log: str, start: int, timeout: float) -> tuple[str, int]:
                 f.seek(start)
                 text = f.read(size - start).decode("utf-8", "replace")
             last_size = size
-            if seen_at is None and any(DUMP_HEADER.match(ln) for ln in text.splitlines()):
-                seen_at = time.monotonic()
-            elif seen_at is not None:
-                seen_at = time.monotonic()  # still growing: keep waiting for quiet
+            dumped = len(_dump_lines(text))
+            if dumped != dump_len:  # the dump is still coming (a busy job's output is not)
+                dump_len, seen_at = dumped, time.monotonic()
         if seen_at is not None and time.monotonic() - seen_at >= STACKS_SETTLE_S:
             break
         time.sleep(0.02)

@@ -9,14 +9,23 @@ here may ever break the job: every failure is swallowed.
 
 from __future__ import annotations
 
+import signal as _signal
+
+#: Keep equal to ``remote_payload.agent.verbs_jobs.STACKS_SIGNAL``.
+STACKS_SIGNAL = _signal.SIGRTMIN + 7
+
 
 def _register_stack_dumps() -> None:
     import faulthandler
     import signal
 
-    # only when nobody else claimed SIGUSR1 (a job's own handler wins)
-    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    # only when nobody else claimed it (a job's own handler wins). SIGUSR1 is the documented
+    # convention; a private real-time signal is the one `opsctl stacks` prefers, because
+    # native libraries loaded later may take SIGUSR1 over (seen on an H200 with CUDA torch:
+    # SIGUSR1 stayed "caught" but no dump came) and nothing else uses this one.
+    for signum in (signal.SIGUSR1, STACKS_SIGNAL):
+        if signal.getsignal(signum) in (signal.SIG_DFL, None):
+            faulthandler.register(signum, all_threads=True, chain=False)
 
 
 def _chain_next_sitecustomize() -> None:
