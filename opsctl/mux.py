@@ -13,7 +13,7 @@ Life cycle
   (:func:`spawn`). The mux opens its *own* connection through
   :class:`~opsctl.transport.Remote` (same host-key policy, never accept-new), so no
   command can reach a host whose key was not verified.
-- It exits after ``OPSCTL_MUX_IDLE_S`` seconds (default 60) without a call, when
+- It exits after ``OPSCTL_MUX_IDLE_S`` seconds (default 600) without a call, when
   its SSH connection drops, when its socket file is removed or replaced, or on
   ``opsctl mux stop``. ``OPSCTL_MUX=0`` disables it.
 - Sockets live in ``$OPSCTL_HOME/mux/`` (0700, checked before use). The name
@@ -55,7 +55,7 @@ if t.TYPE_CHECKING:
 
 ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
 ENV_IDLE = "OPSCTL_MUX_IDLE_S"
-DEFAULT_IDLE_S = 60.0
+DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
 #: How long a client waits for the mux to start the command before going direct.
 START_TIMEOUT_S = 10.0
 _HDR = struct.Struct("!cI")
