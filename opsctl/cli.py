@@ -7,6 +7,7 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -169,12 +170,15 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        prepare = _torch_prepare_hook(book)
-        if as_json or not err.is_terminal:
-            report = _deploy_plain(jobs, tgt, book, replace, no_wait, poll_s, force_payload, as_json,
-                                   prepare, err)
-        else:
-            report = _deploy_live(jobs, tgt, book, replace, no_wait, poll_s, force_payload, prepare, err)
+        options = dict(replace=replace, wait=not no_wait, poll_s=poll_s,
+                       force_payload=force_payload, prepare=_torch_prepare_hook(book))
+        with _deploy_progress(err, live=not as_json and err.is_terminal, quiet=as_json) as progress:
+            try:
+                report = jobs.deploy(tgt, book, on_update=progress.on_update,
+                                     on_step=progress.on_step, **options)
+            except (errors.JobFailed, errors.JobUnhealthy) as exc:
+                _show_failed_deploy(exc, as_json)
+                raise
     if as_json:
         render.print_json(report.to_dict())
         return
@@ -192,64 +196,59 @@ def _torch_prepare_hook(book: t.Any) -> t.Any:
     return torch_deploy.prepare if torch_deploy.prepare_needed(book) else None
 
 
-def _deploy_plain(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,
-                  force_payload: bool, as_json: bool, prepare: t.Any, err: t.Any) -> t.Any:
-    from opsctl import render
+class _Progress:
+    """Deploy progress: a live spinner on a terminal, else one line per change on stderr."""
 
-    last: dict[str, t.Any] = {"state": None}
+    def __init__(self, err: t.Any, spinner: t.Any, quiet: bool):
+        self.err, self.spinner, self.quiet = err, spinner, quiet
+        self._last: t.Any = object()
 
-    def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
+    def on_step(self, name: str) -> None:
+        from opsctl import render
+
+        if self.spinner is not None:
+            self.spinner.update(text=f"{name}…")
+        elif not self.quiet and not name.endswith("-done"):
+            self.err.print(f"{render.now_stamp()} {name}…", markup=False, highlight=False)
+
+    def on_update(self, st: t.Any, elapsed: float, problem: str | None) -> None:
+        from opsctl import render
+
+        line = render.progress_line(st, elapsed, problem)
+        if self.spinner is not None:
+            self.spinner.update(text=line)
+            return
         key = (st.state, st.phase) if st is not None else None
-        if problem or key != last["state"]:
-            last["state"] = key
-            if not as_json:
-                err.print(render.progress_line(st, elapsed, problem))
-
-    def on_step(name: str) -> None:
-        if not as_json and not name.endswith("-done"):
-            err.print(f"{render.now_stamp()} {name}…")
-
-    return _deploy_call(jobs, tgt, book, replace, no_wait, poll_s, force_payload, prepare,
-                        on_update, on_step, as_json)
+        if not self.quiet and (problem or key != self._last):
+            self._last = key
+            self.err.print(line)
 
 
-def _deploy_live(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,
-                 force_payload: bool, prepare: t.Any, err: t.Any) -> t.Any:
+@contextlib.contextmanager
+def _deploy_progress(err: t.Any, *, live: bool, quiet: bool) -> t.Iterator[_Progress]:
+    if not live:
+        yield _Progress(err, None, quiet)
+        return
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from opsctl import render
-
     spinner = Spinner("dots", text="connecting…")
     with Live(spinner, console=err, refresh_per_second=8, transient=True):
-        def on_step(name: str) -> None:
-            spinner.update(text=f"{name}…")
-
-        def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
-            spinner.update(text=render.progress_line(st, elapsed, problem))
-
-        return _deploy_call(jobs, tgt, book, replace, no_wait, poll_s, force_payload, prepare,
-                            on_update, on_step, False)
+        yield _Progress(err, spinner, quiet)
 
 
-def _deploy_call(jobs: t.Any, tgt: t.Any, book: t.Any, replace: bool, no_wait: bool, poll_s: float,
-                 force_payload: bool, prepare: t.Any, on_update: t.Any, on_step: t.Any,
-                 as_json: bool) -> t.Any:
+def _show_failed_deploy(exc: errors.OpsctlError, as_json: bool) -> None:
+    """The report of a deploy whose job failed: the JSON document, or the status on stderr."""
     from opsctl import render
 
-    try:
-        return jobs.deploy(tgt, book, replace=replace, wait=not no_wait, poll_s=poll_s,
-                           on_update=on_update, on_step=on_step, force_payload=force_payload,
-                           prepare=prepare)
-    except (errors.JobFailed, errors.JobUnhealthy) as exc:
-        report = getattr(exc, "report", None)
-        if report is not None:
-            if as_json:
-                render.print_json({**report.to_dict(), "ok": False, "error": exc.to_dict()})
-                click.get_current_context().meta["opsctl_json_done"] = True  # one document only
-            else:
-                render.status(render.console(stderr=True), report.target, report.status)
-        raise
+    report = getattr(exc, "report", None)
+    if report is None:
+        return
+    if as_json:
+        render.print_json({**report.to_dict(), "ok": False, "error": exc.to_dict()})
+        click.get_current_context().meta["opsctl_json_done"] = True  # one document only
+    else:
+        render.status(render.console(stderr=True), report.target, report.status)
 
 
 @cli.command()
