@@ -153,8 +153,9 @@ def progress_line(st: JobStatus | None, elapsed: float, problem: str | None) -> 
         line.append(f" ({st.phase})", style="dim")
     if st.last_step and st.last_step.get("tok_s") is not None:
         line.append(f"  step {st.last_step.get('step')} {st.last_step['tok_s'] / 1000:.2f} Ktok/s")
-    if st.output_tail:
-        line.append(f"  │ {st.output_tail[-1][:80]}", style="dim")
+    human = [x for x in st.output_tail if parse_event(x) is None]
+    if human:
+        line.append(f"  │ {human[-1][:80]}", style="dim")
     return line
 
 
