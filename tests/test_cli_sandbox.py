@@ -212,6 +212,20 @@ class TestRefusals:
         assert CliRunner().invoke(cli, ["exec", "--host", "sandbox", "--ct", "200", "--",
                                         "true"]).exit_code == 0
 
+    def test_a_pinned_fingerprint_is_trusted_and_a_wrong_pin_refused(self, target, sandbox,
+                                                                      isolated_env, tmp_path):
+        inv = isolated_env / "inventory" / "sandbox.yaml"
+        empty_known = tmp_path / "known_hosts"  # the pin alone must be enough
+        text = inv.read_text().replace(str(sandbox.known_hosts_file), str(empty_known))
+        inv.write_text(text)
+        assert CliRunner().invoke(cli, ["exec", "--host", "sandbox", "--ct", "200", "--",
+                                        "true"]).exit_code == 0
+        wrong = "SHA256:" + "A" * 43
+        inv.write_text(text.replace(sandbox.host_key_fingerprint, wrong))
+        res = CliRunner().invoke(cli, ["exec", "--host", "sandbox", "--ct", "200", "--", "true"])
+        assert res.exit_code == errors.HOST_KEY
+        assert f"but the inventory pins {wrong}" in res.output
+
     def test_a_malformed_playbook_changes_nothing_remotely(self, target, tmp_path):
         before = cexec("sh", "-c", "ls /opt/opsctl/jobs 2>/dev/null | sort")
         bad = tmp_path / "bad.yaml"
