@@ -222,7 +222,8 @@ def remote_wheelhouse_dir(root: str, build: TorchBuild) -> str:
 
 def swap_args(build: TorchBuild, *, wheelhouse_dir: str | None = None,
               requirements: t.Sequence[str] = (), requirements_index_url: str | None = None,
-              reinstall: bool = False, dry_run: bool = False) -> list[str]:
+              reinstall: bool = False, dry_run: bool = False,
+              install_only: bool = False) -> list[str]:
     """Arguments of the agent verb ``swap`` for ``build`` (the transport joins them once)."""
     args = ["--variant", build.variant, "--version", build.version]
     if build.wheelhouse:
@@ -239,6 +240,8 @@ def swap_args(build: TorchBuild, *, wheelhouse_dir: str | None = None,
         args.append("--reinstall")
     if dry_run:
         args.append("--dry-run")
+    if install_only:
+        args.append("--install-only")
     return args
 
 

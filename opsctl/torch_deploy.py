@@ -135,8 +135,12 @@ def push_wheels(agent: Agent, files: t.Sequence[Path], dest: str,
 
 def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: str | None = None,
          wheelhouse: bool | None = None, requirements: t.Sequence[str] = (), dry_run: bool = False,
-         reinstall: bool = False, progress: Progress | None = None) -> dict[str, t.Any]:
+         reinstall: bool = False, install_only: bool = False,
+         progress: Progress | None = None) -> dict[str, t.Any]:
     """Make ``variant`` the container's current torch build (install if needed).
+
+    ``install_only`` installs and verifies the build without switching to it; the agent
+    allows that while a job runs, since the running job's build is not touched.
 
     Raises:
         ConfigError: unknown variant (lists the known ones).
@@ -162,7 +166,7 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
     elif build.wheelhouse:
         wheel_dir = torch_builds.remote_wheelhouse_dir(tgt.host.root, build)
     args = torch_builds.swap_args(build, wheelhouse_dir=wheel_dir, requirements=requirements,
-                                  reinstall=reinstall, dry_run=dry_run)
+                                  reinstall=reinstall, dry_run=dry_run, install_only=install_only)
     if progress:
         action = "switching to" if build.name in installed and not reinstall else "installing"
         progress(f"{action} {build.name} in the container" +
@@ -233,9 +237,16 @@ def prepare(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
         if current == want:
             steps.append({"step": "torch", "build": want, "action": "noop", "seconds": 0.0})
         else:
-            rep = _unless_running(tgt, replace, progress, lambda: swap(
-                tgt, book.torch.variant, version=book.torch.version,  # type: ignore[union-attr]
-                requirements=book.requirements, progress=progress))
+            spec = book.torch
+
+            def do_swap(install_only: bool = False) -> dict[str, t.Any]:
+                return swap(tgt, spec.variant, version=spec.version, requirements=book.requirements,
+                            install_only=install_only, progress=progress)
+
+            # with a job running, the new build is installed and verified *before* the job is
+            # stopped: a failed download or verification leaves the job running (nothing lost)
+            rep = _unless_running(tgt, replace, progress, do_swap,
+                                  before_stop=lambda: do_swap(install_only=True))
             steps.append({"step": "torch", "build": rep["build"], "action": rep.get("action"),
                           "seconds": round(time.monotonic() - t0, 2)})
     if book.cache == "clear":
@@ -257,8 +268,11 @@ R = t.TypeVar("R")
 
 
 def _unless_running(tgt: Target, replace: bool, progress: Progress | None,
-                    action: t.Callable[[], R]) -> R:
+                    action: t.Callable[[], R], before_stop: t.Callable[[], t.Any] | None = None) -> R:
     """Run ``action``; if a running job blocks it and ``replace`` was asked, stop that job once.
+
+    ``before_stop`` runs first (while the job still runs): whatever can fail without the
+    job's help fails before the job is stopped.
 
     Raises:
         AgentError: ``JobRunning`` without ``replace`` (with a hint), or the action's own error.
@@ -273,6 +287,8 @@ def _unless_running(tgt: Target, replace: bool, progress: Progress | None,
             exc.hint = (f"job {job} is running: `opsctl stop` it, or deploy with --replace "
                         "(it is stopped only if the torch build or cache must change)")
             raise
+    if before_stop is not None:
+        before_stop()
     if progress:
         progress(f"stopping job {job} (--replace) before changing the torch build/cache")
     tgt.agent.call("stop", "--job", str(job), "--grace", "30", timeout=90)

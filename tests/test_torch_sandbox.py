@@ -123,6 +123,43 @@ def test_every_build_gets_its_own_cache_fingerprint(torch_target):
     assert res.exit_code == 0, res.output
 
 
+def test_a_new_build_is_verified_before_a_running_job_is_replaced(torch_target, tmp_path):
+    """Nothing lost: a build that fails verification leaves the running job running."""
+    assert swap("cu128").exit_code == 0
+
+    def book(name: str, variant: str) -> str:
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(json.dumps({"name": name, "command": ["python3", "-c", "import time; time.sleep(300)"],
+                                 "torch": {"variant": variant, "version": "2.11.0"}}))
+        return str(p)
+
+    first = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", book("a", "cu128"),
+                   "--replace", "--json")
+    assert first.exit_code == 0, first.output
+    running = json.loads(first.stdout)["job_id"]
+
+    bad = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", book("b", "cu126"),
+                 "--replace", "--json")
+    assert bad.exit_code == errors.TORCH_ENV, bad.output
+    st = json.loads(opsctl("status", "--host", "sandbox", "--ct", "200", "--job", running,
+                           "--json").stdout)
+    assert st["state"] == "RUNNING", "the running job must survive a failed build"
+
+    good = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", book("c", "cu130"),
+                  "--replace", "--json")
+    assert good.exit_code == 0, good.output
+    torch_step = next(s for s in json.loads(good.stdout)["steps"] if s["step"] == "torch")
+    assert torch_step["build"] == "torch-2.11.0-cu130"
+    old = json.loads(opsctl("status", "--host", "sandbox", "--ct", "200", "--job", running,
+                            "--json").stdout)
+    assert old["state"] == "CANCELLED"
+    envs = json.loads(opsctl("envs", "--host", "sandbox", "--ct", "200", "--json").stdout)
+    assert envs["current"] == "torch-2.11.0-cu130"
+    # installed (or already present) while the job ran; then only the switch
+    assert (envs["history"][-1]["action"], envs["history"][-1]["to"]) == ("switch", "torch-2.11.0-cu130")
+    opsctl("stop", "--host", "sandbox", "--ct", "200", "--grace", "2")
+
+
 @pytest.mark.slow
 def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: Path):
     """The README demo: wheelhouse install of torch 2.13.0 (once), then the DFlash smoke job."""

@@ -183,22 +183,28 @@ def test_bad_pin_is_refused_before_anything_is_done(root: Path, index_url: str) 
                                                                          "args")
 
 
+def launch(root: Path, job_id: str, command: list[str]) -> None:
+    """A real job through the agent's own launch verb (real tmux, real wrapper)."""
+    spec = {"job_id": job_id, "name": "test-job", "command": command, "env": {},
+            "workdir": str(root), "healthy_when": {"started": True}, "timeout_s": 60}
+    reply, _ = agent(root, "launch", "--spec-json", json.dumps(spec), "--replace")
+    assert reply["ok"], reply
+
+
 @pytest.fixture
-def running_job(root: Path) -> t.Iterator[str]:
-    """A job dir (docs/contracts.md layout) whose pid is a live process we started."""
-    proc = subprocess.Popen(["sleep", "60"])
-    job_id = "test-job-20261129-000000-abcd"
-    job_dir = root / "jobs" / job_id
-    job_dir.mkdir(parents=True)
-    (job_dir / "status.json").write_text(json.dumps({"job_id": job_id, "state": "RUNNING",
-                                                     "pid": proc.pid}))
-    (root / "jobs" / "current").write_text(job_id + "\n")
-    try:
-        yield job_id
-    finally:
-        proc.kill()
-        proc.wait()
-        (job_dir / "exit_code").write_text("-9\n")
+def tmux_socket(monkeypatch: pytest.MonkeyPatch) -> t.Iterator[str]:
+    sock = f"opsctl-torchswap-{os.getpid()}"
+    monkeypatch.setenv("OPSCTL_TMUX_SOCKET", sock)
+    yield sock
+    subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False)
+
+
+@pytest.fixture
+def running_job(root: Path, tmux_socket: str) -> t.Iterator[str]:
+    job_id = f"test-job-20261129-{time.time_ns() % 1_000_000:06d}-abcd"
+    launch(root, job_id, ["sleep", "60"])
+    yield job_id
+    agent(root, "stop", "--job", job_id, "--grace", "1")
 
 
 def test_swap_and_cache_clear_refuse_while_a_job_runs(root: Path, index_url: str,
@@ -212,12 +218,19 @@ def test_swap_and_cache_clear_refuse_while_a_job_runs(root: Path, index_url: str
     assert reply["error"]["type"] == "JobRunning"
 
 
-def test_finished_job_does_not_block_a_swap(root: Path, index_url: str) -> None:
-    job_dir = root / "jobs" / "done-job"
-    job_dir.mkdir(parents=True)
-    (job_dir / "status.json").write_text(json.dumps({"state": "SUCCEEDED", "pid": os.getpid()}))
-    (job_dir / "exit_code").write_text("0\n")
-    (root / "jobs" / "current").write_text("done-job\n")
+def test_install_only_is_allowed_while_a_job_runs_and_does_not_switch(root: Path, index_url: str,
+                                                                      running_job: str) -> None:
+    reply, _ = swap(root, "cu130", index_url, "--install-only")
+    assert reply["ok"], reply
+    assert reply["data"]["action"] in ("install-only", "present")
+    assert os.readlink(root / "envs" / "current") == "torch-2.11.0-cu128"
+
+
+def test_finished_job_does_not_block_a_swap(root: Path, index_url: str, tmux_socket: str) -> None:
+    launch(root, "done-job-20261129-000000-abcd", ["true"])
+    deadline = time.monotonic() + 10
+    while agent(root, "status")[0]["data"]["state"] != "SUCCEEDED" and time.monotonic() < deadline:
+        time.sleep(0.1)
     reply, _ = swap(root, "cu128", index_url)
     assert reply["data"]["action"] == "noop"
 

@@ -3,6 +3,7 @@
     envs        [--history N]
     swap        --variant V --version X (--index-url URL | --wheelhouse DIR)
                 [--requirement R ...] [--requirements-index-url URL] [--reinstall] [--dry-run]
+                [--install-only]
                 [--pip-retries N] [--pip-timeout S] [--install-timeout S]
     cache-info
     cache-clear [--all | --fingerprint FP]
@@ -35,6 +36,8 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--requirements-index-url", default=None)
         parser.add_argument("--reinstall", action="store_true")
         parser.add_argument("--dry-run", action="store_true")
+        parser.add_argument("--install-only", action="store_true",
+                            help="install + verify, do not switch (allowed while a job runs)")
         parser.add_argument("--pip-retries", type=int, default=3)
         parser.add_argument("--pip-timeout", type=float, default=60.0)
         parser.add_argument("--install-timeout", type=float, default=3600.0)
@@ -68,7 +71,8 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
             version=args.version, variant=args.variant, index_url=args.index_url,
             wheelhouse=args.wheelhouse, requirements=tuple(args.requirements),
             requirements_index_url=args.requirements_index_url, reinstall=args.reinstall,
-            dry_run=args.dry_run, pip_retries=args.pip_retries, pip_timeout_s=args.pip_timeout,
+            dry_run=args.dry_run, install_only=args.install_only,
+            pip_retries=args.pip_retries, pip_timeout_s=args.pip_timeout,
             install_timeout_s=args.install_timeout))
     if verb == "cache-info":
         return caches.cache_info(layout)

@@ -1,54 +1,34 @@
 """Is a job using the current build right now? Swaps and cache changes must refuse if so.
 
-Reads the job directory layout of docs/contracts.md (``jobs/current``, ``status.json``,
-``exit_code``, ``pid``) and trusts none of it alone: a job counts as running only when
-it has no exit code, a non-terminal state and a live pid.
+Asks the agent's job model (``jobs/current`` plus the reconciled record), which trusts
+no single file: a job counts as running only with no exit code, a non-terminal state
+and a live process whose start time matches the one recorded.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-
-from remote_payload import wire
-from remote_payload.agent.common import AgentFailure, read_json
+from remote_payload.agent.common import AgentFailure
 from remote_payload.torchenv.layout import Layout
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def running_job(layout: Layout) -> tuple[str, str] | None:
-    """(job_id, state) of the running job, or None."""
-    try:
-        with open(os.path.join(layout.jobs, "current"), encoding="utf-8") as f:
-            job_id = f.read().strip()
-    except FileNotFoundError:
-        return None
+    """(job_id, state) of the running job, or None.
+
+    Uses the agent's own reconciliation (pid *and* start time checked against /proc), so
+    "running" here means exactly what `opsctl status` would say.
+    """
+    from remote_payload.agent import jobs
+
+    job_id = jobs.current_job_id(layout.root)
     if not job_id:
         return None
-    job_dir = os.path.join(layout.jobs, job_id)
-    if os.path.exists(os.path.join(job_dir, "exit_code")):
+    try:
+        rec = jobs.load(layout.root, job_id)
+    except AgentFailure:  # the current marker points at a removed job: nothing runs
         return None
-    status = read_json(os.path.join(job_dir, "status.json"), default={}) or {}
-    state = str(status.get("state") or wire.JobState.PENDING.value)
-    with contextlib.suppress(ValueError):
-        if wire.JobState(state).is_terminal():
-            return None
-    pid = status.get("pid")
-    if not isinstance(pid, int):
-        with contextlib.suppress(OSError, ValueError), open(os.path.join(job_dir, "pid")) as f:
-            pid = int(f.read().strip())
-    if not isinstance(pid, int) or not _pid_alive(pid):
+    if rec.state.is_terminal() or not rec.alive:
         return None
-    return job_id, state
+    return job_id, rec.state.value
 
 
 def refuse_if_job_running(layout: Layout, action: str) -> None:

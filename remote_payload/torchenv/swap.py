@@ -60,6 +60,9 @@ class SwapRequest:
     requirements_index_url: str | None = None  # "the normal index" for them (None: PyPI)
     reinstall: bool = False
     dry_run: bool = False
+    # install + verify without switching (allowed while a job runs: it does not touch the
+    # current build); a later swap of the same build is then just the symlink switch
+    install_only: bool = False
     pip_retries: int = 3
     pip_timeout_s: float = 60.0  # per socket operation
     install_timeout_s: float = 3600.0
@@ -230,7 +233,8 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
     if not req.wheelhouse and not req.index_url:
         raise AgentFailure("TorchInstallFailed", "need --index-url or --wheelhouse",
                            step="args", build=build)
-    refuse_if_job_running(layout, f"swap torch to {build}")
+    if not req.install_only:
+        refuse_if_job_running(layout, f"swap torch to {build}")
     t0 = time.monotonic()
     with locked(layout):
         if not req.dry_run:
@@ -250,6 +254,16 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
         }
         if req.dry_run or action == "noop":
             reply.update(current=previous, seconds=round(time.monotonic() - t0, 3))
+            return reply
+        if req.install_only:
+            if action == "install":
+                reply.update(_install(layout, build, req, previous))
+                append_history(layout, {"time": time.time(), "from": previous, "to": build,
+                                        "action": "install-only", "result": "ok",
+                                        "log_path": reply["log_path"],
+                                        "seconds": round(time.monotonic() - t0, 3)})
+            reply.update(action="install-only" if action == "install" else "present",
+                         current=previous, seconds=round(time.monotonic() - t0, 3))
             return reply
         if action == "install":
             reply.update(_install(layout, build, req, previous))
