@@ -258,9 +258,18 @@ def prepare(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
         if any(c.get("current") and c.get("mega_cache") for c in info.get("caches", [])):
             steps.append({"step": "cache-seed", "action": "already seeded"})
         else:
-            rep3 = _unless_running(tgt, replace, progress, lambda: cache_seed(tgt, book))
-            steps.append({"step": "cache-seed", "speedup": rep3.get("speedup"),
-                          "reuse_proven": rep3.get("reuse_proven")})
+            try:
+                rep3 = _unless_running(tgt, replace, progress, lambda: cache_seed(tgt, book))
+            except AgentError as exc:
+                if exc.remote_type == "JobRunning":
+                    raise
+                # seeding only saves compile time: the job still launches (and compiles cold)
+                steps.append({"step": "cache-seed", "error": exc.message, "log_path": exc.log_path})
+                if progress:
+                    progress(f"cache seed failed, launching with a cold cache: {exc.message}")
+            else:
+                steps.append({"step": "cache-seed", "speedup": rep3.get("speedup"),
+                              "reuse_proven": rep3.get("reuse_proven")})
     return {}
 
 
