@@ -33,7 +33,7 @@ AGENT_ERROR_RC = 3
 # --- job states -------------------------------------------------------------
 
 
-class JobState(enum.StrEnum):
+class JobState(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent runs on 3.10 too)
     """Job lifecycle (SkyPilot style, forward only)."""
 
     PENDING = "PENDING"  # spec written, wrapper not started yet

@@ -38,7 +38,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGKILL if the wrapper dies (best effort, Linux only)."""
+    """In the child: own process group (``process_group=0`` needs 3.11; containers may have
+    3.10), and SIGKILL if the wrapper dies (best effort, Linux only)."""
+    os.setpgid(0, 0)
     try:
         import ctypes
 
@@ -265,7 +267,7 @@ class Wrapper:
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=self.spec.get("workdir") or None, env=self.child_env(), process_group=0,
+                cwd=self.spec.get("workdir") or None, env=self.child_env(),
                 preexec_fn=_die_with_parent)
         except OSError as exc:
             msg = f"[opsctl] cannot start {argv[0]!r}: {exc}\n"
