@@ -152,22 +152,25 @@ def _dc(obj: t.Any) -> dict[str, t.Any]:
 
 @cli.command()
 @target_options
-@click.option("--playbook", "playbook_path", required=True,
-              help="Path or name of a playbook (playbooks/<name>.yaml).")
+@click.option("--playbook", "playbook_path", default=None,
+              help="Path or name of a playbook (playbooks/<name>.yaml); default: the container's "
+                   "`playbook:` in the inventory.")
 @click.option("--replace", is_flag=True, help="Stop a running job first instead of refusing.")
 @click.option("--no-wait", is_flag=True, help="Launch and return without watching.")
 @click.option("--poll", "poll_s", type=float, default=2.0, show_default=True, help="Poll interval (s).")
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
 @json_option
-def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str,
+def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str | None,
            replace: bool, no_wait: bool, poll_s: float, force_payload: bool, as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl import jobs, render
     from opsctl import playbook as playbook_mod
 
-    book = playbook_mod.load(playbook_path)  # validate before touching anything remote
     if host is None:
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
+    if playbook_path is None:
+        playbook_path = jobs.default_playbook(host, ctid)
+    book = playbook_mod.load(playbook_path)  # validate before touching anything remote
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         options = dict(replace=replace, wait=not no_wait, poll_s=poll_s,

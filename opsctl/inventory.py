@@ -25,6 +25,7 @@ class ContainerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     gpus: int = Field(default=0, ge=0)
     description: str | None = None
+    playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
 
 
 class HostSpec(BaseModel):

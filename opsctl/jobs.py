@@ -62,6 +62,26 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root))
 
 
+def default_playbook(host: str, ctid: int | None) -> str:
+    """The container's ``playbook:`` from the inventory (what the bundled trainer runs there).
+
+    Raises:
+        ConfigError: no --ct, or the inventory names no playbook for that container.
+    """
+    spec = inventory_mod.load().resolve(host)
+    if ctid is None:
+        raise ConfigError("deploy needs --ct (the container id)")
+    container = spec.containers.get(ctid)
+    if container is None or container.playbook is None:
+        from opsctl import paths
+
+        names = ", ".join(sorted(p.stem for p in (paths.REPO_ROOT / "playbooks").glob("*.yaml")))
+        raise ConfigError(f"no --playbook given and the inventory names none for {spec.label} "
+                          f"ct {ctid}", hint=f"pass --playbook (bundled: {names}) or set "
+                                              f"containers.{ctid}.playbook in the inventory")
+    return container.playbook
+
+
 # --- deploy ---------------------------------------------------------------------------
 
 

@@ -272,7 +272,7 @@ def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
              f"    user: {info.user}", f"    identity_file: {info.identity_file}",
              f"    known_hosts: {info.known_hosts_file}",
              f'    host_key_fingerprint: "{info.host_key_fingerprint}"', "    containers:"]
-    lines += [f"      {ctid}: {{gpus: 0}}" for ctid in info.containers]
+    lines += [f"      {ctid}: {{gpus: 0, playbook: dflash-cpu-smoke}}" for ctid in info.containers]
     # the PyTorch index is out of reach here: the CPU build comes as a wheelhouse from this
     # machine's pip (which finds torch==2.13.0 in its local cache)
     lines += ["    torch_builds:", "      cpu: {wheelhouse: true}"]

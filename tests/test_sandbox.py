@@ -77,7 +77,7 @@ def test_up_writes_the_inventory_entry(sandbox):
         "address": "127.0.0.1", "port": sandbox.port, "user": "root",
         "identity_file": str(sandbox.identity_file), "known_hosts": str(sandbox.known_hosts_file),
         "host_key_fingerprint": sandbox.host_key_fingerprint,
-        "containers": {ct: {"gpus": 0} for ct in sandbox.containers},
+        "containers": {ct: {"gpus": 0, "playbook": "dflash-cpu-smoke"} for ct in sandbox.containers},
         # the PyTorch index is unreachable here: the CPU build travels as a wheelhouse
         "torch_builds": {"cpu": {"wheelhouse": True}},
     }

@@ -166,8 +166,8 @@ def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: P
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    res = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook",
-                 str(REPO / "playbooks" / "dflash-cpu-smoke.yaml"), "--replace", "--json")
+    # no --playbook: the sandbox inventory names the bundled CPU smoke playbook for ct 200
+    res = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--replace", "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["outcome"] in ("healthy", "terminal")
