@@ -41,7 +41,9 @@ _ERROR_FAMILIES["NoSuchJob"] = AgentError
 
 _HINTS = {
     "JobAlreadyRunning": "stop it first (`opsctl stop`) or deploy with --replace",
-    "NoSuchJob": "list jobs with `opsctl status --json` after a deploy",
+    "NoSuchJob": "nothing launched there yet (opsctl deploy), or pass an existing --job id",
+    "JobRunning": "`opsctl stop` it first, or deploy with --replace",
+    "PayloadMismatch": "run `opsctl deploy` to ship the current payload",
 }
 
 
