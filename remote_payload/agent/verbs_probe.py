@@ -19,6 +19,7 @@ import time
 import typing as t
 
 from remote_payload import wire
+from remote_payload.probes.compile_race import signal_name, tail  # stdlib-only module
 
 PROBE_MODULE = "remote_payload.probes.compile_race"
 EVENT_REPORT = "probe_report"  # == compile_race.EVENT_REPORT (not imported: keep the agent lean)
@@ -122,7 +123,7 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
 
 def crashed(why: str, *, argv: list[str], rc: int | None, raw: str, wall_s: float,
             stdout: str = "", stderr: str = "") -> dict[str, t.Any]:
-    sig = _signal_name(rc)
+    sig = signal_name(rc)
     how = f"killed by {sig}" if sig else (f"exit code {rc}" if rc is not None else "not started")
     return {
         "probe": "compile-race",
@@ -143,14 +144,5 @@ def crashed(why: str, *, argv: list[str], rc: int | None, raw: str, wall_s: floa
     }
 
 
-def _signal_name(rc: int | None) -> str | None:
-    if rc is None or rc >= 0:
-        return None
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
-
-
 def _tail(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.strip()][-TAIL_LINES:]
+    return tail(text, TAIL_LINES)
