@@ -22,6 +22,16 @@ def _progress(as_json: bool) -> t.Callable[[str], None]:
     return say
 
 
+def _payload_and_call(host: str | None, ctid: int | None, accept_new_host_key: bool, verb: str,
+                      *args: str, timeout: float) -> tuple[str, t.Any]:
+    """One agent verb with the current payload in place; returns (target label, data)."""
+    from opsctl import jobs
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        tgt.agent.ensure_payload()
+        return tgt.label, tgt.agent.call(verb, *args, timeout=timeout)
+
+
 @cli.command("swap-torch")
 @click.argument("variant")
 @target_options
@@ -70,16 +80,15 @@ def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history:
     """Torch builds in the container: sizes, which is current, swap history."""
     from rich.table import Table
 
-    from opsctl import jobs, render
+    from opsctl import render
 
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        tgt.agent.ensure_payload()
-        doc = tgt.agent.call("envs", "--history", str(history), timeout=60)
+    label, doc = _payload_and_call(host, ctid, accept_new_host_key, "envs", "--history",
+                                   str(history), timeout=60)
     if as_json:
         render.print_json(doc)
         return
     con = render.console()
-    table = Table(title=f"torch builds on {tgt.label}", title_justify="left", box=None)
+    table = Table(title=f"torch builds on {label}", title_justify="left", box=None)
     for col in ("", "build", "pin", "size", "installed", "source"):
         table.add_column(col)
     for b in doc.get("builds", []):
@@ -109,16 +118,14 @@ def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as
     """Per fingerprint: size, files, created, last used, current or stale; outside caches warned."""
     from rich.table import Table
 
-    from opsctl import jobs, render
+    from opsctl import render
 
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        tgt.agent.ensure_payload()
-        doc = tgt.agent.call("cache-info", timeout=120)
+    label, doc = _payload_and_call(host, ctid, accept_new_host_key, "cache-info", timeout=120)
     if as_json:
         render.print_json(doc)
         return
     con = render.console()
-    table = Table(title=f"compile caches on {tgt.label}", title_justify="left", box=None)
+    table = Table(title=f"compile caches on {label}", title_justify="left", box=None)
     for col in ("status", "fingerprint", "size", "files", "last used", "mega-cache"):
         table.add_column(col)
     for c in doc.get("caches", []):
@@ -138,11 +145,10 @@ def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as
 def cache_clear(host: str | None, ctid: int | None, accept_new_host_key: bool, clear_all: bool,
                 as_json: bool) -> None:
     """Delete the current build's compile cache (or every cache with --all)."""
-    from opsctl import jobs, render
+    from opsctl import render
 
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        tgt.agent.ensure_payload()
-        doc = tgt.agent.call("cache-clear", *(["--all"] if clear_all else []), timeout=300)
+    _, doc = _payload_and_call(host, ctid, accept_new_host_key, "cache-clear",
+                               *(["--all"] if clear_all else []), timeout=300)
     if as_json:
         render.print_json(doc)
         return

@@ -292,9 +292,8 @@ class Remote:
             self.close()
             raise TransportError(f"{self.host.label}: cannot start {step or argv[0]}: {exc}") from None
         writer: threading.Thread | None = None
-        write_error: list[BaseException] = []
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(chan, stdin, write_error), daemon=True)
+            writer = threading.Thread(target=_feed, args=(chan, stdin), daemon=True)
             writer.start()
         else:
             chan.shutdown_write()
@@ -357,15 +356,15 @@ def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: b
     return shlex.join(wrapped)
 
 
-def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, errors: list[BaseException]) -> None:
+def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
     try:
         if isinstance(stdin, bytes):
             chan.sendall(stdin)
         else:
             while chunk := stdin.read(1 << 16):
                 chan.sendall(chunk)
-    except (OSError, EOFError) as exc:  # remote closed early; its rc tells the story
-        errors.append(exc)
+    except (OSError, EOFError):  # remote closed early; its exit status tells the story
+        pass
     finally:
         try:
             chan.shutdown_write()

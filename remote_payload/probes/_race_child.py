@@ -207,6 +207,20 @@ def simulated_workload(kind: str, backward_req: bool) -> Workload:
 # --- the run -------------------------------------------------------------------
 
 
+def _record_error(rec: ThreadRecord, exc: BaseException) -> None:
+    rec.status = "error"
+    rec.error = f"{type(exc).__name__}: {exc}"
+    rec.traceback = traceback.format_exc()[-4000:]
+
+
+def _finish(mode: str, rec: ThreadRecord, t0: float, summary: str) -> None:
+    """Close a thread's record: elapsed time, the FX flag as this thread sees it, one line."""
+    rec.elapsed_s = round(time.monotonic() - t0, 3)
+    rec.fx_flag_after, _ = read_fx_flag()
+    rec.stage = "done"
+    say(mode, f"thread {rec.index} {summary}" + (f" -- {rec.error}" if rec.error else ""))
+
+
 def warm_worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], gated: bool,
                 barrier: threading.Barrier, stop: threading.Event) -> None:
     """Call an already-compiled function in a loop until the compilers are done."""
@@ -226,14 +240,8 @@ def warm_worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], gated:
                 break
         rec.status = "ok"
     except BaseException as exc:
-        rec.status = "error"
-        rec.error = f"{type(exc).__name__}: {exc}"
-        rec.traceback = traceback.format_exc()[-4000:]
-    rec.elapsed_s = round(time.monotonic() - t0, 3)
-    rec.fx_flag_after, _ = read_fx_flag()
-    rec.stage = "done"
-    say(mode, f"thread {rec.index} (warm): {rec.status} after {rec.calls} calls"
-        + (f" -- {rec.error}" if rec.error else ""))
+        _record_error(rec, exc)
+    _finish(mode, rec, t0, f"(warm): {rec.status} after {rec.calls} calls")
 
 
 def worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], guarded: bool,
@@ -253,14 +261,8 @@ def worker(mode: str, rec: ThreadRecord, step: t.Callable[[], None], guarded: bo
             step()
         rec.status = "ok"
     except BaseException as exc:
-        rec.status = "error"
-        rec.error = f"{type(exc).__name__}: {exc}"
-        rec.traceback = traceback.format_exc()[-4000:]
-    rec.elapsed_s = round(time.monotonic() - t0, 3)
-    rec.fx_flag_after, _ = read_fx_flag()
-    rec.stage = "done"
-    say(mode, f"thread {rec.index}: {rec.status} after {rec.elapsed_s:.1f} s"
-        + (f" -- {rec.error}" if rec.error else ""))
+        _record_error(rec, exc)
+    _finish(mode, rec, t0, f": {rec.status} after {time.monotonic() - t0:.1f} s")
 
 
 def emit(result: dict[str, t.Any]) -> None:
