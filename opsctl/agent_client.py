@@ -44,6 +44,7 @@ _HINTS = {
     "NoSuchJob": "nothing launched there yet (opsctl deploy), or pass an existing --job id",
     "JobRunning": "`opsctl stop` it first, or deploy with --replace",
     "PayloadMismatch": "run `opsctl deploy` to ship the current payload",
+    "GpusBusy": "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
 }
 
 

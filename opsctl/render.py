@@ -161,3 +161,20 @@ def progress_line(st: JobStatus | None, elapsed: float, problem: str | None) -> 
 
 def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def stacks(con: Console, doc: dict[str, t.Any]) -> None:
+    """``opsctl stacks``: a summary line, then each process's dump under its rank/pid/GPU."""
+    procs = doc.get("processes") or []
+    con.print(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
+              f"{doc.get('summary') or ''}", style="bold", markup=False, highlight=False)
+    for p in procs:
+        who = " ".join(x for x in (
+            f"rank {p['rank']}" if p.get("rank") is not None else "",
+            p.get("role") or "", f"GPU {p['gpu']}" if p.get("gpu") is not None else "",
+            f"pid {p['pid']}" if p.get("pid") is not None else "") if x)
+        con.print(f"\n── {who}: {p.get('label')} ({p.get('threads')} threads) · {p.get('cmd')}",
+                  style="bold cyan", markup=False, highlight=False)
+        con.print(p.get("dump", ""), markup=False, highlight=False)
+    if doc.get("saved_to"):
+        con.print(f"saved in the container: {doc['saved_to']}", style="dim", markup=False)

@@ -26,7 +26,7 @@ def _dump_target():  # type: ignore[no-untyped-def]
         return sys.stderr
     path = wire.proc_stacks_path(job_dir, os.getpid())
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    return open(path, "a", encoding="utf-8")  # noqa: SIM115
+    return open(path, "a", encoding="utf-8")
 
 
 def _register_stack_dumps() -> None:

@@ -32,11 +32,10 @@ from .events import Log
 from .flops import step_flops
 from .target import Target, build_target, config_from_dir
 
-
 # How long each phase may stay silent (``budget_s`` on its events; the agent calls a silence
 # longer than that a hang, 90 s when nothing was announced). Measured on an H200: a bucket's
 # cold compile 74-96 s, the Qwen3-8B random target built in seconds; the budgets leave ~3x.
-LOAD_BUDGET_S = 120.0  # dist rendezvous + building the target and the drafter
+LOAD_BUDGET_S = 90.0  # each loading step: dist rendezvous, building the target, the drafter
 LOAD_FROM_DISK_BUDGET_S = 300.0  # --target-path: reading 16 GB of safetensors
 COMPILE_BUDGET_S = 300.0  # one shape's first step (compile + run), per bucket
 FIRST_STEPS_BUDGET_S = 120.0  # from the end of a compile to the next step event
@@ -331,6 +330,8 @@ class Trainer:
         if flops_all and elapsed > 0:
             peak = self.args.peak_tflops * 1e12 * self.topo.world
             fields["mfu"] = round(flops_all / elapsed / peak, 4)
+        if self.device.type == "cuda":  # this rank's peak (rank 0: a drafter)
+            fields["mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
         fields[wire.FIELD_BUDGET] = round(budget, 1)
         self.log.event("step", **fields)
         self.log.say(f"step {step}/{self.args.steps} loss {fields['loss']:.4f} acc "
@@ -399,6 +400,8 @@ def run(args: TrainArgs) -> int:
         wire.announce_process(rank=rank, role="starting", gpu=log.gpu)
         topo = dist.init(args, device)
         log.rank = topo.rank
+        log.event("phase", phase="loading", detail="process groups ready", world=topo.world,
+                  budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         wire.announce_process(rank=topo.rank, local_rank=topo.local_rank, world=topo.world,
                               role="drafter" if topo.is_drafter else "target", gpu=log.gpu)
         trainer = Trainer(args, topo, log)
