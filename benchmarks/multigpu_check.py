@@ -16,6 +16,7 @@ Runs, in this order (the first seeds the on-disk compile cache the later ones re
 5. ``colocated``         train 2 colocated ranks
 6. ``split-sigint``      SIGINT to the whole process group after two step events: every rank
                          must checkpoint and exit 0
+   ``split-raise``       the target rank raises at step 3: the drafter must not outlive it
 7. ``agent-hang``        the split job launched by the container agent exactly as ``deploy``
                          does, with ``--debug-fault hang``: how long until ``status`` names the
                          hang, and where each rank waits (from the stacks the agent took itself)
@@ -261,6 +262,9 @@ def main(argv: t.Sequence[str] | None = None) -> int:
             rc = r.wait()
         record(r.report(rc, exit_after_sigint_s=round(time.monotonic() - sent_at, 1)
                         if sent_at else None))
+    simple("split-raise", ["--topology", "split", "--target-ranks", "1", "--steps", "50",
+                           "--out-dir", str(base / "ckpt-raise"), "--debug-fault", "raise",
+                           "--debug-fault-rank", "1", "--debug-fault-step", "3"], 150)
     if want("agent-hang") and shutil.which("tmux"):
         record(agent_hang(a, base, env))
     doc = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "wall_s": round(time.monotonic() - t_all, 1),
