@@ -240,16 +240,18 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                     f"job {current} is {rec.state.value}; stop it or launch with --replace",
                     job_id=current, state=rec.state.value)
             running = rec
-    # GPUs held by anything but the job being replaced (a leftover process, another container)
+    # GPUs held by anything but this job: visible foreign processes refuse before the running
+    # job is touched; memory (which inside a container has no visible owner) is judged once the
+    # job being replaced has stopped and freed its own
+    needed = gpus.needed_gpus(spec)
     own = jobs.group_members(running.pid.get("pgid"), running.pid.get("start_ticks")) if running else []
-    check = gpus.preflight(gpus.needed_gpus(spec), own)
-    check["forced"] = force_gpus
-    if check["busy"] and not force_gpus:
-        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
-        raise AgentFailure("GpusBusy", f"GPUs this job needs are in use: {names}",
-                           busy=check["busy"], needed=check["needed"])
+    check = gpus.preflight(needed, own, memory=running is None)
+    _refuse_busy_gpus(check, force_gpus)
     if running is not None:
         stop(root, running.job_id, grace=grace, kill_after=DEFAULT_KILL_AFTER_S)
+        check = gpus.preflight(needed)
+        _refuse_busy_gpus(check, force_gpus)
+    check["forced"] = force_gpus and bool(check["busy"])
 
     path = jobs.job_dir(root, job_id)
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
@@ -297,6 +299,13 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         raise AgentFailure("LaunchFailed", f"job {job_id}: the wrapper crashed",
                            job_id=job_id, evidence=doc["evidence"], pane_tail=doc["pane_tail"])
     return doc
+
+
+def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
+    if check["busy"] and not force:
+        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
+        raise AgentFailure("GpusBusy", f"GPUs this job needs are in use: {names}",
+                           busy=check["busy"], needed=check["needed"])
 
 
 def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
