@@ -53,6 +53,7 @@ PCT_SOURCE = Path(__file__).with_name("sandbox_files") / "pct.py"
 MASKED_UNITS = ("ssh.service", "sshd.service", "ssh.socket", "networking.service",
                 "apt-daily.timer", "apt-daily-upgrade.timer")
 SSHD_START_TIMEOUT_S = 10.0
+PVE_CONFIG_LINES = ("lxc.environment = TERM=linux",)
 CONTAINER_BOOT_TIMEOUT_S = 20
 
 
@@ -510,6 +511,7 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         _ensure_base(layout)
         shutil.rmtree(layout.lxc_path / name, ignore_errors=True)  # a half-made copy
         _lxc(layout, "lxc-copy", BASE, "-N", name)
+    _ensure_pve_config_lines(layout.lxc_path / name / "config")
     state = _container_state(layout, name)
     if running and state != "running":
         _lxc(layout, "lxc-start", name)
@@ -522,6 +524,19 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         _ensure_late_packages(layout, name)
     elif not running and state == "running":
         _lxc(layout, "lxc-stop", name, "--kill")
+
+
+def _ensure_pve_config_lines(config: Path) -> None:
+    """Lines Proxmox writes into every container's LXC config (sandboxes made before catch up).
+
+    pve-container src/PVE/LXC.pm update_lxc_config: `lxc.environment = TERM=linux`, which
+    lxc-attach applies even with --clear-env (lxc src/lxc/attach.c
+    lxc_attach_set_environment), so every `pct exec` command sees TERM=linux.
+    """
+    lines = config.read_text().splitlines()
+    missing = [line for line in PVE_CONFIG_LINES if line not in lines]
+    if missing:
+        config.write_text("\n".join([*lines, *missing]) + "\n")
 
 
 def _ensure_late_packages(layout: _Layout, name: str) -> None:
