@@ -39,7 +39,9 @@ class HostSpec(BaseModel):
     identity_file: str | None = None
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
     host_key_fingerprint: str | None = None  # "SHA256:..." pin, checked on every connect
-    sudo: bool = False  # prefix `sudo -n` for non-root users
+    sudo: bool = False  # non-root user: run pct (and only pct) with `sudo -n`
+    # the pct a sudoers rule allows (`<user> ALL=(root) NOPASSWD: /usr/sbin/pct`); used with sudo
+    pct_path: str = "/usr/sbin/pct"
     node: str | None = None  # Proxmox node name (informational)
     root: str = DEFAULT_ROOT  # opsctl's directory inside containers
     connect_timeout_s: float = Field(default=10.0, gt=0)
