@@ -451,7 +451,8 @@ def _host_side_missing(host: HostSpec, result: CommandResult, text: str) -> tupl
         line = f"{host.user} ALL=(root) NOPASSWD: {host.pct_path}"
         return (f"sudo refused to run pct for {host.user}: the host's sudoers lacks the line "
                 f"`{line}`", f"on the host: echo '{line}' > /etc/sudoers.d/opsctl "
-                             "&& chmod 0440 /etc/sudoers.d/opsctl (check with visudo -c)")
+                             "&& chmod 0440 /etc/sudoers.d/opsctl (check with visudo -c); if pct "
+                             "is not there, set pct_path in the inventory")
     if result.rc not in (1, 126, 127):
         return None
     failed = [m[1] for rx in (_TIMEOUT_FAILED, _ENV_FAILED, _SUDO_NOT_FOUND, _SHELL_NOT_FOUND)
@@ -486,6 +487,8 @@ def missing_in_container(result: CommandResult) -> str | None:
     if m := _ATTACH_EXEC_FAILED.search(text):  # lxc-attach: the first command itself
         return m[1]
     if m := _TIMEOUT_FAILED.search(text):  # the container-side deadline's command
+        return m[1]
+    if m := _ENV_FAILED.search(text):  # `env VAR=... cmd` in the container (the agent's argv)
         return m[1]
     return None
 
