@@ -268,11 +268,11 @@ def ensure_sudo_user(home: Path | None = None) -> str:
     name = sudo_user_name(layout.state_dir)
     with _locked(layout):
         if subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode != 0:
-            home_dir = layout.state_dir / "users" / name
-            # password "*": no password login, but not "locked" (sshd refuses locked accounts)
-            _run(["useradd", "--system", "--create-home", "--home-dir", str(home_dir),
+            # password "*": no password login, but not "locked" (sshd refuses locked accounts);
+            # home in /home: the sandbox home may sit in a directory only root can enter
+            _run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
                   "--shell", "/bin/sh", "--password", "*", name])
-        ssh_dir = layout.state_dir / "users" / name / ".ssh"
+        ssh_dir = Path(f"/home/{name}/.ssh")
         ssh_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(layout.authorized_keys, ssh_dir / "authorized_keys")
         _run(["chown", "-R", f"{name}:", str(ssh_dir)])
@@ -295,7 +295,7 @@ def _remove_sudo_user(layout: _Layout) -> None:
     _sudoers_file(layout).unlink(missing_ok=True)
     name = sudo_user_name(layout.state_dir)
     if subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode == 0:
-        _run(["userdel", name], check=False)
+        _run(["userdel", "--remove", name], check=False)
 
 
 def info(home: Path | None = None) -> SandboxInfo | None:
