@@ -122,6 +122,9 @@ class HostSetupError(OpsctlError):
         super().__init__(message, hint=hint, log_path=log_path)
         self.missing = missing
 
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "missing": self.missing}
+
 
 class PctTooOld(HostSetupError):
     """pve-container before 5.0.9 has no ``pct exec --keep-env`` (PVE 7, PVE 8.0/8.1)."""

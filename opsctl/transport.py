@@ -432,10 +432,10 @@ def classify_pct_failure(host: HostSpec, ctid: int, result: CommandResult, step:
             f"than 5.0.9 {where}", missing="pve-container >= 5.0.9",
             hint="on the host: apt update && apt install pve-container (PVE 8; a PVE 7 host "
                  "needs the upgrade to PVE 8); `pveversion -v | grep pve-container` shows it")
-    missing = _host_side_missing(host, result, text)
-    if missing is not None:
-        what, hint = missing
-        raise HostSetupError(f"{host.label}: {what} {where}", missing=what, hint=hint)
+    problem = _host_side_missing(host, result, text)
+    if problem is not None:
+        message, missing, hint = problem
+        raise HostSetupError(f"{host.label}: {message} {where}", missing=missing, hint=hint)
     if _container_deadline(result.argv) and missing_in_container(result) == "timeout":
         raise HostSetupError(
             f"{label} has no `timeout` (coreutils), which opsctl runs there to enforce the "
@@ -443,14 +443,15 @@ def classify_pct_failure(host: HostSpec, ctid: int, result: CommandResult, step:
             hint=f"install coreutils in container {ctid}")
 
 
-def _host_side_missing(host: HostSpec, result: CommandResult, text: str) -> tuple[str, str] | None:
-    """(what is missing on the host, hint) when pct could not even be started."""
+def _host_side_missing(host: HostSpec, result: CommandResult,
+                       text: str) -> tuple[str, str, str] | None:
+    """(message, the missing piece, hint) when pct could not even be started on the host."""
     pct = host.pct_path if host.sudo else "pct"
     if host.sudo and not result.stdout and text.startswith("sudo: ") \
             and any(s in text for s in _SUDO_REFUSED):
         line = f"{host.user} ALL=(root) NOPASSWD: {host.pct_path}"
         return (f"sudo refused to run pct for {host.user}: the host's sudoers lacks the line "
-                f"`{line}`", f"on the host: echo '{line}' > /etc/sudoers.d/opsctl "
+                f"`{line}`", line, f"on the host: echo '{line}' > /etc/sudoers.d/opsctl "
                              "&& chmod 0440 /etc/sudoers.d/opsctl (check with visudo -c); if pct "
                              "is not there, set pct_path in the inventory")
     if result.rc not in (1, 126, 127):
@@ -458,14 +459,15 @@ def _host_side_missing(host: HostSpec, result: CommandResult, text: str) -> tupl
     failed = [m[1] for rx in (_TIMEOUT_FAILED, _ENV_FAILED, _SUDO_NOT_FOUND, _SHELL_NOT_FOUND)
               for m in rx.finditer(text)]
     if pct in failed or "pct" in failed:
-        return (f"`{pct}` not found on the host: is it a Proxmox VE node?",
+        return (f"`{pct}` not found on the host: is it a Proxmox VE node?", pct,
                 "opsctl runs `pct` on the host it connects to (the node, not a container); "
                 + (f"set pct_path in the inventory if pct is not {pct}" if host.sudo
                    else "check `command -v pct` there"))
     if "timeout" in failed and not _ATTACH_EXEC_FAILED.search(text):
-        return ("`timeout` (coreutils) not found on the host", "install coreutils on the host")
+        return ("`timeout` (coreutils) not found on the host", "timeout",
+                "install coreutils on the host")
     if "sudo" in failed:
-        return (f"`sudo` not found on the host (inventory: sudo: true for {host.user})",
+        return (f"`sudo` not found on the host (inventory: sudo: true for {host.user})", "sudo",
                 "install sudo on the host, or connect as root")
     return None
 

@@ -79,6 +79,16 @@ def test_pct_refusals_are_classified_by_their_text_not_the_rc(host, rc, stderr, 
     assert exc.value.hint
 
 
+def test_the_missing_piece_is_a_field_the_caller_can_act_on():
+    with pytest.raises(errors.HostSetupError) as exc:
+        classify_pct_failure(ADMIN, 200, result(1, "sudo: a password is required\n"), "exec")
+    assert exc.value.missing == "admin ALL=(root) NOPASSWD: /usr/sbin/pct"
+    with pytest.raises(errors.HostSetupError) as exc:
+        classify_pct_failure(HOST, 200, result(127, "env: 'timeout': No such file or directory\n"),
+                             "exec")
+    assert exc.value.missing == "timeout"
+
+
 def test_each_host_setup_problem_has_its_own_exit_code():
     assert errors.HostSetupError.exit_code == 22
     assert errors.PctTooOld.exit_code == 23
