@@ -99,3 +99,25 @@ def test_a_command_missing_in_the_container_is_named_not_blamed_on_python3(sandb
             agent.call("env", timeout=20)
     assert "`python3.99` not found in the container" in exc.value.message
     assert exc.value.hint == "install python3.99 in the container"
+
+
+def test_the_cli_names_the_missing_sudoers_line_with_exit_22(sandbox, sudo_user, isolated_env):
+    from click.testing import CliRunner
+
+    from opsctl.cli import cli
+
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "admin.yaml").write_text(
+        "hosts:\n  lab:\n"
+        f"    address: {sandbox.host}\n    port: {sandbox.port}\n    user: {sudo_user}\n"
+        f"    identity_file: {sandbox.identity_file}\n    known_hosts: {sandbox.known_hosts_file}\n"
+        "    sudo: true\n")  # pct_path: the default /usr/sbin/pct, which no rule allows here
+    res = CliRunner().invoke(cli, ["exec", "--host", "lab", "--ct", "200", "--", "true"])
+    assert res.exit_code == errors.HOST_SETUP, res.output
+    assert f"{sudo_user} ALL=(root) NOPASSWD: /usr/sbin/pct" in res.output
+    # with the path the rule names, the command runs and its exit code passes through
+    (inv / "admin.yaml").write_text((inv / "admin.yaml").read_text()
+                                    + f"    pct_path: {sandbox.pct_path}\n")
+    ran = CliRunner().invoke(cli, ["exec", "--host", "lab", "--ct", "200", "--", "sh", "-c", "exit 3"])
+    assert ran.exit_code == 3, ran.output
