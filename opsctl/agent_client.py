@@ -163,7 +163,8 @@ def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> Agent
         cls = NoPayload
     elif (missing := missing_in_container(result)) is not None:
         package = {"timeout": "coreutils", "env": "coreutils"}.get(missing, missing)
-        reason, hint = f"`{missing}` not found in the container", f"install {package} in the container"
+        state = "not found" if result.rc == 127 else "not executable"  # execvp ENOENT / EACCES
+        reason, hint = f"`{missing}` {state} in the container", f"install {package} in the container"
     else:
         reason, hint = f"no valid reply (rc={result.rc}): {result.stderr_tail(1) or 'no output'}", None
     raise cls(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,
