@@ -394,6 +394,28 @@ def hosts(check: bool, as_json: bool) -> None:
     render.console().print(table)
 
 
+@cli.command()
+@json_option
+def playbooks(as_json: bool) -> None:
+    """Playbooks by name, with where each was found (./playbooks, ~/.opsctl/playbooks, bundled).
+
+    The first directory that has a name wins; later ones with the same name are shadowed.
+    """
+    from opsctl import paths, render
+    from opsctl import playbook as playbook_mod
+
+    found = playbook_mod.available()
+    if as_json:
+        render.print_json({"playbooks": [f.to_dict() for f in found],
+                           "search_path": [{"origin": d.origin, "path": str(d.path)}
+                                           for d in paths.playbook_dirs()]})
+        return
+    width = max((len(f.name) for f in found), default=4)
+    for f in found:
+        note = "" if f.active else "  (shadowed)"
+        click.echo(f"{f.name:<{width}}  {f.origin:<7}  {f.path}{note}")
+
+
 @cli.group(cls=OpsctlGroup)
 def mux() -> None:
     """Connection multiplexers: one kept SSH connection per host (OPSCTL_MUX=0 disables)."""

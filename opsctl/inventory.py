@@ -1,16 +1,17 @@
 """Hosts and containers from ``inventory/*.yaml`` (pydantic at the boundary).
 
-Files are read from the repo's ``inventory/``, then ``$OPSCTL_HOME/inventory/``
-(where ``opsctl sandbox up`` writes ``sandbox.yaml``), then ``$OPSCTL_INVENTORY``;
-a later definition of the same host name wins. ``--host`` also takes a bare
-address (``10.1.2.6``, ``root@10.1.2.6:2222``) with defaults user=root, port 22.
+Files are read from ``$OPSCTL_INVENTORY``, the current directory's ``inventory/``,
+``$OPSCTL_HOME/inventory/`` (where ``opsctl sandbox up`` writes ``sandbox.yaml``), then the
+bundled one (``opsctl/paths.py``); the first definition of a host name (or of a torch
+build's field) wins. ``--host`` also takes a bare address (``10.1.2.6``,
+``root@10.1.2.6:2222``) with defaults user=root, port 22.
 """
 
 from __future__ import annotations
 
 import re
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,7 +40,9 @@ class HostSpec(BaseModel):
     identity_file: str | None = None
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
     host_key_fingerprint: str | None = None  # "SHA256:..." pin, checked on every connect
-    sudo: bool = False  # prefix `sudo -n` for non-root users
+    sudo: bool = False  # non-root user: run pct (and only pct) with `sudo -n`
+    # the pct a sudoers rule allows (`<user> ALL=(root) NOPASSWD: /usr/sbin/pct`); used with sudo
+    pct_path: str = "/usr/sbin/pct"
     node: str | None = None  # Proxmox node name (informational)
     root: str = DEFAULT_ROOT  # opsctl's directory inside containers
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -64,8 +67,9 @@ class InventoryFile(BaseModel):
 @dataclass(frozen=True)
 class Inventory:
     hosts: dict[str, HostSpec]
-    sources: tuple[str, ...]
+    sources: tuple[str, ...]  # files read, in lookup order
     torch_builds: dict[str, t.Any]
+    origins: dict[str, str] = field(default_factory=dict)  # host name -> the file defining it
 
     def resolve(self, host: str) -> HostSpec:
         """An inventory name, or a bare ``[user@]address[:port]``.
@@ -99,17 +103,20 @@ def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
         ConfigError: a file is not valid (message names file, line and field).
     """
     hosts: dict[str, HostSpec] = {}
+    origins: dict[str, str] = {}
     builds: dict[str, t.Any] = {}
-    sources: list[str] = []
-    for d in dirs if dirs is not None else paths.inventory_dirs():
-        if not d.is_dir():
-            continue
-        for path in sorted(d.glob("*.yaml")):
-            data, lines = yamlfile.load(path)
-            parsed = yamlfile.validate(InventoryFile, data or {}, path, lines)
-            for name, spec in parsed.hosts.items():
-                hosts[name] = spec.model_copy(update={"name": name})
-            if parsed.torch_builds:
-                builds.update(parsed.torch_builds)
-            sources.append(str(path))
-    return Inventory(hosts=hosts, sources=tuple(sources), torch_builds=builds)
+    files = [path for d in (dirs if dirs is not None else paths.inventory_dirs()) if d.is_dir()
+             for path in sorted(d.glob("*.yaml"))]
+    for path in reversed(files):  # read last first, so that the first definition wins
+        data, lines = yamlfile.load(path)
+        parsed = yamlfile.validate(InventoryFile, data or {}, path, lines)
+        for name, spec in parsed.hosts.items():
+            hosts[name] = spec.model_copy(update={"name": name})
+            origins[name] = str(path)
+        for variant, row in (parsed.torch_builds or {}).items():
+            if isinstance(row, dict) and isinstance(builds.get(variant), dict):
+                builds[variant] = {**builds[variant], **row}
+            else:
+                builds[variant] = row
+    return Inventory(hosts=hosts, sources=tuple(str(p) for p in files), torch_builds=builds,
+                     origins=origins)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from opsctl import paths
 from opsctl.errors import ConfigError, TorchEnvError
 
-DEFAULTS_PATH = paths.REPO_ROOT / "inventory" / "torch-builds.yaml"
+DEFAULTS_PATH = paths.BUNDLED / "inventory" / "torch-builds.yaml"
 DEFAULT_INDEX = "https://download.pytorch.org/whl/{variant}"
 _VARIANT_RE = re.compile(r"^(cpu|cu\d{3})$")
 _RELEASE_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.]*)$")

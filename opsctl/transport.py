@@ -35,7 +35,8 @@ from opsctl.errors import (
     ContainerNotRunning,
     DeadlineExceeded,
     HostKeyError,
-    RemoteCommandFailed,
+    HostSetupError,
+    PctTooOld,
     TransportError,
 )
 
@@ -238,7 +239,8 @@ class Remote:
             DeadlineExceeded: the deadline fired (the remote group was killed).
         """
         argv = [str(a) for a in argv]
-        command = host_command(argv, timeout=timeout, sudo=self.host.sudo)
+        command = host_command(argv, timeout=timeout, sudo=self.host.sudo,
+                               pct_path=self.host.pct_path)
         local_deadline = None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
         result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline, step)
         if timeout is not None and result.rc in TIMEOUT_RCS and result.elapsed_s >= timeout:
@@ -263,7 +265,7 @@ class Remote:
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step)
         if check_container and result.rc != 0:
-            classify_pct_failure(self.host.label, ctid, result, step)
+            classify_pct_failure(self.host, ctid, result, step)
         return result
 
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
@@ -346,14 +348,27 @@ def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
     return ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
 
 
-def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False) -> str:
-    """The one string sent to sshd: ``[sudo -n] [timeout …] argv``, joined once by shlex."""
+#: Real pct decodes every argument with the session's locale before it execs lxc-attach
+#: (pve-common JSONSchema.pm get_options: ``decode('locale', ...)``): under LANG=C each
+#: non-ASCII byte becomes U+FFFD. C.UTF-8 is built into glibc >= 2.35 and every Debian, so
+#: it makes the round trip byte-exact whatever locale the SSH session has.
+HOST_LOCALE = ("env", "LC_ALL=C.UTF-8")
+
+
+def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False,
+                 pct_path: str = "/usr/sbin/pct") -> str:
+    """The one string sent to sshd, joined once by shlex.
+
+    ``env LC_ALL=C.UTF-8 [timeout -k 2 T] [sudo -n <pct_path>|pct] args``: only pct runs
+    under sudo (the usual sudoers rule allows ``/usr/sbin/pct`` alone; allowing ``timeout``
+    would be allowing everything), and by the exact path such a rule names.
+    """
     wrapped = [str(a) for a in argv]
+    if sudo and wrapped[:1] == ["pct"]:
+        wrapped = ["sudo", "-n", pct_path, *wrapped[1:]]
     if timeout is not None:
         wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
-    if sudo:
-        wrapped = ["sudo", "-n", *wrapped]
-    return shlex.join(wrapped)
+    return shlex.join([*HOST_LOCALE, *wrapped])
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
@@ -373,33 +388,111 @@ def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
 
 
 # --- classification of pct's own failures ---------------------------------------------
+# By pct's exact message (stdout empty), never by its exit code: pct's errors are Perl `die`s
+# whose exit code is whatever errno was left (2 for a missing container, ENOENT from the
+# cluster filesystem), and the command's own exit code passes through `pct exec` unchanged.
 
-_MISSING = re.compile(r"Configuration file '[^']*/(\d+)\.conf' does not exist")
-_NOT_RUNNING = re.compile(r"CT (\d+) not running|container '?(\d+)'? (?:is )?not running", re.I)
+_MISSING = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist\n")
+_NOT_RUNNING = re.compile(r"container '(\d+)' not running!\n")
+_NO_KEEP_ENV = "Unknown option: keep-env\n"  # pve-container < 5.0.9, Getopt::Long's warning
+_SUDO_REFUSED = ("sudo: a password is required", "sudo: a terminal is required",
+                 "is not allowed to execute", "is not in the sudoers file")
+#: coreutils timeout(1) when it cannot exec its command (rc 126/127)
+_TIMEOUT_FAILED = re.compile(r"^timeout: failed to run command [‘'](.+?)[’']", re.M)
+#: lxc src/lxc/attach.c lxc_attach_run_command: execvp failed in the container (rc 126/127)
+_ATTACH_EXEC_FAILED = re.compile(r'Failed to exec "(.+?)"')
+#: env(1) when it cannot exec its command: `env: 'timeout': No such file or directory`
+_ENV_FAILED = re.compile(r"^env: [‘'](.+?)[’']: No such file", re.M)
+_SUDO_NOT_FOUND = re.compile(r"^sudo: (.+?): command not found", re.M)
+_SHELL_NOT_FOUND = re.compile(r"(?:^|: )(sudo|env|timeout): (?:command )?not found", re.M)
 
 
-def classify_pct_failure(host: str, ctid: int, result: CommandResult, step: str) -> None:
-    """Raise the container error pct reported, or return if the command itself failed.
+def classify_pct_failure(host: HostSpec, ctid: int, result: CommandResult, step: str) -> None:
+    """Raise the error pct (or what runs it) reported, or return if the command itself failed.
 
     Raises:
         ContainerMissing, ContainerNotRunning: pct refused before running anything.
-        RemoteCommandFailed: pct (or sudo) itself is missing on the host.
+        PctTooOld: the host's pve-container has no ``exec --keep-env``.
+        HostSetupError: pct, ``timeout`` or the sudoers rule is missing on the host, or
+            ``timeout`` in the container when opsctl put a deadline there.
     """
     text = result.stderr.decode("utf-8", "replace")
-    label = f"{host}: container {ctid}"
-    # pct dies with 255 (PVE CLIHandler); a user command printing the same text is not pct's refusal
-    if result.rc == 255 and _MISSING.search(text):
-        raise ContainerMissing(f"{label} does not exist (step: {step or 'pct exec'})",
+    label = f"{host.label}: container {ctid}"
+    where = f"(step: {step or 'pct exec'})"
+    quiet = result.stdout == b""
+    if quiet and (m := _MISSING.fullmatch(text)) and m[1] == str(ctid):
+        raise ContainerMissing(f"{label} does not exist {where}",
                                hint="`opsctl hosts --check` lists the containers each host has")
-    if result.rc == 255 and _NOT_RUNNING.search(text):
-        raise ContainerNotRunning(f"{label} is not running (step: {step or 'pct exec'})",
+    if quiet and (m := _NOT_RUNNING.fullmatch(text)) and m[1] == str(ctid):
+        raise ContainerNotRunning(f"{label} is not running {where}",
                                   hint=f"start it on the host: pct start {ctid}")
-    if result.rc == 127 and ("pct: command not found" in text or "pct: not found" in text):
-        raise RemoteCommandFailed(f"{host}: `pct` not found — is this a Proxmox host?",
-                                  argv=result.argv, rc=result.rc, stderr_tail=result.stderr_tail())
-    if result.rc == 1 and "sudo:" in text and "password" in text:
-        raise RemoteCommandFailed(f"{host}: sudo needs a password for pct (use NOPASSWD)",
-                                  argv=result.argv, rc=result.rc, stderr_tail=result.stderr_tail())
+    if quiet and text.startswith(_NO_KEEP_ENV) and "400 unable to parse option" in text:
+        raise PctTooOld(
+            f"{host.label}: pct has no `exec --keep-env`: the host's pve-container is older "
+            f"than 5.0.9 {where}", missing="pve-container >= 5.0.9",
+            hint="on the host: apt update && apt install pve-container (PVE 8; a PVE 7 host "
+                 "needs the upgrade to PVE 8); `pveversion -v | grep pve-container` shows it")
+    problem = _host_side_missing(host, result, text)
+    if problem is not None:
+        message, missing, hint = problem
+        raise HostSetupError(f"{host.label}: {message} {where}", missing=missing, hint=hint)
+    if _container_deadline(result.argv) and missing_in_container(result) == "timeout":
+        raise HostSetupError(
+            f"{label} has no `timeout` (coreutils), which opsctl runs there to enforce the "
+            f"deadline {where}", missing="timeout",
+            hint=f"install coreutils in container {ctid}")
+
+
+def _host_side_missing(host: HostSpec, result: CommandResult,
+                       text: str) -> tuple[str, str, str] | None:
+    """(message, the missing piece, hint) when pct could not even be started on the host."""
+    pct = host.pct_path if host.sudo else "pct"
+    if host.sudo and not result.stdout and text.startswith("sudo: ") \
+            and any(s in text for s in _SUDO_REFUSED):
+        line = f"{host.user} ALL=(root) NOPASSWD: {host.pct_path}"
+        return (f"sudo refused to run pct for {host.user}: the host's sudoers lacks the line "
+                f"`{line}`", line, f"on the host: echo '{line}' > /etc/sudoers.d/opsctl "
+                             "&& chmod 0440 /etc/sudoers.d/opsctl (check with visudo -c); if pct "
+                             "is not there, set pct_path in the inventory")
+    if result.rc not in (1, 126, 127):
+        return None
+    failed = [m[1] for rx in (_TIMEOUT_FAILED, _ENV_FAILED, _SUDO_NOT_FOUND, _SHELL_NOT_FOUND)
+              for m in rx.finditer(text)]
+    if pct in failed or "pct" in failed:
+        return (f"`{pct}` not found on the host: is it a Proxmox VE node?", pct,
+                "opsctl runs `pct` on the host it connects to (the node, not a container); "
+                + (f"set pct_path in the inventory if pct is not {pct}" if host.sudo
+                   else "check `command -v pct` there"))
+    if "timeout" in failed and not _ATTACH_EXEC_FAILED.search(text):
+        return ("`timeout` (coreutils) not found on the host", "timeout",
+                "install coreutils on the host")
+    if "sudo" in failed:
+        return (f"`sudo` not found on the host (inventory: sudo: true for {host.user})", "sudo",
+                "install sudo on the host, or connect as root")
+    return None
+
+
+def _container_deadline(argv: t.Sequence[str]) -> bool:
+    """Did opsctl put ``timeout`` in front of the container command (see pct_argv)?"""
+    try:
+        rest = list(argv)[list(argv).index("--") + 1:]
+    except ValueError:
+        return False
+    return rest[:1] == ["timeout"]
+
+
+def missing_in_container(result: CommandResult) -> str | None:
+    """The command the container could not exec (lxc-attach or timeout said so), else None."""
+    if result.rc not in (126, 127):
+        return None
+    text = result.stderr.decode("utf-8", "replace")
+    if m := _ATTACH_EXEC_FAILED.search(text):  # lxc-attach: the first command itself
+        return m[1]
+    if m := _TIMEOUT_FAILED.search(text):  # the container-side deadline's command
+        return m[1]
+    if m := _ENV_FAILED.search(text):  # `env VAR=... cmd` in the container (the agent's argv)
+        return m[1]
+    return None
 
 
 def save_log(step: str, result: CommandResult) -> Path:
