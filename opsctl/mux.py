@@ -225,6 +225,7 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
     start = time.monotonic()
     frames = _Frames(sock)
     writer: threading.Thread | None = None
+    stop_feeding = threading.Event()
     try:
         try:
             sock.sendall(json.dumps({"op": "exec", "command": command,
@@ -235,7 +236,7 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
         if first is None or first[0] != b"S":  # nothing ran: go direct
             return None
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(sock, stdin), daemon=True)
+            writer = threading.Thread(target=_feed, args=(sock, stdin, stop_feeding), daemon=True)
             writer.start()
         out: list[bytes] = []
         err: list[bytes] = []
@@ -270,18 +271,20 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
                 raise TransportError(f"{spec.label}: connection lost during {what}: "
                                      f"{data.decode(errors='replace')}")
     finally:
+        stop_feeding.set()  # never leave a thread reading our stdin (issue 15 item 2)
         sock.close()  # on Ctrl-C or a deadline this makes the mux close the channel
+        if writer is not None:
+            writer.join(timeout=1)
 
 
-def _feed(sock: socket.socket, stdin: bytes | t.BinaryIO) -> None:
+def _feed(sock: socket.socket, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
+    from opsctl import stdinfeed
+
     try:
-        if isinstance(stdin, bytes):
-            for i in range(0, len(stdin), 1 << 16):
-                _send(sock, b"i", stdin[i:i + (1 << 16)])
-        else:
-            while chunk := stdin.read(1 << 16):
-                _send(sock, b"i", chunk)
-        _send(sock, b"I")
+        for chunk in stdinfeed.chunks(stdin, stop):
+            _send(sock, b"i", chunk)
+        if not stop.is_set():
+            _send(sock, b"I")
     except (OSError, ValueError):  # the call ended first; its rc tells the story
         pass
 

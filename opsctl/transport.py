@@ -292,8 +292,9 @@ class Remote:
             self.close()
             raise TransportError(f"{self.host.label}: cannot start {step or argv[0]}: {exc}") from None
         writer: threading.Thread | None = None
+        stop_feeding = threading.Event()
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(chan, stdin), daemon=True)
+            writer = threading.Thread(target=_feed, args=(chan, stdin, stop_feeding), daemon=True)
             writer.start()
         else:
             chan.shutdown_write()
@@ -328,6 +329,7 @@ class Remote:
             raise TransportError(f"{self.host.label}: connection lost during {step or argv[0]}: "
                                  f"{exc}") from None
         finally:
+            stop_feeding.set()  # the command ended: stop reading our stdin (issue 15 item 2)
             chan.close()
         if writer is not None:
             writer.join(timeout=5)
@@ -356,13 +358,12 @@ def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: b
     return shlex.join(wrapped)
 
 
-def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
+def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
+    from opsctl import stdinfeed
+
     try:
-        if isinstance(stdin, bytes):
-            chan.sendall(stdin)
-        else:
-            while chunk := stdin.read(1 << 16):
-                chan.sendall(chunk)
+        for chunk in stdinfeed.chunks(stdin, stop):
+            chan.sendall(chunk)
     except (OSError, EOFError):  # remote closed early; its exit status tells the story
         pass
     finally:
