@@ -31,6 +31,7 @@ from pathlib import Path
 from opsctl import paths
 from opsctl.errors import (
     AuthError,
+    ConfigError,
     ContainerMissing,
     ContainerNotRunning,
     DeadlineExceeded,
@@ -83,6 +84,52 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
+
+
+_warned_lines: set[tuple[str, int]] = set()
+
+
+def load_known_hosts(host_keys: paramiko.HostKeys, path: Path) -> int:
+    """Add ``path``'s entries to ``host_keys``; returns how many lines were skipped.
+
+    Unlike paramiko's loader, one malformed line (bad base64, broken key blob, not UTF-8)
+    — usually for some other host — is skipped with a one-line warning naming file:line
+    instead of failing every command with a traceback (issue 15, item 6). OpenSSH also
+    ignores such lines. A host whose own line is unreadable is then simply unknown, and the
+    unknown-key refusal says so.
+
+    Raises:
+        HostKeyError: the file exists but cannot be read at all.
+    """
+    import sys
+
+    import paramiko
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
+    skipped = 0
+    for lineno, bline in enumerate(raw.splitlines(), 1):
+        line = bline.decode("utf-8", "replace").strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception as exc:  # any broken line is skipped, never fatal
+            skipped += 1
+            if (str(path), lineno) not in _warned_lines:
+                _warned_lines.add((str(path), lineno))
+                sys.stderr.write(f"warning: {path}:{lineno}: unreadable known_hosts line "
+                                 f"ignored ({type(exc).__name__})\n")
+            continue
+        if entry is None:  # too few fields or a key type paramiko does not know
+            continue
+        for name in entry.hostnames:
+            host_keys.add(name, entry.key.get_name(), entry.key)
+    return skipped
 
 
 def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.Any:
@@ -170,11 +217,7 @@ class Remote:
                                  connect_kwargs=connect_kwargs)
         client = conn.client
         kh = self.known_hosts
-        if kh.exists():
-            try:
-                client.load_host_keys(str(kh))
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyError(f"cannot read known_hosts {kh}: {exc}") from None
+        load_known_hosts(client.get_host_keys(), kh)
         client.set_missing_host_key_policy(
             _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key))
         where = f"{self.host.ssh_label()}"
@@ -239,6 +282,7 @@ class Remote:
         """
         argv = [str(a) for a in argv]
         command = host_command(argv, timeout=timeout, sudo=self.host.sudo)
+        check_command(self.host.label, step or argv[0], argv, command)
         local_deadline = None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
         result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline, step)
         if timeout is not None and result.rc in TIMEOUT_RCS and result.elapsed_s >= timeout:
@@ -337,6 +381,32 @@ class Remote:
             rc = 255
         return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
                              time.monotonic() - start)
+
+
+#: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
+#: ONE argument of ``$SHELL -c``, and Linux caps a single argument at MAX_ARG_STRLEN = 128 KiB
+#: (32 pages); OpenSSH drops the whole connection (``Bad packet length``) when a packet exceeds
+#: 256 KiB, which kills every other command multiplexed on it (issue 15, item 3). 100 KiB keeps
+#: a margin for ``sudo``/``timeout``/``pct exec`` words and the channel-request framing. Bigger
+#: inputs go on stdin.
+MAX_COMMAND_BYTES = 100 * 1024
+
+
+def check_command(host: str, what: str, argv: t.Sequence[str], command: str) -> None:
+    """Refuse, locally, what the remote side cannot take (nothing is sent).
+
+    Raises:
+        ConfigError: a NUL byte in an argument, or a command over :data:`MAX_COMMAND_BYTES`.
+    """
+    nul = [i for i, a in enumerate(argv) if "\0" in a]
+    if nul:
+        raise ConfigError(f"{host}: {what}: argument {nul[0]} contains a NUL byte, which no "
+                          "process can receive; nothing was sent")
+    size = len(command.encode("utf-8", "surrogateescape"))
+    if size > MAX_COMMAND_BYTES:
+        raise ConfigError(f"{host}: {what}: the command is {size} bytes, over the "
+                          f"{MAX_COMMAND_BYTES} bytes a remote command line may have; nothing "
+                          "was sent", hint="pass large input on stdin or in a file instead")
 
 
 def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,

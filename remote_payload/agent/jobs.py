@@ -32,7 +32,7 @@ HANGUP = "hangup"  # the wrapper got SIGHUP: tmux server or pane went away
 WRAPPER_ERROR = "wrapper_error.txt"  # traceback of a wrapper crash (a bug)
 STACK_DUMPS = "stack-dumps"
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_ID_RE = re.compile(wire.JOB_ID_PATTERN)
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
 # how long status waits for the wrapper to record the exit of a child it saw die
 EXIT_RECORD_WAIT_S = 1.0
