@@ -454,14 +454,14 @@ def host_trust(host_name: str, yes: bool) -> None:
     """Show the host's key fingerprint and record it in known_hosts."""
     from opsctl import hostcheck
 
-    fp, already = hostcheck.fetch_fingerprint(host_name)
-    click.echo(f"{host_name}: host key {fp}")
-    if already:
+    shown = hostcheck.fetch_host_key(host_name)  # the one connection: shown == recorded
+    click.echo(f"{host_name}: host key {shown.key.get_name()} {shown.fingerprint}")
+    if shown.trusted:
         click.echo("already trusted")
         return
     if not yes and not click.confirm("trust this key?", default=False):
         raise errors.HostKeyError(f"{host_name}: key not trusted")
-    hostcheck.trust(host_name)
+    hostcheck.record(shown)
     click.echo("recorded in known_hosts")
 
 

@@ -132,7 +132,7 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path) -> int:
     return skipped
 
 
-def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.Any:
+def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label: str) -> t.Any:
     import paramiko
 
     class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc,unused-ignore]
@@ -153,7 +153,7 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.A
             if not accept_new:
                 raise HostKeyError(
                     f"host key of {hostname} is not in {known_hosts} ({key.get_name()} {fp})",
-                    hint=f"check the fingerprint, then `opsctl host trust --host {hostname}` "
+                    hint=f"check the fingerprint, then `opsctl host trust --host {label}` "
                          "or pass --accept-new-host-key")
             known_hosts.parent.mkdir(parents=True, exist_ok=True)
             with known_hosts.open("a", encoding="utf-8") as f:
@@ -219,7 +219,8 @@ class Remote:
         kh = self.known_hosts
         load_known_hosts(client.get_host_keys(), kh)
         client.set_missing_host_key_policy(
-            _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key))
+            _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
+                         self.host.label))
         where = f"{self.host.ssh_label()}"
         try:
             conn.open()
