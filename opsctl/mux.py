@@ -58,6 +58,9 @@ ENV_IDLE = "OPSCTL_MUX_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
 #: How long a client waits for the mux to start the command before going direct.
 START_TIMEOUT_S = 10.0
+#: How long a call waits for a free SSH session on the shared connection before the mux
+#: tells it to connect on its own; well under START_TIMEOUT_S, so the mux answers first.
+QUEUE_WAIT_S = 4.0
 _HDR = struct.Struct("!cI")
 _MAX_SUN_PATH = 100  # AF_UNIX path limit is 108 bytes on Linux; keep a margin
 
@@ -96,9 +99,8 @@ def _known_hosts(spec: HostSpec) -> Path:
 def key(spec: HostSpec) -> str:
     """What a mux connection is bound to: identity and the trust state it verified."""
     kh = _known_hosts(spec)
-    try:
-        st = kh.stat()
-        kh_state: list[int] | None = [st.st_ino, st.st_size, st.st_mtime_ns]
+    try:  # its content, not its stat: a `touch` must not start a second mux (issue 15 #12)
+        kh_state: str | None = hashlib.sha256(kh.read_bytes()).hexdigest()
     except OSError:
         kh_state = None
     ident = [spec.user, spec.address, spec.port, spec.identity_file, spec.host_key_fingerprint,
@@ -378,6 +380,12 @@ class Server:
         self.stopping = False
         self.listener: socket.socket | None = None
         self.inode: int | None = None
+        # SSH channels open on our one connection, and the most the server accepted at once:
+        # sshd refuses a channel beyond its MaxSessions (OpenSSH default 10), so after the
+        # first refusal calls queue for a free channel (issue 15 #3).
+        self.channels = 0
+        self.max_channels: int | None = None
+        self.slot_freed = threading.Condition(self.lock)
 
     def open(self) -> None:
         """Connect (host-key policy enforced by Remote) and listen.
@@ -398,10 +406,15 @@ class Server:
         self.inode = self.path.stat().st_ino
         self.listener = listener
 
-    def _alive(self) -> bool:
+    def _connected(self) -> bool:
         transport = self.remote._conn.client.get_transport() if self.remote._conn else None
-        if transport is None or not transport.is_active():
+        return transport is not None and transport.is_active()
+
+    def _alive(self) -> bool:
+        if not self._connected():
             return False
+        if socket_path(self.spec, create=False) != self.path:
+            return False  # known_hosts (or its path) changed: a new mux serves the new state
         try:  # our socket file removed or replaced: nobody can reach us any more
             return self.path.stat().st_ino == self.inode
         except OSError:
@@ -422,8 +435,26 @@ class Server:
                         self.active += 1
                         self.last = time.monotonic()
                     threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            self._retire()
         finally:
             self.close()
+
+    def _retire(self) -> None:
+        """Stop taking calls, then let the ones in flight finish on the live connection.
+
+        Closing the connection at once would kill every command running through it (a
+        ``touch`` of known_hosts or ``mux stop`` must not cost another shell its ``exec``).
+        """
+        try:
+            if self.inode is not None and self.path.stat().st_ino == self.inode:
+                self.path.unlink()
+        except OSError:
+            pass
+        if self.listener is not None:
+            self.listener.close()
+        with self.lock:
+            while self.active > 0 and self._connected():
+                self.slot_freed.wait(0.5)
 
     def close(self) -> None:
         try:
@@ -457,20 +488,86 @@ class Server:
             with self.lock:
                 self.active -= 1
                 self.last = time.monotonic()
+                self.slot_freed.notify_all()
+
+    def _open_channel(self, conn: socket.socket) -> t.Any:
+        """A session channel, waiting (bounded) for a free one; None after answering ``U``.
+
+        A refused channel (sshd's MaxSessions: "administratively prohibited") fails nothing:
+        the limit is learned, the call waits for a channel to close, and after
+        :data:`QUEUE_WAIT_S` it is told to connect on its own (``U``: nothing ran). Only a
+        dead connection ends the mux — and then no command could run on it anyway.
+        """
+        import paramiko
+
+        deadline = time.monotonic() + QUEUE_WAIT_S
+        while True:
+            with self.lock:
+                while self.max_channels is not None and self.channels >= self.max_channels:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.slot_freed.wait(left)
+                if self.max_channels is not None and self.channels >= self.max_channels:
+                    _send(conn, b"U", b"all SSH sessions of the shared connection are busy")
+                    return None
+                self.channels += 1
+            transport = self.remote._conn.client.get_transport() if self.remote._conn else None
+            try:
+                if transport is None or not transport.is_active():
+                    raise paramiko.SSHException("connection closed")
+                return transport.open_session(timeout=self.spec.connect_timeout_s)
+            except paramiko.ChannelException as exc:  # refused: the server's session limit
+                with self.lock:
+                    self.channels -= 1
+                    # never shrink below what once worked: a refusal can also come from a
+                    # channel whose close the server has not processed yet
+                    self.max_channels = max(1, self.channels, self.max_channels or 0)
+                    left = deadline - time.monotonic()
+                    if self.channels == 0 or left <= 0:
+                        _send(conn, b"U", str(exc).encode())
+                        return None
+                    self.slot_freed.wait(min(0.2, left))
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                with self.lock:
+                    self.channels -= 1
+                    self.slot_freed.notify_all()
+                if not self._connected():
+                    self.stopping = True  # our connection is broken: clients go direct
+                _send(conn, b"U", str(exc).encode())
+                return None
+
+    def _release_channel(self) -> None:
+        with self.lock:
+            self.channels -= 1
+            self.slot_freed.notify_all()
 
     def _exec(self, conn: socket.socket, command: str, has_stdin: bool) -> None:
         import paramiko
 
-        transport = self.remote._conn.client.get_transport() if self.remote._conn else None
-        try:
-            if transport is None or not transport.is_active():
-                raise paramiko.SSHException("connection closed")
-            chan = transport.open_session(timeout=self.spec.connect_timeout_s)
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.stopping = True  # our connection is broken: let clients go direct
-            _send(conn, b"U", str(exc).encode())
+        chan = self._open_channel(conn)
+        if chan is None:
             return
+        try:
+            if _hung_up(conn):  # the client gave up waiting and went direct: never run twice
+                chan.close()
+                return
+            try:
+                chan.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                chan.close()
+                if not self._connected():
+                    self.stopping = True
+                _send(conn, b"U", str(exc).encode())
+                return
+            self._run(conn, chan, has_stdin)
+        finally:
+            self._release_channel()
+
+    def _run(self, conn: socket.socket, chan: t.Any, has_stdin: bool) -> None:
+        import paramiko
+
+        transport = chan.get_transport()
         _send(conn, b"S")
         done = threading.Event()
         reader = threading.Thread(target=_pump_stdin, args=(conn, chan, has_stdin, done), daemon=True)
@@ -499,6 +596,16 @@ class Server:
         finally:
             done.set()
             chan.close()
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """True when the client closed its end (it timed out waiting and connected directly)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _read_line(conn: socket.socket, limit: int = 1 << 20) -> dict[str, t.Any]:
