@@ -308,8 +308,20 @@ class Remote:
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step)
         if check_container and result.rc != 0:
-            classify_pct_failure(self.host.label, ctid, result, step)
+            try:
+                classify_pct_failure(self.host.label, ctid, result, step)
+            except (ContainerMissing, ContainerNotRunning):
+                # The command itself may print pct's words and exit with pct's code; only
+                # believe them when the container really is not there (issue 15 #12).
+                if self._container_running(ctid):
+                    return result
+                raise
         return result
+
+    def _container_running(self, ctid: int) -> bool:
+        """``pct status <ctid>`` says running (one extra round trip, on the failure path only)."""
+        res = self.run(["pct", "status", str(ctid)], timeout=30, step="pct status")
+        return res.rc == 0 and res.stdout.decode("utf-8", "replace").split() == ["status:", "running"]
 
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
               on_stdout: Output | None, on_stderr: Output | None,
