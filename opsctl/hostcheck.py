@@ -92,10 +92,20 @@ def fetch_host_key(host: str) -> ShownKey:
 
     spec = inventory.load().resolve(host)
     where = spec.ssh_label()
+    gateway = Remote(spec)._gateway()  # ProxyJump hops, each checked against known_hosts
     try:
-        sock = socket.create_connection((spec.address, spec.port), timeout=spec.connect_timeout_s)
-    except OSError as exc:
-        raise TransportError(f"cannot connect to {where}: {exc.strerror or exc}") from None
+        if gateway is not None:
+            gateway.open()
+            sock: t.Any = gateway.transport.open_channel(
+                "direct-tcpip", (spec.address, spec.port), ("", 0))
+        else:
+            sock = socket.create_connection((spec.address, spec.port),
+                                            timeout=spec.connect_timeout_s)
+    except OpsctlError:
+        raise
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        raise TransportError(f"cannot connect to {where}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=spec.connect_timeout_s)
@@ -104,6 +114,8 @@ def fetch_host_key(host: str) -> ShownKey:
         raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
     finally:
         transport.close()
+        if gateway is not None:
+            gateway.close()
     fp = fingerprint(key)
     if spec.host_key_fingerprint is not None and fp != spec.host_key_fingerprint:
         raise HostKeyError(f"host key of {where} is {fp}, but the inventory pins "

@@ -3,7 +3,9 @@
 Files are read from the repo's ``inventory/``, then ``$OPSCTL_HOME/inventory/``
 (where ``opsctl sandbox up`` writes ``sandbox.yaml``), then ``$OPSCTL_INVENTORY``;
 a later definition of the same host name wins. ``--host`` also takes a bare
-address (``10.1.2.6``, ``root@10.1.2.6:2222``) with defaults user=root, port 22.
+address (``10.1.2.6``, ``root@10.1.2.6:2222``, ``[::1]:2222``) with defaults user=root,
+port 22. A host name that is an alias in ``~/.ssh/config`` gets its HostName, User, Port,
+IdentityFile and ProxyJump unless the inventory or ``--host`` sets them (opsctl/sshconfig.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsctl import paths, yamlfile
+from opsctl import paths, sshconfig, yamlfile
 from opsctl.errors import ConfigError
 
 DEFAULT_ROOT = "/opt/opsctl"
@@ -37,6 +39,7 @@ class HostSpec(BaseModel):
     port: int = Field(default=22, ge=1, le=65535)
     user: str = "root"
     identity_file: str | None = None
+    proxy_jump: str | None = None  # OpenSSH ProxyJump: [user@]host[:port][,…] (hops in order)
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
     host_key_fingerprint: str | None = None  # "SHA256:..." pin, checked on every connect
     sudo: bool = False  # prefix `sudo -n` for non-root users
@@ -83,7 +86,8 @@ class Inventory:
             ConfigError: neither a known name nor something that looks like an address.
         """
         if host in self.hosts:
-            return self.hosts[host]
+            spec = self.hosts[host]
+            return sshconfig.apply(spec, spec.model_fields_set)
         m = _BARE.fullmatch(host)
         if m is None:
             known = ", ".join(sorted(self.hosts)) or "(none)"
@@ -94,8 +98,13 @@ class Inventory:
         by_address = [h for h in self.hosts.values()
                       if h.address == address and (port is None or port == h.port)]
         if by_address and m["user"] is None:
-            return by_address[0]
-        return HostSpec(name=host, address=address, user=m["user"] or "root", port=port or 22)
+            return sshconfig.apply(by_address[0], by_address[0].model_fields_set)
+        given: dict[str, t.Any] = {"name": host, "address": address}
+        if m["user"] is not None:
+            given["user"] = m["user"]
+        if port is not None:
+            given["port"] = port
+        return sshconfig.apply(HostSpec(**given), given)
 
 
 # [user@]address[:port]; address is a host name, an IPv4 address, or a bracketed IPv6/IPv4

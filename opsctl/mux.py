@@ -104,7 +104,7 @@ def key(spec: HostSpec) -> str:
     except OSError:
         kh_state = None
     ident = [spec.user, spec.address, spec.port, spec.identity_file, spec.host_key_fingerprint,
-             str(kh), kh_state]
+             str(kh), kh_state, spec.proxy_jump]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
 
 

@@ -202,7 +202,6 @@ class Remote:
     def _open(self) -> fabric.Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
-        import fabric
         import paramiko
 
         connect_kwargs: dict[str, t.Any] = {
@@ -212,9 +211,7 @@ class Remote:
         if self.host.identity_file:
             connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
                                   look_for_keys=False, allow_agent=False)
-        conn = fabric.Connection(self.host.address, user=self.host.user, port=self.host.port,
-                                 connect_timeout=max(1, int(self.host.connect_timeout_s)),
-                                 connect_kwargs=connect_kwargs)
+        conn = self._connection(self.host, connect_kwargs, gateway=self._gateway())
         client = conn.client
         kh = self.known_hosts
         load_known_hosts(client.get_host_keys(), kh)
@@ -259,6 +256,47 @@ class Remote:
         transport.set_keepalive(self.keepalive_s)
         self._conn = conn
         return conn
+
+    @staticmethod
+    def _connection(spec: HostSpec, connect_kwargs: dict[str, t.Any],
+                    gateway: fabric.Connection | None) -> fabric.Connection:
+        import fabric
+        import paramiko
+
+        # ~/.ssh/config was applied once, by opsctl/sshconfig.py, into ``spec``; fabric must
+        # not apply it again (its gateways would trust any host key).
+        config = fabric.Config(ssh_config=paramiko.SSHConfig())
+        return fabric.Connection(spec.address, user=spec.user, port=spec.port, config=config,
+                                 connect_timeout=max(1, int(spec.connect_timeout_s)),
+                                 connect_kwargs=connect_kwargs,
+                                 gateway=gateway if gateway is not None else False)
+
+    def _gateway(self) -> fabric.Connection | None:
+        """The ProxyJump hops as nested fabric gateways, each checked against known_hosts.
+
+        Raises:
+            ConfigError: a hop is not ``[user@]host[:port]``.
+        """
+        if not self.host.proxy_jump:
+            return None
+        from opsctl import inventory
+
+        gateway: fabric.Connection | None = None
+        kh = self.known_hosts
+        for hop in self.host.proxy_jump.split(","):
+            spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve(hop.strip())
+            if spec.proxy_jump:
+                raise ConfigError(f"{self.host.label}: ProxyJump hop {hop!r} has its own "
+                                  "ProxyJump; list every hop in one ProxyJump instead")
+            kwargs: dict[str, t.Any] = {"banner_timeout": spec.connect_timeout_s,
+                                        "auth_timeout": spec.connect_timeout_s}
+            if spec.identity_file:
+                kwargs.update(key_filename=[os.path.expanduser(spec.identity_file)])
+            gateway = self._connection(spec, kwargs, gateway)
+            load_known_hosts(gateway.client.get_host_keys(), kh)
+            gateway.client.set_missing_host_key_policy(
+                _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
+        return gateway
 
     def server_fingerprint(self) -> str:
         """Connect (trusting per policy) and return the server's host-key fingerprint."""
