@@ -46,7 +46,9 @@ def list_hosts(check: bool) -> list[HostRow]:
         if check:
             start = time.monotonic()
             try:
-                quick = spec.model_copy(update={"connect_timeout_s": min(spec.connect_timeout_s, 5)})
+                resolved = inv.resolve(name)  # with ~/.ssh/config applied, as every command does
+                quick = resolved.model_copy(
+                    update={"connect_timeout_s": min(resolved.connect_timeout_s, 5)})
                 with Remote(quick) as r:
                     res = r.run(["pct", "list"], timeout=10, step="pct list")
                 row.reachable = True
