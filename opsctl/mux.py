@@ -17,8 +17,13 @@ Life cycle
   its SSH connection drops, when its socket file is removed or replaced, or on
   ``opsctl mux stop``. ``OPSCTL_MUX=0`` disables it.
 - Sockets live in ``$OPSCTL_HOME/mux/`` (0700, checked before use). The name
-  hashes user@host:port, identity file, host-key pin, the known_hosts path *and*
-  its stat: editing known_hosts (a changed or revoked key) retires the old mux.
+  hashes user@host:port, identity file, ProxyJump, host-key pin, the known_hosts
+  path *and* its content: editing known_hosts (a changed or revoked key) retires the
+  old mux — it stops taking calls and exits when the calls in flight have finished;
+  a ``touch`` changes nothing.
+- sshd refuses channels beyond its ``MaxSessions`` (OpenSSH default 10). A refusal
+  fails no command: the mux learns the limit, queues calls for a free channel for up
+  to :data:`QUEUE_WAIT_S`, then answers ``U`` so the call connects on its own.
 - A socket nobody answers is stale: it is removed when its lock is free.
 - Deadlines: the remote ``timeout`` wrappers are part of the command string, so a
   fired deadline still kills the remote process group; the client's local
@@ -508,10 +513,12 @@ class Server:
                     if left <= 0:
                         break
                     self.slot_freed.wait(left)
-                if self.max_channels is not None and self.channels >= self.max_channels:
-                    _send(conn, b"U", b"all SSH sessions of the shared connection are busy")
-                    return None
-                self.channels += 1
+                busy = self.max_channels is not None and self.channels >= self.max_channels
+                if not busy:
+                    self.channels += 1
+            if busy:
+                _send(conn, b"U", b"all SSH sessions of the shared connection are busy")
+                return None
             transport = self.remote._conn.client.get_transport() if self.remote._conn else None
             try:
                 if transport is None or not transport.is_active():
@@ -524,10 +531,12 @@ class Server:
                     # channel whose close the server has not processed yet
                     self.max_channels = max(1, self.channels, self.max_channels or 0)
                     left = deadline - time.monotonic()
-                    if self.channels == 0 or left <= 0:
-                        _send(conn, b"U", str(exc).encode())
-                        return None
-                    self.slot_freed.wait(min(0.2, left))
+                    give_up = self.channels == 0 or left <= 0
+                    if not give_up:
+                        self.slot_freed.wait(min(0.2, left))
+                if give_up:
+                    _send(conn, b"U", str(exc).encode())
+                    return None
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 with self.lock:
                     self.channels -= 1
