@@ -22,8 +22,9 @@ Life cycle
   old mux — it stops taking calls and exits when the calls in flight have finished;
   a ``touch`` changes nothing.
 - sshd refuses channels beyond its ``MaxSessions`` (OpenSSH default 10). A refusal
-  fails no command: the mux learns the limit, queues calls for a free channel for up
-  to :data:`QUEUE_WAIT_S`, then answers ``U`` so the call connects on its own.
+  fails no command: the mux learns the limit, runs the call on another connection it
+  opens (up to :data:`MAX_CONNECTIONS`) or queues it for a free channel for up to
+  :data:`QUEUE_WAIT_S`, then answers ``U`` so the call connects on its own.
 - A socket nobody answers is stale: it is removed when its lock is free.
 - Deadlines: the remote ``timeout`` wrappers are part of the command string, so a
   fired deadline still kills the remote process group; the client's local
@@ -66,6 +67,10 @@ START_TIMEOUT_S = 10.0
 #: How long a call waits for a free SSH session on the shared connection before the mux
 #: tells it to connect on its own; well under START_TIMEOUT_S, so the mux answers first.
 QUEUE_WAIT_S = 4.0
+#: Connections one mux may hold to its host (the first, plus extras opened when every
+#: session of the others is busy), and how long an extra one may sit without a channel.
+MAX_CONNECTIONS = 4
+EXTRA_IDLE_S = 5.0
 _HDR = struct.Struct("!cI")
 _MAX_SUN_PATH = 100  # AF_UNIX path limit is 108 bytes on Linux; keep a margin
 
@@ -367,8 +372,30 @@ def spawn(spec: HostSpec) -> None:
 # --- server --------------------------------------------------------------------------
 
 
+class _Conn:
+    """One verified SSH connection of the mux and the session channels open on it."""
+
+    def __init__(self, remote: t.Any):
+        self.remote = remote  # opsctl.transport.Remote, opened
+        self.channels = 0
+        self.idle_since = time.monotonic()
+
+    def transport(self) -> t.Any:
+        return self.remote._conn.client.get_transport() if self.remote._conn else None
+
+    def connected(self) -> bool:
+        transport = self.transport()
+        return transport is not None and bool(transport.is_active())
+
+
 class Server:
-    """Holds one verified SSH connection and runs commands for local clients."""
+    """Holds verified SSH connections to one host and runs commands for local clients.
+
+    The first connection lives as long as the mux. When the server's session limit is
+    reached on every connection, the mux opens another one (at most
+    :data:`MAX_CONNECTIONS`, one handshake at a time, so sshd's ``MaxStartups`` never sees
+    a burst) and closes it again after :data:`EXTRA_IDLE_S` without a channel.
+    """
 
     def __init__(self, spec: HostSpec, sock_path: Path, idle: float):
         from opsctl.transport import Remote
@@ -385,10 +412,12 @@ class Server:
         self.stopping = False
         self.listener: socket.socket | None = None
         self.inode: int | None = None
-        # SSH channels open on our one connection, and the most the server accepted at once:
-        # sshd refuses a channel beyond its MaxSessions (OpenSSH default 10), so after the
-        # first refusal calls queue for a free channel (issue 15 #3).
-        self.channels = 0
+        # sshd refuses a channel beyond its MaxSessions (OpenSSH default 10) per connection:
+        # the most it accepted is learned at the first refusal; then calls go to a connection
+        # with a free session, to a new connection, or wait (issue 15 #3).
+        self.conns: list[_Conn] = []
+        self.opening = False  # a handshake for an extra connection is under way
+        self.last_error: str | None = None  # shown by `opsctl mux status --json`
         self.max_channels: int | None = None
         self.slot_freed = threading.Condition(self.lock)
 
@@ -399,6 +428,7 @@ class Server:
             OpsctlError: from the connection (the mux then exits; clients go direct).
         """
         self.remote._open()
+        self.conns = [_Conn(self.remote)]
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # stale: we hold the lock, so nobody else serves it
@@ -433,6 +463,7 @@ class Server:
                 with self.lock:
                     if self.active == 0 and time.monotonic() - self.last > self.idle:
                         break
+                self._prune_extra_connections()
                 ready, _, _ = select.select([self.listener], [], [], 0.5)
                 if ready:
                     conn, _ = self.listener.accept()
@@ -458,8 +489,17 @@ class Server:
         if self.listener is not None:
             self.listener.close()
         with self.lock:
-            while self.active > 0 and self._connected():
+            while self.active > 0 and any(c.connected() for c in self.conns):
                 self.slot_freed.wait(0.5)
+
+    def _prune_extra_connections(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            idle = [c for c in self.conns[1:] if c.channels == 0 and
+                    (now - c.idle_since > EXTRA_IDLE_S or not c.connected())]
+            self.conns = [c for c in self.conns if c not in idle]
+        for c in idle:
+            c.remote.close()
 
     def close(self) -> None:
         try:
@@ -469,6 +509,8 @@ class Server:
             pass
         if self.listener is not None:
             self.listener.close()
+        for c in self.conns[1:]:
+            c.remote.close()
         self.remote.close()
 
     def _handle(self, conn: socket.socket) -> None:
@@ -484,6 +526,7 @@ class Server:
                     _send(conn, b"j", json.dumps({
                         "pid": os.getpid(), "target": self.spec.ssh_label(), "host": self.spec.label,
                         "calls": self.calls, "active": self.active - 1,
+                        "connections": len(self.conns), "last_error": self.last_error,
                         "started_at": self.started_at, "idle_s": self.idle}).encode())
                     if op == "stop":
                         self.stopping = True
@@ -495,68 +538,100 @@ class Server:
                 self.last = time.monotonic()
                 self.slot_freed.notify_all()
 
-    def _open_channel(self, conn: socket.socket) -> t.Any:
+    def _open_channel(self, conn: socket.socket) -> tuple[_Conn, t.Any] | None:
         """A session channel, waiting (bounded) for a free one; None after answering ``U``.
 
         A refused channel (sshd's MaxSessions: "administratively prohibited") fails nothing:
-        the limit is learned, the call waits for a channel to close, and after
-        :data:`QUEUE_WAIT_S` it is told to connect on its own (``U``: nothing ran). Only a
-        dead connection ends the mux — and then no command could run on it anyway.
+        the limit is learned and the call takes a channel on another connection (opened
+        here if needed), or waits for one to close; after :data:`QUEUE_WAIT_S` it is told to
+        connect on its own (``U``: nothing ran). Only a dead first connection ends the mux —
+        and then no command could run on it anyway.
         """
         import paramiko
+
+        from opsctl.errors import OpsctlError
+        from opsctl.transport import Remote
 
         deadline = time.monotonic() + QUEUE_WAIT_S
         while True:
             with self.lock:
-                while self.max_channels is not None and self.channels >= self.max_channels:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.slot_freed.wait(left)
-                busy = self.max_channels is not None and self.channels >= self.max_channels
-                if not busy:
-                    self.channels += 1
-            if busy:
-                _send(conn, b"U", b"all SSH sessions of the shared connection are busy")
+                picked, open_new = self._pick(deadline)
+            if open_new:
+                try:
+                    extra = Remote(self.spec, use_mux=False)
+                    extra._open()
+                except OpsctlError as exc:
+                    extra = None
+                    self.last_error = f"extra connection: {exc.message}"
+                with self.lock:
+                    self.opening = False
+                    if extra is not None:
+                        picked = _Conn(extra)
+                        picked.channels = 1
+                        self.conns.append(picked)
+                    self.slot_freed.notify_all()
+            if picked is None:
+                _send(conn, b"U", b"all SSH sessions to the host are busy")
                 return None
-            transport = self.remote._conn.client.get_transport() if self.remote._conn else None
+            transport = picked.transport()
             try:
                 if transport is None or not transport.is_active():
                     raise paramiko.SSHException("connection closed")
-                return transport.open_session(timeout=self.spec.connect_timeout_s)
-            except paramiko.ChannelException as exc:  # refused: the server's session limit
-                with self.lock:
-                    self.channels -= 1
-                    # never shrink below what once worked: a refusal can also come from a
-                    # channel whose close the server has not processed yet
-                    self.max_channels = max(1, self.channels, self.max_channels or 0)
-                    left = deadline - time.monotonic()
-                    give_up = self.channels == 0 or left <= 0
-                    if not give_up:
-                        self.slot_freed.wait(min(0.2, left))
-                if give_up:
+                return picked, transport.open_session(timeout=self.spec.connect_timeout_s)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if picked.connected():
+                    # Refused on a live connection: the server's session limit. (paramiko
+                    # reports concurrent refusals as ChannelException to one opener and as
+                    # "Unable to open channel." to the others: both mean the same here.)
+                    refused: BaseException = exc
+                else:
+                    self._release_channel(picked)
+                    if not self._connected():
+                        self.stopping = True  # our first connection is broken: clients go direct
                     _send(conn, b"U", str(exc).encode())
                     return None
-            except (paramiko.SSHException, OSError, EOFError) as exc:
                 with self.lock:
-                    self.channels -= 1
-                    self.slot_freed.notify_all()
-                if not self._connected():
-                    self.stopping = True  # our connection is broken: clients go direct
-                _send(conn, b"U", str(exc).encode())
-                return None
+                    picked.channels -= 1
+                    # never shrink below what once worked: a refusal can also come from a
+                    # channel whose close the server has not processed yet
+                    self.max_channels = max(1, picked.channels, self.max_channels or 0)
+                    give_up = time.monotonic() >= deadline or (
+                        picked.channels == 0 and len(self.conns) == 1)
+                    if not give_up:
+                        self.slot_freed.wait(0.05)
+                if give_up:
+                    _send(conn, b"U", str(refused).encode())
+                    return None
 
-    def _release_channel(self) -> None:
+    def _pick(self, deadline: float) -> tuple[_Conn | None, bool]:
+        """Under the lock: (a connection with a free session, taken) or (None, open one)."""
+        while True:
+            for c in self.conns:
+                if (self.max_channels is None or c.channels < self.max_channels) and c.connected():
+                    c.channels += 1
+                    return c, False
+            if not self.opening and len(self.conns) < MAX_CONNECTIONS:
+                self.opening = True
+                return None, True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, False
+            self.slot_freed.wait(min(left, 0.5))
+
+    def _release_channel(self, c: _Conn) -> None:
         with self.lock:
-            self.channels -= 1
+            c.channels -= 1
+            if c.channels == 0:
+                c.idle_since = time.monotonic()
             self.slot_freed.notify_all()
 
     def _exec(self, conn: socket.socket, command: str, has_stdin: bool) -> None:
         import paramiko
 
-        chan = self._open_channel(conn)
-        if chan is None:
+        opened = self._open_channel(conn)
+        if opened is None:
             return
+        picked, chan = opened
         try:
             if _hung_up(conn):  # the client gave up waiting and went direct: never run twice
                 chan.close()
@@ -571,7 +646,7 @@ class Server:
                 return
             self._run(conn, chan, has_stdin)
         finally:
-            self._release_channel()
+            self._release_channel(picked)
 
     def _run(self, conn: socket.socket, chan: t.Any, has_stdin: bool) -> None:
         import paramiko

@@ -44,11 +44,15 @@ def spec(sandbox, isolated_env, tmp_path, monkeypatch):
         mux.stop_all()
 
 
-def mux_pid(spec) -> int:
+def mux_info(spec) -> dict:
     path = mux.socket_path(spec, create=False)
     info = mux.query(path, "ping") if path is not None else None
     assert info is not None, "the mux is gone"
-    return int(info["pid"])
+    return info
+
+
+def mux_pid(spec) -> int:
+    return int(mux_info(spec)["pid"])
 
 
 def run_in(spec, argv: list[str]):
@@ -70,7 +74,7 @@ def test_more_parallel_calls_than_max_sessions_all_succeed_and_the_long_exec_sur
     assert mux_pid(spec) == pid  # the shared connection was never torn down
 
 
-def test_when_every_session_is_busy_a_call_runs_on_its_own_connection(spec):
+def test_when_every_session_is_busy_a_call_runs_at_once_on_a_second_connection(spec):
     with cf.ThreadPoolExecutor(11) as pool:
         busy = [pool.submit(run_in, spec, ["sh", "-c", "sleep 8; echo busy"]) for _ in range(10)]
         time.sleep(1.5)
@@ -78,7 +82,18 @@ def test_when_every_session_is_busy_a_call_runs_on_its_own_connection(spec):
         extra = run_in(spec, ["echo", "extra"])
         assert (extra.rc, extra.stdout) == (0, b"extra\n")
         assert time.monotonic() - start < 8  # it did not wait for the busy ones to end
+        assert mux_info(spec)["connections"] == 2
         assert [(f.result().rc, f.result().stdout) for f in busy] == [(0, b"busy\n")] * 10
+
+
+def test_fifty_parallel_calls_all_succeed_next_to_a_long_exec(spec):
+    with cf.ThreadPoolExecutor(51) as pool:
+        long = pool.submit(run_in, spec, ["sh", "-c", "sleep 6; echo long-done"])
+        time.sleep(0.5)
+        results = list(pool.map(lambda i: run_in(spec, ["echo", str(i)]), range(50)))
+        assert [(r.rc, r.stdout) for r in results] == [(0, f"{i}\n".encode()) for i in range(50)]
+        assert (long.result().rc, long.result().stdout) == (0, b"long-done\n")
+    assert mux_info(spec)["connections"] <= mux.MAX_CONNECTIONS
 
 
 def test_an_argv_over_the_remote_limit_exits_2_and_spares_the_commands_in_flight(spec):
