@@ -89,8 +89,12 @@ def known_hosts_name(address: str, port: int) -> str:
 _warned_lines: set[tuple[str, int]] = set()
 
 
-def load_known_hosts(host_keys: paramiko.HostKeys, path: Path) -> int:
+def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
+                     revoked: list[paramiko.PKey] | None = None) -> int:
     """Add ``path``'s entries to ``host_keys``; returns how many lines were skipped.
+
+    ``@revoked`` keys go to ``revoked`` (the caller refuses a server presenting one);
+    ``@cert-authority`` lines are skipped (opsctl does not use host certificates).
 
     Unlike paramiko's loader, one malformed line (bad base64, broken key blob, not UTF-8)
     — usually for some other host — is skipped with a one-line warning naming file:line
@@ -116,6 +120,11 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path) -> int:
         line = bline.decode("utf-8", "replace").strip()
         if not line or line.startswith("#"):
             continue
+        marker = line.split(None, 1)[0] if line.startswith("@") else None
+        if marker is not None:
+            if marker != "@revoked":
+                continue
+            line = line.split(None, 1)[1] if " " in line or "\t" in line else ""
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except Exception as exc:  # any broken line is skipped, never fatal
@@ -126,6 +135,10 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path) -> int:
                                  f"ignored ({type(exc).__name__})\n")
             continue
         if entry is None:  # too few fields or a key type paramiko does not know
+            continue
+        if marker == "@revoked":
+            if revoked is not None:
+                revoked.append(entry.key)
             continue
         for name in entry.hostnames:
             host_keys.add(name, entry.key.get_name(), entry.key)
@@ -214,7 +227,8 @@ class Remote:
         conn = self._connection(self.host, connect_kwargs, gateway=self._gateway())
         client = conn.client
         kh = self.known_hosts
-        load_known_hosts(client.get_host_keys(), kh)
+        revoked: list[paramiko.PKey] = []
+        load_known_hosts(client.get_host_keys(), kh, revoked)
         client.set_missing_host_key_policy(
             _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
                          self.host.label))
@@ -248,6 +262,9 @@ class Remote:
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
             raise TransportError(f"cannot connect to {where}: no transport")
         server_fp = fingerprint(transport.get_remote_server_key())
+        if transport.get_remote_server_key() in revoked:
+            conn.close()
+            raise HostKeyError(f"host key of {where} ({server_fp}) is marked @revoked in {kh}")
         pinned = self.host.host_key_fingerprint
         if pinned is not None and server_fp != pinned:
             conn.close()

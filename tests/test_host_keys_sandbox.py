@@ -89,3 +89,13 @@ def test_a_malformed_known_hosts_line_for_another_host_does_not_stop_commands(
     res = run("exec", "--host", "h", "--ct", "200", "--", "sh", "-c", "exit 7")
     assert res.exit_code == 7, res.output
     assert f"{known}:1: unreadable known_hosts line ignored" in res.stderr
+
+
+def test_a_key_marked_revoked_is_refused(sandbox, isolated_env, tmp_path):
+    known = tmp_path / "known_hosts"
+    key = (sandbox.state_dir / "ssh_host_ed25519_key.pub").read_text().split()
+    known.write_text(sandbox.known_hosts_file.read_text() + f"@revoked * {key[0]} {key[1]}\n")
+    write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts=str(known))
+    res = run("exec", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == errors.HOST_KEY, res.output
+    assert "@revoked" in res.output

@@ -213,3 +213,14 @@ class TestKnownHosts:
         assert skipped >= 2
         assert keys.lookup("[127.0.0.1]:2222")[good.get_name()] == good
         assert f"{kh}:1: unreadable known_hosts line ignored" in capsys.readouterr().err
+
+    def test_marker_lines_are_understood_not_reported_as_broken(self, tmp_path, capsys):
+        a, b = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+        kh = write(tmp_path, "\n".join([
+            f"@cert-authority *.example {a.get_name()} {a.get_base64()}",
+            f"@revoked * {b.get_name()} {b.get_base64()}",
+        ]) + "\n", "known_hosts")
+        keys, revoked = paramiko.HostKeys(), []
+        assert load_known_hosts(keys, kh, revoked) == 0
+        assert revoked == [b] and len(keys) == 0
+        assert capsys.readouterr().err == ""
