@@ -20,6 +20,9 @@ from opsctl.errors import ConfigError
 
 #: What a POSIX shell and ``os.execve`` accept as an environment variable name.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The launch spec travels as JSON on the agent's command line, which is capped at
+#: ``transport.MAX_COMMAND_BYTES`` (100 KiB); leave room for JSON escaping and the rest.
+MAX_SPEC_TEXT_BYTES = 48 * 1024
 
 
 class HealthyWhen(BaseModel):
@@ -91,6 +94,11 @@ class Playbook(BaseModel):
         with_nul = [where for where, text in texts if "\0" in text]
         if with_nul:
             raise ValueError(f"NUL bytes cannot be passed to a process: {', '.join(with_nul)}")
+        size = sum(len(text.encode("utf-8", "surrogateescape")) for _, text in texts)
+        if size > MAX_SPEC_TEXT_BYTES:
+            raise ValueError(f"command, env and workdir hold {size} bytes; at most "
+                             f"{MAX_SPEC_TEXT_BYTES} fit on the launch command line (put large "
+                             "input in a file in the payload instead)")
         return self
 
     def new_job_id(self) -> str:

@@ -101,6 +101,7 @@ class TestPlaybookFields:
         ('command: [a]\nenv: {"": "1"}', "env names must match"),
         ('command: ["a\\0b"]', "NUL bytes cannot be passed to a process: command[0]"),
         ('command: [a]\nenv: {A: "x\\0y"}', "NUL bytes cannot be passed to a process: env.A"),
+        (f'command: [a, "{"x" * 60000}"]', "fit on the launch command line"),
     ])
     def test_what_the_remote_wrapper_would_crash_on_is_refused_locally(self, tmp_path, fields, problem):
         p = write(tmp_path, "name: x\n" + fields + "\n")
