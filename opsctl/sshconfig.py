@@ -45,6 +45,8 @@ def _may_apply(text: str, alias: str) -> bool:
         if word in ("match", "include"):
             return True  # conditions or other files: let paramiko decide
         if word == "host":
+            if '"' in value:
+                return True  # quoted patterns: let paramiko decide
             patterns = value.split()
             negated = any(p.startswith("!") and fnmatch.fnmatchcase(alias, p[1:]) for p in patterns)
             matching = not negated and any(
