@@ -110,9 +110,10 @@ class Inventory:
 # [user@]address[:port]; address is a host name, an IPv4 address, or a bracketed IPv6/IPv4
 # address (``[::1]:2222``, ``[127.0.0.1]:2222`` as known_hosts and host-key hints write it).
 _BARE = re.compile(r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?"
-                   r"(?:\[(?P<bracketed>[0-9A-Fa-f:.]+)\]|(?P<address>[A-Za-z0-9.-]+))"
+                   r"(?:\[(?P<bracketed>[0-9A-Fa-f:.]+)\]|(?P<address>[A-Za-z0-9_.-]+))"
                    r"(?::(?P<port>[0-9]{1,8}))?")
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+# '_' too: ~/.ssh/config aliases (``Host my_box``) and some real names have it
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
 def check_port(text: str | int, *, what: str) -> int:
@@ -143,7 +144,7 @@ def check_address(address: str, *, what: str) -> str:
             raise ConfigError(f"{what}: {address!r} is not a valid IP address") from None
     if len(bare) > 253 or not all(_LABEL.fullmatch(x) for x in bare.split(".")):
         raise ConfigError(f"{what}: {address!r} is not a valid host name "
-                          "(dot-separated labels of letters, digits and '-')")
+                          "(dot-separated labels of letters, digits, '_' and '-')")
     return bare
 
 

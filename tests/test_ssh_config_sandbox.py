@@ -116,3 +116,9 @@ class TestAgainstTheSandbox:
                                                                     "containers": {200: {}}}}}))
         res = CliRunner().invoke(cli, ["exec", "--host", "a", "--ct", "200", "--", "true"])
         assert res.exit_code == 0, res.output
+
+
+def test_an_alias_with_an_underscore_is_a_host_name(home):
+    ssh_config(home, "Host my_box\n  HostName 127.0.0.1\n  Port 2201\n")
+    spec = inventory.load([]).resolve("my_box")
+    assert (spec.address, spec.port) == ("127.0.0.1", 2201)
