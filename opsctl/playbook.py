@@ -23,6 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from opsctl import paths, yamlfile
 from opsctl.errors import ConfigError
 
+#: What a POSIX shell and ``os.execve`` accept as an environment variable name.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The launch spec travels as JSON on the agent's command line, which is capped at
+#: ``transport.MAX_COMMAND_BYTES`` (100 KiB); leave room for JSON escaping and the rest.
+MAX_SPEC_TEXT_BYTES = 48 * 1024
+
 
 class HealthyWhen(BaseModel):
     """Exactly one criterion: first event of a kind, a regex on output, or started."""
@@ -92,6 +98,28 @@ class Playbook(BaseModel):
         if bad:
             raise ValueError(f"phase budgets must be positive seconds: {', '.join(bad)}")
         return v
+
+    @model_validator(mode="after")
+    def _runnable_in_the_container(self) -> Playbook:
+        # What the remote wrapper would otherwise crash on (job LOST): checked here, exit 2.
+        if not self.command[0]:
+            raise ValueError("command[0] is empty: name the program to run")
+        bad_env = [k for k in self.env if not ENV_NAME_RE.fullmatch(k)]
+        if bad_env:
+            raise ValueError(f"env names must match {ENV_NAME_RE.pattern}: "
+                             + ", ".join(repr(k) for k in bad_env))
+        texts = [("name", self.name), ("workdir", self.workdir or ""),
+                 *((f"command[{i}]", a) for i, a in enumerate(self.command)),
+                 *((f"env.{k}", v) for k, v in self.env.items())]
+        with_nul = [where for where, text in texts if "\0" in text]
+        if with_nul:
+            raise ValueError(f"NUL bytes cannot be passed to a process: {', '.join(with_nul)}")
+        size = sum(len(text.encode("utf-8", "surrogateescape")) for _, text in texts)
+        if size > MAX_SPEC_TEXT_BYTES:
+            raise ValueError(f"command, env and workdir hold {size} bytes; at most "
+                             f"{MAX_SPEC_TEXT_BYTES} fit on the launch command line (put large "
+                             "input in a file in the payload instead)")
+        return self
 
     def new_job_id(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

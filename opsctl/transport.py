@@ -31,6 +31,7 @@ from pathlib import Path
 from opsctl import paths
 from opsctl.errors import (
     AuthError,
+    ConfigError,
     ContainerMissing,
     ContainerNotRunning,
     DeadlineExceeded,
@@ -86,7 +87,66 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.Any:
+_warned_lines: set[tuple[str, int]] = set()
+
+
+def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
+                     revoked: list[paramiko.PKey] | None = None) -> int:
+    """Add ``path``'s entries to ``host_keys``; returns how many lines were skipped.
+
+    ``@revoked`` keys go to ``revoked`` (the caller refuses a server presenting one);
+    ``@cert-authority`` lines are skipped (opsctl does not use host certificates).
+
+    Unlike paramiko's loader, one malformed line (bad base64, broken key blob, not UTF-8)
+    — usually for some other host — is skipped with a one-line warning naming file:line
+    instead of failing every command with a traceback (issue 15, item 6). OpenSSH also
+    ignores such lines. A host whose own line is unreadable is then simply unknown, and the
+    unknown-key refusal says so.
+
+    Raises:
+        HostKeyError: the file exists but cannot be read at all.
+    """
+    import sys
+
+    import paramiko
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
+    skipped = 0
+    for lineno, bline in enumerate(raw.splitlines(), 1):
+        line = bline.decode("utf-8", "replace").strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = line.split(None, 1)[0] if line.startswith("@") else None
+        if marker is not None:
+            if marker != "@revoked":
+                continue
+            line = line.split(None, 1)[1] if " " in line or "\t" in line else ""
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception as exc:  # any broken line is skipped, never fatal
+            skipped += 1
+            if (str(path), lineno) not in _warned_lines:
+                _warned_lines.add((str(path), lineno))
+                sys.stderr.write(f"warning: {path}:{lineno}: unreadable known_hosts line "
+                                 f"ignored ({type(exc).__name__})\n")
+            continue
+        if entry is None:  # too few fields or a key type paramiko does not know
+            continue
+        if marker == "@revoked":
+            if revoked is not None:
+                revoked.append(entry.key)
+            continue
+        for name in entry.hostnames:
+            host_keys.add(name, entry.key.get_name(), entry.key)
+    return skipped
+
+
+def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label: str) -> t.Any:
     import paramiko
 
     class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc,unused-ignore]
@@ -107,7 +167,7 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.A
             if not accept_new:
                 raise HostKeyError(
                     f"host key of {hostname} is not in {known_hosts} ({key.get_name()} {fp})",
-                    hint=f"check the fingerprint, then `opsctl host trust --host {hostname}` "
+                    hint=f"check the fingerprint, then `opsctl host trust --host {label}` "
                          "or pass --accept-new-host-key")
             known_hosts.parent.mkdir(parents=True, exist_ok=True)
             with known_hosts.open("a", encoding="utf-8") as f:
@@ -156,7 +216,6 @@ class Remote:
     def _open(self) -> fabric.Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
-        import fabric
         import paramiko
 
         connect_kwargs: dict[str, t.Any] = {
@@ -166,18 +225,14 @@ class Remote:
         if self.host.identity_file:
             connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
                                   look_for_keys=False, allow_agent=False)
-        conn = fabric.Connection(self.host.address, user=self.host.user, port=self.host.port,
-                                 connect_timeout=max(1, int(self.host.connect_timeout_s)),
-                                 connect_kwargs=connect_kwargs)
+        conn = self._connection(self.host, connect_kwargs, gateway=self._gateway())
         client = conn.client
         kh = self.known_hosts
-        if kh.exists():
-            try:
-                client.load_host_keys(str(kh))
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyError(f"cannot read known_hosts {kh}: {exc}") from None
+        revoked: list[paramiko.PKey] = []
+        load_known_hosts(client.get_host_keys(), kh, revoked)
         client.set_missing_host_key_policy(
-            _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key))
+            _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
+                         self.host.label))
         where = f"{self.host.ssh_label()}"
         try:
             conn.open()
@@ -208,6 +263,9 @@ class Remote:
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
             raise TransportError(f"cannot connect to {where}: no transport")
         server_fp = fingerprint(transport.get_remote_server_key())
+        if transport.get_remote_server_key() in revoked:
+            conn.close()
+            raise HostKeyError(f"host key of {where} ({server_fp}) is marked @revoked in {kh}")
         pinned = self.host.host_key_fingerprint
         if pinned is not None and server_fp != pinned:
             conn.close()
@@ -216,6 +274,47 @@ class Remote:
         transport.set_keepalive(self.keepalive_s)
         self._conn = conn
         return conn
+
+    @staticmethod
+    def _connection(spec: HostSpec, connect_kwargs: dict[str, t.Any],
+                    gateway: fabric.Connection | None) -> fabric.Connection:
+        import fabric
+        import paramiko
+
+        # ~/.ssh/config was applied once, by opsctl/sshconfig.py, into ``spec``; fabric must
+        # not apply it again (its gateways would trust any host key).
+        config = fabric.Config(ssh_config=paramiko.SSHConfig())
+        return fabric.Connection(spec.address, user=spec.user, port=spec.port, config=config,
+                                 connect_timeout=max(1, int(spec.connect_timeout_s)),
+                                 connect_kwargs=connect_kwargs,
+                                 gateway=gateway if gateway is not None else False)
+
+    def _gateway(self) -> fabric.Connection | None:
+        """The ProxyJump hops as nested fabric gateways, each checked against known_hosts.
+
+        Raises:
+            ConfigError: a hop is not ``[user@]host[:port]``.
+        """
+        if not self.host.proxy_jump:
+            return None
+        from opsctl import inventory
+
+        gateway: fabric.Connection | None = None
+        kh = self.known_hosts
+        for hop in self.host.proxy_jump.split(","):
+            spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve(hop.strip())
+            if spec.proxy_jump:
+                raise ConfigError(f"{self.host.label}: ProxyJump hop {hop!r} has its own "
+                                  "ProxyJump; list every hop in one ProxyJump instead")
+            kwargs: dict[str, t.Any] = {"banner_timeout": spec.connect_timeout_s,
+                                        "auth_timeout": spec.connect_timeout_s}
+            if spec.identity_file:
+                kwargs.update(key_filename=[os.path.expanduser(spec.identity_file)])
+            gateway = self._connection(spec, kwargs, gateway)
+            load_known_hosts(gateway.client.get_host_keys(), kh)
+            gateway.client.set_missing_host_key_policy(
+                _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
+        return gateway
 
     def server_fingerprint(self) -> str:
         """Connect (trusting per policy) and return the server's host-key fingerprint."""
@@ -241,6 +340,7 @@ class Remote:
         argv = [str(a) for a in argv]
         command = host_command(argv, timeout=timeout, sudo=self.host.sudo,
                                pct_path=self.host.pct_path)
+        check_command(self.host.label, step or argv[0], argv, command)
         local_deadline = None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
         result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline, step)
         if timeout is not None and result.rc in TIMEOUT_RCS and result.elapsed_s >= timeout:
@@ -265,8 +365,20 @@ class Remote:
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step)
         if check_container and result.rc != 0:
-            classify_pct_failure(self.host, ctid, result, step)
+            try:
+                classify_pct_failure(self.host, ctid, result, step)
+            except (ContainerMissing, ContainerNotRunning):
+                # The command itself may print pct's words and exit with pct's code; only
+                # believe them when the container really is not there (issue 15 #12).
+                if self._container_running(ctid):
+                    return result
+                raise
         return result
+
+    def _container_running(self, ctid: int) -> bool:
+        """``pct status <ctid>`` says running (one extra round trip, on the failure path only)."""
+        res = self.run(["pct", "status", str(ctid)], timeout=30, step="pct status")
+        return res.rc == 0 and res.stdout.decode("utf-8", "replace").split() == ["status:", "running"]
 
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
               on_stdout: Output | None, on_stderr: Output | None,
@@ -294,8 +406,9 @@ class Remote:
             self.close()
             raise TransportError(f"{self.host.label}: cannot start {step or argv[0]}: {exc}") from None
         writer: threading.Thread | None = None
+        stop_feeding = threading.Event()
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(chan, stdin), daemon=True)
+            writer = threading.Thread(target=_feed, args=(chan, stdin, stop_feeding), daemon=True)
             writer.start()
         else:
             chan.shutdown_write()
@@ -330,6 +443,7 @@ class Remote:
             raise TransportError(f"{self.host.label}: connection lost during {step or argv[0]}: "
                                  f"{exc}") from None
         finally:
+            stop_feeding.set()  # the command ended: stop reading our stdin (issue 15 item 2)
             chan.close()
         if writer is not None:
             writer.join(timeout=5)
@@ -337,6 +451,32 @@ class Remote:
             rc = 255
         return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
                              time.monotonic() - start)
+
+
+#: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
+#: ONE argument of ``$SHELL -c``, and Linux caps a single argument at MAX_ARG_STRLEN = 128 KiB
+#: (32 pages); OpenSSH drops the whole connection (``Bad packet length``) when a packet exceeds
+#: 256 KiB, which kills every other command multiplexed on it (issue 15, item 3). 100 KiB keeps
+#: a margin for ``sudo``/``timeout``/``pct exec`` words and the channel-request framing. Bigger
+#: inputs go on stdin.
+MAX_COMMAND_BYTES = 100 * 1024
+
+
+def check_command(host: str, what: str, argv: t.Sequence[str], command: str) -> None:
+    """Refuse, locally, what the remote side cannot take (nothing is sent).
+
+    Raises:
+        ConfigError: a NUL byte in an argument, or a command over :data:`MAX_COMMAND_BYTES`.
+    """
+    nul = [i for i, a in enumerate(argv) if "\0" in a]
+    if nul:
+        raise ConfigError(f"{host}: {what}: argument {nul[0]} contains a NUL byte, which no "
+                          "process can receive; nothing was sent")
+    size = len(command.encode("utf-8", "surrogateescape"))
+    if size > MAX_COMMAND_BYTES:
+        raise ConfigError(f"{host}: {what}: the command is {size} bytes, over the "
+                          f"{MAX_COMMAND_BYTES} bytes a remote command line may have; nothing "
+                          "was sent", hint="pass large input on stdin or in a file instead")
 
 
 def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
@@ -371,13 +511,12 @@ def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: b
     return shlex.join([*HOST_LOCALE, *wrapped])
 
 
-def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
+def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
+    from opsctl import stdinfeed
+
     try:
-        if isinstance(stdin, bytes):
-            chan.sendall(stdin)
-        else:
-            while chunk := stdin.read(1 << 16):
-                chan.sendall(chunk)
+        for chunk in stdinfeed.chunks(stdin, stop):
+            chan.sendall(chunk)
     except (OSError, EOFError):  # remote closed early; its exit status tells the story
         pass
     finally:

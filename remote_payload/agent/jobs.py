@@ -33,7 +33,7 @@ WRAPPER_ERROR = "wrapper_error.txt"  # traceback of a wrapper crash (a bug)
 STACK_DUMPS = "stack-dumps"
 HANG = "hang.json"  # the wrapper's record of a quiet spell past the job's budget, with stacks
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_ID_RE = re.compile(wire.JOB_ID_PATTERN)
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
 # how long status waits for the wrapper to record the exit of a child it saw die
 EXIT_RECORD_WAIT_S = 1.0
