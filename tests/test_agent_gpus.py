@@ -147,3 +147,56 @@ def test_a_machine_without_gpus_is_sampled_once_and_stays_valid(
     gpus.sample_forever(str(sample_path), threading.Event(), 0.05)  # returns: nothing to watch
     assert gpus.read_sample(str(sample_path), time.time() + 3600) == ([], None, pytest.approx(
         json.loads(sample_path.read_text())["at"]))
+
+
+# --- launch preflight: the answers of the real nvidia-smi queries (H200, 2026-11-30) --------
+
+GPU_IDS = ("0, GPU-092891bf-a09d-eb57-af5a-2052dd5d03ad, 60761\n"
+           "1, GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2, 0\n")
+APPS = "GPU-092891bf-a09d-eb57-af5a-2052dd5d03ad, 2444, 60752, /opt/torch/.venv/bin/python3\n"
+
+
+def _preflight_smi(tmp_path: Path, ids: str, apps: str) -> Path:
+    return _fake_smi(tmp_path, f"""\
+        case "$1" in
+          --query-gpu=index,uuid,memory.used) printf '{ids}';;
+          --query-compute-apps=*) printf '{apps}';;
+          *) echo "bad args: $*" >&2; exit 2;;
+        esac
+        """)
+
+
+def test_a_leftover_process_on_a_needed_gpu_is_named(tmp_path: Path) -> None:
+    smi = _preflight_smi(tmp_path, GPU_IDS, APPS)
+    check = gpus.preflight(None, smi=str(smi))
+    (busy,) = check["busy"]
+    assert busy["index"] == 0
+    assert busy["why"] == "1 process(es) from outside this job: pid 2444 /opt/torch/.venv/bin/python3"
+    assert gpus.preflight([1], smi=str(smi))["busy"] == [], "GPU 0 is not needed"
+
+
+def test_the_job_being_replaced_is_not_a_stranger(tmp_path: Path) -> None:
+    smi = _preflight_smi(tmp_path, GPU_IDS, APPS)
+    assert gpus.preflight(None, own_pids=[2444], smi=str(smi))["busy"] == []
+
+
+def test_memory_held_by_processes_this_container_cannot_see_counts(tmp_path: Path) -> None:
+    smi = _preflight_smi(tmp_path, GPU_IDS, "")
+    (busy,) = gpus.preflight(None, smi=str(smi), settle_s=0.6)["busy"]
+    assert busy["why"].startswith("59.3 GiB used by processes this container cannot see")
+    assert gpus.preflight(None, smi=str(smi), memory=False)["busy"] == []
+
+
+def test_no_nvidia_smi_is_no_gpu_not_a_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpus.preflight(None) == {"needed": None, "busy": [], "error": None}
+
+
+@pytest.mark.parametrize(("spec", "needed"), [
+    ({"gpus": [2, 3]}, [2, 3]),
+    ({"env": {"CUDA_VISIBLE_DEVICES": "4,5"}}, [4, 5]),
+    ({"env": {"CUDA_VISIBLE_DEVICES": "GPU-0928"}}, None),
+    ({}, None),
+])
+def test_the_gpus_a_job_needs(spec: dict, needed: list[int] | None) -> None:
+    assert gpus.needed_gpus(spec) == needed

@@ -418,3 +418,25 @@ def test_a_crashing_wrapper_leaves_its_traceback_as_LOST_evidence(agent: Agent,
     lost = agent.status("broken-1")
     assert lost["state"] == "LOST"
     assert any("the wrapper crashed: KeyError: 'job_id'" in e for e in lost["evidence"]), lost
+
+
+def test_launch_refuses_gpus_held_by_another_process_unless_forced(agent: Agent,
+                                                                    tmp_path: Path) -> None:
+    smi = tmp_path / "bin" / "nvidia-smi"  # answers as on an H200 with a leftover process
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\ncase \"$1\" in\n"
+                   "  --query-gpu=index,uuid,memory.used) echo '0, GPU-a, 60761';;\n"
+                   "  --query-compute-apps=*) echo 'GPU-a, 2444, 60752, /usr/bin/python3';;\n"
+                   "  *) exit 9;;\nesac\n")
+    smi.chmod(0o755)
+    agent.env = {**agent.env, "PATH": f"{smi.parent}{os.pathsep}{agent.env['PATH']}"}
+    spec = json.dumps({"name": "gpu", "command": ["sleep", "60"]})
+    refused = agent.reply("launch", "--spec-json", spec)
+    assert refused["error"]["type"] == "GpusBusy"
+    assert "GPU 0: 1 process(es) from outside this job: pid 2444" in refused["error"]["message"]
+    assert not (agent.root / "jobs").exists() or not list((agent.root / "jobs").iterdir())
+    doc = agent.data("launch", "--spec-json", spec, "--force-gpus")
+    assert doc["preflight"]["forced"] is True
+    found = {d["cause"]: d for d in doc["diagnosis"]}
+    assert "launched with --force" in found["gpus_busy_at_launch"]["summary"]
+    agent.data("stop", "--grace", "1")

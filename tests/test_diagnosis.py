@@ -101,14 +101,52 @@ def test_hang_when_alive_silent_past_the_threshold_and_gpus_idle() -> None:
     assert "opsctl stacks" in f["hint"]
 
 
-def test_hang_threshold_is_longer_while_compiling() -> None:
-    quiet = {"alive": True, "exit_code": None, "last_output_at": NOW - 900, "gpus": []}
-    assert "hang" in causes(run([], status(state="RUNNING", **quiet)))
-    assert "hang" not in causes(run([], status(state="COMPILING", **quiet)))
-    st = status(state="COMPILING", compile_hang_threshold_s=600, **quiet)
-    f = by_cause(run([], st), "hang")
+def test_a_job_quiet_for_90_s_with_idle_gpus_is_hung_by_default() -> None:
+    idle = [{"index": 0, "util_pct": 0.0}]
+    quiet = {"state": "RUNNING", "alive": True, "exit_code": None, "gpus": idle}
+    assert "hang" not in causes(run([], status(last_output_at=NOW - 89, **quiet), events=[]))
+    f = by_cause(run([], status(last_output_at=NOW - 91, **quiet), events=[]), "hang")
+    assert f["severity"] == "error"
+    assert "threshold 90 s: default" in f["evidence"][0]
+
+
+@pytest.mark.parametrize(("fields", "threshold", "why"), [
+    ({}, 90.0, "default"),
+    ({"hang_after_s": 30}, 30.0, "playbook hang_after_s"),
+    ({"phase": "compiling", "budget_s": 300}, 300.0, "announced by the job for phase compiling"),
+    ({"budget_s": 20}, 90.0, "default"),  # an announced budget never makes the check stricter
+    ({"phase": "compiling", "budget_s": 300, "phase_budgets_s": {"compiling": 40}}, 40.0,
+     "playbook phase_budgets_s.compiling"),
+    ({"state": "COMPILING"}, diagnosis.UNANNOUNCED_COMPILE_HANG_S, "compiling, no budget announced"),
+])
+def test_the_hang_threshold_comes_from_the_playbook_then_the_jobs_budget_then_90_s(
+        fields: dict[str, t.Any], threshold: float, why: str) -> None:
+    st = {"phase": "training", "state": "RUNNING", **fields}
+    assert diagnosis.hang_threshold(st) == (threshold, why)
+
+
+def test_a_compile_within_its_announced_budget_is_not_a_hang() -> None:
+    st = status(state="COMPILING", phase="compiling", alive=True, exit_code=None,
+                last_output_at=NOW - 200, budget_s=300.0, gpus=[])
+    assert "hang" not in causes(run([], st, events=[]))
+    f = by_cause(run([], {**st, "last_output_at": NOW - 301}, events=[]), "hang")
     assert f["severity"] == "warning", "GPU load unknown: a warning, not an error"
-    assert "compiling" in f["summary"]
+
+
+def test_the_hang_names_where_every_rank_waits_from_the_stacks_taken_at_the_hang() -> None:
+    hang = {"quiet_since": NOW - 120, "summary": "all ranks in collectives: rank 1 in new_group "
+            "(dist.py:86), rank 0 in broadcast_object_list (train.py:184)",
+            "processes": [{"rank": 1, "collective": "new_group"},
+                          {"rank": 0, "collective": "broadcast_object_list"}],
+            "saved_to": "/opt/opsctl/jobs/j/stack-dumps/x-hang.txt"}
+    st = status(state="SETTING_UP", phase="loading", alive=True, exit_code=None,
+                last_output_at=NOW - 120, gpus=[{"index": 0, "util_pct": 100.0}], hang=hang)
+    f = by_cause(run([], st, events=[]), "hang")
+    assert f["severity"] == "error", "a rank stuck in a collective spins its GPU at 100 %"
+    assert "rank 1 in new_group (dist.py:86), rank 0 in broadcast_object_list" in f["summary"]
+    assert any("x-hang.txt" in e for e in f["evidence"])
+    stale = {**hang, "quiet_since": NOW - 400}  # taken in an earlier quiet spell
+    assert "new_group" not in by_cause(run([], {**st, "hang": stale}, events=[]), "hang")["summary"]
 
 
 def test_a_job_that_printed_nothing_at_all_is_called_out() -> None:
@@ -118,10 +156,40 @@ def test_a_job_that_printed_nothing_at_all_is_called_out() -> None:
     assert "no output at all" in f["summary"]
 
 
-def test_quiet_but_busy_gpus_is_only_info() -> None:
+def test_quiet_but_busy_gpus_is_a_warning_not_an_error() -> None:
     st = status(state="RUNNING", alive=True, exit_code=None, last_output_at=NOW - 900,
                 gpus=[{"index": 0, "util_pct": 97.0}])
-    assert by_cause(run([], st), "hang")["severity"] == "info"
+    assert by_cause(run([], st), "hang")["severity"] == "warning"
+
+
+def test_the_first_rank_to_fail_is_named_not_the_ranks_it_took_down() -> None:
+    errors = [
+        {"event": "error", "type": "RuntimeError", "rank": 0, "gpu": "0", "_at": NOW - 3,
+         "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:4487. This is typically "
+                    "caused by a remote worker crashing."},
+        {"event": "error", "type": "RuntimeError", "rank": 1, "gpu": "1", "_at": NOW - 4,
+         "message": "CUDA error: an illegal memory access was encountered"},
+    ]
+    f = by_cause(run([], status(errors=errors), events=[]), "rank_failed")
+    assert f["summary"].startswith("Rank 1 (GPU 1) failed: RuntimeError: CUDA error")
+    assert "rank(s) 0 failed after it" in f["summary"]
+    assert "python_exception" not in causes(run(["RuntimeError: x"], status(errors=errors)))
+
+
+def test_one_process_failing_is_left_to_the_exception_finding() -> None:
+    errors = [{"event": "error", "type": "ValueError", "rank": 0, "message": "bad"}]
+    assert "rank_failed" not in causes(run([], status(errors=errors), events=[]))
+
+
+def test_gpus_held_by_something_else_at_launch_are_named() -> None:
+    pre = {"needed": None, "forced": True, "busy": [
+        {"index": 3, "mem_used_mib": 61000.0, "processes": [], "why": "59.6 GiB used by processes "
+         "this container cannot see (the host or another container)"}]}
+    f = by_cause(run([], status(state="RUNNING", alive=True, preflight=pre), events=[]),
+                 "gpus_busy_at_launch")
+    assert "launched with --force" in f["summary"]
+    assert f["evidence"] == ["GPU 3: 59.6 GiB used by processes this container cannot see "
+                             "(the host or another container)"]
 
 
 def test_cuda_oom_reports_the_numbers_from_the_message() -> None:

@@ -62,7 +62,7 @@ def test_every_event_line_parses_and_steps_carry_the_contract_fields(capsys, tmp
     kinds = [e["event"] for e in ev]
     assert kinds[0] == "phase" and ev[0]["phase"] == "loading", ev[0]
     phases = [e["phase"] for e in ev if e["event"] == "phase"]
-    assert phases == ["loading", "training", "done"], phases
+    assert phases == ["loading", "loading", "training", "done"], phases
     for e in (e for e in ev if e["event"] == "step"):
         for key, typ in (("step", int), ("loss", float), ("acc", float), ("tok_s", float),
                          ("eta_s", float), ("lr", float)):
@@ -119,7 +119,8 @@ def test_loading_a_compiled_modules_state_dict_fails_loudly(tmp_path):
 def test_warmup_only_reports_every_bucket_and_exits(capsys, tmp_path):
     rc, ev = _run(capsys, "--warmup-only", "--token-budget", "384")
     assert rc == 0
-    assert ev[1]["phase"] == "compiling" and ev[1]["buckets"] == [[8, 48], [4, 96]], ev[1]
+    compiling = next(e for e in ev if e.get("phase") == "compiling")
+    assert compiling["buckets"] == [[8, 48], [4, 96]], compiling
     assert ev[-1] == {"event": "done", "step": 0, "warmup_only": True}, ev[-1]
 
 
@@ -162,3 +163,38 @@ def test_gloo_ranks_train_and_keep_drafter_replicas_identical(tmp_path, topology
     n_drafters = 2
     assert rep and rep[0]["identical"] and len(rep[0]["checksums"]) == n_drafters, rep
     assert (tmp_path / "ckpt-0000004" / "model.safetensors").is_file()
+
+
+def test_every_phase_and_step_says_how_long_the_job_may_stay_silent_after_it(capsys, tmp_path):
+    rc, ev = _run(capsys, "--steps", "3", "--token-budget", "384", "--out-dir", str(tmp_path))
+    assert rc == 0
+    announced = [e for e in ev if e["event"] in ("phase", "step") and e.get("phase") != "done"]
+    assert announced and all(e[wire.FIELD_BUDGET] > 0 for e in announced), announced
+
+
+def test_a_rank_that_raises_takes_the_other_down_and_is_named_with_its_error(tmp_path):
+    p = _spawn("--nproc", "2", "--steps", "50", "--token-budget", "384", "--out-dir", str(tmp_path),
+               "--debug-fault", "raise", "--debug-fault-rank", "1", "--debug-fault-step", "2")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode != 0, out[-2000:]
+    errors = [e for e in _events(out) if e["event"] == "error"]
+    assert errors[0]["rank"] == 1, errors
+    assert "--debug-fault raise on rank 1 at step 2" in errors[0]["message"]
+
+
+def test_a_collective_that_never_completes_ends_the_job_after_the_pg_timeout(tmp_path):
+    t0 = time.monotonic()
+    p = _spawn("--nproc", "2", "--steps", "50", "--token-budget", "384", "--out-dir", str(tmp_path),
+               "--pg-timeout", "4", "--debug-fault", "hang", "--debug-fault-rank", "1",
+               "--debug-fault-step", "2")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode != 0, out[-2000:]
+    assert time.monotonic() - t0 < 90
+    errors = [e for e in _events(out) if e["event"] == "error"]
+    assert errors and all(isinstance(e["rank"], int) for e in errors), out[-2000:]
+    assert any("Timed out" in e["message"] or "timed out" in e["message"] for e in errors), errors
+
+
+def test_the_pg_timeout_must_be_a_positive_number(capsys):
+    assert main([*FAST, "--pg-timeout", "nan"]) == 2
+    assert "--pg-timeout must be > 0" in capsys.readouterr().err

@@ -269,7 +269,8 @@ class Trainer:
     def _drafter_loop(self, start: int) -> int:
         args, topo, log = self.args, self.topo, self.log
         log.event("phase", phase="compiling" if self.compile_on else "training",
-                  start_step=start, steps=args.steps, budget_s=COMPILE_BUDGET_S)
+                  start_step=start, steps=args.steps,
+                  budget_s=COMPILE_BUDGET_S if self.compile_on else FIRST_STEPS_BUDGET_S)
         step, announced = start, not self.compile_on
         window = _Window(self.device)
         while step < args.steps:
