@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import sandbox as sandbox_mod
+from opsctl.sandbox import host as sandbox_mod
 
 DEFAULT_HOME = Path("/var/tmp/opsctl-test-sandbox")
 STOPPED_CT = 201  # kept stopped; tests must not start it (use their own ctid for that)

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl import sandbox as sandbox_mod
+from opsctl.sandbox import host as sandbox_mod
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from remote_payload.agent import jobs, vendor
+from remote_payload.agent import jobstore as jobs
+from remote_payload.agent import vendor
 
 REPO = Path(__file__).resolve().parents[1]
 HOOK = REPO / "remote_payload" / "sitehook"

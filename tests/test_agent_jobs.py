@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload import wire
-from remote_payload.agent import jobs
+from remote_payload.agent import jobstore as jobs
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -8,7 +8,8 @@ import typing as t
 
 import pytest
 
-from remote_payload import diagnosis, wire
+from remote_payload import wire
+from remote_payload.agent import diagnosis
 
 FIX = pathlib.Path(__file__).parent / "fixtures"
 H200 = FIX / "h200-torch-2.11.0-cu130"

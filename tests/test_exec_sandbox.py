@@ -11,9 +11,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opsctl import errors, inventory
+from opsctl import errors
 from opsctl.cli import cli
-from opsctl.transport import Remote
+from opsctl.config import inventory
+from opsctl.remote.transport import Remote
 
 pytestmark = pytest.mark.sandbox
 

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from opsctl import inventory, mux, paths
-from opsctl.transport import Remote
+from opsctl.config import inventory, paths
+from opsctl.remote import mux_client as mux
+from opsctl.remote.transport import Remote
 
 pytestmark = pytest.mark.sandbox
 

@@ -63,7 +63,7 @@ def test_the_wheel_carries_playbooks_inventory_and_the_libtmux_wheel(installed):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"opsctl/bundled/playbooks/dflash-8gpu.yaml", "opsctl/bundled/playbooks/dflash-cpu-smoke.yaml",
             "opsctl/bundled/inventory/hosts.yaml", "opsctl/bundled/inventory/torch-builds.yaml",
-            "opsctl/sandbox_files/pct.py"} <= names
+            "opsctl/sandbox/pct.py"} <= names
     assert any(n.startswith("remote_payload/wheels/libtmux-") and n.endswith(".whl") for n in names)
 
 

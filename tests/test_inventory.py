@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import inventory
+from opsctl.config import inventory
 from opsctl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_a_bad_inventory_file_names_file_line_and_field(tmp_path):
 
 
 def test_the_users_container_deploys_the_bundled_8gpu_trainer_by_default(monkeypatch):
-    from opsctl import jobs
+    from opsctl.ops import jobs
 
     monkeypatch.setenv("OPSCTL_INVENTORY_DIRS", str(REPO / "inventory"))
     # resolved from the inventory alone: nothing is contacted
@@ -57,7 +57,7 @@ def test_the_users_container_deploys_the_bundled_8gpu_trainer_by_default(monkeyp
 
 
 def test_a_container_without_a_default_playbook_asks_for_one(tmp_path, monkeypatch):
-    from opsctl import jobs
+    from opsctl.ops import jobs
 
     (tmp_path / "hosts.yaml").write_text("hosts:\n  lab:\n    address: 127.0.0.1\n"
                                          "    containers:\n      300: {gpus: 1}\n")

@@ -15,9 +15,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from opsctl import errors, inventory, mux
+from opsctl import errors
 from opsctl.cli import cli
-from opsctl.transport import Remote
+from opsctl.config import inventory
+from opsctl.remote import mux_client as mux
+from opsctl.remote.transport import Remote
 from tests.second_sshd import second_sshd
 
 pytestmark = pytest.mark.sandbox

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from opsctl import inventory, mux
-from opsctl.transport import Remote
+from opsctl.config import inventory
+from opsctl.remote import mux_client as mux
+from opsctl.remote.transport import Remote
 
 pytestmark = pytest.mark.sandbox
 

@@ -18,9 +18,11 @@ import paramiko
 import pytest
 from click.testing import CliRunner
 
-from opsctl import errors, inventory, mux
+from opsctl import errors
 from opsctl.cli import cli
-from opsctl.transport import Remote
+from opsctl.config import inventory
+from opsctl.remote import mux_client as mux
+from opsctl.remote.transport import Remote
 
 pytestmark = pytest.mark.sandbox
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from opsctl import errors
-from opsctl import sandbox as sandbox_mod
-from opsctl.agent_client import Agent
-from opsctl.inventory import HostSpec
-from opsctl.transport import Remote, classify_pct_failure, pct_argv
+from opsctl.config.inventory import HostSpec
+from opsctl.remote.agent_client import Agent
+from opsctl.remote.transport import Remote, classify_pct_failure, pct_argv
+from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import sandbox_home
 
 pytestmark = pytest.mark.sandbox

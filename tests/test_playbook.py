@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import playbook
+from opsctl.config import playbook
 from opsctl.errors import ConfigError
 
 

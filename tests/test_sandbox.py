@@ -20,8 +20,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opsctl import sandbox as sandbox_mod
 from opsctl.errors import ConfigError
+from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import sandbox_home
 
 NODE = socket.gethostname().split(".")[0]

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from opsctl import inventory
-from opsctl import sandbox as sandbox_mod
-from opsctl.transport import Remote
+from opsctl.config import inventory
+from opsctl.remote.transport import Remote
+from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import sandbox_home
 
 pytestmark = pytest.mark.sandbox

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from opsctl import errors, inventory
+from opsctl import errors
 from opsctl.cli import cli
+from opsctl.config import inventory
 from tests.second_sshd import SwitchingProxy
 
 

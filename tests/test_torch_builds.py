@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.errors import ConfigError, TorchEnvError
-from opsctl.torch_builds import (
+from opsctl.config.torch_builds import (
     DEFAULT_INDEX,
     TorchBuild,
     TorchPin,
@@ -18,6 +17,7 @@ from opsctl.torch_builds import (
     remote_wheelhouse_dir,
     swap_args,
 )
+from opsctl.errors import ConfigError, TorchEnvError
 from tests.wheel_index import build_fake_torches, serve_index, write_simple_index
 
 

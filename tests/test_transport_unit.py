@@ -9,8 +9,8 @@ import shlex
 import pytest
 
 from opsctl import errors
-from opsctl.inventory import HostSpec
-from opsctl.transport import CommandResult, classify_pct_failure, host_command, pct_argv
+from opsctl.config.inventory import HostSpec
+from opsctl.remote.transport import CommandResult, classify_pct_failure, host_command, pct_argv
 
 HOST = HostSpec(name="pve1", address="10.1.2.6")
 ADMIN = HostSpec(name="pve1", address="10.1.2.6", user="admin", sudo=True)

@@ -13,11 +13,12 @@ import paramiko
 import pytest
 from click.testing import CliRunner
 
-from opsctl import errors, inventory, playbook, yamlfile
+from opsctl import errors
 from opsctl.cli import cli
+from opsctl.config import inventory, playbook, yamlfile
+from opsctl.config.inventory import HostSpec
 from opsctl.errors import ConfigError
-from opsctl.inventory import HostSpec
-from opsctl.transport import MAX_COMMAND_BYTES, Remote, load_known_hosts
+from opsctl.remote.transport import MAX_COMMAND_BYTES, Remote, load_known_hosts
 
 # Port 9 on loopback has nothing behind it; these tests must fail before any connect anyway.
 UNREACHABLE = "127.0.0.1:9"

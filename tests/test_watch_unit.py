@@ -6,8 +6,8 @@ import typing as t
 
 import pytest
 
-from opsctl import watch
 from opsctl.errors import TransportError
+from opsctl.ops import watch
 
 
 class ScriptedAgent:

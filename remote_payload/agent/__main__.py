@@ -18,21 +18,21 @@ from remote_payload.agent.common import AgentFailure
 
 # verb name -> module exposing add_arguments(parser) and run(args) -> JSON-able data
 VERBS: dict[str, str] = {
-    "env": "remote_payload.agent.verbs_env",
-    "launch": "remote_payload.agent.verbs_jobs",
-    "status": "remote_payload.agent.verbs_jobs",
-    "logs": "remote_payload.agent.verbs_jobs",
-    "stop": "remote_payload.agent.verbs_jobs",
-    "stacks": "remote_payload.agent.verbs_jobs",
-    "jobs": "remote_payload.agent.verbs_jobs",
+    "env": "remote_payload.agent.verbs.env",
+    "launch": "remote_payload.agent.verbs.jobs",
+    "status": "remote_payload.agent.verbs.jobs",
+    "logs": "remote_payload.agent.verbs.jobs",
+    "stop": "remote_payload.agent.verbs.jobs",
+    "stacks": "remote_payload.agent.verbs.jobs",
+    "jobs": "remote_payload.agent.verbs.jobs",
     # torch builds and caches (issue 3)
-    "envs": "remote_payload.agent.verbs_torch",
-    "swap": "remote_payload.agent.verbs_torch",
-    "cache-info": "remote_payload.agent.verbs_torch",
-    "cache-clear": "remote_payload.agent.verbs_torch",
-    "cache-seed": "remote_payload.agent.verbs_torch",
+    "envs": "remote_payload.agent.verbs.torch",
+    "swap": "remote_payload.agent.verbs.torch",
+    "cache-info": "remote_payload.agent.verbs.torch",
+    "cache-clear": "remote_payload.agent.verbs.torch",
+    "cache-seed": "remote_payload.agent.verbs.torch",
     # compile-race probe (issue 5)
-    "probe": "remote_payload.agent.verbs_probe",
+    "probe": "remote_payload.agent.verbs.probe",
 }
 
 DEFAULT_ROOT = "/opt/opsctl"

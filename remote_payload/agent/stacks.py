@@ -24,7 +24,7 @@ import time
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent import jobs
+from remote_payload.agent import jobstore as jobs
 from remote_payload.probes import stackdump
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete

@@ -30,8 +30,9 @@ import threading
 import time
 import typing as t
 
-from remote_payload import diagnosis, wire
-from remote_payload.agent import gpus, jobs
+from remote_payload import wire
+from remote_payload.agent import diagnosis, gpus
+from remote_payload.agent import jobstore as jobs
 from remote_payload.agent import stacks as stacks_mod
 from remote_payload.agent.common import read_json, write_json_atomic
 

@@ -17,7 +17,7 @@ def running_job(layout: Layout) -> tuple[str, str] | None:
     Uses the agent's own reconciliation (pid *and* start time checked against /proc), so
     "running" here means exactly what `opsctl status` would say.
     """
-    from remote_payload.agent import jobs
+    from remote_payload.agent import jobstore as jobs
 
     job_id = jobs.current_job_id(layout.root)
     if not job_id:

@@ -16,7 +16,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsctl import paths
+from opsctl.config import paths
 
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}

@@ -16,14 +16,14 @@ import time
 import typing as t
 from pathlib import Path
 
-from opsctl import inventory, paths, torch_builds
-from opsctl.agent_client import Agent
+from opsctl.config import inventory, paths, torch_builds
 from opsctl.errors import AgentError, RemoteCommandFailed
-from opsctl.transport import save_log
+from opsctl.remote.agent_client import Agent
+from opsctl.remote.transport import save_log
 
 if t.TYPE_CHECKING:
-    from opsctl.jobs import Target
-    from opsctl.playbook import Playbook
+    from opsctl.config.playbook import Playbook
+    from opsctl.ops.jobs import Target
 
 Progress = t.Callable[[str], None]
 SWAP_TIMEOUT_S = 3600.0

@@ -10,9 +10,9 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from opsctl.agent_client import Agent
 from opsctl.errors import TransportError
-from opsctl.models import JobStatus
+from opsctl.remote.agent_client import Agent
+from opsctl.remote.models import JobStatus
 
 DEFAULT_POLL_S = 2.0
 #: Give up after this long without a single successful poll.

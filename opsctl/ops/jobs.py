@@ -10,17 +10,17 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from opsctl import inventory as inventory_mod
-from opsctl import target as target_mod
-from opsctl import watch
-from opsctl.agent_client import Agent, NoPayload, PayloadResult
+from opsctl.config import inventory as inventory_mod
+from opsctl.config import last_target as target_mod
+from opsctl.config.inventory import HostSpec
 from opsctl.errors import AgentError, ConfigError, JobFailed, JobUnhealthy
-from opsctl.inventory import HostSpec
-from opsctl.models import JobStatus, LogsChunk, StopResult
-from opsctl.transport import Remote
+from opsctl.ops import watch
+from opsctl.remote.agent_client import Agent, NoPayload, PayloadResult
+from opsctl.remote.models import JobStatus, LogsChunk, StopResult
+from opsctl.remote.transport import Remote
 
 if t.TYPE_CHECKING:
-    from opsctl.playbook import Playbook
+    from opsctl.config.playbook import Playbook
 
 
 @dataclass
@@ -73,7 +73,7 @@ def default_playbook(host: str, ctid: int | None) -> str:
         raise ConfigError("deploy needs --ct (the container id)")
     container = spec.containers.get(ctid)
     if container is None or container.playbook is None:
-        from opsctl import playbook
+        from opsctl.config import playbook
 
         names = ", ".join(playbook.available_names())
         raise ConfigError(f"no --playbook given and the inventory names none for {spec.label} "
@@ -137,7 +137,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
     if not force_payload and prepare is None:
         # Unchanged-payload fast path: launch refuses unless the installed payload has our
         # digest, so an unchanged re-deploy is one round trip instead of two.
-        from opsctl import payload as payload_mod
+        from opsctl.remote import payload as payload_mod
 
         manifest = payload_mod.build_manifest()
         step("launch", job_id=job_id, payload_digest=manifest.digest[:12])

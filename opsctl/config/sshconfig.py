@@ -23,7 +23,7 @@ from pathlib import Path
 from opsctl.errors import ConfigError
 
 if t.TYPE_CHECKING:
-    from opsctl.inventory import HostSpec
+    from opsctl.config.inventory import HostSpec
 
 #: The keywords opsctl applies (lower case, as paramiko reports them).
 APPLIED = ("hostname", "user", "port", "identityfile", "proxyjump")
@@ -98,7 +98,7 @@ def apply(spec: HostSpec, explicit: t.Collection[str]) -> HostSpec:
     Raises:
         ConfigError: the config file is unreadable, or gives a bad HostName or Port.
     """
-    from opsctl.inventory import check_address, check_port
+    from opsctl.config.inventory import check_address, check_port
 
     found = lookup(spec.address)
     if not found:

@@ -15,8 +15,8 @@ from opsctl.errors import (
     RemoteCommandFailed,
     TorchEnvError,
 )
-from opsctl.models import AgentReply
-from opsctl.transport import CommandResult, Remote, missing_in_container, save_log
+from opsctl.remote.models import AgentReply
+from opsctl.remote.transport import CommandResult, Remote, missing_in_container, save_log
 
 # Agent error types that map onto a more specific local family (exit code).
 _ERROR_FAMILIES: dict[str, type[AgentError]] = {}
@@ -119,7 +119,7 @@ class Agent:
         Raises:
             RemoteCommandFailed: transfer or verification failed (old payload kept).
         """
-        from opsctl import payload  # deploy only: keeps tarfile/hashing off the status path
+        from opsctl.remote import payload  # deploy only: keeps tarfile/hashing off the status path
 
         start = time.monotonic()
         manifest = payload.build_manifest()

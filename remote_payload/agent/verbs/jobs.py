@@ -18,7 +18,7 @@ import sys
 import time
 import typing as t
 
-from remote_payload.agent import jobs
+from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 
 JobState = jobs.JobState
@@ -168,7 +168,7 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
 
 def _hang_threshold(doc: dict[str, t.Any]) -> float | None:
     try:
-        from remote_payload import diagnosis
+        from remote_payload.agent import diagnosis
 
         return diagnosis.hang_threshold(doc)[0]
     except Exception:  # diagnosis not shipped or broken: _diagnose reports it
@@ -181,9 +181,9 @@ def _diagnose(tail: list[str], events: list[dict[str, t.Any]], doc: dict[str, t.
     import importlib
 
     try:
-        diagnosis = importlib.import_module("remote_payload.diagnosis")
+        diagnosis = importlib.import_module("remote_payload.agent.diagnosis")
     except ModuleNotFoundError as exc:
-        if exc.name == "remote_payload.diagnosis":  # not shipped (yet): nothing to say
+        if exc.name == "remote_payload.agent.diagnosis":  # not shipped (yet): nothing to say
             return []
         return [_diag_failure(exc)]
     except Exception as exc:

@@ -10,8 +10,9 @@ import typing as t
 
 import click
 
-from opsctl import clitypes, errors
-from opsctl.cli import OpsctlGroup, cli, json_option, target_options
+from opsctl import errors
+from opsctl.cli import params as clitypes
+from opsctl.cli.jobs import OpsctlGroup, cli, json_option, target_options
 
 STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "crashed": "bold red"}
 
@@ -38,7 +39,8 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
     Runs unguarded and behind the payload's serialized_compile lock, each in its own
     process on a cold compile cache, and says which build is affected and what to do.
     """
-    from opsctl import jobs, render
+    from opsctl.cli import render
+    from opsctl.ops import jobs
 
     n_modes = len([m for m in modes.split(",") if m.strip()])
     deadline = n_modes * (timeout_s + 15) + 60
@@ -103,7 +105,8 @@ def render_probe(con: t.Any, label: str, report: dict[str, t.Any]) -> None:
 def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            timeout_s: float, as_json: bool) -> None:
     """Every thread's Python stack of every process of the running job, rank by rank."""
-    from opsctl import jobs, render
+    from opsctl.cli import render
+    from opsctl.ops import jobs
 
     args = ["--timeout", f"{timeout_s:g}"]
     if job_id:

@@ -9,7 +9,8 @@ import socket
 import sys
 import typing as t
 
-from remote_payload.agent import gpus, jobs, tmux
+from remote_payload.agent import gpus, tmux
+from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import read_json
 
 

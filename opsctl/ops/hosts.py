@@ -7,9 +7,9 @@ import typing as t
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from opsctl import inventory
+from opsctl.config import inventory
 from opsctl.errors import HostKeyError, OpsctlError, TransportError
-from opsctl.transport import Remote, fingerprint, known_hosts_name, load_known_hosts
+from opsctl.remote.transport import Remote, fingerprint, known_hosts_name, load_known_hosts
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opsctl import paths
+from opsctl.config import paths
 from opsctl.errors import ConfigError
 
 

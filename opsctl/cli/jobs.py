@@ -15,7 +15,8 @@ import typing as t
 
 import click
 
-from opsctl import clitypes, errors
+from opsctl import errors
+from opsctl.cli import params as clitypes
 from opsctl.errors import OpsctlError
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
@@ -32,7 +33,7 @@ class OpsctlGroup(click.Group):
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
             if _json_requested(words) and not getattr(exc, "_json_done", False):
-                from opsctl.jsonout import print_json
+                from opsctl.cli.jsonout import print_json
 
                 print_json({"ok": False, "error": {
                     "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
@@ -51,7 +52,7 @@ def _json_requested(args: t.Sequence[str]) -> bool:
 
 
 def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
-    from opsctl import render
+    from opsctl.cli import render
 
     if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
         render.print_json({"ok": False, "error": exc.to_dict()})
@@ -100,8 +101,8 @@ def sandbox() -> None:
 @json_option
 def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
     """Start (or reuse) the sandbox and write its inventory entry `sandbox`."""
-    from opsctl import render
-    from opsctl import sandbox as sb
+    from opsctl.cli import render
+    from opsctl.sandbox import host as sb
 
     con = render.console(stderr=True)
     start = time.monotonic()
@@ -122,7 +123,7 @@ def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
 @sandbox.command("down")
 def sandbox_down() -> None:
     """Stop the sandbox containers and sshd (keeps them for a fast `up`)."""
-    from opsctl import sandbox as sb
+    from opsctl.sandbox import host as sb
 
     sb.down()
     click.echo("sandbox stopped")
@@ -131,7 +132,7 @@ def sandbox_down() -> None:
 @sandbox.command("destroy")
 def sandbox_destroy() -> None:
     """Remove the sandbox containers, keys and state."""
-    from opsctl import sandbox as sb
+    from opsctl.sandbox import host as sb
 
     sb.destroy()
     click.echo("sandbox destroyed")
@@ -141,8 +142,8 @@ def sandbox_destroy() -> None:
 @json_option
 def sandbox_status(as_json: bool) -> None:
     """Show whether the sandbox's sshd and containers are running."""
-    from opsctl import render
-    from opsctl import sandbox as sb
+    from opsctl.cli import render
+    from opsctl.sandbox import host as sb
 
     st = sb.status()
     doc = None if st is None else {**_dc(st.info), "sshd_running": st.sshd_running,
@@ -184,8 +185,9 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
            replace: bool, no_wait: bool, poll_s: float, force_payload: bool, force_gpus: bool,
            as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
-    from opsctl import jobs, render
-    from opsctl import playbook as playbook_mod
+    from opsctl.cli import render
+    from opsctl.config import playbook as playbook_mod
+    from opsctl.ops import jobs
 
     if host is None:
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
@@ -216,7 +218,7 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
 
 def _torch_prepare_hook(book: t.Any) -> t.Any:
     """torch_deploy.prepare when the playbook needs it; None keeps deploy at one round trip."""
-    from opsctl import torch_deploy
+    from opsctl.ops import torch as torch_deploy
 
     return torch_deploy.prepare if torch_deploy.prepare_needed(book) else None
 
@@ -229,7 +231,7 @@ class _Progress:
         self._last: t.Any = object()
 
     def on_step(self, name: str) -> None:
-        from opsctl import render
+        from opsctl.cli import render
 
         if self.spinner is not None:
             self.spinner.update(text=f"{name}…")
@@ -237,7 +239,7 @@ class _Progress:
             self.err.print(f"{render.now_stamp()} {name}…", markup=False, highlight=False)
 
     def on_update(self, st: t.Any, elapsed: float, problem: str | None) -> None:
-        from opsctl import render
+        from opsctl.cli import render
 
         line = render.progress_line(st, elapsed, problem)
         if self.spinner is not None:
@@ -264,7 +266,7 @@ def _deploy_progress(err: t.Any, *, live: bool, quiet: bool) -> t.Iterator[_Prog
 
 def _show_failed_deploy(exc: errors.OpsctlError, as_json: bool) -> None:
     """The report of a deploy whose job failed: the JSON document, or the status on stderr."""
-    from opsctl import render
+    from opsctl.cli import render
 
     report = getattr(exc, "report", None)
     if report is None:
@@ -287,11 +289,11 @@ def _show_failed_deploy(exc: errors.OpsctlError, as_json: bool) -> None:
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            lines: int, follow: bool, poll_s: float, as_json: bool) -> None:
     """Job state, pane tail, metrics, GPUs and a diagnosis of known failures."""
-    from opsctl import jobs, watch
+    from opsctl.ops import jobs, watch
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if follow:
-            from opsctl import render
+            from opsctl.cli import render
 
             err = render.console(stderr=True)
             seen: dict[str, t.Any] = {"key": None}
@@ -307,11 +309,11 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         else:
             st = watch.fetch_status(tgt.agent, job_id, lines)
     if as_json:  # no rich on this path: `status --json` is polled by scripts (docs/speed.md)
-        from opsctl.jsonout import print_json
+        from opsctl.cli.jsonout import print_json
 
         print_json(st.model_dump(mode="json"))
     else:
-        from opsctl import render
+        from opsctl.cli import render
 
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if follow and st.state.value != "SUCCEEDED":
@@ -326,7 +328,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          follow: bool, offset: int) -> None:
     """The job's full output (output.log), byte-exact; -f follows until the job ends."""
-    from opsctl import jobs
+    from opsctl.ops import jobs
 
     out = sys.stdout.buffer
 
@@ -347,7 +349,8 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          grace_s: float, as_json: bool) -> None:
     """Stop the job: SIGINT, then SIGTERM to its process group, then SIGKILL."""
-    from opsctl import jobs, render
+    from opsctl.cli import render
+    from opsctl.ops import jobs
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         res = jobs.stop(tgt, job_id, grace_s)
@@ -368,7 +371,7 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_s: float | None,
          argv: tuple[str, ...]) -> None:
     """Run ARGV in the container (after `--`); output streams, exit code passes through."""
-    from opsctl import jobs
+    from opsctl.ops import jobs
 
     args = list(argv)
     if args and args[0] == "--":
@@ -395,7 +398,8 @@ def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_
 @json_option
 def hosts(check: bool, as_json: bool) -> None:
     """Hosts and containers in the inventory (reachability with --check)."""
-    from opsctl import hostcheck, render
+    from opsctl.cli import render
+    from opsctl.ops import hosts as hostcheck
 
     rows = hostcheck.list_hosts(check=check)
     if as_json:
@@ -420,8 +424,9 @@ def playbooks(as_json: bool) -> None:
 
     The first directory that has a name wins; later ones with the same name are shadowed.
     """
-    from opsctl import paths, render
-    from opsctl import playbook as playbook_mod
+    from opsctl.cli import render
+    from opsctl.config import paths
+    from opsctl.config import playbook as playbook_mod
 
     found = playbook_mod.available()
     if as_json:
@@ -444,11 +449,11 @@ def mux() -> None:
 @json_option
 def mux_status(as_json: bool) -> None:
     """List the live multiplexers of this OPSCTL_HOME."""
-    from opsctl import mux as mux_mod
+    from opsctl.remote import mux_client as mux_mod
 
     rows = mux_mod.list_muxes()
     if as_json:
-        from opsctl import render
+        from opsctl.cli import render
 
         render.print_json(rows)
         return
@@ -462,7 +467,7 @@ def mux_status(as_json: bool) -> None:
 @mux.command("stop")
 def mux_stop() -> None:
     """Stop every live multiplexer (the next command connects directly)."""
-    from opsctl import mux as mux_mod
+    from opsctl.remote import mux_client as mux_mod
 
     stopped = mux_mod.stop_all()
     click.echo(f"stopped {len(stopped)} multiplexer(s)")
@@ -478,7 +483,7 @@ def host() -> None:
 @click.option("--yes", is_flag=True, help="Record the key without asking.")
 def host_trust(host_name: str, yes: bool) -> None:
     """Show the host's key fingerprint and record it in known_hosts."""
-    from opsctl import hostcheck
+    from opsctl.ops import hosts as hostcheck
 
     shown = hostcheck.fetch_host_key(host_name)  # the one connection: shown == recorded
     click.echo(f"{host_name}: host key {shown.key.get_name()} {shown.fingerprint}")
@@ -494,7 +499,8 @@ def host_trust(host_name: str, yes: bool) -> None:
 
 
 # Commands of other modules register themselves on `cli` (kept out of this file on purpose).
-from opsctl import cli_diag, cli_torch  # noqa: E402,F401
+from opsctl.cli import diag as cli_diag  # noqa: E402,F401
+from opsctl.cli import torch as cli_torch  # noqa: E402,F401
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ EVENT_REPORT = "probe_report"  # == compile_race.EVENT_REPORT (not imported: kee
 MODES = ("unguarded", "guarded")
 TAIL_LINES = 30
 TERM_GRACE_S = 10.0
-_PAYLOAD_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PAYLOAD_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:

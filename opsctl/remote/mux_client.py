@@ -53,11 +53,11 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl import paths
+from opsctl.config import paths
 from opsctl.errors import DeadlineExceeded, TransportError
 
 if t.TYPE_CHECKING:
-    from opsctl.inventory import HostSpec
+    from opsctl.config.inventory import HostSpec
 
 ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
 ENV_IDLE = "OPSCTL_MUX_IDLE_S"
@@ -290,7 +290,7 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
 
 
 def _feed(sock: socket.socket, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
-    from opsctl import stdinfeed
+    from opsctl.remote import stdinfeed
 
     try:
         for chunk in stdinfeed.chunks(stdin, stop):
@@ -363,8 +363,8 @@ def spawn(spec: HostSpec) -> None:
     # sh backgrounds the server and exits at once: the mux is nobody's child (no zombie,
     # no wait) and lives in its own session, so the caller's Ctrl-C never reaches it.
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(["/bin/sh", "-c", '"$@" &', "opsctl-mux", sys.executable, "-m", "opsctl.mux",
-                        "serve", spec.model_dump_json()],
+        subprocess.run(["/bin/sh", "-c", '"$@" &', "opsctl-mux", sys.executable, "-m",
+                        "opsctl.remote.mux_client", "serve", spec.model_dump_json()],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, env=env, start_new_session=True, timeout=5)
 
@@ -398,7 +398,7 @@ class Server:
     """
 
     def __init__(self, spec: HostSpec, sock_path: Path, idle: float):
-        from opsctl.transport import Remote
+        from opsctl.remote.transport import Remote
 
         self.spec = spec
         self.path = sock_path
@@ -550,7 +550,7 @@ class Server:
         import paramiko
 
         from opsctl.errors import OpsctlError
-        from opsctl.transport import Remote
+        from opsctl.remote.transport import Remote
 
         deadline = time.monotonic() + QUEUE_WAIT_S
         while True:
@@ -728,8 +728,8 @@ def serve_main(spec_json: str) -> int:
     """Entry of the detached mux process; exits quietly when another mux serves."""
     import fcntl
 
+    from opsctl.config.inventory import HostSpec
     from opsctl.errors import OpsctlError
-    from opsctl.inventory import HostSpec
 
     spec = HostSpec.model_validate_json(spec_json)
     path = socket_path(spec)

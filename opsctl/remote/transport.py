@@ -28,7 +28,7 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsctl import paths
+from opsctl.config import paths
 from opsctl.errors import (
     AuthError,
     ConfigError,
@@ -45,7 +45,7 @@ if t.TYPE_CHECKING:
     import fabric
     import paramiko
 
-    from opsctl.inventory import HostSpec
+    from opsctl.config.inventory import HostSpec
 
 #: rc of coreutils ``timeout`` when the deadline fired (124) or SIGKILL followed (137).
 TIMEOUT_RCS = frozenset({124, 137})
@@ -205,7 +205,7 @@ class Remote:
             finally:
                 self._conn = None
             if healthy and self.use_mux:  # after a working connection: keep one for next time
-                from opsctl import mux
+                from opsctl.remote import mux_client as mux
 
                 mux.spawn(self.host)
 
@@ -297,7 +297,7 @@ class Remote:
         """
         if not self.host.proxy_jump:
             return None
-        from opsctl import inventory
+        from opsctl.config import inventory
 
         gateway: fabric.Connection | None = None
         kh = self.known_hosts
@@ -384,7 +384,7 @@ class Remote:
               on_stdout: Output | None, on_stderr: Output | None,
               local_deadline: float | None, step: str) -> CommandResult:
         if self._conn is None and self.use_mux:
-            from opsctl import mux
+            from opsctl.remote import mux_client as mux
 
             start = time.monotonic()
             reply = mux.call(self.host, command, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
@@ -512,7 +512,7 @@ def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: b
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
-    from opsctl import stdinfeed
+    from opsctl.remote import stdinfeed
 
     try:
         for chunk in stdinfeed.chunks(stdin, stop):

@@ -47,7 +47,7 @@ _LATE_MARKER = "var/lib/opsctl-sandbox-packages"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 APT_INSTALL = ("apt-get install -y lxc lxc-templates debootstrap rsync distro-info wget "
                "openssh-server openssh-client tmux")
-PCT_SOURCE = Path(__file__).with_name("sandbox_files") / "pct.py"
+PCT_SOURCE = Path(__file__).with_name("pct.py")
 # Units that must not run in a container sharing the host's network namespace: its sshd
 # would bind the host's port 22, and ifupdown would act on the host's interfaces.
 MASKED_UNITS = ("ssh.service", "sshd.service", "ssh.socket", "networking.service",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from opsctl import paths, yamlfile
+from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError, TorchEnvError
 
 DEFAULTS_PATH = paths.BUNDLED / "inventory" / "torch-builds.yaml"

@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages when installed
-BUNDLED = Path(__file__).resolve().parent / "bundled"
+PACKAGE = Path(__file__).resolve().parent.parent  # opsctl/
+REPO_ROOT = PACKAGE.parent  # the checkout, or site-packages when installed
+BUNDLED = PACKAGE / "bundled"
 
 
 @dataclass(frozen=True)

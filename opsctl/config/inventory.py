@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsctl import paths, sshconfig, yamlfile
+from opsctl.config import paths, sshconfig, yamlfile
 from opsctl.errors import ConfigError
 
 DEFAULT_ROOT = "/opt/opsctl"

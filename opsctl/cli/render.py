@@ -13,9 +13,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from opsctl.cli.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.errors import OpsctlError
-from opsctl.jsonout import print_json as print_json  # re-exported: callers use render.print_json
-from opsctl.models import DiagnosisItem, GpuRow, JobStatus
+from opsctl.remote.models import DiagnosisItem, GpuRow, JobStatus
 from remote_payload.wire import JobState, parse_event
 
 STATE_COLOR: dict[JobState, str] = {

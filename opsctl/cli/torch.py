@@ -7,12 +7,12 @@ import typing as t
 
 import click
 
-from opsctl import clitypes
-from opsctl.cli import OpsctlGroup, cli, json_option, target_options
+from opsctl.cli import params as clitypes
+from opsctl.cli.jobs import OpsctlGroup, cli, json_option, target_options
 
 
 def _progress(as_json: bool) -> t.Callable[[str], None]:
-    from opsctl import render
+    from opsctl.cli import render
 
     err = render.console(stderr=True)
 
@@ -26,7 +26,7 @@ def _progress(as_json: bool) -> t.Callable[[str], None]:
 def _payload_and_call(host: str | None, ctid: int | None, accept_new_host_key: bool, verb: str,
                       *args: str, timeout: float) -> tuple[str, t.Any]:
     """One agent verb with the current payload in place; returns (target label, data)."""
-    from opsctl import jobs
+    from opsctl.ops import jobs
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         tgt.agent.ensure_payload()
@@ -48,7 +48,9 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
                version: str | None, index_url: str | None, wheelhouse: bool | None,
                requirements: tuple[str, ...], reinstall: bool, dry_run: bool, as_json: bool) -> None:
     """Switch the container's torch build (e.g. cu130); the old build stays until the new one verifies."""
-    from opsctl import jobs, render, torch_deploy
+    from opsctl.cli import render
+    from opsctl.ops import jobs
+    from opsctl.ops import torch as torch_deploy
 
     start = time.monotonic()
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
@@ -81,7 +83,7 @@ def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history:
     """Torch builds in the container: sizes, which is current, swap history."""
     from rich.table import Table
 
-    from opsctl import render
+    from opsctl.cli import render
 
     label, doc = _payload_and_call(host, ctid, accept_new_host_key, "envs", "--history",
                                    str(history), timeout=60)
@@ -119,7 +121,7 @@ def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as
     """Per fingerprint: size, files, created, last used, current or stale; outside caches warned."""
     from rich.table import Table
 
-    from opsctl import render
+    from opsctl.cli import render
 
     label, doc = _payload_and_call(host, ctid, accept_new_host_key, "cache-info", timeout=120)
     if as_json:
@@ -146,7 +148,7 @@ def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as
 def cache_clear(host: str | None, ctid: int | None, accept_new_host_key: bool, clear_all: bool,
                 as_json: bool) -> None:
     """Delete the current build's compile cache (or every cache with --all)."""
-    from opsctl import render
+    from opsctl.cli import render
 
     _, doc = _payload_and_call(host, ctid, accept_new_host_key, "cache-clear",
                                *(["--all"] if clear_all else []), timeout=300)
@@ -165,8 +167,10 @@ def cache_clear(host: str | None, ctid: int | None, accept_new_host_key: bool, c
 def cache_seed(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str,
                timeout_s: float, as_json: bool) -> None:
     """Warm the current build's cache with the playbook's exact shapes; prove reuse by hit counters."""
-    from opsctl import jobs, render, torch_deploy
-    from opsctl import playbook as playbook_mod
+    from opsctl.cli import render
+    from opsctl.config import playbook as playbook_mod
+    from opsctl.ops import jobs
+    from opsctl.ops import torch as torch_deploy
 
     book = playbook_mod.load(playbook_path)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:

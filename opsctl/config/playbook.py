@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from opsctl import paths, yamlfile
+from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError
 
 #: What a POSIX shell and ``os.execve`` accept as an environment variable name.

@@ -1,0 +1,1 @@
+"""Local configuration: paths, YAML files, inventory, playbooks, torch builds, last target."""

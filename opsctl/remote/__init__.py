@@ -1,0 +1,1 @@
+"""Talking to the host and container: SSH transport, mux, agent client, payload."""
