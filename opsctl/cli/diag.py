@@ -6,18 +6,14 @@ a successful diagnosis (exit 0); a probe that could not run is a failure (exit 2
 
 from __future__ import annotations
 
-import typing as t
-
 import click
 
 from opsctl import errors
 from opsctl.cli import params as clitypes
-from opsctl.cli.jobs import OpsctlGroup, cli, json_option, target_options
-
-STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "crashed": "bold red"}
+from opsctl.cli.app import OpsctlGroup, json_option, target_options
 
 
-@cli.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup)
 def probe() -> None:
     """Probes that run in the container with its current torch build."""
 
@@ -40,25 +36,25 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
     process on a cold compile cache, and says which build is affected and what to do.
     """
     from opsctl.cli import render
+    from opsctl.ops import diag as diag_ops
     from opsctl.ops import jobs
 
     n_modes = len([m for m in modes.split(",") if m.strip()])
-    deadline = n_modes * (timeout_s + 15) + 60
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        tgt.agent.ensure_payload()
         err = render.console(stderr=True)
-        if not as_json:
-            err.print(f"probing {tgt.label}: {threads} threads, up to {timeout_s:g} s per mode "
-                      f"({n_modes} modes)…")
-        report = tgt.agent.call(
-            "probe", "--threads", str(threads), "--timeout", f"{timeout_s:g}", "--device", device,
-            "--backward" if backward else "--no-backward", "--modes", modes,
-            "--deadline", f"{deadline:g}", timeout=deadline + 30)
+
+        def started() -> None:
+            if not as_json:
+                err.print(f"probing {tgt.label}: {threads} threads, up to {timeout_s:g} s per mode "
+                          f"({n_modes} modes)…")
+
+        report = diag_ops.compile_race(tgt, threads=threads, timeout_s=timeout_s, backward=backward,
+                                       device=device, modes=modes, on_start=started)
     if as_json:
         render.print_json(report)
         click.get_current_context().meta["opsctl_json_done"] = True  # one document only
     else:
-        render_probe(render.console(), tgt.label, report)
+        render.probe_report(render.console(), tgt.label, report)
     if report.get("status") == "crashed":
         raise errors.RemoteCommandFailed(
             f"{tgt.label}: the probe did not finish: "
@@ -66,37 +62,7 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
             log_path=report.get("raw_output"), hint="the raw output file has everything it printed")
 
 
-def render_probe(con: t.Any, label: str, report: dict[str, t.Any]) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    env = report.get("env") or {}
-    con.print(Text(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
-                   f"(CUDA {env.get('cuda') or '-'}, Triton {env.get('triton') or '-'}), "
-                   f"device {env.get('device_name') or env.get('device') or '?'}", style="bold"))
-    table = Table(box=None)
-    for col in ("mode", "result", "elapsed", "FX flag after", "detail"):
-        table.add_column(col)
-    for name, mode in (report.get("modes") or {}).items():
-        status = str(mode.get("status"))
-        elapsed = mode.get("elapsed_s")
-        detail = mode.get("error") or "; ".join(mode.get("errors") or [])[:160]
-        if status == "hang" and mode.get("hang_stacks"):
-            detail = "blocked in: " + "; ".join(
-                f"{th.get('name', '?')}: {th.get('where', '?')}" for th in mode["hang_stacks"][:3])
-        if status == "crashed" and mode.get("signal"):
-            detail = f"died by {mode['signal']}: " + " | ".join((mode.get("stderr_tail") or [])[-2:])
-        table.add_row(name, Text(status, style=STATUS_STYLE.get(status, "")),
-                      "-" if elapsed is None else f"{elapsed:.1f}s", str(mode.get("fx_tracing_flag")),
-                      detail or "")
-    con.print(table)
-    if report.get("verdict"):
-        con.print(Text(str(report["verdict"]), style="bold yellow" if report.get("affected") else "green"))
-    if report.get("raw_output"):
-        con.print(Text(f"raw output (in the container): {report['raw_output']}", style="dim"))
-
-
-@cli.command()
+@click.command()
 @target_options
 @click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=10.0, show_default=True,
@@ -106,13 +72,11 @@ def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
            timeout_s: float, as_json: bool) -> None:
     """Every thread's Python stack of every process of the running job, rank by rank."""
     from opsctl.cli import render
+    from opsctl.ops import diag as diag_ops
     from opsctl.ops import jobs
 
-    args = ["--timeout", f"{timeout_s:g}"]
-    if job_id:
-        args += ["--job", job_id]
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        doc = tgt.agent.call("stacks", *args, timeout=timeout_s + 30)
+        doc = diag_ops.stacks(tgt, job_id, timeout_s)
     if as_json:
         render.print_json(doc)
         return

@@ -1,174 +1,21 @@
-"""opsctl command line: parse, call one operation, render, exit code. Nothing else.
-
-Every error that is an :class:`~opsctl.errors.OpsctlError` becomes one clear line
-(plus hint and log path) and its family's exit code, in :meth:`OpsctlGroup.invoke`.
-Anything else is a bug and keeps its traceback.
-"""
+"""Commands on a container's job: deploy, status, logs, stop, and exec."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
-import time
 import typing as t
 
 import click
 
 from opsctl import errors
 from opsctl.cli import params as clitypes
-from opsctl.errors import OpsctlError
-
-F = t.TypeVar("F", bound=t.Callable[..., t.Any])
-
-
-class OpsctlGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> t.Any:
-        # what the subcommand will parse (click empties these before it does)
-        words = [*getattr(ctx, "_protected_args", ()), *ctx.args]
-        try:
-            return super().invoke(ctx)
-        except OpsctlError as exc:
-            _report_error(ctx, exc)
-            ctx.exit(exc.exit_code)
-        except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
-            if _json_requested(words) and not getattr(exc, "_json_done", False):
-                from opsctl.cli.jsonout import print_json
-
-                print_json({"ok": False, "error": {
-                    "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
-                    "hint": "see --help", "log_path": None}})
-                exc._json_done = True  # type: ignore[attr-defined]  # nested groups print once
-            raise
-        except KeyboardInterrupt:
-            click.echo("interrupted (the remote job, if any, keeps running)", err=True)
-            ctx.exit(errors.INTERRUPTED)
-
-
-def _json_requested(args: t.Sequence[str]) -> bool:
-    """``--json`` among the words before ``--`` (what the command would have parsed)."""
-    words = list(args)
-    return "--json" in (words[:words.index("--")] if "--" in words else words)
-
-
-def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
-    from opsctl.cli import render
-
-    if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
-        render.print_json({"ok": False, "error": exc.to_dict()})
-    render.error(render.console(stderr=True), exc)
-
-
-def json_option(f: F) -> F:
-    @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout.")
-    @functools.wraps(f)
-    def wrapper(*args: t.Any, as_json: bool, **kwargs: t.Any) -> t.Any:
-        if as_json:
-            click.get_current_context().meta["opsctl_json"] = True
-        return f(*args, as_json=as_json, **kwargs)
-
-    return t.cast(F, wrapper)
-
-
-def target_options(f: F) -> F:
-    f = click.option("--ct", "ctid", type=int, default=None,
-                     help="Container id (default: the last deploy's).")(f)
-    f = click.option("--host", "host", default=None,
-                     help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
-                          "(default: the last deploy's).")(f)
-    f = click.option("--accept-new-host-key", is_flag=True,
-                     help="Like OpenSSH accept-new: record an unknown host key "
-                          "(a changed key is still refused).")(f)
-    return f
-
-
-@click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="opsctl")
-def cli() -> None:
-    """Run GPU training jobs in Proxmox LXC containers and keep them healthy."""
-
-
-# --- sandbox ------------------------------------------------------------------------------
-
-
-@cli.group(cls=OpsctlGroup)
-def sandbox() -> None:
-    """Make this machine an emulated Proxmox host (loopback sshd + real LXC + pct)."""
-
-
-@sandbox.command("up")
-@click.option("--ct", "ctids", type=int, multiple=True, default=(200,), show_default=True)
-@json_option
-def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
-    """Start (or reuse) the sandbox and write its inventory entry `sandbox`."""
-    from opsctl.cli import render
-    from opsctl.sandbox import host as sb
-
-    con = render.console(stderr=True)
-    start = time.monotonic()
-    if not as_json:
-        con.print("bringing the sandbox up (first time: ~1 min to build the containers)…")
-    info = sb.up(containers=ctids)
-    doc = {**_dc(info), "elapsed_s": round(time.monotonic() - start, 2)}
-    if as_json:
-        render.print_json(doc)
-        return
-    out = render.console()
-    out.print(f"sandbox up in {doc['elapsed_s']:.1f}s: ssh {info.user}@{info.host} -p {info.port}, "
-              f"containers {', '.join(map(str, info.containers))}")
-    out.print(f"inventory host `sandbox` written; try: opsctl exec --host sandbox --ct "
-              f"{info.containers[0]} -- uname -a")
-
-
-@sandbox.command("down")
-def sandbox_down() -> None:
-    """Stop the sandbox containers and sshd (keeps them for a fast `up`)."""
-    from opsctl.sandbox import host as sb
-
-    sb.down()
-    click.echo("sandbox stopped")
-
-
-@sandbox.command("destroy")
-def sandbox_destroy() -> None:
-    """Remove the sandbox containers, keys and state."""
-    from opsctl.sandbox import host as sb
-
-    sb.destroy()
-    click.echo("sandbox destroyed")
-
-
-@sandbox.command("status")
-@json_option
-def sandbox_status(as_json: bool) -> None:
-    """Show whether the sandbox's sshd and containers are running."""
-    from opsctl.cli import render
-    from opsctl.sandbox import host as sb
-
-    st = sb.status()
-    doc = None if st is None else {**_dc(st.info), "sshd_running": st.sshd_running,
-                                   "container_states": st.containers, "healthy": st.healthy}
-    if as_json:
-        render.print_json(doc)
-    elif st is None:
-        click.echo("sandbox is not set up (opsctl sandbox up)")
-    else:
-        states = ", ".join(f"{c}: {s}" for c, s in st.containers.items())
-        click.echo(f"sandbox {'up' if st.healthy else 'DEGRADED'}: sshd "
-                   f"{'running' if st.sshd_running else 'stopped'} on 127.0.0.1:{st.info.port}; {states}")
-
-
-def _dc(obj: t.Any) -> dict[str, t.Any]:
-    import dataclasses
-
-    d = dataclasses.asdict(obj)
-    return {k: (str(v) if hasattr(v, "__fspath__") else v) for k, v in d.items()}
-
+from opsctl.cli.app import json_option, target_options
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
 
-@cli.command()
+@click.command()
 @target_options
 @click.option("--playbook", "playbook_path", default=None,
               help="Path or name of a playbook (playbooks/<name>.yaml); default: the container's "
@@ -278,7 +125,7 @@ def _show_failed_deploy(exc: errors.OpsctlError, as_json: bool) -> None:
         render.status(render.console(stderr=True), report.target, report.status)
 
 
-@cli.command()
+@click.command()
 @target_options
 @click.option("--job", "job_id", type=clitypes.JOB_ID, default=None,
               help="Job id (default: the current job).")
@@ -320,7 +167,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         sys.exit(errors.JOB_FAILED)
 
 
-@cli.command()
+@click.command()
 @target_options
 @click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
 @click.option("--follow", "-f", is_flag=True, help="Keep following until the job ends.")
@@ -340,7 +187,7 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
         jobs.follow_logs(tgt, job_id, write, follow=follow, offset=offset)
 
 
-@cli.command()
+@click.command()
 @target_options
 @click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
 @click.option("--grace", "grace_s", type=clitypes.SECONDS_OR_ZERO, default=30.0, show_default=True,
@@ -363,7 +210,7 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 # --- exec / hosts ------------------------------------------------------------------------
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @target_options
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=None,
               help="Deadline; when it fires the remote process group is killed.")
@@ -391,117 +238,3 @@ def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_
         res = tgt.remote.pct_exec(tgt.ctid, args, timeout=timeout_s, stdin=stdin, on_stdout=w(out),
                                   on_stderr=w(err), step="exec")
     sys.exit(res.rc)
-
-
-@cli.command()
-@click.option("--check", is_flag=True, help="Also connect to each host and list its containers.")
-@json_option
-def hosts(check: bool, as_json: bool) -> None:
-    """Hosts and containers in the inventory (reachability with --check)."""
-    from opsctl.cli import render
-    from opsctl.ops import hosts as hostcheck
-
-    rows = hostcheck.list_hosts(check=check)
-    if as_json:
-        render.print_json([r.to_dict() for r in rows])
-        return
-    from rich.table import Table
-
-    table = Table(box=None)
-    for c in ("host", "address", "user", "containers", "reachable", "detail"):
-        table.add_column(c)
-    for r in rows:
-        reach = "-" if r.reachable is None else ("[green]yes[/]" if r.reachable else "[red]no[/]")
-        table.add_row(r.name, f"{r.address}:{r.port}", r.user,
-                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach, r.detail or "")
-    render.console().print(table)
-
-
-@cli.command()
-@json_option
-def playbooks(as_json: bool) -> None:
-    """Playbooks by name, with where each was found (./playbooks, ~/.opsctl/playbooks, bundled).
-
-    The first directory that has a name wins; later ones with the same name are shadowed.
-    """
-    from opsctl.cli import render
-    from opsctl.config import paths
-    from opsctl.config import playbook as playbook_mod
-
-    found = playbook_mod.available()
-    if as_json:
-        render.print_json({"playbooks": [f.to_dict() for f in found],
-                           "search_path": [{"origin": d.origin, "path": str(d.path)}
-                                           for d in paths.playbook_dirs()]})
-        return
-    width = max((len(f.name) for f in found), default=4)
-    for f in found:
-        note = "" if f.active else "  (shadowed)"
-        click.echo(f"{f.name:<{width}}  {f.origin:<7}  {f.path}{note}")
-
-
-@cli.group(cls=OpsctlGroup)
-def mux() -> None:
-    """Connection multiplexers: one kept SSH connection per host (OPSCTL_MUX=0 disables)."""
-
-
-@mux.command("status")
-@json_option
-def mux_status(as_json: bool) -> None:
-    """List the live multiplexers of this OPSCTL_HOME."""
-    from opsctl.remote import mux_client as mux_mod
-
-    rows = mux_mod.list_muxes()
-    if as_json:
-        from opsctl.cli import render
-
-        render.print_json(rows)
-        return
-    if not rows:
-        click.echo("no live multiplexer")
-    for r in rows:
-        click.echo(f"{r['host']} ({r['target']}): pid {r['pid']}, {r['calls']} calls, "
-                   f"exits after {r['idle_s']:g} s idle")
-
-
-@mux.command("stop")
-def mux_stop() -> None:
-    """Stop every live multiplexer (the next command connects directly)."""
-    from opsctl.remote import mux_client as mux_mod
-
-    stopped = mux_mod.stop_all()
-    click.echo(f"stopped {len(stopped)} multiplexer(s)")
-
-
-@cli.group(cls=OpsctlGroup)
-def host() -> None:
-    """Host keys and trust."""
-
-
-@host.command("trust")
-@click.option("--host", "host_name", required=True)
-@click.option("--yes", is_flag=True, help="Record the key without asking.")
-def host_trust(host_name: str, yes: bool) -> None:
-    """Show the host's key fingerprint and record it in known_hosts."""
-    from opsctl.ops import hosts as hostcheck
-
-    shown = hostcheck.fetch_host_key(host_name)  # the one connection: shown == recorded
-    click.echo(f"{host_name}: host key {shown.key.get_name()} {shown.fingerprint}")
-    if shown.trusted:
-        click.echo("already trusted")
-        return
-    if not yes and not click.confirm("trust this key?", default=False):
-        raise errors.HostKeyError(f"{host_name}: key not trusted")
-    hostcheck.record(shown)
-    click.echo("recorded in known_hosts")
-
-
-
-
-# Commands of other modules register themselves on `cli` (kept out of this file on purpose).
-from opsctl.cli import diag as cli_diag  # noqa: E402,F401
-from opsctl.cli import torch as cli_torch  # noqa: E402,F401
-
-
-def main() -> None:
-    cli(prog_name="opsctl")

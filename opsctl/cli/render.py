@@ -178,3 +178,83 @@ def stacks(con: Console, doc: dict[str, t.Any]) -> None:
         con.print(p.get("dump", ""), markup=False, highlight=False)
     if doc.get("saved_to"):
         con.print(f"saved in the container: {doc['saved_to']}", style="dim", markup=False)
+
+
+# --- tables of the torch, probe and hosts commands -------------------------------------------
+
+
+def torch_envs(con: Console, label: str, doc: dict[str, t.Any], history: int) -> None:
+    """``opsctl envs``: the builds in the container and the swap history."""
+    table = Table(title=f"torch builds on {label}", title_justify="left", box=None)
+    for col in ("", "build", "pin", "size", "installed", "source"):
+        table.add_column(col)
+    for b in doc.get("builds", []):
+        table.add_row("*" if b.get("current") else "", b["name"], b.get("pin", ""),
+                      f"{(b.get('size_bytes') or 0) / 1e9:.2f} GB",
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(b.get("installed_at") or 0)),
+                      "wheelhouse" if b.get("wheelhouse") else (b.get("index_url") or ""))
+    con.print(table)
+    if not doc.get("builds"):
+        con.print("no torch build installed yet (opsctl swap-torch <variant>)")
+    for h in doc.get("history", [])[-history:]:
+        con.print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('time', 0)))} "
+                  f"{h.get('from') or '-'} -> {h.get('to')}: {h.get('action')} {h.get('result')}"
+                  + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else ""),
+                  markup=False)
+
+
+def compile_caches(con: Console, label: str, doc: dict[str, t.Any]) -> None:
+    """``opsctl cache info``: one row per compile cache."""
+    table = Table(title=f"compile caches on {label}", title_justify="left", box=None)
+    for col in ("status", "fingerprint", "size", "files", "last used", "mega-cache"):
+        table.add_column(col)
+    for c in doc.get("caches", []):
+        table.add_row(c.get("status", ""), c["fingerprint"], f"{(c.get('size_bytes') or 0) / 1e6:.1f} MB",
+                      str(c.get("files", "")),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(c.get("last_used_at") or 0)),
+                      "yes" if c.get("mega_cache") else "")
+    con.print(table)
+    for w in doc.get("warnings", []):
+        con.print(f"[yellow]warning:[/] {w}")
+
+
+PROBE_STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "crashed": "bold red"}
+
+
+def probe_report(con: Console, label: str, report: dict[str, t.Any]) -> None:
+    env = report.get("env") or {}
+    con.print(Text(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
+                   f"(CUDA {env.get('cuda') or '-'}, Triton {env.get('triton') or '-'}), "
+                   f"device {env.get('device_name') or env.get('device') or '?'}", style="bold"))
+    table = Table(box=None)
+    for col in ("mode", "result", "elapsed", "FX flag after", "detail"):
+        table.add_column(col)
+    for name, mode in (report.get("modes") or {}).items():
+        status = str(mode.get("status"))
+        elapsed = mode.get("elapsed_s")
+        detail = mode.get("error") or "; ".join(mode.get("errors") or [])[:160]
+        if status == "hang" and mode.get("hang_stacks"):
+            detail = "blocked in: " + "; ".join(
+                f"{th.get('name', '?')}: {th.get('where', '?')}" for th in mode["hang_stacks"][:3])
+        if status == "crashed" and mode.get("signal"):
+            detail = f"died by {mode['signal']}: " + " | ".join((mode.get("stderr_tail") or [])[-2:])
+        table.add_row(name, Text(status, style=PROBE_STATUS_STYLE.get(status, "")),
+                      "-" if elapsed is None else f"{elapsed:.1f}s", str(mode.get("fx_tracing_flag")),
+                      detail or "")
+    con.print(table)
+    if report.get("verdict"):
+        con.print(Text(str(report["verdict"]), style="bold yellow" if report.get("affected") else "green"))
+    if report.get("raw_output"):
+        con.print(Text(f"raw output (in the container): {report['raw_output']}", style="dim"))
+
+
+def hosts(con: Console, rows: t.Sequence[t.Any]) -> None:
+    """``opsctl hosts``: one row per inventory host (reachability after ``--check``)."""
+    table = Table(box=None)
+    for c in ("host", "address", "user", "containers", "reachable", "detail"):
+        table.add_column(c)
+    for r in rows:
+        reach = "-" if r.reachable is None else ("[green]yes[/]" if r.reachable else "[red]no[/]")
+        table.add_row(r.name, f"{r.address}:{r.port}", r.user,
+                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach, r.detail or "")
+    con.print(table)

@@ -8,7 +8,7 @@ import typing as t
 import click
 
 from opsctl.cli import params as clitypes
-from opsctl.cli.jobs import OpsctlGroup, cli, json_option, target_options
+from opsctl.cli.app import OpsctlGroup, json_option, target_options
 
 
 def _progress(as_json: bool) -> t.Callable[[str], None]:
@@ -23,17 +23,7 @@ def _progress(as_json: bool) -> t.Callable[[str], None]:
     return say
 
 
-def _payload_and_call(host: str | None, ctid: int | None, accept_new_host_key: bool, verb: str,
-                      *args: str, timeout: float) -> tuple[str, t.Any]:
-    """One agent verb with the current payload in place; returns (target label, data)."""
-    from opsctl.ops import jobs
-
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        tgt.agent.ensure_payload()
-        return tgt.label, tgt.agent.call(verb, *args, timeout=timeout)
-
-
-@cli.command("swap-torch")
+@click.command("swap-torch")
 @click.argument("variant")
 @target_options
 @click.option("--version", "version", default=None, help="torch release, e.g. 2.11.0 (default: builds table)")
@@ -74,42 +64,26 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
         con.print(f"  log (in the container): {rep['log_path']}", style="dim")
 
 
-@cli.command()
+@click.command()
 @target_options
 @click.option("--history", type=clitypes.COUNT, default=20, show_default=True)
 @json_option
 def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history: int,
          as_json: bool) -> None:
     """Torch builds in the container: sizes, which is current, swap history."""
-    from rich.table import Table
-
     from opsctl.cli import render
+    from opsctl.ops import jobs
+    from opsctl.ops import torch as torch_ops
 
-    label, doc = _payload_and_call(host, ctid, accept_new_host_key, "envs", "--history",
-                                   str(history), timeout=60)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        label, doc = tgt.label, torch_ops.envs(tgt, history)
     if as_json:
         render.print_json(doc)
         return
-    con = render.console()
-    table = Table(title=f"torch builds on {label}", title_justify="left", box=None)
-    for col in ("", "build", "pin", "size", "installed", "source"):
-        table.add_column(col)
-    for b in doc.get("builds", []):
-        table.add_row("*" if b.get("current") else "", b["name"], b.get("pin", ""),
-                      f"{(b.get('size_bytes') or 0) / 1e9:.2f} GB",
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(b.get("installed_at") or 0)),
-                      "wheelhouse" if b.get("wheelhouse") else (b.get("index_url") or ""))
-    con.print(table)
-    if not doc.get("builds"):
-        con.print("no torch build installed yet (opsctl swap-torch <variant>)")
-    for h in doc.get("history", [])[-history:]:
-        con.print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('time', 0)))} "
-                  f"{h.get('from') or '-'} -> {h.get('to')}: {h.get('action')} {h.get('result')}"
-                  + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else ""),
-                  markup=False)
+    render.torch_envs(render.console(), label, doc, history)
 
 
-@cli.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup)
 def cache() -> None:
     """Compile caches, one per torch build fingerprint."""
 
@@ -119,26 +93,16 @@ def cache() -> None:
 @json_option
 def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Per fingerprint: size, files, created, last used, current or stale; outside caches warned."""
-    from rich.table import Table
-
     from opsctl.cli import render
+    from opsctl.ops import jobs
+    from opsctl.ops import torch as torch_ops
 
-    label, doc = _payload_and_call(host, ctid, accept_new_host_key, "cache-info", timeout=120)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        label, doc = tgt.label, torch_ops.cache_info(tgt)
     if as_json:
         render.print_json(doc)
         return
-    con = render.console()
-    table = Table(title=f"compile caches on {label}", title_justify="left", box=None)
-    for col in ("status", "fingerprint", "size", "files", "last used", "mega-cache"):
-        table.add_column(col)
-    for c in doc.get("caches", []):
-        table.add_row(c.get("status", ""), c["fingerprint"], f"{(c.get('size_bytes') or 0) / 1e6:.1f} MB",
-                      str(c.get("files", "")),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(c.get("last_used_at") or 0)),
-                      "yes" if c.get("mega_cache") else "")
-    con.print(table)
-    for w in doc.get("warnings", []):
-        con.print(f"[yellow]warning:[/] {w}")
+    render.compile_caches(render.console(), label, doc)
 
 
 @cache.command("clear")
@@ -149,9 +113,11 @@ def cache_clear(host: str | None, ctid: int | None, accept_new_host_key: bool, c
                 as_json: bool) -> None:
     """Delete the current build's compile cache (or every cache with --all)."""
     from opsctl.cli import render
+    from opsctl.ops import jobs
+    from opsctl.ops import torch as torch_ops
 
-    _, doc = _payload_and_call(host, ctid, accept_new_host_key, "cache-clear",
-                               *(["--all"] if clear_all else []), timeout=300)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        doc = torch_ops.cache_clear(tgt, clear_all=clear_all)
     if as_json:
         render.print_json(doc)
         return
@@ -174,9 +140,7 @@ def cache_seed(host: str | None, ctid: int | None, accept_new_host_key: bool, pl
 
     book = playbook_mod.load(playbook_path)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        tgt.agent.ensure_payload()
-        _progress(as_json)("compiling every shape bucket cold, then again from the seeded cache…")
-        doc = torch_deploy.cache_seed(tgt, book, timeout_s)
+        doc = torch_deploy.seed_cache(tgt, book, timeout_s, _progress(as_json))
     if as_json:
         render.print_json(doc)
         return

@@ -204,7 +204,33 @@ def _line_progress(progress: Progress | None) -> t.Callable[[bytes], None] | Non
     return on_stderr
 
 
+def envs(tgt: Target, history: int) -> dict[str, t.Any]:
+    """The container's torch builds and the last ``history`` swaps (payload shipped first)."""
+    tgt.agent.ensure_payload()
+    return dict(tgt.agent.call("envs", "--history", str(history), timeout=60))
+
+
+def cache_info(tgt: Target) -> dict[str, t.Any]:
+    tgt.agent.ensure_payload()
+    return dict(tgt.agent.call("cache-info", timeout=120))
+
+
+def cache_clear(tgt: Target, *, clear_all: bool) -> dict[str, t.Any]:
+    tgt.agent.ensure_payload()
+    return dict(tgt.agent.call("cache-clear", *(["--all"] if clear_all else []), timeout=300))
+
+
+def seed_cache(tgt: Target, book: Playbook, timeout_s: float,
+               progress: Progress | None = None) -> dict[str, t.Any]:
+    """``opsctl cache seed``: the current payload, then :func:`cache_seed`."""
+    tgt.agent.ensure_payload()
+    if progress:
+        progress("compiling every shape bucket cold, then again from the seeded cache…")
+    return cache_seed(tgt, book, timeout_s)
+
+
 def cache_seed(tgt: Target, book: Playbook, timeout_s: float = 1800.0) -> dict[str, t.Any]:
+    """Warm the current build's cache with ``book``'s exact shapes; proves reuse by hit counters."""
     args = ["--command-json", json.dumps(book.command), "--env-json", json.dumps(book.env),
             "--timeout", f"{timeout_s:g}"]
     if book.workdir:

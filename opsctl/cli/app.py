@@ -1,0 +1,92 @@
+"""The ``opsctl`` group: error handling, shared options. The commands are listed in ``opsctl.cli``.
+
+Every error that is an :class:`~opsctl.errors.OpsctlError` becomes one clear line
+(plus hint and log path) and its family's exit code, in :meth:`OpsctlGroup.invoke`.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing as t
+
+import click
+
+from opsctl import errors
+from opsctl.errors import OpsctlError
+
+F = t.TypeVar("F", bound=t.Callable[..., t.Any])
+
+
+class OpsctlGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> t.Any:
+        # what the subcommand will parse (click empties these before it does)
+        words = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except OpsctlError as exc:
+            _report_error(ctx, exc)
+            ctx.exit(exc.exit_code)
+        except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
+            if _json_requested(words) and not getattr(exc, "_json_done", False):
+                from opsctl.cli.jsonout import print_json
+
+                print_json({"ok": False, "error": {
+                    "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
+                    "hint": "see --help", "log_path": None}})
+                exc._json_done = True  # type: ignore[attr-defined]  # nested groups print once
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted (the remote job, if any, keeps running)", err=True)
+            ctx.exit(errors.INTERRUPTED)
+
+
+def _json_requested(args: t.Sequence[str]) -> bool:
+    """``--json`` among the words before ``--`` (what the command would have parsed)."""
+    words = list(args)
+    return "--json" in (words[:words.index("--")] if "--" in words else words)
+
+
+def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
+    from opsctl.cli import render
+
+    if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
+        render.print_json({"ok": False, "error": exc.to_dict()})
+    render.error(render.console(stderr=True), exc)
+
+
+def json_option(f: F) -> F:
+    @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout.")
+    @functools.wraps(f)
+    def wrapper(*args: t.Any, as_json: bool, **kwargs: t.Any) -> t.Any:
+        if as_json:
+            click.get_current_context().meta["opsctl_json"] = True
+        return f(*args, as_json=as_json, **kwargs)
+
+    return t.cast(F, wrapper)
+
+
+def target_options(f: F) -> F:
+    f = click.option("--ct", "ctid", type=int, default=None,
+                     help="Container id (default: the last deploy's).")(f)
+    f = click.option("--host", "host", default=None,
+                     help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
+                          "(default: the last deploy's).")(f)
+    f = click.option("--accept-new-host-key", is_flag=True,
+                     help="Like OpenSSH accept-new: record an unknown host key "
+                          "(a changed key is still refused).")(f)
+    return f
+
+
+@click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="opsctl")
+def cli() -> None:
+    """Run GPU training jobs in Proxmox LXC containers and keep them healthy."""
+
+
+def as_dict(obj: t.Any) -> dict[str, t.Any]:
+    """A dataclass as a JSON-ready dict (paths as strings)."""
+    import dataclasses
+
+    d = dataclasses.asdict(obj)
+    return {k: (str(v) if hasattr(v, "__fspath__") else v) for k, v in d.items()}

@@ -1,0 +1,102 @@
+"""Hosts, playbooks, connection multiplexers and host keys: the local side of targets."""
+
+from __future__ import annotations
+
+import click
+
+from opsctl import errors
+from opsctl.cli.app import OpsctlGroup, json_option
+
+
+@click.command()
+@click.option("--check", is_flag=True, help="Also connect to each host and list its containers.")
+@json_option
+def hosts(check: bool, as_json: bool) -> None:
+    """Hosts and containers in the inventory (reachability with --check)."""
+    from opsctl.cli import render
+    from opsctl.ops import hosts as hostcheck
+
+    rows = hostcheck.list_hosts(check=check)
+    if as_json:
+        render.print_json([r.to_dict() for r in rows])
+        return
+    render.hosts(render.console(), rows)
+
+
+@click.command()
+@json_option
+def playbooks(as_json: bool) -> None:
+    """Playbooks by name, with where each was found (./playbooks, ~/.opsctl/playbooks, bundled).
+
+    The first directory that has a name wins; later ones with the same name are shadowed.
+    """
+    from opsctl.cli import render
+    from opsctl.config import paths
+    from opsctl.config import playbook as playbook_mod
+
+    found = playbook_mod.available()
+    if as_json:
+        render.print_json({"playbooks": [f.to_dict() for f in found],
+                           "search_path": [{"origin": d.origin, "path": str(d.path)}
+                                           for d in paths.playbook_dirs()]})
+        return
+    width = max((len(f.name) for f in found), default=4)
+    for f in found:
+        note = "" if f.active else "  (shadowed)"
+        click.echo(f"{f.name:<{width}}  {f.origin:<7}  {f.path}{note}")
+
+
+@click.group(cls=OpsctlGroup)
+def mux() -> None:
+    """Connection multiplexers: one kept SSH connection per host (OPSCTL_MUX=0 disables)."""
+
+
+@mux.command("status")
+@json_option
+def mux_status(as_json: bool) -> None:
+    """List the live multiplexers of this OPSCTL_HOME."""
+    from opsctl.remote import mux_client as mux_mod
+
+    rows = mux_mod.list_muxes()
+    if as_json:
+        from opsctl.cli import render
+
+        render.print_json(rows)
+        return
+    if not rows:
+        click.echo("no live multiplexer")
+    for r in rows:
+        click.echo(f"{r['host']} ({r['target']}): pid {r['pid']}, {r['calls']} calls, "
+                   f"exits after {r['idle_s']:g} s idle")
+
+
+@mux.command("stop")
+def mux_stop() -> None:
+    """Stop every live multiplexer (the next command connects directly)."""
+    from opsctl.remote import mux_client as mux_mod
+
+    stopped = mux_mod.stop_all()
+    click.echo(f"stopped {len(stopped)} multiplexer(s)")
+
+
+@click.group(cls=OpsctlGroup)
+def host() -> None:
+    """Host keys and trust."""
+
+
+@host.command("trust")
+@click.option("--host", "host_name", required=True)
+@click.option("--yes", is_flag=True, help="Record the key without asking.")
+def host_trust(host_name: str, yes: bool) -> None:
+    """Show the host's key fingerprint and record it in known_hosts."""
+    from opsctl.ops import hosts as hostcheck
+
+    shown = hostcheck.fetch_host_key(host_name)  # the one connection: shown == recorded
+    click.echo(f"{host_name}: host key {shown.key.get_name()} {shown.fingerprint}")
+    if shown.trusted:
+        click.echo("already trusted")
+        return
+    if not yes and not click.confirm("trust this key?", default=False):
+        raise errors.HostKeyError(f"{host_name}: key not trusted")
+    hostcheck.record(shown)
+    click.echo("recorded in known_hosts")
