@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import typing as t
 
+if t.TYPE_CHECKING:
+    from remote_payload.wire import ErrorType
+
 # Exit codes, one per family (documented in README.md).
 OK = 0
 INTERNAL = 1
@@ -160,9 +163,11 @@ class DeadlineExceeded(RemoteCommandFailed):
 class AgentError(RemoteCommandFailed):
     """The container agent answered with an error document (rebuilt from the wire)."""
 
-    def __init__(self, message: str, *, remote_type: str, fields: dict[str, t.Any] | None = None,
-                 hint: str | None = None, log_path: str | None = None):
+    def __init__(self, message: str, *, remote_type: ErrorType | str,
+                 fields: dict[str, t.Any] | None = None, hint: str | None = None,
+                 log_path: str | None = None):
         super().__init__(message, hint=hint, log_path=log_path)
+        #: the wire ``error.type``; a str only for a type this opsctl does not know
         self.remote_type = remote_type
         self.fields = fields or {}
 
@@ -173,13 +178,26 @@ class TorchEnvError(OpsctlError, ValueError):
     exit_code = TORCH_ENV
 
 
-class JobFailed(OpsctlError):
+class DeployOutcomeError(OpsctlError):
+    """A deploy whose job did not become healthy; ``report`` is what the deploy saw.
+
+    The report is the deploy's (``opsctl.ops.deploy.DeployReport``), so ``deploy --json``
+    still prints it with the error, and the status goes to stderr otherwise.
+    """
+
+    def __init__(self, message: str, *, report: t.Any = None, hint: str | None = None,
+                 log_path: str | None = None):
+        super().__init__(message, hint=hint, log_path=log_path)
+        self.report = report
+
+
+class JobFailed(DeployOutcomeError):
     """The job ended FAILED, CANCELLED or LOST."""
 
     exit_code = JOB_FAILED
 
 
-class JobUnhealthy(OpsctlError):
+class JobUnhealthy(DeployOutcomeError):
     """The job is alive but did not become healthy before the playbook's timeout."""
 
     exit_code = JOB_UNHEALTHY

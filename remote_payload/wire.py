@@ -124,16 +124,52 @@ def format_event(event: str, **fields: t.Any) -> str:
 # --- agent envelope -----------------------------------------------------------
 
 
+class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent runs on 3.10 too)
+    """Every ``error.type`` an agent reply can carry; the member name is the wire value.
+
+    The agent raises only these (``AgentFailure(ErrorType.X, ...)``), and ``opsctl`` maps
+    each to an exit-code family (``opsctl.remote.agent_client.ERROR_FAMILIES``;
+    ``tests/test_error_contract.py`` checks both directions).
+    """
+
+    # arguments and specs
+    UsageError = "UsageError"  # the verb's arguments do not parse
+    UnknownVerb = "UnknownVerb"
+    BadSpec = "BadSpec"  # launch spec invalid (field named in ``fields.field``)
+    BadJobId = "BadJobId"
+    BadOffset = "BadOffset"
+    AgentCrashed = "AgentCrashed"  # an unexpected exception in the agent (a bug)
+    # jobs
+    NoSuchJob = "NoSuchJob"
+    JobAlreadyRunning = "JobAlreadyRunning"  # launch without --replace while a job runs
+    JobExists = "JobExists"  # launch with a job id that is already taken
+    JobNotRunning = "JobNotRunning"
+    JobRunning = "JobRunning"  # a swap or cache change refused: a job uses the build
+    LaunchFailed = "LaunchFailed"
+    TmuxFailed = "TmuxFailed"
+    NoStacks = "NoStacks"
+    GpusBusy = "GpusBusy"
+    PayloadMismatch = "PayloadMismatch"  # launch --payload-digest: the installed payload differs
+    # torch builds and compile caches
+    TorchInstallFailed = "TorchInstallFailed"  # install or verification of a build failed
+    TorchFactsFailed = "TorchFactsFailed"
+    TorchEnvError = "TorchEnvError"
+    TorchEnvBusy = "TorchEnvBusy"  # another swap or cache change holds the lock
+    NoCurrentBuild = "NoCurrentBuild"
+    CacheSeedFailed = "CacheSeedFailed"
+
+
+
 def ok_reply(verb: str, data: t.Any) -> dict[str, t.Any]:
     return {"ok": True, "verb": verb, "agent_version": AGENT_PROTOCOL, "data": data}
 
 
-def error_reply(verb: str, type_: str, message: str, **fields: t.Any) -> dict[str, t.Any]:
+def error_reply(verb: str, type_: ErrorType, message: str, **fields: t.Any) -> dict[str, t.Any]:
     return {
         "ok": False,
         "verb": verb,
         "agent_version": AGENT_PROTOCOL,
-        "error": {"type": type_, "message": message, "fields": fields},
+        "error": {"type": type_.value, "message": message, "fields": fields},
     }
 
 

@@ -48,20 +48,21 @@ def test_a_bad_inventory_file_names_file_line_and_field(tmp_path):
 
 
 def test_the_users_container_deploys_the_bundled_8gpu_trainer_by_default(monkeypatch):
-    from opsctl.ops import jobs
+    from opsctl.ops import deploy
 
     monkeypatch.setenv("OPSCTL_INVENTORY_DIRS", str(REPO / "inventory"))
     # resolved from the inventory alone: nothing is contacted
-    assert jobs.default_playbook("10.1.2.6", 200) == "dflash-8gpu"
-    assert jobs.default_playbook("pve1", 200) == "dflash-8gpu"
+    inv = inventory.load()
+    assert deploy.default_playbook(inv.resolve("10.1.2.6"), 200) == "dflash-8gpu"
+    assert deploy.default_playbook(inv.resolve("pve1"), 200) == "dflash-8gpu"
 
 
 def test_a_container_without_a_default_playbook_asks_for_one(tmp_path, monkeypatch):
-    from opsctl.ops import jobs
+    from opsctl.ops import deploy
 
     (tmp_path / "hosts.yaml").write_text("hosts:\n  lab:\n    address: 127.0.0.1\n"
                                          "    containers:\n      300: {gpus: 1}\n")
     monkeypatch.setenv("OPSCTL_INVENTORY_DIRS", str(tmp_path))
     with pytest.raises(ConfigError) as exc:
-        jobs.default_playbook("lab", 300)
+        deploy.default_playbook(inventory.load().resolve("lab"), 300)
     assert "dflash-cpu-smoke" in (exc.value.hint or "") and "dflash-8gpu" in (exc.value.hint or "")

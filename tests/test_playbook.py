@@ -78,10 +78,10 @@ def test_an_invalid_regex_is_caught_before_anything_runs(tmp_path):
 
 def test_the_job_spec_carries_the_contract_fields(tmp_path):
     book = playbook.load(write(tmp_path, "name: x\ncommand: [python3, t.py]\nenv: {A: b}\n"))
-    spec = book.job_spec("x-1", root="/opt/opsctl", python="/opt/opsctl/envs/current/bin/python",
-                         extra_env={"A": "overridden", "C": "d"})
+    spec = book.job_spec("x-1", root="/opt/opsctl", python="/opt/opsctl/envs/current/bin/python")
     assert spec["workdir"] == "/opt/opsctl/payload"
-    assert spec["env"] == {"A": "b", "C": "d"}  # the playbook's own env wins
+    assert spec["env"] == {"A": "b"}
+    assert spec["python"] == "/opt/opsctl/envs/current/bin/python"
     assert spec["command"] == ["python3", "t.py"]
 
 

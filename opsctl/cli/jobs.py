@@ -33,24 +33,22 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
            as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl.cli import render
-    from opsctl.config import playbook as playbook_mod
+    from opsctl.ops import deploy as deploy_ops
     from opsctl.ops import jobs
 
     if host is None:
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
-    if playbook_path is None:
-        playbook_path = jobs.default_playbook(host, ctid)
-    book = playbook_mod.load(playbook_path)  # validate before touching anything remote
+    if playbook_path is None and ctid is None:
+        raise errors.ConfigError("deploy needs --ct (the container id)")
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        options = dict(replace=replace, wait=not no_wait, poll_s=poll_s,
-                       force_payload=force_payload, prepare=_torch_prepare_hook(book),
-                       force_gpus=force_gpus)
+        book = deploy_ops.load_playbook(tgt, playbook_path)  # validated before anything remote
         with _deploy_progress(err, live=not as_json and err.is_terminal, quiet=as_json) as progress:
             try:
-                report = jobs.deploy(tgt, book, on_update=progress.on_update,
-                                     on_step=progress.on_step, **options)
-            except (errors.JobFailed, errors.JobUnhealthy) as exc:
+                report = deploy_ops.deploy(tgt, book, replace=replace, wait=not no_wait, poll_s=poll_s,
+                                           force_payload=force_payload, force_gpus=force_gpus,
+                                           on_update=progress.on_update, on_step=progress.on_step)
+            except errors.DeployOutcomeError as exc:
                 _show_failed_deploy(exc, as_json)
                 raise
     if as_json:
@@ -61,13 +59,6 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     verdict = {"healthy": "healthy: training is running", "terminal": "finished",
                "launched": "launched (not watched)"}.get(report.outcome, report.outcome)
     out.print(f"[bold green]{report.job_id}: {verdict}[/] after {render.duration(report.elapsed_s)}")
-
-
-def _torch_prepare_hook(book: t.Any) -> t.Any:
-    """torch_deploy.prepare when the playbook needs it; None keeps deploy at one round trip."""
-    from opsctl.ops import torch as torch_deploy
-
-    return torch_deploy.prepare if torch_deploy.prepare_needed(book) else None
 
 
 class _Progress:
@@ -111,11 +102,11 @@ def _deploy_progress(err: t.Any, *, live: bool, quiet: bool) -> t.Iterator[_Prog
         yield _Progress(err, spinner, quiet)
 
 
-def _show_failed_deploy(exc: errors.OpsctlError, as_json: bool) -> None:
+def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
     """The report of a deploy whose job failed: the JSON document, or the status on stderr."""
     from opsctl.cli import render
 
-    report = getattr(exc, "report", None)
+    report = exc.report
     if report is None:
         return
     if as_json:

@@ -126,10 +126,9 @@ class Playbook(BaseModel):
         return f"{self.name}-{stamp}-{secrets.token_hex(2)}"
 
     def job_spec(self, job_id: str, *, root: str, replace: bool = False,
-                 python: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, t.Any]:
-        """The agent's launch spec (docs/contracts.md)."""
-        env = dict(extra_env or {})
-        env.update(self.env)
+                 python: str | None = None) -> dict[str, t.Any]:
+        """The agent's launch spec (docs/contracts.md); ``python`` None: the current torch build's."""
+        env = dict(self.env)
         return {
             "job_id": job_id,
             "name": self.name,

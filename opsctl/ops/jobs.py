@@ -1,4 +1,4 @@
-"""The operations behind the CLI: deploy, status, logs, stop. Each returns a report.
+"""A container's job: the resolved target, logs and stop (deploy: :mod:`.deploy`; status: :mod:`.watch`).
 
 Kept free of click and rich so tests and other tools can call them directly.
 """
@@ -8,19 +8,18 @@ from __future__ import annotations
 import base64
 import time
 import typing as t
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opsctl.config import inventory as inventory_mod
 from opsctl.config import last_target as target_mod
-from opsctl.config.inventory import HostSpec
-from opsctl.errors import AgentError, ConfigError, JobFailed, JobUnhealthy
-from opsctl.ops import watch
-from opsctl.remote.agent_client import Agent, NoPayload, PayloadResult
-from opsctl.remote.models import JobStatus, LogsChunk, StopResult
+from opsctl.config.inventory import HostSpec, Inventory
+from opsctl.errors import ConfigError
+from opsctl.remote.agent_client import Agent
+from opsctl.remote.models import LogsChunk, StopResult
 from opsctl.remote.transport import Remote
 
 if t.TYPE_CHECKING:
-    from opsctl.config.playbook import Playbook
+    pass
 
 
 @dataclass
@@ -32,6 +31,7 @@ class Target:
     ctid: int
     remote: Remote
     agent: Agent
+    inventory: Inventory  # loaded once per command, here
 
     @property
     def label(self) -> str:
@@ -59,156 +59,7 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     if last.ctid < 100:
         raise ConfigError(f"container id {last.ctid} is not valid: Proxmox ids start at 100")
     remote = Remote(spec, accept_new_host_key=accept_new_host_key)
-    return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root))
-
-
-def default_playbook(host: str, ctid: int | None) -> str:
-    """The container's ``playbook:`` from the inventory (what the bundled trainer runs there).
-
-    Raises:
-        ConfigError: no --ct, or the inventory names no playbook for that container.
-    """
-    spec = inventory_mod.load().resolve(host)
-    if ctid is None:
-        raise ConfigError("deploy needs --ct (the container id)")
-    container = spec.containers.get(ctid)
-    if container is None or container.playbook is None:
-        from opsctl.config import playbook
-
-        names = ", ".join(playbook.available_names())
-        raise ConfigError(f"no --playbook given and the inventory names none for {spec.label} "
-                          f"ct {ctid}", hint=f"pass --playbook (available: {names}) or set "
-                                              f"containers.{ctid}.playbook in the inventory")
-    return container.playbook
-
-
-# --- deploy ---------------------------------------------------------------------------
-
-
-@dataclass
-class DeployReport:
-    target: str
-    job_id: str
-    playbook: str
-    payload: PayloadResult
-    outcome: str  # healthy | terminal | timeout | launched
-    status: JobStatus
-    elapsed_s: float
-    steps: list[dict[str, t.Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, t.Any]:
-        return {
-            "target": self.target, "job_id": self.job_id, "playbook": self.playbook,
-            "payload": self.payload.__dict__, "outcome": self.outcome,
-            "elapsed_s": round(self.elapsed_s, 3), "steps": self.steps,
-            "status": self.status.model_dump(mode="json"),
-        }
-
-
-PrepareHook = t.Callable[..., dict[str, t.Any]]  # (target, playbook, steps, progress=) -> overrides
-
-
-def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,
-           poll_s: float = watch.DEFAULT_POLL_S, on_update: watch.OnUpdate | None = None,
-           on_step: t.Callable[[str], None] | None = None, force_payload: bool = False,
-           prepare: PrepareHook | None = None, force_gpus: bool = False) -> DeployReport:
-    """Ship the payload, prepare the torch env, launch, and watch until healthy or failed.
-
-    ``prepare`` (torch build + compile cache, issue 3) returns the launch spec
-    overrides (``python``, extra ``env``).
-
-    Raises:
-        JobFailed: the job ended FAILED/CANCELLED/LOST before becoming healthy.
-        JobUnhealthy: still not healthy after the playbook's ``timeout_s``.
-        (and transport/container/agent errors from the steps)
-    """
-    start = time.monotonic()
-    steps: list[dict[str, t.Any]] = []
-
-    def step(name: str, **info: t.Any) -> None:
-        steps.append({"step": name, "t": round(time.monotonic() - start, 3), **info})
-        if on_step is not None:
-            on_step(name)
-
-    job_id = book.new_job_id()
-    status: JobStatus | None = None
-    pay: PayloadResult | None = None
-    force = force_payload
-    if not force_payload and prepare is None:
-        # Unchanged-payload fast path: launch refuses unless the installed payload has our
-        # digest, so an unchanged re-deploy is one round trip instead of two.
-        from opsctl.remote import payload as payload_mod
-
-        manifest = payload_mod.build_manifest()
-        step("launch", job_id=job_id, payload_digest=manifest.digest[:12])
-        spec = book.job_spec(job_id, root=tgt.host.root, replace=replace)
-        try:
-            status = _launch(tgt, spec, replace, force_gpus, payload_digest=manifest.digest)
-            pay = PayloadResult(False, manifest.digest, len(manifest.files), 0, 0.0)
-            step("payload-done", sent=False, digest=manifest.digest[:12], checked_by="launch")
-        except NoPayload:
-            force = True
-        except AgentError as exc:
-            # PayloadMismatch: nothing was touched; UsageError: an older agent without the flag
-            if exc.remote_type not in ("PayloadMismatch", "UsageError"):
-                raise
-            force = exc.remote_type == "PayloadMismatch"
-    if status is None or pay is None:
-        step("payload")
-        pay = tgt.agent.ensure_payload(force=force)
-        step("payload-done", sent=pay.sent, digest=pay.digest[:12])
-        overrides: dict[str, t.Any] = {}
-        if prepare is not None:
-            step("prepare")
-            overrides = prepare(tgt, book, steps, progress=on_step, replace=replace)
-        spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
-                             python=overrides.get("python"), extra_env=overrides.get("env"))
-        step("launch", job_id=job_id)
-        status = _launch(tgt, spec, replace, force_gpus)
-    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
-    outcome = "launched"
-    if wait:
-        step("watch")
-        result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
-                            poll_s=poll_s, on_update=on_update)
-        status, outcome = result.status, result.reason
-    report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
-                          time.monotonic() - start, steps)
-    check_outcome(report)
-    return report
-
-
-def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,
-            payload_digest: str | None = None) -> JobStatus:
-    import json
-
-    args = ["--spec-json", json.dumps(spec)]
-    if replace:
-        args.append("--replace")
-    if force_gpus:
-        args.append("--force-gpus")
-    if payload_digest is not None:
-        args += ["--payload-digest", payload_digest]
-    return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))
-
-
-def check_outcome(report: DeployReport) -> None:
-    st = report.status
-    if st.terminal and st.state.value != "SUCCEEDED":
-        why = f"exit code {st.exit_code}" if st.exit_code is not None else (st.signal or "")
-        first = st.diagnosis[0].summary if st.diagnosis else (st.output_tail[-1] if st.output_tail else "")
-        err = JobFailed(f"{report.target}: job {report.job_id} {st.state.value}"
-                        f"{' (' + why + ')' if why else ''}{': ' + first if first else ''}",
-                        hint="opsctl status  (pane tail, diagnosis) · opsctl logs  (full output)",
-                        log_path=st.output_log)
-        err.report = report  # type: ignore[attr-defined]
-        raise err
-    if report.outcome == "timeout":
-        err2 = JobUnhealthy(f"{report.target}: job {report.job_id} not healthy after "
-                            f"{report.elapsed_s:.0f} s (state {st.state.value})",
-                            hint="opsctl status  ·  opsctl stacks (is it stuck?)", log_path=st.output_log)
-        err2.report = report  # type: ignore[attr-defined]
-        raise err2
+    return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root), inv)
 
 
 # --- logs / stop ------------------------------------------------------------------------

@@ -9,43 +9,44 @@ from dataclasses import dataclass
 
 import pydantic
 
-from opsctl.errors import (
-    AgentError,
-    JobFailed,
-    RemoteCommandFailed,
-    TorchEnvError,
-)
+from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError
 from opsctl.remote.models import AgentReply
 from opsctl.remote.transport import CommandResult, Remote, missing_in_container, save_log
-
-# Agent error types that map onto a more specific local family (exit code).
-_ERROR_FAMILIES: dict[str, type[AgentError]] = {}
+from remote_payload.wire import ErrorType
 
 
 class TorchAgentError(AgentError, TorchEnvError):
     exit_code = TorchEnvError.exit_code
 
 
-class JobAgentError(AgentError, JobFailed):
-    exit_code = JobFailed.exit_code
-
-
 class NoPayload(RemoteCommandFailed):
     """The container has no opsctl payload yet (deploy ships it)."""
 
 
-for _name in ("TorchInstallFailed", "TorchVerifyFailed", "UnknownVariant", "SwapRefused",
-              "CacheSeedFailed"):
-    _ERROR_FAMILIES[_name] = TorchAgentError
-_ERROR_FAMILIES["NoSuchJob"] = AgentError
-
-_HINTS = {
-    "JobAlreadyRunning": "stop it first (`opsctl stop`) or deploy with --replace",
-    "NoSuchJob": "nothing launched there yet (opsctl deploy), or pass an existing --job id",
-    "JobRunning": "`opsctl stop` it first, or deploy with --replace",
-    "PayloadMismatch": "run `opsctl deploy` to ship the current payload",
-    "GpusBusy": "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
+#: The local family (and so the exit code) of every error type the agent can answer with.
+#: Complete by contract: tests/test_error_contract.py fails when the agent gains a type that
+#: is not listed here. A type from a newer agent that this opsctl does not know is an AgentError.
+ERROR_FAMILIES: dict[ErrorType, type[AgentError]] = {
+    **{e: AgentError for e in ErrorType},  # REMOTE_FAILED (25)
+    ErrorType.TorchInstallFailed: TorchAgentError,  # TORCH_ENV (30): install or verify failed
+    ErrorType.CacheSeedFailed: TorchAgentError,
 }
+
+_HINTS: dict[ErrorType, str] = {
+    ErrorType.JobAlreadyRunning: "stop it first (`opsctl stop`) or deploy with --replace",
+    ErrorType.NoSuchJob: "nothing launched there yet (opsctl deploy), or pass an existing --job id",
+    ErrorType.JobRunning: "`opsctl stop` it first, or deploy with --replace",
+    ErrorType.PayloadMismatch: "run `opsctl deploy` to ship the current payload",
+    ErrorType.GpusBusy: "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
+}
+
+
+def error_type(name: str) -> ErrorType | str:
+    """The wire name as an :class:`ErrorType` (a name this opsctl does not know stays a str)."""
+    try:
+        return ErrorType(name)
+    except ValueError:
+        return name
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,9 @@ class Agent:
         if reply.ok:
             return reply.data
         err = reply.error or {}
-        etype = str(err.get("type", "AgentError"))
+        etype = error_type(str(err.get("type", "AgentError")))
         fields = dict(err.get("fields") or {})
-        cls = _ERROR_FAMILIES.get(etype, AgentError)
+        cls = ERROR_FAMILIES.get(etype, AgentError) if isinstance(etype, ErrorType) else AgentError
         log_path = fields.get("log_path")
         # one line: the full text is in the log the error points to
         first = str(err.get("message", etype)).strip().splitlines() or [etype]
@@ -96,9 +97,10 @@ class Agent:
         if len(first) > 1:
             text += " […]"
         message = f"{self.remote.host.label} ct {self.ctid}: {verb}: {text}"
-        if etype == "AgentCrashed":
+        if etype == ErrorType.AgentCrashed:
             log_path = str(save_log(step, result))
-        raise cls(message, remote_type=etype, fields=fields, hint=_HINTS.get(etype),
+        hint = _HINTS.get(etype) if isinstance(etype, ErrorType) else None
+        raise cls(message, remote_type=etype, fields=fields, hint=hint,
                   log_path=log_path)
 
     # --- payload ------------------------------------------------------------------

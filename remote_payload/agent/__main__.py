@@ -15,6 +15,7 @@ import traceback
 
 from remote_payload import wire
 from remote_payload.agent.common import AgentFailure
+from remote_payload.wire import ErrorType
 
 # verb name -> module exposing add_arguments(parser) and run(args) -> JSON-able data
 VERBS: dict[str, str] = {
@@ -64,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         reply = wire.error_reply(verb, exc.type, exc.message, **exc.fields)
         rc = wire.AGENT_ERROR_RC
     except SystemExit as exc:  # argparse error: still one JSON document
-        reply = wire.error_reply(verb, "UsageError", f"bad arguments for {verb}: {rest!r}",
+        reply = wire.error_reply(verb, ErrorType.UsageError, f"bad arguments for {verb}: {rest!r}",
                                  code=exc.code)
         rc = wire.AGENT_ERROR_RC
     except Exception as exc:  # a bug in the agent: say so, with the traceback
-        reply = wire.error_reply(verb, "AgentCrashed", f"{type(exc).__name__}: {exc}",
+        reply = wire.error_reply(verb, ErrorType.AgentCrashed, f"{type(exc).__name__}: {exc}",
                                  traceback=traceback.format_exc()[-4000:])
         rc = wire.AGENT_ERROR_RC
     sys.stdout.write(json.dumps(reply) + "\n")

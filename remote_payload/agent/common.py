@@ -6,11 +6,13 @@ import json
 import os
 import typing as t
 
+from remote_payload.wire import ErrorType
+
 
 class AgentFailure(Exception):
     """A verb failed in a way the caller should see as a typed error document."""
 
-    def __init__(self, type_: str, message: str, **fields: t.Any):
+    def __init__(self, type_: ErrorType, message: str, **fields: t.Any):
         super().__init__(message)
         self.type = type_
         self.message = message

@@ -16,6 +16,7 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
+from remote_payload.wire import ErrorType
 
 JobState = wire.JobState
 
@@ -50,7 +51,7 @@ def jobs_root(root: str) -> str:
 
 def job_dir(root: str, job_id: str) -> str:
     if not JOB_ID_RE.match(job_id):
-        raise AgentFailure("BadJobId", f"invalid job id {job_id!r}", job_id=job_id)
+        raise AgentFailure(ErrorType.BadJobId, f"invalid job id {job_id!r}", job_id=job_id)
     return os.path.join(jobs_root(root), job_id)
 
 
@@ -74,9 +75,9 @@ def resolve_job(root: str, job_id: str | None) -> str:
     """The given job or the current one; raises ``NoSuchJob``."""
     jid = job_id or current_job_id(root)
     if jid is None:
-        raise AgentFailure("NoSuchJob", f"no job has been launched under {root}", root=root)
+        raise AgentFailure(ErrorType.NoSuchJob, f"no job has been launched under {root}", root=root)
     if not os.path.isdir(job_dir(root, jid)):
-        raise AgentFailure("NoSuchJob", f"job {jid} does not exist under {root}", job_id=jid)
+        raise AgentFailure(ErrorType.NoSuchJob, f"job {jid} does not exist under {root}", job_id=jid)
     return jid
 
 
@@ -99,7 +100,7 @@ def new_job_id(name: str) -> str:
 
 
 def _bad(message: str, field: str) -> AgentFailure:
-    return AgentFailure("BadSpec", message, field=field)
+    return AgentFailure(ErrorType.BadSpec, message, field=field)
 
 
 def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:

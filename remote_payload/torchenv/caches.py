@@ -21,6 +21,7 @@ from remote_payload.agent.common import AgentFailure, read_json, write_json_atom
 from remote_payload.torchenv.fingerprint import build_facts, fingerprint_of
 from remote_payload.torchenv.jobguard import refuse_if_job_running
 from remote_payload.torchenv.layout import Layout, current_build, dir_usage, locked
+from remote_payload.wire import ErrorType
 
 PROVENANCE = "provenance.json"
 LAST_USED = ".last_used"
@@ -171,7 +172,7 @@ def cache_clear(layout: Layout, *, clear_all: bool = False, fingerprint: str | N
         else:
             cur = current_fingerprint(layout)
             if cur is None:
-                raise AgentFailure("NoCurrentBuild", "no current torch build, so no current cache;"
+                raise AgentFailure(ErrorType.NoCurrentBuild, "no current torch build, so no current cache;"
                                    " use --all", hint="opsctl cache clear --all")
             names = [cur[1]]
         removed = []

@@ -16,6 +16,7 @@ import typing as t
 
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.torchenv.procs import clean_env
+from remote_payload.wire import ErrorType
 
 FACTS_FILE = ".opsctl-fingerprint.json"
 INSPECT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect_torch.py")
@@ -53,7 +54,7 @@ def probe_facts(python: str, *, timeout_s: float = 180.0) -> dict[str, t.Any]:
                           text=True, env=clean_env(), timeout=timeout_s, check=False)
     result = parse_inspect_output(proc.stdout)
     if proc.returncode != 0 or result is None or "facts" not in result:
-        raise AgentFailure("TorchFactsFailed", f"cannot read torch facts with {python}",
+        raise AgentFailure(ErrorType.TorchFactsFailed, f"cannot read torch facts with {python}",
                            python=python, rc=proc.returncode,
                            stderr_tail=(proc.stderr or "")[-2000:])
     return dict(result["facts"])

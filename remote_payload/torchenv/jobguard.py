@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from remote_payload.agent.common import AgentFailure
 from remote_payload.torchenv.layout import Layout
+from remote_payload.wire import ErrorType
 
 
 def running_job(layout: Layout) -> tuple[str, str] | None:
@@ -32,10 +33,10 @@ def running_job(layout: Layout) -> tuple[str, str] | None:
 
 
 def refuse_if_job_running(layout: Layout, action: str) -> None:
-    """Raises ``AgentFailure("JobRunning", job_id=..., state=...)`` when a job runs."""
+    """Raises ``AgentFailure(ErrorType.JobRunning, job_id=..., state=...)`` when a job runs."""
     job = running_job(layout)
     if job is not None:
         job_id, state = job
-        raise AgentFailure("JobRunning",
+        raise AgentFailure(ErrorType.JobRunning,
                            f"refusing to {action}: job {job_id} is {state} on the current build",
                            job_id=job_id, state=state, hint=f"opsctl stop --job {job_id}")

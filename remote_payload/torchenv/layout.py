@@ -15,6 +15,7 @@ import time
 import typing as t
 
 from remote_payload.agent.common import AgentFailure
+from remote_payload.wire import ErrorType
 
 BUILD_PREFIX = "torch-"
 MARKER = ".opsctl-build.json"  # written last: a venv without it is not a build
@@ -83,10 +84,10 @@ def check_pin(version: str, variant: str) -> None:
         ``TorchInstallFailed`` with ``step="args"``.
     """
     if not _VARIANT_RE.match(variant):
-        raise AgentFailure("TorchInstallFailed", f"variant {variant!r} is not cpu or cuNNN",
+        raise AgentFailure(ErrorType.TorchInstallFailed, f"variant {variant!r} is not cpu or cuNNN",
                            step="args", variant=variant)
     if "+" in version or not _VERSION_RE.match(version):
-        raise AgentFailure("TorchInstallFailed",
+        raise AgentFailure(ErrorType.TorchInstallFailed,
                            f"version {version!r} must be a plain release like 2.11.0 "
                            "(the variant supplies the +local tag)", step="args", version=version)
 
@@ -177,7 +178,7 @@ def locked(layout: Layout) -> t.Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise AgentFailure("TorchEnvBusy", "another swap or cache change is in progress",
+            raise AgentFailure(ErrorType.TorchEnvBusy, "another swap or cache change is in progress",
                                lock=layout.lock) from None
         try:
             yield

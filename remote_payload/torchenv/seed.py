@@ -28,6 +28,7 @@ from remote_payload.torchenv.caches import (
 from remote_payload.torchenv.jobguard import refuse_if_job_running
 from remote_payload.torchenv.layout import Layout, current_python, locked
 from remote_payload.torchenv.procs import clean_env, run_logged
+from remote_payload.wire import ErrorType
 
 WARMUP_FLAGS = ("--warmup-only",)
 SAVE_FLAG = "--save-cache-artifacts"
@@ -92,7 +93,7 @@ def _run(layout: Layout, name: str, argv: list[str], scratch: str, env_extra: di
     events = [ev for ev in map(wire.parse_event, out.splitlines()) if ev is not None]
     summary = summarize_events(events)
     if rc != 0:
-        raise AgentFailure("CacheSeedFailed", f"{name} warm-up run exited {rc}; see {log_path}",
+        raise AgentFailure(ErrorType.CacheSeedFailed, f"{name} warm-up run exited {rc}; see {log_path}",
                            step=f"{name}-run", rc=rc, log_path=log_path, output_tail=out[-2000:])
     return {"wall_seconds": round(wall, 2), **summary,
             "compile_seconds_source": "events" if summary["compile_seconds"] is not None else
@@ -111,12 +112,12 @@ def seed(layout: Layout, command: t.Sequence[str], *, workdir: str | None = None
         ``seeded-run``, ``save`` or ``prove-reuse``; the installed artifact is untouched).
     """
     if not command:
-        raise AgentFailure("CacheSeedFailed", "no warm-up command given", step="args")
+        raise AgentFailure(ErrorType.CacheSeedFailed, "no warm-up command given", step="args")
     refuse_if_job_running(layout, "seed the compile cache")
     cur = current_fingerprint(layout)
     python = current_python(layout.root)
     if cur is None or python is None:
-        raise AgentFailure("NoCurrentBuild", "no current torch build to seed a cache for",
+        raise AgentFailure(ErrorType.NoCurrentBuild, "no current torch build to seed a cache for",
                            hint="opsctl swap-torch <variant>")
     build, fp, facts = cur
     with locked(layout):
@@ -133,13 +134,13 @@ def seed(layout: Layout, command: t.Sequence[str], *, workdir: str | None = None
             cold = _run(layout, "cold", [*base, *WARMUP_FLAGS, SAVE_FLAG, artifact], scratch,
                         extra, build, fp, wd, log_path, timeout_s)
             if not os.path.isfile(artifact) or os.path.getsize(artifact) == 0:
-                raise AgentFailure("CacheSeedFailed", f"the cold run saved no artifact at "
+                raise AgentFailure(ErrorType.CacheSeedFailed, f"the cold run saved no artifact at "
                                    f"{artifact}; see {log_path}", step="save", log_path=log_path)
             seeded = _run(layout, "seeded", [*base, *WARMUP_FLAGS, LOAD_FLAG, artifact], scratch,
                           extra, build, fp, wd, log_path, timeout_s)
             if seeded["hits"] <= 0:
                 raise AgentFailure(
-                    "CacheSeedFailed", "the seeded run reported no cache hits, so the artifact "
+                    ErrorType.CacheSeedFailed, "the seeded run reported no cache hits, so the artifact "
                     f"was not reused (counters: {seeded['counters'] or 'none reported'}); "
                     f"artifact not installed; see {log_path}", step="prove-reuse",
                     log_path=log_path, cold=cold, seeded=seeded)

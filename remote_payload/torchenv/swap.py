@@ -43,6 +43,7 @@ from remote_payload.torchenv.layout import (
     switch_current,
 )
 from remote_payload.torchenv.procs import clean_env, run_logged
+from remote_payload.wire import ErrorType
 
 _HREF_RE = re.compile(r"torch-([^-/\"'#]+)-[^/\"'#]*\.whl")
 _WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
@@ -231,7 +232,7 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
     check_pin(req.version, req.variant)
     build = build_name(req.version, req.variant)
     if not req.wheelhouse and not req.index_url:
-        raise AgentFailure("TorchInstallFailed", "need --index-url or --wheelhouse",
+        raise AgentFailure(ErrorType.TorchInstallFailed, "need --index-url or --wheelhouse",
                            step="args", build=build)
     if not req.install_only:
         refuse_if_job_running(layout, f"swap torch to {build}")
@@ -385,7 +386,7 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
                                     "action": "install", "result": "failed", "step": step,
                                     "reason": reason, "error": message, "log_path": log_path,
                                     "seconds": round(time.monotonic() - t0, 2)})
-        raise AgentFailure("TorchInstallFailed",
+        raise AgentFailure(ErrorType.TorchInstallFailed,
                            f"installing {build} failed at step {step}: {message}; "
                            f"{previous or 'no build'} stays current; full output: {log_path}",
                            step=step, reason=reason, build=build, current=previous,

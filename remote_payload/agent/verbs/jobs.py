@@ -20,6 +20,7 @@ import typing as t
 
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
+from remote_payload.wire import ErrorType
 
 JobState = jobs.JobState
 
@@ -77,7 +78,7 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return stacks(root, jobs.resolve_job(root, args.job), timeout=args.timeout)
     if verb == "jobs":
         return list_jobs(root)
-    raise AgentFailure("UnknownVerb", f"verbs_jobs does not handle {verb}")
+    raise AgentFailure(ErrorType.UnknownVerb, f"verbs_jobs does not handle {verb}")
 
 
 def _socket(args: argparse.Namespace) -> str:
@@ -220,7 +221,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     try:
         raw = json.loads(spec_json)
     except ValueError as exc:
-        raise AgentFailure("BadSpec", f"--spec-json is not JSON: {exc}", field="") from None
+        raise AgentFailure(ErrorType.BadSpec, f"--spec-json is not JSON: {exc}", field="") from None
     payload = _payload_dir()
     spec = jobs.validate_spec(raw, payload)
     job_id = spec["job_id"]
@@ -236,7 +237,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         if not rec.state.is_terminal():
             if not replace:
                 raise AgentFailure(
-                    "JobAlreadyRunning",
+                    ErrorType.JobAlreadyRunning,
                     f"job {current} is {rec.state.value}; stop it or launch with --replace",
                     job_id=current, state=rec.state.value)
             running = rec
@@ -258,7 +259,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     try:
         os.mkdir(path)
     except FileExistsError:
-        raise AgentFailure("JobExists", f"job {job_id} already exists", job_id=job_id) from None
+        raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists", job_id=job_id) from None
     now = time.time()
     session = tmux.session_name(job_id)
     argv = jobs.job_argv(spec)
@@ -285,18 +286,18 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         tmux.start_session(socket, session, wrapper_argv, cwd=spec["workdir"])
     except tmux.TmuxError as exc:
         _fail_launch(path, f"tmux refused to start the session: {exc.stderr}")
-        raise AgentFailure("TmuxFailed", str(exc), job_id=job_id, socket=socket) from None
+        raise AgentFailure(ErrorType.TmuxFailed, str(exc), job_id=job_id, socket=socket) from None
 
     started = jobs.wait_until(lambda: _wrapper_started(path), LAUNCH_WAIT_S)
     if not started:
         pane = tmux.PaneCapture(socket, session, 30).result()
         _fail_launch(path, f"the wrapper recorded no start within {LAUNCH_WAIT_S:g}s")
-        raise AgentFailure("LaunchFailed",
+        raise AgentFailure(ErrorType.LaunchFailed,
                            f"job {job_id}: the wrapper did not start within {LAUNCH_WAIT_S:g}s",
                            job_id=job_id, pane_tail=pane)
     doc = status_document(root, job_id)
     if doc["state"] == JobState.LOST.value:  # the wrapper crashed before starting the job
-        raise AgentFailure("LaunchFailed", f"job {job_id}: the wrapper crashed",
+        raise AgentFailure(ErrorType.LaunchFailed, f"job {job_id}: the wrapper crashed",
                            job_id=job_id, evidence=doc["evidence"], pane_tail=doc["pane_tail"])
     return doc
 
@@ -304,7 +305,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
 def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
     if check["busy"] and not force:
         names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
-        raise AgentFailure("GpusBusy", f"GPUs this job needs are in use: {names}",
+        raise AgentFailure(ErrorType.GpusBusy, f"GPUs this job needs are in use: {names}",
                            busy=check["busy"], needed=check["needed"])
 
 
@@ -328,7 +329,7 @@ def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
     try:
         return dict(torchenv.job_env(root)), torchenv.current_python(root)
     except Exception as exc:
-        raise AgentFailure("TorchEnvError", f"cannot read the current torch build under {root}: "
+        raise AgentFailure(ErrorType.TorchEnvError, f"cannot read the current torch build under {root}: "
                            f"{type(exc).__name__}: {exc}", root=root) from None
 
 
@@ -339,7 +340,7 @@ def _check_payload_digest(want: str) -> None:
     except (OSError, ValueError, AttributeError):  # unreadable manifest: ship the payload again
         have = None
     if have != want:
-        raise AgentFailure("PayloadMismatch", f"installed payload is {str(have)[:12]}, "
+        raise AgentFailure(ErrorType.PayloadMismatch, f"installed payload is {str(have)[:12]}, "
                            f"deploy sends {want[:12]}", have=have, want=want)
 
 
@@ -383,7 +384,7 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int) -> dict[str, t.Any
     the follower has everything.
     """
     if offset < 0 or max_bytes <= 0:
-        raise AgentFailure("BadOffset", "offset must be >= 0 and max-bytes > 0",
+        raise AgentFailure(ErrorType.BadOffset, "offset must be >= 0 and max-bytes > 0",
                            offset=offset, max_bytes=max_bytes)
     rec = jobs.load(root, job_id)
     path = os.path.join(rec.path, jobs.OUTPUT)
@@ -391,7 +392,7 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int) -> dict[str, t.Any
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             if offset > size:
-                raise AgentFailure("BadOffset", f"offset {offset} is past the end ({size})",
+                raise AgentFailure(ErrorType.BadOffset, f"offset {offset} is past the end ({size})",
                                    offset=offset, size=size)
             f.seek(offset)
             data = f.read(max_bytes)
@@ -455,7 +456,7 @@ def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
 
     rec = jobs.load(root, job_id)
     if rec.state.is_terminal() or not rec.alive:
-        raise AgentFailure("JobNotRunning", f"job {job_id} is {rec.state.value}; no stacks",
+        raise AgentFailure(ErrorType.JobNotRunning, f"job {job_id} is {rec.state.value}; no stacks",
                            job_id=job_id, state=rec.state.value)
     armed, unarmed = stacks_mod.armed_pythons(rec.pid.get("pgid"), rec.pid.get("start_ticks"))
     if not armed:
@@ -463,10 +464,10 @@ def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
         why = (f"python pids {unarmed} have no stack-dump handler (sitecustomize not loaded, e.g. "
                "python -I/-S); not signalled because the signal would kill them" if unarmed
                else f"job {job_id} has no python process (pids {members})")
-        raise AgentFailure("NoStacks", why, job_id=job_id, pids=unarmed or members)
+        raise AgentFailure(ErrorType.NoStacks, why, job_id=job_id, pids=unarmed or members)
     procs = stacks_mod.capture(rec.path, armed, timeout=timeout)
     if not procs:
-        raise AgentFailure("NoStacks", f"signalled {armed} but no stack dump appeared within "
+        raise AgentFailure(ErrorType.NoStacks, f"signalled {armed} but no stack dump appeared within "
                            f"{timeout:g}s", job_id=job_id, pids=armed)
     saved = stacks_mod.save(rec.path, procs, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     return {"job_id": job_id, "pids": armed, "unarmed_pids": unarmed,

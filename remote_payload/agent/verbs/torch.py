@@ -22,6 +22,7 @@ from remote_payload.torchenv import caches, seed
 from remote_payload.torchenv.builds import envs_report
 from remote_payload.torchenv.layout import Layout
 from remote_payload.torchenv.swap import SwapRequest, swap
+from remote_payload.wire import ErrorType
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -56,9 +57,9 @@ def _json_arg(name: str, raw: str, kind: type) -> t.Any:
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        raise AgentFailure("UsageError", f"{name} is not JSON: {exc}") from None
+        raise AgentFailure(ErrorType.UsageError, f"{name} is not JSON: {exc}") from None
     if not isinstance(value, kind):
-        raise AgentFailure("UsageError", f"{name} must be a JSON {kind.__name__}")
+        raise AgentFailure(ErrorType.UsageError, f"{name} must be a JSON {kind.__name__}")
     return value
 
 
@@ -84,4 +85,4 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return seed.seed(layout, [str(a) for a in command], workdir=args.workdir,
                          env_extra={str(k): str(v) for k, v in env.items()},
                          timeout_s=args.timeout)
-    raise AgentFailure("UsageError", f"verb {verb!r} is not a torch verb")
+    raise AgentFailure(ErrorType.UsageError, f"verb {verb!r} is not a torch verb")

@@ -1,0 +1,264 @@
+"""``opsctl deploy``: ship the payload, make the torch build and cache current, launch, watch.
+
+One path, decided by the playbook alone:
+
+1. payload: shipped first when ``--force-payload`` or when the playbook has torch work (a
+   ``torch:`` build or a ``cache:`` policy) — that work runs agent verbs from the payload;
+2. torch work (:func:`_prepare_torch`), only when the playbook asks for it;
+3. launch. When the payload was not shipped in step 1 the launch carries its digest and
+   the agent refuses a different installed payload, so an unchanged re-deploy is one round
+   trip; a refusal ships the payload and launches again (nothing was touched).
+4. watch until healthy (or terminal, or the playbook's ``timeout_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from opsctl.config import last_target as target_mod
+from opsctl.config import playbook as playbook_mod
+from opsctl.config.inventory import HostSpec
+from opsctl.config.playbook import Playbook
+from opsctl.errors import AgentError, ConfigError, JobFailed, JobUnhealthy
+from opsctl.ops import torch as torch_ops
+from opsctl.ops import watch
+from opsctl.ops.jobs import Target
+from opsctl.remote.agent_client import NoPayload, PayloadResult
+from opsctl.remote.models import JobStatus
+from remote_payload.wire import ErrorType
+
+Progress = t.Callable[[str], None]
+
+
+def default_playbook(spec: HostSpec, ctid: int) -> str:
+    """The container's ``playbook:`` from the inventory (what the bundled trainer runs there).
+
+    Raises:
+        ConfigError: the inventory names no playbook for that container.
+    """
+    container = spec.containers.get(ctid)
+    if container is None or container.playbook is None:
+        names = ", ".join(playbook_mod.available_names())
+        raise ConfigError(f"no --playbook given and the inventory names none for {spec.label} "
+                          f"ct {ctid}", hint=f"pass --playbook (available: {names}) or set "
+                                              f"containers.{ctid}.playbook in the inventory")
+    return container.playbook
+
+
+def load_playbook(tgt: Target, name: str | None) -> Playbook:
+    """``--playbook`` (a path or a name), else the container's ``playbook:`` in the inventory.
+
+    Raises:
+        ConfigError: no such playbook, an invalid one, or none named for the container.
+    """
+    return playbook_mod.load(name if name is not None else default_playbook(tgt.host, tgt.ctid))
+
+
+def needs_torch_work(book: Playbook) -> bool:
+    """Whether :func:`_prepare_torch` has remote work for ``book`` (it checks the same fields)."""
+    return book.torch is not None or book.cache in ("clear", "seed")
+
+
+@dataclass
+class DeployReport:
+    target: str
+    job_id: str
+    playbook: str
+    payload: PayloadResult
+    outcome: str  # healthy | terminal | timeout | launched
+    status: JobStatus
+    elapsed_s: float
+    steps: list[dict[str, t.Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {
+            "target": self.target, "job_id": self.job_id, "playbook": self.playbook,
+            "payload": self.payload.__dict__, "outcome": self.outcome,
+            "elapsed_s": round(self.elapsed_s, 3), "steps": self.steps,
+            "status": self.status.model_dump(mode="json"),
+        }
+
+
+def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,
+           poll_s: float = watch.DEFAULT_POLL_S, on_update: watch.OnUpdate | None = None,
+           on_step: Progress | None = None, force_payload: bool = False,
+           force_gpus: bool = False) -> DeployReport:
+    """Ship the payload, prepare the torch env, launch, and watch until healthy or failed.
+
+    Raises:
+        JobFailed: the job ended FAILED/CANCELLED/LOST before becoming healthy.
+        JobUnhealthy: still not healthy after the playbook's ``timeout_s``.
+        (and transport/container/agent errors from the steps)
+    """
+    start = time.monotonic()
+    steps: list[dict[str, t.Any]] = []
+
+    def step(name: str, **info: t.Any) -> None:
+        steps.append({"step": name, "t": round(time.monotonic() - start, 3), **info})
+        if on_step is not None:
+            on_step(name)
+
+    def ship(force: bool) -> PayloadResult:
+        step("payload")
+        result = tgt.agent.ensure_payload(force=force)
+        step("payload-done", sent=result.sent, digest=result.digest[:12])
+        return result
+
+    job_id = book.new_job_id()
+    spec = book.job_spec(job_id, root=tgt.host.root, replace=replace)
+    pay: PayloadResult | None = None
+    if force_payload or needs_torch_work(book):
+        pay = ship(force_payload)
+        if needs_torch_work(book):
+            step("prepare")
+            _prepare_torch(tgt, book, steps, on_step, replace)
+    status: JobStatus | None = None
+    if pay is None:  # launch checks the installed payload's digest: one round trip
+        from opsctl.remote import payload as payload_mod
+
+        manifest = payload_mod.build_manifest()
+        step("launch", job_id=job_id, payload_digest=manifest.digest[:12])
+        try:
+            status = _launch(tgt, spec, replace, force_gpus, payload_digest=manifest.digest)
+            pay = PayloadResult(False, manifest.digest, len(manifest.files), 0, 0.0)
+            step("payload-done", sent=False, digest=manifest.digest[:12], checked_by="launch")
+        except NoPayload:
+            pay = ship(True)
+        except AgentError as exc:
+            # PayloadMismatch: nothing was touched; UsageError: an older agent without the flag
+            if exc.remote_type not in (ErrorType.PayloadMismatch, ErrorType.UsageError):
+                raise
+            pay = ship(exc.remote_type == ErrorType.PayloadMismatch)
+    if status is None:
+        step("launch", job_id=job_id)
+        status = _launch(tgt, spec, replace, force_gpus)
+    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
+    outcome = "launched"
+    if wait:
+        step("watch")
+        result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
+                            poll_s=poll_s, on_update=on_update)
+        status, outcome = result.status, result.reason
+    report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
+                          time.monotonic() - start, steps)
+    check_outcome(report)
+    return report
+
+
+def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,
+            payload_digest: str | None = None) -> JobStatus:
+    args = ["--spec-json", json.dumps(spec)]
+    if replace:
+        args.append("--replace")
+    if force_gpus:
+        args.append("--force-gpus")
+    if payload_digest is not None:
+        args += ["--payload-digest", payload_digest]
+    return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))
+
+
+def check_outcome(report: DeployReport) -> None:
+    st = report.status
+    if st.terminal and st.state.value != "SUCCEEDED":
+        why = f"exit code {st.exit_code}" if st.exit_code is not None else (st.signal or "")
+        first = st.diagnosis[0].summary if st.diagnosis else (st.output_tail[-1] if st.output_tail else "")
+        err = JobFailed(f"{report.target}: job {report.job_id} {st.state.value}"
+                        f"{' (' + why + ')' if why else ''}{': ' + first if first else ''}",
+                        hint="opsctl status  (pane tail, diagnosis) · opsctl logs  (full output)",
+                        log_path=st.output_log, report=report)
+        raise err
+    if report.outcome == "timeout":
+        err2 = JobUnhealthy(f"{report.target}: job {report.job_id} not healthy after "
+                            f"{report.elapsed_s:.0f} s (state {st.state.value})",
+                            hint="opsctl status  ·  opsctl stacks (is it stuck?)", log_path=st.output_log,
+                            report=report)
+        raise err2
+
+
+# --- torch build and compile cache, before the launch ------------------------------------
+
+
+def _prepare_torch(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
+                   progress: Progress | None, replace: bool) -> None:
+    """The playbook's torch build current and its cache policy applied (before the launch).
+
+    Idempotent: a build that is already current is not touched, and ``cache: seed`` does
+    nothing when the current build's cache already holds a mega-cache. A running job blocks
+    a build switch or a cache change; with ``replace`` it is stopped first (only then).
+    The launch needs nothing back: the agent uses ``envs/current``'s python and the build's
+    cache env by itself.
+    """
+    if book.torch is not None:
+        t0 = time.monotonic()
+        want = torch_ops.builds_table(tgt).resolve(book.torch.variant, version=book.torch.version).name
+        current = tgt.agent.call("envs", "--history", "0", timeout=60).get("current")
+        if current == want:
+            steps.append({"step": "torch", "build": want, "action": "noop", "seconds": 0.0})
+        else:
+            spec = book.torch
+
+            def do_swap(install_only: bool = False) -> dict[str, t.Any]:
+                return torch_ops.swap(tgt, spec.variant, version=spec.version, requirements=book.requirements,
+                            install_only=install_only, progress=progress)
+
+            # with a job running, the new build is installed and verified *before* the job is
+            # stopped: a failed download or verification leaves the job running (nothing lost)
+            rep = _unless_running(tgt, replace, progress, do_swap,
+                                  before_stop=lambda: do_swap(install_only=True))
+            steps.append({"step": "torch", "build": rep["build"], "action": rep.get("action"),
+                          "seconds": round(time.monotonic() - t0, 2)})
+    if book.cache == "clear":
+        rep2 = _unless_running(tgt, replace, progress,
+                               lambda: tgt.agent.call("cache-clear", timeout=120))
+        steps.append({"step": "cache-clear", "freed_bytes": rep2.get("freed_bytes")})
+    elif book.cache == "seed":
+        info = tgt.agent.call("cache-info", timeout=120)
+        if any(c.get("current") and c.get("mega_cache") for c in info.get("caches", [])):
+            steps.append({"step": "cache-seed", "action": "already seeded"})
+        else:
+            try:
+                rep3 = _unless_running(tgt, replace, progress, lambda: torch_ops.cache_seed(tgt, book))
+            except AgentError as exc:
+                if exc.remote_type == ErrorType.JobRunning:
+                    raise
+                # seeding only saves compile time: the job still launches (and compiles cold)
+                steps.append({"step": "cache-seed", "error": exc.message, "log_path": exc.log_path})
+                if progress:
+                    progress(f"cache seed failed, launching with a cold cache: {exc.message}")
+            else:
+                steps.append({"step": "cache-seed", "speedup": rep3.get("speedup"),
+                              "reuse_proven": rep3.get("reuse_proven")})
+
+
+R = t.TypeVar("R")
+
+
+def _unless_running(tgt: Target, replace: bool, progress: Progress | None,
+                    action: t.Callable[[], R], before_stop: t.Callable[[], t.Any] | None = None) -> R:
+    """Run ``action``; if a running job blocks it and ``replace`` was asked, stop that job once.
+
+    ``before_stop`` runs first (while the job still runs): whatever can fail without the
+    job's help fails before the job is stopped.
+
+    Raises:
+        AgentError: ``JobRunning`` without ``replace`` (with a hint), or the action's own error.
+    """
+    try:
+        return action()
+    except AgentError as exc:
+        if exc.remote_type != ErrorType.JobRunning:
+            raise
+        job = exc.fields.get("job_id")
+        if not replace:
+            exc.hint = (f"job {job} is running: `opsctl stop` it, or deploy with --replace "
+                        "(it is stopped only if the torch build or cache must change)")
+            raise
+    if before_stop is not None:
+        before_stop()
+    if progress:
+        progress(f"stopping job {job} (--replace) before changing the torch build/cache")
+    tgt.agent.call("stop", "--job", str(job), "--grace", "30", timeout=90)
+    return action()
