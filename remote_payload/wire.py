@@ -83,8 +83,14 @@ EVENT_COMPILE = "compile"  # {"event":"compile","name":str,"seconds":float,"reco
 EVENT_CHECKPOINT = "checkpoint"  # {"event":"checkpoint","step":int,"path":str}
 EVENT_ERROR = "error"  # {"event":"error","type":str,"message":str}
 EVENT_DONE = "done"  # {"event":"done","step":int,"reason":"finished|SIGINT|SIGTERM|stop-at-step"}
-# The trainer also emits resume, cache, cache_artifacts, cache_artifacts_loaded and replicas
-# (docs/trainer.md); the probe emits probe_report. Any object with a string "event" is an event.
+EVENT_RESUME = "resume"  # {"event":"resume","step":int,"path":str}: continued from a checkpoint
+EVENT_CACHE = "cache"  # compile-cache counters after warm-up (hits, misses per cache)
+EVENT_CACHE_ARTIFACTS = "cache_artifacts"  # a mega-cache saved (--save-cache-artifacts)
+EVENT_CACHE_ARTIFACTS_LOADED = "cache_artifacts_loaded"  # a mega-cache loaded before compiling
+EVENT_REPLICAS = "replicas"  # drafter replicas agree on their weights (digests per rank)
+EVENT_PROBE_REPORT = "probe_report"  # the compile-race probe's final report
+EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child -> probe)
+# Any object with a string "event" is an event; these are the ones opsctl's own code writes.
 
 # Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no
 # event) before opsctl calls it hung. The trainer announces one per phase (loading, each

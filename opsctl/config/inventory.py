@@ -6,7 +6,7 @@ bundled one (``opsctl/paths.py``); the first definition of a host name (or of a 
 build's field) wins. ``--host`` also takes a bare address (``10.1.2.6``,
 ``root@10.1.2.6:2222``, ``[::1]:2222``) with defaults user=root, port 22. A host name that is
 an alias in ``~/.ssh/config`` gets its HostName, User, Port, IdentityFile and ProxyJump unless
-the inventory or ``--host`` sets them (opsctl/sshconfig.py).
+the inventory or ``--host`` sets them (opsctl/config/sshconfig.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.config import paths, sshconfig, yamlfile
+from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
 
 DEFAULT_ROOT = "/opt/opsctl"
@@ -64,6 +65,10 @@ class HostSpec(BaseModel):
     def label(self) -> str:
         return self.name or self.address
 
+    def known_hosts_path(self) -> Path:
+        """The known_hosts file this host's key is checked against (direct and mux alike)."""
+        return Path(self.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+
     def ssh_label(self) -> str:
         port = "" if self.port == 22 else f":{self.port}"
         address = f"[{self.address}]" if ":" in self.address else self.address
@@ -91,7 +96,7 @@ class Inventory:
         """
         if host in self.hosts:
             spec = self.hosts[host]
-            return sshconfig.apply(spec, spec.model_fields_set)
+            return _with_ssh_config(spec, spec.model_fields_set)
         m = _BARE.fullmatch(host)
         if m is None:
             known = ", ".join(sorted(self.hosts)) or "(none)"
@@ -102,13 +107,13 @@ class Inventory:
         by_address = [h for h in self.hosts.values()
                       if h.address == address and (port is None or port == h.port)]
         if by_address and m["user"] is None:
-            return sshconfig.apply(by_address[0], by_address[0].model_fields_set)
+            return _with_ssh_config(by_address[0], by_address[0].model_fields_set)
         given: dict[str, t.Any] = {"name": host, "address": address}
         if m["user"] is not None:
             given["user"] = m["user"]
         if port is not None:
             given["port"] = port
-        return sshconfig.apply(HostSpec(**given), given)
+        return _with_ssh_config(HostSpec(**given), given)
 
 
 # [user@]address[:port]; address is a host name, an IPv4 address, or a bracketed IPv6/IPv4
@@ -116,40 +121,12 @@ class Inventory:
 _BARE = re.compile(r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?"
                    r"(?:\[(?P<bracketed>[0-9A-Fa-f:.]+)\]|(?P<address>[A-Za-z0-9_.-]+))"
                    r"(?::(?P<port>[0-9]{1,8}))?")
-# '_' too: ~/.ssh/config aliases (``Host my_box``) and some real names have it
-_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
-def check_port(text: str | int, *, what: str) -> int:
-    """A TCP port 1-65535.
-
-    Raises:
-        ConfigError: anything else (nothing is sent anywhere).
-    """
-    port = int(text)
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{what}: port {port} is out of range 1-65535")
-    return port
-
-
-def check_address(address: str, *, what: str) -> str:
-    """A host name (RFC 1123 labels) or an IP address, as given (IPv6 without brackets).
-
-    Raises:
-        ConfigError: empty labels (``a..b``), bad characters, or a malformed IP address.
-    """
-    import ipaddress
-
-    bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
-    if ":" in bare or re.fullmatch(r"[0-9.]+", bare):
-        try:
-            return str(ipaddress.ip_address(bare))
-        except ValueError:
-            raise ConfigError(f"{what}: {address!r} is not a valid IP address") from None
-    if len(bare) > 253 or not all(_LABEL.fullmatch(x) for x in bare.split(".")):
-        raise ConfigError(f"{what}: {address!r} is not a valid host name "
-                          "(dot-separated labels of letters, digits, '_' and '-')")
-    return bare
+def _with_ssh_config(spec: HostSpec, explicit: t.Collection[str]) -> HostSpec:
+    """``spec`` with what ``~/.ssh/config`` says for its address filled into unset fields."""
+    updates = sshconfig.overrides(spec.address, explicit)
+    return spec.model_copy(update=updates) if updates else spec
 
 
 def load(dirs: t.Sequence[Path] | None = None) -> Inventory:

@@ -20,10 +20,8 @@ import re
 import typing as t
 from pathlib import Path
 
+from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
-
-if t.TYPE_CHECKING:
-    from opsctl.config.inventory import HostSpec
 
 #: The keywords opsctl applies (lower case, as paramiko reports them).
 APPLIED = ("hostname", "user", "port", "identityfile", "proxyjump")
@@ -90,20 +88,18 @@ def lookup(alias: str) -> dict[str, t.Any]:
     return out
 
 
-def apply(spec: HostSpec, explicit: t.Collection[str]) -> HostSpec:
-    """``spec`` with what ``~/.ssh/config`` says for its address filled into unset fields.
+def overrides(address: str, explicit: t.Collection[str]) -> dict[str, t.Any]:
+    """The host fields ``~/.ssh/config`` sets for ``address``, except the ``explicit`` ones.
 
     ``explicit``: the fields the user set (inventory keys, ``user@``/``:port`` of ``--host``).
 
     Raises:
         ConfigError: the config file is unreadable, or gives a bad HostName or Port.
     """
-    from opsctl.config.inventory import check_address, check_port
-
-    found = lookup(spec.address)
+    found = lookup(address)
     if not found:
-        return spec
-    what = f"{config_path()}: Host {spec.address}"
+        return {}
+    what = f"{config_path()}: Host {address}"
     updates: dict[str, t.Any] = {}
     if "hostname" in found:
         updates["address"] = check_address(str(found["hostname"]), what=what)
@@ -116,7 +112,7 @@ def apply(spec: HostSpec, explicit: t.Collection[str]) -> HostSpec:
         updates["identity_file"] = os.path.expanduser(str(found["identityfile"][0]))
     if "proxyjump" in found and "proxy_jump" not in explicit:
         updates["proxy_jump"] = str(found["proxyjump"])
-    return spec.model_copy(update=updates)
+    return updates
 
 
 def _bad_port(what: str, value: t.Any) -> int:

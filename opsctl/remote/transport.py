@@ -19,7 +19,6 @@ import base64
 import hashlib
 import os
 import re
-import select
 import shlex
 import socket
 import threading
@@ -40,6 +39,7 @@ from opsctl.errors import (
     PctTooOld,
     TransportError,
 )
+from opsctl.remote import channel
 
 if t.TYPE_CHECKING:
     import fabric
@@ -211,7 +211,7 @@ class Remote:
 
     @property
     def known_hosts(self) -> Path:
-        return Path(self.host.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+        return self.host.known_hosts_path()
 
     def _open(self) -> fabric.Connection:
         if self._conn is not None and self._conn.is_connected:
@@ -408,36 +408,31 @@ class Remote:
         writer: threading.Thread | None = None
         stop_feeding = threading.Event()
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(chan, stdin, stop_feeding), daemon=True)
+            writer = threading.Thread(target=channel.feed, args=(chan, stdin, stop_feeding), daemon=True)
             writer.start()
         else:
             chan.shutdown_write()
         out: list[bytes] = []
         err: list[bytes] = []
+
+        def collect(into: list[bytes], forward: Output | None) -> Output:
+            def take(chunk: bytes) -> None:
+                into.append(chunk)
+                if forward:
+                    forward(chunk)
+            return take
+
+        def deadline() -> None:
+            if local_deadline is not None and time.monotonic() - start > local_deadline:
+                raise DeadlineExceeded(
+                    f"{self.host.label}: {step or argv[0]} did not answer within "
+                    f"{local_deadline:g} s; connection to it closed", argv=argv)
+
         try:
-            while True:
-                if local_deadline is not None and time.monotonic() - start > local_deadline:
-                    raise DeadlineExceeded(
-                        f"{self.host.label}: {step or argv[0]} did not answer within "
-                        f"{local_deadline:g} s; connection to it closed", argv=argv)
-                select.select([chan], [], [], 0.25)
-                while chan.recv_ready():
-                    chunk = chan.recv(65536)
-                    out.append(chunk)
-                    if on_stdout:
-                        on_stdout(chunk)
-                while chan.recv_stderr_ready():
-                    chunk = chan.recv_stderr(65536)
-                    err.append(chunk)
-                    if on_stderr:
-                        on_stderr(chunk)
-                if chan.exit_status_ready() and chan.eof_received and not (
-                        chan.recv_ready() or chan.recv_stderr_ready()):
-                    break
-                if not transport.is_active():
-                    raise TransportError(f"{self.host.label}: connection lost during "
-                                         f"{step or argv[0]}")
-            rc = chan.recv_exit_status()
+            rc = channel.pump(chan, collect(out, on_stdout), collect(err, on_stderr), before_poll=deadline)
+        except channel.ConnectionDropped:
+            raise TransportError(f"{self.host.label}: connection lost during "
+                                 f"{step or argv[0]}") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             self.close()
             raise TransportError(f"{self.host.label}: connection lost during {step or argv[0]}: "
@@ -447,7 +442,7 @@ class Remote:
             chan.close()
         if writer is not None:
             writer.join(timeout=5)
-        if rc == -1:  # the server sent no exit status: the session died
+        if rc is None or rc == -1:  # the server sent no exit status: the session died
             rc = 255
         return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
                              time.monotonic() - start)
@@ -509,21 +504,6 @@ def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: b
     if timeout is not None:
         wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
     return shlex.join([*HOST_LOCALE, *wrapped])
-
-
-def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
-    from opsctl.remote import stdinfeed
-
-    try:
-        for chunk in stdinfeed.chunks(stdin, stop):
-            chan.sendall(chunk)
-    except (OSError, EOFError):  # remote closed early; its exit status tells the story
-        pass
-    finally:
-        try:
-            chan.shutdown_write()
-        except (OSError, EOFError):
-            pass
 
 
 # --- classification of pct's own failures ---------------------------------------------

@@ -20,6 +20,7 @@ import re
 import signal as _signal
 import typing as t
 
+from remote_payload import wire
 from remote_payload.probes import stackdump
 
 # Seconds without output or events before an alive job counts as hung, unless the job
@@ -473,7 +474,7 @@ def _throughput(ctx: Context) -> Match | None:
     ratio = tok_s / expect
     if ratio >= THROUGHPUT_WARN_RATIO:
         return None
-    recent = [_num(e.get("tok_s")) for e in ctx.events if e.get("event") == "step"]
+    recent = [_num(e.get("tok_s")) for e in ctx.events if e.get("event") == wire.EVENT_STEP]
     ev = [f"last step {step.get('step')}: {tok_s:,.0f} tok/s; playbook expects {expect:,.0f}"]
     if len([r for r in recent if r is not None]) > 1:
         ev.append("recent tok/s: " + ", ".join(f"{r:,.0f}" for r in recent[-5:] if r is not None))
@@ -596,7 +597,7 @@ def diagnose(*, output_tail: list[str], events: list[dict[str, t.Any]], status: 
     """Every signature that matches, errors first; ``[]`` for a healthy job."""
     lines = [ln.rstrip("\r\n") for ln in output_tail]
     for ev in events:
-        if ev.get("event") == "error":  # the trainer's own error events read like log lines
+        if ev.get("event") == wire.EVENT_ERROR:  # the trainer's own error events read like log lines
             lines.append(f"{ev.get('type') or 'Error'}: {ev.get('message') or ''}")
     ctx = Context(lines, list(events), dict(status), now)
     found: list[Finding] = []

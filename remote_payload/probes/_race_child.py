@@ -38,7 +38,7 @@ ALL_MODES = MODES + WARM_MODES
 SIMULATIONS = ("hang", "hang-hard", "crash", "error", "import-error")
 FX_RACE_MESSAGE = ("Detected that you are using FX to symbolically trace a dynamo-optimized "
                    "function. This is not supported at the moment.")
-EVENT_RESULT = "probe_mode_result"
+EVENT_RESULT = wire.EVENT_PROBE_MODE_RESULT
 
 
 @dataclasses.dataclass

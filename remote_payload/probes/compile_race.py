@@ -48,7 +48,7 @@ from remote_payload import wire
 from remote_payload.probes import race_report, stackdump
 from remote_payload.probes._race_child import ALL_MODES, EVENT_RESULT, MODES, SIMULATIONS, WARM_MODES
 
-EVENT_REPORT = "probe_report"
+EVENT_REPORT = wire.EVENT_PROBE_REPORT
 PROBE_NAME = "compile-race"
 REPORT_VERSION = 1
 STDERR_TAIL_LINES = 30

@@ -64,7 +64,7 @@ def summarize_events(events: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.A
         for k, v in fields.items():
             if isinstance(v, int | float) and not isinstance(v, bool) and ("hit" in k or "miss" in k):
                 counters[k] = v
-        if ev.get("event") == "compile" and isinstance(ev.get("seconds"), int | float):
+        if ev.get("event") == wire.EVENT_COMPILE and isinstance(ev.get("seconds"), int | float):
             compile_s += float(ev["seconds"])
         for key in ("compile_s", "compile_seconds"):
             if isinstance(ev.get(key), int | float):

@@ -24,15 +24,13 @@ and 1 + 1 on 2 take exactly this path.
 Failures are never silent: every group has a finite timeout (``--pg-timeout``), PyTorch's NCCL
 watchdog tears a rank down when a collective outlives it (and its flight recorder dumps the
 last collectives into the job dir), and a rank that dies takes the others down with it
-(``spawn``; torchrun does the same).
+(``train.spawn``; torchrun does the same).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import signal
-import socket
 import typing as t
 from dataclasses import dataclass
 
@@ -215,55 +213,3 @@ def hang_forever(topo: Topo) -> None:
     # a CPU tensor goes over gloo, which honours tags (NCCL ignores them and could match a real
     # message); nobody sends with this tag
     dist.recv(torch.zeros(1), src=peer, tag=7411)
-
-
-# --- self-spawned ranks ----------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _child(local_rank: int, argv: list[str], world: int, port: int) -> None:
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from .train import main
-
-    rc = main(argv)
-    if rc:
-        raise SystemExit(rc)
-
-
-def spawn(argv: list[str], nproc: int) -> int:
-    """Run ``nproc`` local ranks of this trainer; forward SIGINT/SIGTERM to them.
-
-    Returns the first non-zero child exit code, else 0. When one rank fails, torch's
-    ``ProcessContext.join`` SIGTERMs the others and SIGKILLs what is left after 30 s, so no
-    rank keeps holding a GPU (a rank blocked inside a collective ignores SIGTERM)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_child, args=(argv, nproc, _free_port()), nprocs=nproc, join=False,
-                             start_method="spawn")
-
-    def forward(signum: int, _frame: t.Any) -> None:
-        for pid in ctx.pids():
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not ctx.join(timeout=1.0):
-            pass
-    except mp.ProcessExitedException as e:
-        return e.exit_code if e.exit_code and e.exit_code > 0 else 1
-    except mp.ProcessRaisedException as e:
-        print(str(e), flush=True)
-        return 1
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import typing as t
 
+from .. import wire
 from ..wire import format_event
 
 
@@ -36,4 +37,4 @@ class Log:
 
     def error(self, type_: str, message: str) -> None:
         """Reported by any rank, with the GPU it drives."""
-        self._write(format_event("error", type=type_, message=message, rank=self.rank, gpu=self.gpu))
+        self._write(format_event(wire.EVENT_ERROR, type=type_, message=message, rank=self.rank, gpu=self.gpu))

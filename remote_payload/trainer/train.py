@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import socket
 import sys
 import time
 import typing as t
@@ -87,7 +88,7 @@ def _apply_compile_settings(args: TrainArgs, log: Log) -> None:
         with open(path, "rb") as f:
             data = f.read()
         torch.compiler.load_cache_artifacts(data)
-        log.event("cache_artifacts_loaded", path=path, bytes=len(data))
+        log.event(wire.EVENT_CACHE_ARTIFACTS_LOADED, path=path, bytes=len(data))
 
 
 def cache_counters() -> dict[str, int]:
@@ -166,7 +167,7 @@ class Trainer:
         if shape in self.seen_shapes:
             return self.engine.train_step(feats, batch, lr), lr, None
         if self.compile_on:
-            self.log.event("phase", phase="compiling", shape=list(shape),
+            self.log.event(wire.EVENT_PHASE, phase="compiling", shape=list(shape),
                            budget_s=COMPILE_BUDGET_S)
         self._sync()
         t0 = time.perf_counter()
@@ -177,7 +178,7 @@ class Trainer:
         self.seen_shapes.add(shape)
         if self.compile_on:
             cc = cache_counters()
-            self.log.event("compile", name="drafter_step", shape=list(shape), seconds=round(secs, 3),
+            self.log.event(wire.EVENT_COMPILE, name="drafter_step", shape=list(shape), seconds=round(secs, 3),
                            recompiles=max(0, len(self.seen_shapes) - 1), cache=cc)
             self.log.say(f"compiled drafter step for shape {shape} in {secs:.1f}s")
         return out, lr, secs
@@ -187,7 +188,7 @@ class Trainer:
             return
         meta = {"run_id": self.run_id, "cfg": _asdict(self.cfg), "args": _asdict(self.args)}
         path = checkpoint.save(self.args.out_dir, step, self.engine.raw, self.engine.opt, meta)
-        self.log.event("checkpoint", step=step, path=str(path))
+        self.log.event(wire.EVENT_CHECKPOINT, step=step, path=str(path))
         self.log.say(f"checkpoint saved: {path}")
 
     def _resume(self) -> int:
@@ -204,7 +205,7 @@ class Trainer:
             meta = checkpoint.load(pathlib.Path(path), self.engine.raw, self.engine.opt, self.device)
         else:
             meta = checkpoint.read_meta(pathlib.Path(path))
-        self.log.event("resume", step=meta["step"], path=path, from_run=meta.get("run_id"))
+        self.log.event(wire.EVENT_RESUME, step=meta["step"], path=path, from_run=meta.get("run_id"))
         self.log.say(f"resumed from {path} at step {meta['step']}")
         return int(meta["step"])
 
@@ -212,7 +213,7 @@ class Trainer:
 
     def warmup(self) -> int:
         """Compile every shape bucket once (random features) and exit."""
-        self.log.event("phase", phase="compiling", buckets=[list(s) for s in self.source.shapes()])
+        self.log.event(wire.EVENT_PHASE, phase="compiling", buckets=[list(s) for s in self.source.shapes()])
         if self.engine is not None:
             width = self.cfg.draft_layers * self.cfg.hidden_size
             for rows, seq_len in self.source.shapes():
@@ -230,11 +231,11 @@ class Trainer:
                 with open(tmp, "wb") as f:
                     f.write(art[0])
                 os.replace(tmp, self.args.save_cache_artifacts)
-                self.log.event("cache_artifacts", path=self.args.save_cache_artifacts,
+                self.log.event(wire.EVENT_CACHE_ARTIFACTS, path=self.args.save_cache_artifacts,
                                bytes=len(art[0]))
-        self.log.event("cache", **cache_counters())
-        self.log.event("phase", phase="done")
-        self.log.event("done", step=0, warmup_only=True)
+        self.log.event(wire.EVENT_CACHE, **cache_counters())
+        self.log.event(wire.EVENT_PHASE, phase="done")
+        self.log.event(wire.EVENT_DONE, step=0, warmup_only=True)
         return 0
 
     def run(self) -> int:
@@ -268,7 +269,7 @@ class Trainer:
 
     def _drafter_loop(self, start: int) -> int:
         args, topo, log = self.args, self.topo, self.log
-        log.event("phase", phase="compiling" if self.compile_on else "training",
+        log.event(wire.EVENT_PHASE, phase="compiling" if self.compile_on else "training",
                   start_step=start, steps=args.steps,
                   budget_s=COMPILE_BUDGET_S if self.compile_on else FIRST_STEPS_BUDGET_S)
         step, announced = start, not self.compile_on
@@ -287,7 +288,7 @@ class Trainer:
             step += 1
             if not announced or (compile_s is not None and self.compile_on):
                 # back from a compile: the next event is a step event, after log_every steps
-                log.event("phase", phase="training", step=step, budget_s=FIRST_STEPS_BUDGET_S)
+                log.event(wire.EVENT_PHASE, phase="training", step=step, budget_s=FIRST_STEPS_BUDGET_S)
                 announced = True
             window.add(out)
             if compile_s is not None and self.compile_on:
@@ -307,8 +308,8 @@ class Trainer:
         if args.check_replicas:
             self._check_replicas()
         why = _StopFlag.signame or ("stop-at-step" if step < args.steps else "finished")
-        log.event("phase", phase="done")
-        log.event("done", step=step, reason=why)
+        log.event(wire.EVENT_PHASE, phase="done")
+        log.event(wire.EVENT_DONE, step=step, reason=why)
         log.say(f"done at step {step} ({why})")
         return 0
 
@@ -334,7 +335,7 @@ class Trainer:
         if self.device.type == "cuda":  # this rank's peak (rank 0: a drafter)
             fields["mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
         fields[wire.FIELD_BUDGET] = round(budget, 1)
-        self.log.event("step", **fields)
+        self.log.event(wire.EVENT_STEP, **fields)
         self.log.say(f"step {step}/{self.args.steps} loss {fields['loss']:.4f} acc "
                      f"{fields['acc']:.3f} tok/s {tok_s:,.0f} eta {eta:,.0f}s lr {lr:.2e}")
 
@@ -347,7 +348,8 @@ class Trainer:
             h.update(v.detach().float().cpu().numpy().tobytes())
         digest = int.from_bytes(h.digest()[:7], "big")
         sums = dist.gather_drafters(self.topo, digest)
-        self.log.event("replicas", identical=len(set(sums)) == 1, checksums=[f"{x:014x}" for x in sums])
+        self.log.event(wire.EVENT_REPLICAS, identical=len(set(sums)) == 1,
+                       checksums=[f"{x:014x}" for x in sums])
 
 
 class _Window:
@@ -389,7 +391,7 @@ def run(args: TrainArgs) -> int:
     log = Log(rank)
     topo: dist.Topo | None = None
     try:
-        log.event("phase", phase="loading", preset=args.preset, topology=args.topology,
+        log.event(wire.EVENT_PHASE, phase="loading", preset=args.preset, topology=args.topology,
                   torch=torch.__version__, pid=os.getpid(),
                   budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         device = _resolve_runtime(args)[0]
@@ -401,7 +403,7 @@ def run(args: TrainArgs) -> int:
         wire.announce_process(rank=rank, role="starting", gpu=log.gpu)
         topo = dist.init(args, device)
         log.rank = topo.rank
-        log.event("phase", phase="loading", detail="process groups ready", world=topo.world,
+        log.event(wire.EVENT_PHASE, phase="loading", detail="process groups ready", world=topo.world,
                   budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         wire.announce_process(rank=topo.rank, local_rank=topo.local_rank, world=topo.world,
                               role="drafter" if topo.is_drafter else "target", gpu=log.gpu)
@@ -431,7 +433,57 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     if args.nproc > 1 and "RANK" not in os.environ:
-        return dist.spawn(argv, args.nproc)
+        return spawn(argv, args.nproc)
     with contextlib.suppress(Exception):
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     return run(args)
+
+
+# --- self-spawned ranks ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child(local_rank: int, argv: list[str], world: int, port: int) -> None:
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rc = main(argv)
+    if rc:
+        raise SystemExit(rc)
+
+
+def spawn(argv: list[str], nproc: int) -> int:
+    """Run ``nproc`` local ranks of this trainer; forward SIGINT/SIGTERM to them.
+
+    Returns the first non-zero child exit code, else 0. When one rank fails, torch's
+    ``ProcessContext.join`` SIGTERMs the others and SIGKILLs what is left after 30 s, so no
+    rank keeps holding a GPU (a rank blocked inside a collective ignores SIGTERM)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_child, args=(argv, nproc, _free_port()), nprocs=nproc, join=False,
+                             start_method="spawn")
+
+    def forward(signum: int, _frame: t.Any) -> None:
+        for pid in ctx.pids():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not ctx.join(timeout=1.0):
+            pass
+    except mp.ProcessExitedException as e:
+        return e.exit_code if e.exit_code and e.exit_code > 0 else 1
+    except mp.ProcessRaisedException as e:
+        print(str(e), flush=True)
+        return 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0

@@ -22,7 +22,6 @@ from remote_payload import wire
 from remote_payload.probes.compile_race import signal_name, tail  # stdlib-only module
 
 PROBE_MODULE = "remote_payload.probes.compile_race"
-EVENT_REPORT = "probe_report"  # == compile_race.EVENT_REPORT (not imported: keep the agent lean)
 MODES = ("unguarded", "guarded")
 TAIL_LINES = 30
 TERM_GRACE_S = 10.0
@@ -106,7 +105,7 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
     report = None
     for line in out.splitlines():
         ev = wire.parse_event(line)
-        if ev is not None and ev.get("event") == EVENT_REPORT:
+        if ev is not None and ev.get("event") == wire.EVENT_PROBE_REPORT:
             report = ev
     if report is None:
         why = (f"the probe printed no report before the {deadline:g} s deadline (killed)"
