@@ -381,7 +381,7 @@ def test_status_without_any_job_is_a_typed_error(agent: Agent) -> None:
 
 
 def test_launch_runs_python_jobs_on_the_current_torch_build_with_its_cache(agent: Agent) -> None:
-    from remote_payload.torchenv import fingerprint, layout
+    from remote_payload.agent.torchenv import fingerprint, layout
 
     build = "torch-2.13.0-cpu"
     build_dir = agent.root / "envs" / build

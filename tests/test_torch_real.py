@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.config.torch_builds import load_table, prepare_wheelhouse, swap_args
-from remote_payload.torchenv import current_python, job_env
+from remote_payload.agent.torchenv import current_python, job_env
 from tests.test_torch_swap import agent
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from remote_payload.torchenv.seed import summarize_events, with_python
+from remote_payload.agent.torchenv.seed import summarize_events, with_python
 
 
 def test_counters_come_from_trainer_compile_and_cache_events() -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from remote_payload import wire
-from remote_payload.torchenv import caches, current_python, job_env
-from remote_payload.torchenv.layout import Layout
+from remote_payload.agent.torchenv import caches, current_python, job_env
+from remote_payload.agent.torchenv.layout import Layout
 from tests.wheel_index import (
     build_fake_torches,
     build_wheel,

@@ -1,6 +1,6 @@
 """Local side of torch builds and compile caches: swap-torch, envs, cache info/clear/seed.
 
-The work happens in the container (``remote_payload/torchenv`` through agent verbs);
+The work happens in the container (``remote_payload/agent/torchenv`` through agent verbs);
 this module picks the build from the builds table, prepares a wheelhouse for air-gapped
 builds (streamed in by :mod:`opsctl.remote.wheelhouse`), and turns replies into reports.
 Deploy's torch step (build current, cache policy applied) is in :mod:`.deploy`.

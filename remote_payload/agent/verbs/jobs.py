@@ -321,9 +321,9 @@ def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
     import importlib
 
     try:
-        torchenv = importlib.import_module("remote_payload.torchenv")
+        torchenv = importlib.import_module("remote_payload.agent.torchenv")
     except ModuleNotFoundError as exc:
-        if exc.name == "remote_payload.torchenv":  # not shipped: plain python jobs only
+        if exc.name == "remote_payload.agent.torchenv":  # not shipped: plain python jobs only
             return {}, None
         raise
     try:

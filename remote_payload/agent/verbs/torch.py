@@ -18,10 +18,10 @@ import json
 import typing as t
 
 from remote_payload.agent.common import AgentFailure
-from remote_payload.torchenv import caches, seed
-from remote_payload.torchenv.builds import envs_report
-from remote_payload.torchenv.layout import Layout
-from remote_payload.torchenv.swap import SwapRequest, swap
+from remote_payload.agent.torchenv import caches, seed
+from remote_payload.agent.torchenv.builds import envs_report
+from remote_payload.agent.torchenv.layout import Layout
+from remote_payload.agent.torchenv.swap import SwapRequest, swap
 from remote_payload.wire import ErrorType
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from remote_payload.torchenv.layout import (
+from remote_payload.agent.torchenv.layout import (
     Layout,
     current_build,
     list_builds,

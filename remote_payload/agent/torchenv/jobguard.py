@@ -8,7 +8,7 @@ and a live process whose start time matches the one recorded.
 from __future__ import annotations
 
 from remote_payload.agent.common import AgentFailure
-from remote_payload.torchenv.layout import Layout
+from remote_payload.agent.torchenv.layout import Layout
 from remote_payload.wire import ErrorType
 
 

@@ -15,7 +15,7 @@ import subprocess
 import typing as t
 
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
-from remote_payload.torchenv.procs import clean_env
+from remote_payload.agent.torchenv.procs import clean_env
 from remote_payload.wire import ErrorType
 
 FACTS_FILE = ".opsctl-fingerprint.json"
@@ -61,7 +61,7 @@ def probe_facts(python: str, *, timeout_s: float = 180.0) -> dict[str, t.Any]:
 
 
 def parse_inspect_output(stdout: str) -> dict[str, t.Any] | None:
-    from remote_payload.torchenv.inspect_torch import PREFIX
+    from remote_payload.agent.torchenv.inspect_torch import PREFIX
 
     for line in reversed(stdout.splitlines()):
         if line.startswith(PREFIX):

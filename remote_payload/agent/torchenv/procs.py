@@ -14,7 +14,7 @@ import threading
 import time
 import typing as t
 
-from remote_payload.torchenv.layout import dir_usage
+from remote_payload.agent.torchenv.layout import dir_usage
 
 # Variables that would make a child pip or python pick up settings from outside the build.
 _SCRUB_PREFIXES = ("PIP_", "PYTHON", "VIRTUAL_ENV", "CONDA_", "UV_")

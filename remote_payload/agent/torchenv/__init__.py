@@ -14,7 +14,7 @@ The launch path needs only two calls::
 
 from __future__ import annotations
 
-from remote_payload.torchenv.caches import job_env
-from remote_payload.torchenv.layout import current_python
+from remote_payload.agent.torchenv.caches import job_env
+from remote_payload.agent.torchenv.layout import current_python
 
 __all__ = ["current_python", "job_env"]

@@ -22,14 +22,14 @@ import urllib.parse
 import urllib.request
 
 from remote_payload.agent.common import AgentFailure, write_json_atomic
-from remote_payload.torchenv.fingerprint import (
+from remote_payload.agent.torchenv.fingerprint import (
     INSPECT_SCRIPT,
     fingerprint_of,
     parse_inspect_output,
     store_facts,
 )
-from remote_payload.torchenv.jobguard import refuse_if_job_running
-from remote_payload.torchenv.layout import (
+from remote_payload.agent.torchenv.jobguard import refuse_if_job_running
+from remote_payload.agent.torchenv.layout import (
     MARKER,
     Layout,
     append_history,
@@ -42,7 +42,7 @@ from remote_payload.torchenv.layout import (
     read_marker,
     switch_current,
 )
-from remote_payload.torchenv.procs import clean_env, run_logged
+from remote_payload.agent.torchenv.procs import clean_env, run_logged
 from remote_payload.wire import ErrorType
 
 _HREF_RE = re.compile(r"torch-([^-/\"'#]+)-[^/\"'#]*\.whl")

@@ -18,9 +18,9 @@ import time
 import typing as t
 
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
-from remote_payload.torchenv.fingerprint import build_facts, fingerprint_of
-from remote_payload.torchenv.jobguard import refuse_if_job_running
-from remote_payload.torchenv.layout import Layout, current_build, dir_usage, locked
+from remote_payload.agent.torchenv.fingerprint import build_facts, fingerprint_of
+from remote_payload.agent.torchenv.jobguard import refuse_if_job_running
+from remote_payload.agent.torchenv.layout import Layout, current_build, dir_usage, locked
 from remote_payload.wire import ErrorType
 
 PROVENANCE = "provenance.json"

@@ -15,7 +15,7 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
-from remote_payload.torchenv.caches import (
+from remote_payload.agent.torchenv.caches import (
     ENV_BUILD,
     ENV_FINGERPRINT,
     ENV_INDUCTOR,
@@ -25,9 +25,9 @@ from remote_payload.torchenv.caches import (
     current_fingerprint,
     ensure_cache_dir,
 )
-from remote_payload.torchenv.jobguard import refuse_if_job_running
-from remote_payload.torchenv.layout import Layout, current_python, locked
-from remote_payload.torchenv.procs import clean_env, run_logged
+from remote_payload.agent.torchenv.jobguard import refuse_if_job_running
+from remote_payload.agent.torchenv.layout import Layout, current_python, locked
+from remote_payload.agent.torchenv.procs import clean_env, run_logged
 from remote_payload.wire import ErrorType
 
 WARMUP_FLAGS = ("--warmup-only",)
