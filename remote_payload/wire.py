@@ -26,11 +26,20 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import signal
 import typing as t
 
 AGENT_PROTOCOL = 1
 AGENT_ERROR_RC = 3
+
+#: opsctl's directory inside a container (payload, jobs, torch builds, caches); an inventory
+#: host's ``root:`` overrides it, the agent's ``--root`` / ``$OPSCTL_ROOT`` too.
+DEFAULT_ROOT = "/opt/opsctl"
+ENV_ROOT = "OPSCTL_ROOT"
+#: The tmux server (``tmux -L``) the job sessions live on, and the variable that overrides it.
+DEFAULT_TMUX_SOCKET = "opsctl"
+ENV_TMUX_SOCKET = "OPSCTL_TMUX_SOCKET"
 
 #: A job id: a file name under ``jobs/`` (no ``/``, no leading dot or dash). The agent
 #: enforces it and the CLI checks ``--job`` against it before anything is sent.
@@ -219,3 +228,31 @@ def announce_process(**info: t.Any) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+# --- torch builds ------------------------------------------------------------------
+#
+# The same names on both sides: the local builds table picks a build, the agent installs and
+# verifies it under ``<root>/envs/<build name>``.
+
+#: ``cpu`` or ``cuNNN`` (the PyTorch wheel index's local tag).
+TORCH_VARIANT_RE = re.compile(r"^(cpu|cu\d{3})$")
+#: A plain release (``2.11.0``, ``2.12.0rc1``); the variant supplies the ``+local`` tag.
+TORCH_RELEASE_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.]*)$")
+#: A torch wheel's file name; group 1 is its version (with the local tag).
+TORCH_WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
+TORCH_BUILD_PREFIX = "torch-"
+
+
+def torch_build_name(version: str, variant: str) -> str:
+    """``torch-2.11.0-cu130``; the local tag is the variant, so it is not repeated."""
+    return f"{TORCH_BUILD_PREFIX}{version}-{variant}"
+
+
+def cuda_for_variant(variant: str) -> str | None:
+    """What ``torch.version.cuda`` must say: ``cu128`` -> ``"12.8"``, ``cu130`` -> ``"13.0"``,
+    ``cpu`` -> None."""
+    if variant == "cpu":
+        return None
+    digits = variant[2:]
+    return f"{int(digits[:-1])}.{digits[-1]}"

@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from opsctl.config import paths, sshconfig, yamlfile
 from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
+from remote_payload import wire
 
-DEFAULT_ROOT = "/opt/opsctl"
+DEFAULT_ROOT = wire.DEFAULT_ROOT
 
 
 class ContainerSpec(BaseModel):

@@ -32,8 +32,12 @@ class SearchDir:
     origin: str  # "cwd" | "home" | "env" | "bundled"
 
 
+ENV_HOME = "OPSCTL_HOME"
+
+
 def home() -> Path:
-    return Path(os.environ.get("OPSCTL_HOME") or Path.home() / ".opsctl")
+    """opsctl's local state: ``$OPSCTL_HOME``, else ``~/.opsctl`` (the one place this is decided)."""
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".opsctl")
 
 
 def logs_dir() -> Path:

@@ -26,12 +26,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError, TorchEnvError
+from remote_payload import wire
 
 DEFAULTS_PATH = paths.BUNDLED / "inventory" / "torch-builds.yaml"
 DEFAULT_INDEX = "https://download.pytorch.org/whl/{variant}"
-_VARIANT_RE = re.compile(r"^(cpu|cu\d{3})$")
-_RELEASE_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.]*)$")
-_TORCH_WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
 _SAVED_RE = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S.*\S)\s*$")
 
 
@@ -63,7 +61,7 @@ class TorchBuild:
     @property
     def name(self) -> str:
         """Directory name in the container: ``torch-2.11.0-cu130``."""
-        return f"torch-{self.version}-{self.variant}"
+        return wire.torch_build_name(self.version, self.variant)
 
     @property
     def pin(self) -> str:
@@ -76,14 +74,11 @@ class TorchBuild:
     @property
     def expected_cuda(self) -> str | None:
         """What ``torch.version.cuda`` must say: ``cu128`` -> ``12.8``, ``cpu`` -> None."""
-        if self.variant == "cpu":
-            return None
-        digits = self.variant[2:]
-        return f"{int(digits[:-1])}.{digits[-1]}"
+        return wire.cuda_for_variant(self.variant)
 
 
 def _check_variant_format(variant: str) -> None:
-    if not _VARIANT_RE.match(variant):
+    if not wire.TORCH_VARIANT_RE.match(variant):
         raise ConfigError(f"torch variant {variant!r} is not 'cpu' or 'cuNNN' (e.g. cu130)")
 
 
@@ -97,7 +92,7 @@ def check_release(version: str) -> str:
         base, tag = version.split("+", 1)
         raise ConfigError(f"torch version {version!r} carries a local tag; give the release and "
                           f"the variant separately", hint=f"opsctl swap-torch {tag} --version {base}")
-    if not _RELEASE_RE.match(version):
+    if not wire.TORCH_RELEASE_RE.match(version):
         raise ConfigError(f"torch version {version!r} is not a release like 2.11.0")
     return version
 
@@ -307,7 +302,7 @@ def prepare_wheelhouse(build: TorchBuild, dest: Path, *, requirements: t.Sequenc
     if not files:  # older pip versions word it differently: fall back to the directory
         files = sorted(p.resolve() for p in dest.glob("*.whl"))
     files = sorted(set(files))
-    torch_versions = [m.group(1) for f in files if (m := _TORCH_WHEEL_RE.match(f.name))]
+    torch_versions = [m.group(1) for f in files if (m := wire.TORCH_WHEEL_RE.match(f.name))]
     if build.pin not in torch_versions and build.version not in torch_versions:
         raise TorchEnvError(f"pip download returned no torch wheel for {build.pin} "
                             f"(got: {', '.join(torch_versions) or 'none'})", log_path=str(log_path))

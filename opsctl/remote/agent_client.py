@@ -12,6 +12,7 @@ import pydantic
 from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError
 from opsctl.remote.models import AgentReply
 from opsctl.remote.transport import CommandResult, Remote, missing_in_container, save_log
+from remote_payload import wire
 from remote_payload.wire import ErrorType
 
 
@@ -64,7 +65,7 @@ class Agent:
 
     remote: Remote
     ctid: int
-    root: str = "/opt/opsctl"
+    root: str = wire.DEFAULT_ROOT
     python: str = "python3"
 
     def argv(self, verb: str, *args: str) -> list[str]:

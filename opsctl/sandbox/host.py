@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl.config import paths
 from opsctl.errors import ConfigError, ContainerError, OpsctlError
 
 HOST = "127.0.0.1"
@@ -124,11 +125,8 @@ class _Layout:
 
 
 def opsctl_home(home: Path | None = None) -> Path:
-    """``home``, else ``$OPSCTL_HOME``, else ``~/.opsctl``."""
-    if home is not None:
-        return Path(home).absolute()
-    env = os.environ.get("OPSCTL_HOME")
-    return Path(env).absolute() if env else Path.home() / ".opsctl"
+    """``home``, else opsctl's own (``$OPSCTL_HOME``, else ``~/.opsctl``)."""
+    return Path(home).absolute() if home is not None else paths.home().absolute()
 
 
 # ---------------------------------------------------------------- prerequisites

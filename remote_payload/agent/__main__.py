@@ -36,15 +36,13 @@ VERBS: dict[str, str] = {
     "probe": "remote_payload.agent.verbs.probe",
 }
 
-DEFAULT_ROOT = "/opt/opsctl"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="remote_payload.agent")
-    parser.add_argument("--root", default=os.environ.get("OPSCTL_ROOT", DEFAULT_ROOT))
+    parser.add_argument("--root", default=os.environ.get(wire.ENV_ROOT, wire.DEFAULT_ROOT))
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; output is always JSON")
-    parser.add_argument("--tmux-socket", default=os.environ.get("OPSCTL_TMUX_SOCKET", "opsctl"),
+    parser.add_argument("--tmux-socket",
+                        default=os.environ.get(wire.ENV_TMUX_SOCKET, wire.DEFAULT_TMUX_SOCKET),
                         help="tmux socket name (tmux -L) the job sessions live on")
     parser.add_argument("verb", choices=sorted(VERBS))
     known, rest = parser.parse_known_args(argv)

@@ -12,7 +12,9 @@ import shutil
 import subprocess
 import typing as t
 
-DEFAULT_SOCKET = "opsctl"
+from remote_payload import wire
+
+DEFAULT_SOCKET = wire.DEFAULT_TMUX_SOCKET
 SESSION_PREFIX = "opsctl-"
 _TMUX_TIMEOUT_S = 3.0
 
@@ -28,7 +30,7 @@ class TmuxError(Exception):
 
 def socket_name(explicit: str | None = None) -> str:
     """Flag, then ``OPSCTL_TMUX_SOCKET``, then the default."""
-    return explicit or os.environ.get("OPSCTL_TMUX_SOCKET") or DEFAULT_SOCKET
+    return explicit or os.environ.get(wire.ENV_TMUX_SOCKET) or DEFAULT_SOCKET
 
 
 def session_name(job_id: str) -> str:

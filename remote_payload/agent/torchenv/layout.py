@@ -10,17 +10,15 @@ import dataclasses
 import fcntl
 import json
 import os
-import re
 import time
 import typing as t
 
+from remote_payload import wire
 from remote_payload.agent.common import AgentFailure
 from remote_payload.wire import ErrorType
 
-BUILD_PREFIX = "torch-"
+BUILD_PREFIX = wire.TORCH_BUILD_PREFIX
 MARKER = ".opsctl-build.json"  # written last: a venv without it is not a build
-_VARIANT_RE = re.compile(r"^(cpu|cu\d{3})$")
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.]*)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +68,7 @@ class Layout:
         return os.path.join(self.logs, f"{kind}-{build}-{stamp}-{os.getpid()}.log")
 
 
-def build_name(version: str, variant: str) -> str:
-    """``torch-2.11.0-cu130``; the local tag is the variant, so it is not repeated."""
-    return f"{BUILD_PREFIX}{version}-{variant}"
+build_name = wire.torch_build_name
 
 
 def check_pin(version: str, variant: str) -> None:
@@ -83,21 +79,16 @@ def check_pin(version: str, variant: str) -> None:
     AgentFailure
         ``TorchInstallFailed`` with ``step="args"``.
     """
-    if not _VARIANT_RE.match(variant):
+    if not wire.TORCH_VARIANT_RE.match(variant):
         raise AgentFailure(ErrorType.TorchInstallFailed, f"variant {variant!r} is not cpu or cuNNN",
                            step="args", variant=variant)
-    if "+" in version or not _VERSION_RE.match(version):
+    if "+" in version or not wire.TORCH_RELEASE_RE.match(version):
         raise AgentFailure(ErrorType.TorchInstallFailed,
                            f"version {version!r} must be a plain release like 2.11.0 "
                            "(the variant supplies the +local tag)", step="args", version=version)
 
 
-def expected_cuda(variant: str) -> str | None:
-    """``cu128`` -> ``"12.8"``, ``cu130`` -> ``"13.0"``, ``cpu`` -> None (torch.version.cuda)."""
-    if variant == "cpu":
-        return None
-    digits = variant[2:]
-    return f"{int(digits[:-1])}.{digits[-1]}"
+expected_cuda = wire.cuda_for_variant
 
 
 def current_build(layout: Layout) -> str | None:

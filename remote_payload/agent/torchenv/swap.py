@@ -21,6 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from remote_payload import wire
 from remote_payload.agent.common import AgentFailure, write_json_atomic
 from remote_payload.agent.torchenv.fingerprint import (
     INSPECT_SCRIPT,
@@ -46,7 +47,6 @@ from remote_payload.agent.torchenv.procs import clean_env, run_logged
 from remote_payload.wire import ErrorType
 
 _HREF_RE = re.compile(r"torch-([^-/\"'#]+)-[^/\"'#]*\.whl")
-_WHEEL_RE = re.compile(r"^torch-([^-]+)-[^-]+-[^-]+-[^-]+\.whl$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,7 @@ def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
         raise _StepFailed("wheelhouse", f"cannot read wheelhouse {wheelhouse}: {exc}",
                           "no-such-version") from None
     for name in names:
-        m = _WHEEL_RE.match(name)
+        m = wire.TORCH_WHEEL_RE.match(name)
         if m:
             found.append(m.group(1))
     want = {f"{version}+{variant}", version}

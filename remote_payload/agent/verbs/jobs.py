@@ -18,6 +18,7 @@ import sys
 import time
 import typing as t
 
+from remote_payload import wire
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
@@ -362,7 +363,7 @@ def _payload_dir() -> str:
 
 def _base_env() -> dict[str, str]:
     """The job's starting env: the agent's (what `pct exec` gives), minus tmux and our PYTHONPATH."""
-    drop = {"TMUX", "TMUX_PANE", "PYTHONPATH", "OPSCTL_TMUX_SOCKET"}
+    drop = {"TMUX", "TMUX_PANE", "PYTHONPATH", wire.ENV_TMUX_SOCKET}
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
