@@ -1,9 +1,10 @@
-"""One exception tree for opsctl; only ``cli.py`` turns these into exit codes.
+"""One exception tree for opsctl; only the CLI (``opsctl.cli.app.OpsctlGroup``) turns these
+into exit codes.
 
 Every error builds its own one-line message from typed fields and may carry a
 ``hint`` (the next command to run) and a ``log_path`` (where the full output was
-saved), so that no failure is ever silent. The exit-code table in README.md is
-generated from :data:`EXIT_CODES`; keep them in step.
+saved), so that no failure is ever silent. README.md's exit-code table lists
+:data:`EXIT_CODES` (``tests/test_readme.py`` checks that they agree).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.setenv("OPSCTL_HOME", str(home))
     monkeypatch.setenv("OPSCTL_INVENTORY_DIRS", str(home / "inventory"))
     # No background connection multiplexers by default (each test has its own OPSCTL_HOME, so
-    # each would leave one behind); tests/test_mux_sandbox.py turns it on, and
-    # OPSCTL_TEST_MUX=1 runs the whole suite through it.
+    # each would leave one behind); tests/test_mux_sandbox.py turns it on, the sandbox CLI
+    # workflows (tests/test_cli_sandbox.py) run both ways, and OPSCTL_TEST_MUX=1 runs the whole
+    # suite through it.
     monkeypatch.setenv("OPSCTL_MUX", os.environ.get("OPSCTL_TEST_MUX", "0"))
     monkeypatch.setenv("OPSCTL_MUX_IDLE_S", "5")
     monkeypatch.delenv("TMUX", raising=False)

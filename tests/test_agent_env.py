@@ -12,16 +12,14 @@ from pathlib import Path
 
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent import vendor
+from tests.agent_helper import run_agent
 
 REPO = Path(__file__).resolve().parents[1]
 HOOK = REPO / "remote_payload" / "sitehook"
 
 
-def _agent(root: Path, *args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "remote_payload.agent", "--root", str(root),
-                           *args], capture_output=True, env=env, timeout=60, check=False)
-    return json.loads(proc.stdout)
+def _agent(root: Path, verb: str, *args: str) -> dict:
+    return run_agent(root, verb, *[a for a in args if a != "--json"], timeout=60).reply
 
 
 def test_env_reports_python_tmux_payload_digest_and_disk(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload import wire
 from remote_payload.agent import jobstore as jobs
+from tests.agent_helper import run_agent
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -60,15 +60,8 @@ class Agent:
         self.env.pop("TMUX", None)
 
     def reply(self, verb: str, *args: str) -> dict[str, t.Any]:
-        proc = subprocess.run(
-            [AGENT_PY, "-m", "remote_payload.agent", "--root", str(self.root), "--tmux-socket",
-             self.socket, verb, *args, "--json"],
-            capture_output=True, env=self.env, timeout=120, check=False)
-        lines = proc.stdout.decode().splitlines()
-        assert len(lines) == 1, f"agent printed {proc.stdout!r}, stderr {proc.stderr!r}"
-        reply = json.loads(lines[0])
-        assert proc.returncode == (0 if reply["ok"] else wire.AGENT_ERROR_RC), reply
-        return reply
+        return run_agent(self.root, verb, *args, python=AGENT_PY, tmux_socket=self.socket,
+                         env=self.env).reply
 
     def data(self, verb: str, *args: str) -> t.Any:
         reply = self.reply(verb, *args)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent_helper import run_agent
+
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = [*sorted(glob.glob("/root/.pyenv/versions/3.10*/bin/python3")), shutil.which("python3.10"),
               "/usr/bin/python3.10"]
@@ -39,10 +41,8 @@ def test_a_job_runs_and_ends_succeeded_under_a_python_3_10_agent(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_TMUX_SOCKET": socket}
     env.pop("TMUX", None)
 
-    def agent(*args: str) -> dict:
-        proc = subprocess.run([PY310, "-m", "remote_payload.agent", "--root", str(tmp_path), *args,
-                               "--json"], capture_output=True, text=True, env=env, timeout=60)
-        return json.loads(proc.stdout)
+    def agent(verb: str, *args: str) -> dict:
+        return run_agent(tmp_path, verb, *args, python=PY310, tmux_socket=socket, timeout=60).reply
 
     try:
         spec = {"job_id": "py310-20261129-000000-abcd", "name": "py310",

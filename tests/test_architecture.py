@@ -1,4 +1,4 @@
-"""The import graph keeps the layers the folder tree shows (issue 10).
+"""The import graph keeps the layers the folder tree shows.
 
 Every import counts, also the ones inside functions (a lazy import that points upwards is
 still an upward arrow). The layers, top to bottom::

@@ -1,6 +1,6 @@
 """opsctl end to end through the real sandbox: loopback sshd -> pct -> LXC -> agent -> tmux.
 
-These are the user's workflows from issue 2; every remote effect is checked in the
+These are the user's workflows; every remote effect is checked in the
 container itself, never through a mock.
 """
 
@@ -46,6 +46,18 @@ CRASHER = textwrap.dedent("""
         raise RuntimeError("boom: simulated crash at model load")
     load_model()
 """)
+
+
+@pytest.fixture(autouse=True, params=["direct", "mux"])
+def transport_mode(request: pytest.FixtureRequest, isolated_env: Path, monkeypatch: pytest.MonkeyPatch):
+    """Every workflow twice: each command on its own SSH connection, and through the connection
+    multiplexer users run with (on by default)."""
+    monkeypatch.setenv("OPSCTL_MUX", "1" if request.param == "mux" else "0")
+    yield request.param
+    if request.param == "mux":
+        from opsctl.remote import mux_client
+
+        mux_client.stop_all()
 
 
 @pytest.fixture

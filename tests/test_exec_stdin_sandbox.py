@@ -1,6 +1,6 @@
 """`opsctl exec` passes the remote exit code through whatever its stdin is — a pipe that
 stays open after the command ended, a file, a closed descriptor, a terminal — with and
-without the connection multiplexer, and never aborts at interpreter shutdown (issue 15 #2)."""
+without the connection multiplexer, and never aborts at interpreter shutdown."""
 
 from __future__ import annotations
 

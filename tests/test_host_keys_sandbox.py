@@ -1,4 +1,4 @@
-"""Host keys against real sshds (issue 15 #4, #6, #12): `host trust` records exactly the key
+"""Host keys against real sshds: `host trust` records exactly the key
 it showed, from one connection; the unknown-key hint names a `--host` that `host trust`
 accepts; a malformed known_hosts line for another host does not stop any command."""
 

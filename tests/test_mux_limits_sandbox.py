@@ -1,4 +1,4 @@
-"""One multiplexer failure never kills the other commands in flight on that host (issue 15 #3).
+"""One multiplexer failure never kills the other commands in flight on that host.
 
 Against a loopback sshd with OpenSSH's default ``MaxSessions 10``: more parallel calls than
 sessions all succeed (queued on the shared connection, or on their own connection), a

@@ -1,4 +1,4 @@
-"""A multiplexer follows the trust state it verified (issue 15 #12): touching known_hosts
+"""A multiplexer follows the trust state it verified: touching known_hosts
 changes nothing (no second mux), editing it retires the old mux once its calls in flight
 have finished — never by killing them — so exactly one mux per host stays live."""
 

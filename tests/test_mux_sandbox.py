@@ -1,4 +1,4 @@
-"""The connection multiplexer (opsctl/mux.py) against the real sandbox sshd: later calls
+"""The connection multiplexer (opsctl/remote/mux_client.py) against the real sandbox sshd: later calls
 reuse it, results are byte-identical to a direct call, it exits when idle, stale sockets
 are replaced, and host-key policy still decides who may be reached."""
 

@@ -1,4 +1,4 @@
-"""Only pct's own refusal is a container error (issue 15 #12): a command that happens to
+"""Only pct's own refusal is a container error: a command that happens to
 print Proxmox's "does not exist" / "not running" text and exit with pct's code keeps its
 own exit code and output; a really missing or stopped container is still reported."""
 

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import os
 import stat
-import subprocess
 import sys
 import typing as t
 from pathlib import Path
+
+from tests.agent_helper import run_agent
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def agent(root: Path, *args: str) -> dict[str, t.Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "remote_payload.agent", "--root", str(root),
-                           "probe", *args, "--json"], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)
-    assert proc.stdout.count("\n") == 1, f"one JSON document on stdout: {proc.stdout!r}"
-    reply: dict[str, t.Any] = json.loads(proc.stdout)
-    assert reply["ok"] is True, reply
-    assert proc.returncode == 0
-    return reply["data"]
+    data: dict[str, t.Any] = run_agent(root, "probe", *args, timeout=120).data
+    return data
 
 
 def fake_python(tmp_path: Path, body: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -15,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from opsctl.cli import cli
+from tests.agent_helper import run_agent
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(120)"
@@ -98,13 +98,9 @@ def test_a_playbook_with_a_cache_policy_still_runs_the_prepare_step(private_root
 def test_launch_with_another_payload_digest_is_refused_before_touching_any_job(tmp_path):
     root = tmp_path / "root"
     spec = {"job_id": "t-1", "name": "t", "command": [sys.executable, "-c", "pass"]}
-    proc = subprocess.run(
-        [sys.executable, "-m", "remote_payload.agent", "--root", str(root), "--tmux-socket",
-         f"opsctl-test-{os.getpid()}", "launch", "--spec-json", json.dumps(spec),
-         "--payload-digest", "f" * 64, "--json"],
-        capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
-    reply = json.loads(proc.stdout)
-    assert proc.returncode == 3, reply
+    reply = run_agent(root, "launch", "--spec-json", json.dumps(spec), "--payload-digest", "f" * 64,
+                      tmux_socket=f"opsctl-test-{os.getpid()}", timeout=60).reply
+    assert reply["ok"] is False, reply
     assert reply["error"]["type"] == "PayloadMismatch"
     assert reply["error"]["fields"]["want"] == "f" * 64
     assert not (root / "jobs").exists()

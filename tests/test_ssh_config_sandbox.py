@@ -1,4 +1,4 @@
-"""A `--host` that is an alias in ~/.ssh/config (issue 15 #12): its HostName, User, Port,
+"""A `--host` that is an alias in ~/.ssh/config: its HostName, User, Port,
 IdentityFile and ProxyJump are honoured unless the inventory or `--host` sets them; the
 jump host's key is checked like any other. HOME is a temporary directory here."""
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import typing as t
 from pathlib import Path
 
 import pytest
 
-from remote_payload import wire
 from remote_payload.agent.torchenv import caches, current_python, job_env
 from remote_payload.agent.torchenv.layout import Layout
+from tests.agent_helper import run_agent
 from tests.wheel_index import (
     build_fake_torches,
     build_wheel,
@@ -33,18 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def agent(root: Path, *args: str) -> tuple[dict[str, t.Any], float]:
     """Run one agent verb like the transport does; returns (reply, wall seconds)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PYTHONPATH"] = str(REPO)
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "remote_payload.agent", "--root", str(root),
-                           *args, "--json"], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-    wall = time.monotonic() - t0
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, f"agent must print one JSON document, got {proc.stdout!r}"
-    reply = json.loads(lines[0])
-    assert proc.returncode == (0 if reply["ok"] else wire.AGENT_ERROR_RC), proc.stderr[-2000:]
-    return reply, wall
+    run = run_agent(root, *args, timeout=300)
+    return run.reply, run.wall_s
 
 
 @pytest.fixture(scope="module")

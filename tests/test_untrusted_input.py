@@ -1,4 +1,4 @@
-"""Untrusted input never crashes or hangs opsctl (issue 15, item 6): hostile files, flags,
+"""Untrusted input never crashes or hangs opsctl: hostile files, flags,
 playbooks and known_hosts lines are refused locally, with exit 2 and one line naming the
 file:line or flag — nothing reaches a remote host (these tests never contact one)."""
 

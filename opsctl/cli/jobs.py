@@ -146,7 +146,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
                             on_update=on_update, lines=lines).status
         else:
             st = watch.fetch_status(tgt.agent, job_id, lines)
-    if as_json:  # no rich on this path: `status --json` is polled by scripts (docs/speed.md)
+    if as_json:  # no rich on this path: `status --json` is polled by scripts (README, Speed)
         from opsctl.cli.jsonout import print_json
 
         print_json(st.model_dump(mode="json"))

@@ -1,7 +1,7 @@
 """click parameter types that refuse bad values at parse time (exit 2, nothing sent).
 
 Why: ``--timeout nan`` or ``--grace -1`` used to reach the remote (``timeout -k 2 nan …``) or
-crash; ``--job ../x`` was only refused by the agent in the container (issue 15, item 6).
+crash; ``--job ../x`` was only refused by the agent in the container.
 """
 
 from __future__ import annotations

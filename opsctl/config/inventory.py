@@ -2,7 +2,7 @@
 
 Files are read from ``$OPSCTL_INVENTORY``, the current directory's ``inventory/``,
 ``$OPSCTL_HOME/inventory/`` (where ``opsctl sandbox up`` writes ``sandbox.yaml``), then the
-bundled one (``opsctl/paths.py``); the first definition of a host name (or of a torch
+bundled one (``opsctl/config/paths.py``); the first definition of a host name (or of a torch
 build's field) wins. ``--host`` also takes a bare address (``10.1.2.6``,
 ``root@10.1.2.6:2222``, ``[::1]:2222``) with defaults user=root, port 22. A host name that is
 an alias in ``~/.ssh/config`` gets its HostName, User, Port, IdentityFile and ProxyJump unless

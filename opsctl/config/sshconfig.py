@@ -1,6 +1,6 @@
 """``~/.ssh/config`` for opsctl hosts: ``HostName``, ``User``, ``Port``, ``IdentityFile`` and
 ``ProxyJump`` of a ``--host`` alias (or an inventory ``address`` that is one) are honoured,
-unless the inventory or the ``--host`` text sets them (issue 15, item 12).
+unless the inventory or the ``--host`` text sets them.
 
 Precedence, like fabric's ``Connection`` (explicit kwarg, then ssh_config, then defaults):
 ``user@host:port`` in ``--host`` > inventory field > ``~/.ssh/config`` > opsctl defaults

@@ -1,4 +1,4 @@
-"""The torch builds table and wheelhouse preparation (local side of issue 3; no torch import).
+"""The torch builds table and wheelhouse preparation (no torch import).
 
 A build is a variant (``cpu``, ``cu128``, ``cu130``, ...) plus a torch release; the variant
 is the wheel's local tag, so the exact pin is ``torch==<version>+<variant>``. Defaults ship

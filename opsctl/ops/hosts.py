@@ -140,7 +140,7 @@ def fetch_host_key(host: str) -> ShownKey:
 def record(shown: ShownKey) -> Path:
     """Append exactly the shown key to the host's known_hosts; returns the file.
 
-    No second connection: a key swapped after it was shown is never recorded (issue 15 #4);
+    No second connection: a key swapped after it was shown is never recorded;
     the next connection then meets the recorded key and refuses a different one.
     """
     kh = Path(shown.spec.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()

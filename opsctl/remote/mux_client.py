@@ -107,7 +107,7 @@ def mux_dir(create: bool = True) -> Path | None:
 def key(spec: HostSpec) -> str:
     """What a mux connection is bound to: identity and the trust state it verified."""
     kh = spec.known_hosts_path()
-    try:  # its content, not its stat: a `touch` must not start a second mux (issue 15 #12)
+    try:  # its content, not its stat: a `touch` must not start a second mux
         kh_state: str | None = hashlib.sha256(kh.read_bytes()).hexdigest()
     except OSError:
         kh_state = None
@@ -281,7 +281,7 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
                 raise TransportError(f"{spec.label}: connection lost during {what}: "
                                      f"{data.decode(errors='replace')}")
     finally:
-        stop_feeding.set()  # never leave a thread reading our stdin (issue 15 item 2)
+        stop_feeding.set()  # never leave a thread reading our stdin
         sock.close()  # on Ctrl-C or a deadline this makes the mux close the channel
         if writer is not None:
             writer.join(timeout=1)

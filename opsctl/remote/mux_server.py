@@ -75,7 +75,7 @@ class Server:
         self.inode: int | None = None
         # sshd refuses a channel beyond its MaxSessions (OpenSSH default 10) per connection:
         # the most it accepted is learned at the first refusal; then calls go to a connection
-        # with a free session, to a new connection, or wait (issue 15 #3).
+        # with a free session, to a new connection, or wait.
         self.conns: list[_Conn] = []
         self.opening = False  # a handshake for an extra connection is under way
         self.last_error: str | None = None  # shown by `opsctl mux status --json`

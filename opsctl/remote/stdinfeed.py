@@ -4,7 +4,7 @@ Why: the thread that forwards ``opsctl exec``'s stdin used to call ``sys.stdin.b
 When the remote command ended first (``sleep 3 | opsctl exec … -- echo hello``) that thread
 was still blocked inside the ``BufferedReader`` holding its lock, and interpreter shutdown
 aborted with ``Fatal Python error: _enter_buffered_busy`` (exit 134) instead of passing the
-exit code through (issue 15, item 2). Here a real file descriptor is read with ``os.read``
+exit code through. Here a real file descriptor is read with ``os.read``
 after ``select`` — no lock that shutdown needs — and the loop stops as soon as the caller sets
 ``stop`` (the command has ended), so the thread is gone before the interpreter is.
 

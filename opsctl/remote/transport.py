@@ -66,7 +66,7 @@ class CommandResult:
     stdout: bytes
     stderr: bytes
     elapsed_s: float
-    via: str = "ssh"  # "mux" when a connection multiplexer ran it (opsctl/mux.py)
+    via: str = "ssh"  # "mux" when a connection multiplexer ran it (opsctl/remote/mux_client.py)
 
     @property
     def ok(self) -> bool:
@@ -99,7 +99,7 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
 
     Unlike paramiko's loader, one malformed line (bad base64, broken key blob, not UTF-8)
     — usually for some other host — is skipped with a one-line warning naming file:line
-    instead of failing every command with a traceback (issue 15, item 6). OpenSSH also
+    instead of failing every command with a traceback. OpenSSH also
     ignores such lines. A host whose own line is unreadable is then simply unknown, and the
     unknown-key refusal says so.
 
@@ -184,7 +184,7 @@ class Remote:
     accept_new_host_key: bool = False
     keepalive_s: int = 15
     #: Reuse a live connection multiplexer for this host and leave one behind after a
-    #: direct connection (opsctl/mux.py; ``OPSCTL_MUX=0`` turns it off).
+    #: direct connection (opsctl/remote/mux_client.py; ``OPSCTL_MUX=0`` turns it off).
     use_mux: bool = True
     _conn: fabric.Connection | None = field(default=None, init=False, repr=False)
 
@@ -281,7 +281,7 @@ class Remote:
         import fabric
         import paramiko
 
-        # ~/.ssh/config was applied once, by opsctl/sshconfig.py, into ``spec``; fabric must
+        # ~/.ssh/config was applied once, by opsctl/config/sshconfig.py, into ``spec``; fabric must
         # not apply it again (its gateways would trust any host key).
         config = fabric.Config(ssh_config=paramiko.SSHConfig())
         return fabric.Connection(spec.address, user=spec.user, port=spec.port, config=config,
@@ -369,7 +369,7 @@ class Remote:
                 classify_pct_failure(self.host, ctid, result, step)
             except (ContainerMissing, ContainerNotRunning):
                 # The command itself may print pct's words and exit with pct's code; only
-                # believe them when the container really is not there (issue 15 #12).
+                # believe them when the container really is not there.
                 if self._container_running(ctid):
                     return result
                 raise
@@ -438,7 +438,7 @@ class Remote:
             raise TransportError(f"{self.host.label}: connection lost during {step or argv[0]}: "
                                  f"{exc}") from None
         finally:
-            stop_feeding.set()  # the command ended: stop reading our stdin (issue 15 item 2)
+            stop_feeding.set()  # the command ended: stop reading our stdin
             chan.close()
         if writer is not None:
             writer.join(timeout=5)
@@ -451,7 +451,7 @@ class Remote:
 #: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
 #: ONE argument of ``$SHELL -c``, and Linux caps a single argument at MAX_ARG_STRLEN = 128 KiB
 #: (32 pages); OpenSSH drops the whole connection (``Bad packet length``) when a packet exceeds
-#: 256 KiB, which kills every other command multiplexed on it (issue 15, item 3). 100 KiB keeps
+#: 256 KiB, which kills every other command multiplexed on it. 100 KiB keeps
 #: a margin for ``sudo``/``timeout``/``pct exec`` words and the channel-request framing. Bigger
 #: inputs go on stdin.
 MAX_COMMAND_BYTES = 100 * 1024

@@ -435,7 +435,7 @@ def _free_port() -> int:
 
 def _port_free(port: int) -> bool:
     """Nobody listens on ``port``. Connections still open to a previous sshd do not count:
-    sshd binds with SO_REUSEADDR too, so a restart keeps the inventory's port (issue 15 #12)."""
+    sshd binds with SO_REUSEADDR too, so a restart keeps the inventory's port."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -26,13 +26,13 @@ VERBS: dict[str, str] = {
     "stop": "remote_payload.agent.verbs.jobs",
     "stacks": "remote_payload.agent.verbs.jobs",
     "jobs": "remote_payload.agent.verbs.jobs",
-    # torch builds and caches (issue 3)
+    # torch builds and caches
     "envs": "remote_payload.agent.verbs.torch",
     "swap": "remote_payload.agent.verbs.torch",
     "cache-info": "remote_payload.agent.verbs.torch",
     "cache-clear": "remote_payload.agent.verbs.torch",
     "cache-seed": "remote_payload.agent.verbs.torch",
-    # compile-race probe (issue 5)
+    # compile-race probe
     "probe": "remote_payload.agent.verbs.probe",
 }
 

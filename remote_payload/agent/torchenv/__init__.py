@@ -1,4 +1,4 @@
-"""Torch builds and compile caches inside the container (issue 3). Stdlib only.
+"""Torch builds and compile caches inside the container. Stdlib only.
 
 Each torch build lives in its own venv ``<root>/envs/torch-<version>-<variant>/`` and
 ``<root>/envs/current`` is a symlink switched atomically, so a swap is reversible in

@@ -311,7 +311,7 @@ def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
 
 
 def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
-    """Cache env vars and python of the current torch build (docs/contracts.md, issue 3).
+    """Cache env vars and python of the current torch build (docs/contracts.md).
 
     Raises
     ------

@@ -1,4 +1,4 @@
-"""Agent verbs for torch builds and compile caches (issue 3); the work is in ``torchenv``.
+"""Agent verbs for torch builds and compile caches; the work is in ``torchenv``.
 
     envs        [--history N]
     swap        --variant V --version X (--index-url URL | --wheelhouse DIR)
