@@ -221,7 +221,7 @@ def _hang(ctx: Context) -> Match | None:
     if stacks:
         ev.append(f"stacks taken at the hang: {stacks.get('saved_to')}")
     where = f"; {stacks['summary']}" if stacks and stacks.get("summary") else ""
-    in_collective = bool(stacks) and any(p.get("collective") for p in stacks.get("processes") or [])
+    in_collective = stacks is not None and any(p.get("collective") for p in stacks.get("processes") or [])
     if known and max(known) >= GPU_IDLE_PCT and not in_collective:
         return Match(f"Quiet for {idle:.0f} s but the GPUs are busy (max {max(known):.0f}%): "
                      "probably a long step or compile that prints nothing" + where,
@@ -516,8 +516,9 @@ def _gpus_busy_at_launch(ctx: Context) -> Match | None:
     if not busy:
         return None
     ev = [f"GPU {b.get('index')}: {b.get('why')}" for b in busy if isinstance(b, dict)]
+    forced = isinstance(pre, dict) and pre.get("forced")
     return Match(f"{len(ev)} GPU(s) this job needs were in use by something else at launch"
-                 + (" (launched with --force)" if pre.get("forced") else ""), _ev(ev))
+                 + (" (launched with --force)" if forced else ""), _ev(ev))
 
 
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<msg>.*))?$")

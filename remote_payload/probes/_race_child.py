@@ -169,7 +169,7 @@ def torch_workload(device_req: str, backward_req: bool, threads: int) -> Workloa
         def step() -> None:
             out = compiled(q, k, v, block_mask=block_mask, scale=scale)
             if backward:
-                out.float().sum().backward()
+                out.float().sum().backward()  # type: ignore[no-untyped-call]
             if device == "cuda":
                 torch.cuda.synchronize()
 

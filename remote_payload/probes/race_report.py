@@ -70,7 +70,7 @@ def _describe_warm(name: str, mode: dict[str, t.Any], threads: int) -> str:
              "compile under the lock")
     st = mode.get("status")
     ths = mode.get("threads") or []
-    warm = next((th for th in ths if th.get("role") == "warm"), {})
+    warm: dict[str, t.Any] = next((th for th in ths if th.get("role") == "warm"), {})
     el = mode.get("elapsed_s")
     secs = f"{el:.0f} s" if isinstance(el, (int, float)) else "?"
     if st == "ok":

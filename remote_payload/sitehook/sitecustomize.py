@@ -12,10 +12,14 @@ is swallowed.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing is not imported at run time: every python of a job loads this
+if TYPE_CHECKING:
+    import typing as t
+
 _dump_file = None  # kept open for the process's lifetime: faulthandler writes to its fd
 
 
-def _dump_target():  # type: ignore[no-untyped-def]
+def _dump_target() -> t.TextIO:
     import os
     import sys
 
