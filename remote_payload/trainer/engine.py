@@ -95,7 +95,7 @@ class Engine:
         for g in self.opt.param_groups:
             g["lr"] = lr
         loss, correct, counted = self.forward_loss(feats, batch)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
         gn = None
         if self.grad_clip > 0:
             gn = torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)

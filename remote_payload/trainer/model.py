@@ -146,7 +146,8 @@ class DraftLayer(nn.Module):
         o = o.transpose(1, 2).reshape(bsz, q_len, self.nh * self.hd)
         x = x + self.o_proj(o)
         hn = self.post_norm(x)
-        return x + self.down(F.silu(self.gate(hn)) * self.up(hn))
+        out: torch.Tensor = x + self.down(F.silu(self.gate(hn)) * self.up(hn))
+        return out
 
 
 class Drafter(nn.Module):
@@ -185,7 +186,8 @@ class Drafter(nn.Module):
         x = block_emb
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_kv, mask)
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)
+        return out
 
 
 # --- loss ----------------------------------------------------------------------
@@ -249,5 +251,6 @@ def lm_head_loss(h: torch.Tensor, head_weight: torch.Tensor, target: torch.Tenso
     """Normalized weighted CE and accuracy. h (T, H), target (T,), w (T,) unnormalized.
     Returns (loss, correct, counted) where accuracy = correct / counted."""
     total = w.sum().clamp_min(1e-6)
-    loss, correct = LMHeadCE.apply(h, head_weight, target, w / total, chunk, chunk_fn)
+    loss, correct = LMHeadCE.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
+        h, head_weight, target, w / total, chunk, chunk_fn)
     return loss, correct, (w > 0).sum()

@@ -66,11 +66,13 @@ class Target(nn.Module):
 
     def __init__(self, model: nn.Module, layer_ids: t.Sequence[int]):
         super().__init__()
-        self.model = model.eval().requires_grad_(False)
+        # a transformers model: its submodules (model.layers, heads) are dynamic attributes
+        self.model: t.Any = model.eval().requires_grad_(False)
         self.layer_ids = tuple(layer_ids)
         self._captured: dict[int, torch.Tensor] = {}
         self._active = False  # hooks only act inside features(), not on plain model calls
-        layers = self.model.model.layers
+        hf: t.Any = self.model
+        layers = hf.model.layers
         last = max(self.layer_ids, default=-1)
         for i in set(self.layer_ids):
             layers[i].register_forward_hook(self._hook(i, stop=i == last))
@@ -124,7 +126,7 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
     if path is not None:
         if not pathlib.Path(path).is_dir():
             raise TrainerConfigError(f"--target-path {path} is not a directory")
-        model = Qwen3ForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
+        model: t.Any = Qwen3ForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
                                                  local_files_only=True)
         if not body:
             del model.model.layers[cfg.target_layers_run:]  # drop what no rank here runs
@@ -134,7 +136,7 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed + 1_000_003)
     with _default_dtype(dtype), torch.device(device), torch.no_grad():
-        model = Qwen3ForCausalLM(hf_cfg)
+        model = Qwen3ForCausalLM(hf_cfg)  # (t.Any: see above)
         # std 2/sqrt(H): with an RMS-normed input the frozen head then gives logits of
         # O(1), so a random target still has a learnable head (0.02 makes them ~0).
         g = torch.Generator(device=device).manual_seed(seed + 17)

@@ -297,8 +297,9 @@ class Trainer:
                 window.tokens += cpu_batch.n_tokens
                 window.timed_steps += 1
                 if self.device.type == "cuda":
-                    window.flops += step_flops(self.cfg, *cpu_batch.input_ids.shape,
-                                               cpu_batch.anchors, cpu_batch.valid)["total"]
+                    rows, seq_len = cpu_batch.input_ids.shape
+                    window.flops += step_flops(self.cfg, rows, seq_len, cpu_batch.anchors,
+                                               cpu_batch.valid)["total"]
             if step % args.log_every == 0 or step == args.steps:
                 self._log_step(step, lr, window)
                 window = _Window(self.device, window.step_time)
@@ -462,10 +463,14 @@ def spawn(argv: list[str], nproc: int) -> int:
     Returns the first non-zero child exit code, else 0. When one rank fails, torch's
     ``ProcessContext.join`` SIGTERMs the others and SIGKILLs what is left after 30 s, so no
     rank keeps holding a GPU (a rank blocked inside a collective ignores SIGTERM)."""
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import (
+        ProcessExitedException,
+        ProcessRaisedException,
+        start_processes,
+    )
 
-    ctx = mp.start_processes(_child, args=(argv, nproc, _free_port()), nprocs=nproc, join=False,
-                             start_method="spawn")
+    ctx = start_processes(_child, args=(argv, nproc, _free_port()),  # type: ignore[no-untyped-call]
+                          nprocs=nproc, join=False, start_method="spawn")
 
     def forward(signum: int, _frame: t.Any) -> None:
         for pid in ctx.pids():
@@ -478,9 +483,9 @@ def spawn(argv: list[str], nproc: int) -> int:
     try:
         while not ctx.join(timeout=1.0):
             pass
-    except mp.ProcessExitedException as e:
+    except ProcessExitedException as e:
         return e.exit_code if e.exit_code and e.exit_code > 0 else 1
-    except mp.ProcessRaisedException as e:
+    except ProcessRaisedException as e:
         print(str(e), flush=True)
         return 1
     finally:
