@@ -2,7 +2,7 @@
 
 A name (``dflash-8gpu``) is looked up in ``./playbooks``, ``$OPSCTL_HOME/playbooks`` (by default
 ``~/.opsctl/playbooks``), then the playbooks bundled with opsctl; the first match wins
-(:func:`opsctl.paths.playbook_dirs`). ``opsctl playbooks`` lists every one with its origin.
+(:func:`opsctl.config.paths.playbook_dirs`). ``opsctl playbooks`` lists every one with its origin.
 
 A playbook says what to run in the container and when it counts as healthy;
 ``torch:`` and ``cache:`` say which torch build and compile-cache policy the

@@ -9,7 +9,7 @@ server goes away (SIGHUP) it takes the job's process group down with it and
 records LOST, so a dead tmux server never leaves orphans behind.
 
 It also watches for hangs (:class:`HangWatch`): when the job has been silent longer than
-its budget (:func:`remote_payload.diagnosis.hang_threshold`), it takes every process's
+its budget (:func:`remote_payload.agent.diagnosis.hang_threshold`), it takes every process's
 stacks at once and records where each rank waits in ``hang.json``, so ``status`` can say
 it without anyone running ``opsctl stacks``.
 """

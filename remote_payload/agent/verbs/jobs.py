@@ -1,6 +1,6 @@
 """Job verbs: ``launch``, ``status``, ``logs``, ``stop``, ``stacks``, ``jobs``.
 
-Each reads or changes ``<root>/jobs/<id>/`` (see :mod:`remote_payload.agent.jobs`)
+Each reads or changes ``<root>/jobs/<id>/`` (see :mod:`remote_payload.agent.jobstore`)
 and returns JSON-able data; ``__main__`` wraps it in the reply envelope.
 ``status`` is on the hot path of every ``opsctl status``/watch poll, so it
 imports nothing heavy (no libtmux) and overlaps its subprocesses.
@@ -79,7 +79,7 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return stacks(root, jobs.resolve_job(root, args.job), timeout=args.timeout)
     if verb == "jobs":
         return list_jobs(root)
-    raise AgentFailure(ErrorType.UnknownVerb, f"verbs_jobs does not handle {verb}")
+    raise AgentFailure(ErrorType.UnknownVerb, f"verbs.jobs does not handle {verb}")
 
 
 def _socket(args: argparse.Namespace) -> str:
