@@ -14,9 +14,9 @@ from opsctl.cli.app import OpsctlGroup, json_option
 def hosts(check: bool, as_json: bool) -> None:
     """Hosts and containers in the inventory (reachability with --check)."""
     from opsctl.cli import render
-    from opsctl.ops import hosts as hostcheck
+    from opsctl.ops import hosts as hosts_ops
 
-    rows = hostcheck.list_hosts(check=check)
+    rows = hosts_ops.list_hosts(check=check)
     if as_json:
         render.print_json([r.to_dict() for r in rows])
         return
@@ -89,14 +89,14 @@ def host() -> None:
 @click.option("--yes", is_flag=True, help="Record the key without asking.")
 def host_trust(host_name: str, yes: bool) -> None:
     """Show the host's key fingerprint and record it in known_hosts."""
-    from opsctl.ops import hosts as hostcheck
+    from opsctl.ops import hosts as hosts_ops
 
-    shown = hostcheck.fetch_host_key(host_name)  # the one connection: shown == recorded
+    shown = hosts_ops.fetch_host_key(host_name)  # the one connection: shown == recorded
     click.echo(f"{host_name}: host key {shown.key.get_name()} {shown.fingerprint}")
     if shown.trusted:
         click.echo("already trusted")
         return
     if not yes and not click.confirm("trust this key?", default=False):
         raise errors.HostKeyError(f"{host_name}: key not trusted")
-    hostcheck.record(shown)
+    hosts_ops.record(shown)
     click.echo("recorded in known_hosts")

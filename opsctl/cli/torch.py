@@ -40,11 +40,11 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
     """Switch the container's torch build (e.g. cu130); the old build stays until the new one verifies."""
     from opsctl.cli import render
     from opsctl.ops import jobs
-    from opsctl.ops import torch as torch_deploy
+    from opsctl.ops import torch as torch_ops
 
     start = time.monotonic()
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        rep = torch_deploy.swap(tgt, variant, version=version, index_url=index_url,
+        rep = torch_ops.swap(tgt, variant, version=version, index_url=index_url,
                                 wheelhouse=wheelhouse, requirements=requirements, dry_run=dry_run,
                                 reinstall=reinstall, progress=_progress(as_json))
     rep["elapsed_s"] = round(time.monotonic() - start, 2)
@@ -136,11 +136,11 @@ def cache_seed(host: str | None, ctid: int | None, accept_new_host_key: bool, pl
     from opsctl.cli import render
     from opsctl.config import playbook as playbook_mod
     from opsctl.ops import jobs
-    from opsctl.ops import torch as torch_deploy
+    from opsctl.ops import torch as torch_ops
 
     book = playbook_mod.load(playbook_path)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        doc = torch_deploy.seed_cache(tgt, book, timeout_s, _progress(as_json))
+        doc = torch_ops.seed_cache(tgt, book, timeout_s, _progress(as_json))
     if as_json:
         render.print_json(doc)
         return
