@@ -1,7 +1,10 @@
 """The command line (click only): one module per command family, rich views in :mod:`.render`.
 
-This is the one place that lists every command. Adding one: write the click command in the
-family's module here (or a new one), the use case in ``opsctl/ops/``, and add it below.
+The group is assembled here, explicitly, from each family's ``COMMANDS`` (nothing registers
+itself as a side effect of an import). Adding a command: write it in its family's module and
+list it in that module's ``COMMANDS``; its use case goes in ``opsctl/ops/``. A new family is
+one more entry in :data:`FAMILIES`. ``tests/test_cli_commands.py`` fails for a command that is
+defined but not listed.
 """
 
 from __future__ import annotations
@@ -9,19 +12,15 @@ from __future__ import annotations
 from opsctl.cli import diag, hosts, jobs, sandbox, torch
 from opsctl.cli.app import cli
 
-COMMANDS = (
-    sandbox.sandbox,
-    jobs.deploy, jobs.status, jobs.logs, jobs.stop, jobs.exec,
-    diag.stacks, diag.probe,
-    torch.swap_torch, torch.envs, torch.cache,
-    hosts.hosts, hosts.playbooks, hosts.mux, hosts.host,
-)
-for command in COMMANDS:
-    cli.add_command(command)
+FAMILIES = (sandbox, jobs, diag, torch, hosts)
+
+for family in FAMILIES:
+    for command in family.COMMANDS:
+        cli.add_command(command)
 
 
 def main() -> None:
     cli(prog_name="opsctl")
 
 
-__all__ = ["cli", "main"]
+__all__ = ["FAMILIES", "cli", "main"]

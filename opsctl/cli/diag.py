@@ -81,3 +81,7 @@ def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         render.print_json(doc)
         return
     render.stacks(render.console(), doc)
+
+
+#: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
+COMMANDS: tuple[click.Command, ...] = (stacks, probe)

@@ -100,3 +100,7 @@ def host_trust(host_name: str, yes: bool) -> None:
         raise errors.HostKeyError(f"{host_name}: key not trusted")
     hosts_ops.record(shown)
     click.echo("recorded in known_hosts")
+
+
+#: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
+COMMANDS: tuple[click.Command, ...] = (hosts, playbooks, mux, host)

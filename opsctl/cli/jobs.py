@@ -229,3 +229,7 @@ def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_
         res = tgt.remote.pct_exec(tgt.ctid, args, timeout=timeout_s, stdin=stdin, on_stdout=w(out),
                                   on_stderr=w(err), step="exec")
     sys.exit(res.rc)
+
+
+#: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
+COMMANDS: tuple[click.Command, ...] = (deploy, status, logs, stop, exec)

@@ -74,3 +74,7 @@ def sandbox_status(as_json: bool) -> None:
         states = ", ".join(f"{c}: {s}" for c, s in st.containers.items())
         click.echo(f"sandbox {'up' if st.healthy else 'DEGRADED'}: sshd "
                    f"{'running' if st.sshd_running else 'stopped'} on 127.0.0.1:{st.info.port}; {states}")
+
+
+#: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
+COMMANDS: tuple[click.Command, ...] = (sandbox,)

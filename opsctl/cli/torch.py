@@ -148,3 +148,7 @@ def cache_seed(host: str | None, ctid: int | None, accept_new_host_key: bool, pl
     click.echo(f"seeded {doc.get('fingerprint')}: compile {cold.get('compile_seconds')} s cold -> "
                f"{seeded.get('compile_seconds')} s seeded (x{doc.get('speedup')}); "
                f"hits {seeded.get('hits')}; reuse proven: {doc.get('reuse_proven')}")
+
+
+#: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
+COMMANDS: tuple[click.Command, ...] = (swap_torch, envs, cache)

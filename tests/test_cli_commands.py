@@ -1,0 +1,32 @@
+"""Every command a family module defines is on ``opsctl`` (the list is explicit, so it can be
+forgotten; this catches that), and the command set is the documented one."""
+
+from __future__ import annotations
+
+import click
+
+from opsctl import cli as cli_pkg
+from opsctl.cli import cli
+
+
+def _reachable(commands: list[click.Command]) -> set[int]:
+    seen: set[int] = set()
+    while commands:
+        c = commands.pop()
+        seen.add(id(c))
+        if isinstance(c, click.Group):
+            commands.extend(c.commands.values())
+    return seen
+
+
+def test_every_command_defined_in_a_family_is_listed():
+    defined = {name: obj for fam in cli_pkg.FAMILIES for name, obj in vars(fam).items()
+               if isinstance(obj, click.Command)}
+    reachable = _reachable(list(cli.commands.values()))
+    assert sorted(n for n, c in defined.items() if id(c) not in reachable) == []
+
+
+def test_the_top_level_commands_are_the_documented_ones():
+    assert sorted(cli.commands) == [
+        "cache", "deploy", "envs", "exec", "host", "hosts", "logs", "mux", "playbooks", "probe",
+        "sandbox", "stacks", "status", "stop", "swap-torch"]
