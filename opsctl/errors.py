@@ -158,3 +158,9 @@ class JobUnhealthy(OpsctlError):
 
 class InvalidTransition(OpsctlError):
     exit_code = INVALID_TRANSITION
+
+
+class Interrupted(OpsctlError):
+    """Ctrl-C during a remote operation; the message says what was already done."""
+
+    exit_code = INTERRUPTED
