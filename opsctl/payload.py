@@ -95,7 +95,13 @@ try:
     man = json.load(open(os.path.join(tmp, "MANIFEST.json")))
 except (tarfile.TarError, OSError, EOFError, ValueError) as e:
     fail("payload transfer broken: %s" % e)
+shipped_manifest = open(os.path.join(tmp, "MANIFEST.json"), "rb").read()
 def verify(d):
+    try:
+        if open(os.path.join(d, "MANIFEST.json"), "rb").read() != shipped_manifest:
+            return "MANIFEST.json differs"
+    except OSError:
+        return "MANIFEST.json missing"
     for rel, want in man["files"].items():
         try:
             got = hashlib.sha256(open(os.path.join(d, rel), "rb").read()).hexdigest()

@@ -255,3 +255,22 @@ def stop_line(job_id: str, state: JobState, signals: list[str], remaining: list[
         line.append(f"; still alive after SIGKILL: pids {', '.join(map(str, remaining))}",
                     style="bold red")
     return line
+
+
+def swap_headline(rep: dict[str, t.Any]) -> Text:
+    """``swap-torch``'s first line; a dry run says what *would* happen (nothing changed)."""
+    action = str(rep.get("action"))
+    if rep.get("dry_run"):
+        verb = {"noop": "already current:", "switch": "would switch to",
+                "install": "would install and switch to"}.get(action, f"would {action}")
+        style = "bold yellow"
+    else:
+        verb = {"noop": "already current:", "switch": "switched to",
+                "install": "installed and switched to"}.get(action, action)
+        style = "bold green"
+    line = Text(safe(f"{verb} {rep.get('build')}"), style=style)
+    line.append(safe(f" (previous: {rep.get('previous') or 'none'}) in "
+                     f"{duration(rep.get('elapsed_s'))}"))
+    if rep.get("dry_run"):
+        line.append(" [dry run: nothing was changed]", style="bold yellow")
+    return line
