@@ -302,7 +302,11 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 @click.option("--offset", type=int, default=0, help="Start at this byte of output.log.")
 def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          follow: bool, offset: int) -> None:
-    """The job's full output (output.log), byte-exact; -f follows until the job ends."""
+    """The job's full output (output.log), byte-exact; -f follows until the job ends.
+
+    Raw on purpose: control sequences the job printed pass through (status and deploy
+    show them inert). -f stays on the job it started with, even if another replaces it.
+    """
     from opsctl import jobs
 
     out = sys.stdout.buffer
@@ -323,7 +327,8 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 @json_option
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          grace_s: float, as_json: bool) -> None:
-    """Stop the job: SIGINT, then SIGTERM to its process group, then SIGKILL."""
+    """Stop the job: SIGINT, then SIGTERM, then SIGKILL to all its processes (its group and
+    detached children); exit 25 when one survives SIGKILL (its pids are shown)."""
     from opsctl import jobs, render
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
