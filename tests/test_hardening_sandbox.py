@@ -329,3 +329,14 @@ def test_ctrl_c_on_deploy_replace_never_launches_the_new_job_later(root, tmp_pat
     names = [n for n in cexec("ls", f"{root}/jobs").split() if not n.startswith(".")]
     assert names == [job_a] or sorted(names) == sorted([job_a, "current"]), names
     assert status()["job_id"] == job_a
+
+
+# --- 12. the deploy verdict ---------------------------------------------------------------
+
+
+def test_deploy_of_a_job_that_finishes_before_the_first_poll_says_it_finished(root, tmp_path):
+    res = run("deploy", "--host", "sandbox", "--ct", CT, "--playbook",
+              str(book(tmp_path, "quick", "print('done')")), "--poll", "1")
+    assert res.exit_code == 0, res.output
+    assert "finished SUCCEEDED (exit code 0)" in res.output, res.output
+    assert "training is running" not in res.output
