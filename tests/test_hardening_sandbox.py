@@ -212,6 +212,8 @@ def test_a_catastrophic_healthy_when_regex_cannot_wedge_the_wrapper(root, tmp_pa
 DETACHER = textwrap.dedent("""
     import os, subprocess, time
     subprocess.Popen(["setsid", "sleep", "1000"])
+    # no marker in its environment either: only the job's cgroup still holds it
+    subprocess.Popen(["env", "-i", "setsid", "sleep", "SCRUBBED"])
     if os.fork() == 0:  # double fork into a new session
         os.setsid()
         if os.fork() == 0:
@@ -228,22 +230,34 @@ def marked(job_id: str) -> list[str]:
     return [ln.split("/")[2] for ln in out.split()]
 
 
+def scrubbed(seconds: str) -> str:
+    return cexec("sh", "-c", f"pgrep -f '^sleep {seconds}$' || true").strip()
+
+
+def detacher(exit_after: int) -> tuple[str, str]:
+    seconds = f"1{uuid.uuid4().int % 10**6:06d}"
+    return DETACHER.replace("EXIT_AFTER", str(exit_after)).replace("SCRUBBED", seconds), seconds
+
+
 def test_stop_ends_detached_children_too(root, tmp_path):
-    job_id = deploy(tmp_path, "detach", DETACHER.replace("EXIT_AFTER", "1000"))["job_id"]
+    script, seconds = detacher(1000)
+    job_id = deploy(tmp_path, "detach", script)["job_id"]
     wait_for(lambda: "spawned" in status(job_id)["output_tail"], what="the children")
     assert len(wait_for(lambda: len(marked(job_id)) >= 3 and marked(job_id))) >= 3
+    assert wait_for(lambda: scrubbed(seconds), what="the scrubbed child")
     res = run("stop", "--host", "sandbox", "--ct", CT, "--job", job_id, "--grace", "2", "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert (doc["state"], doc["remaining_pids"]) == ("CANCELLED", [])
-    assert marked(job_id) == []
+    assert marked(job_id) == [] and scrubbed(seconds) == ""
 
 
 def test_a_job_that_exits_leaves_no_detached_children_behind(root, tmp_path):
-    job_id = deploy(tmp_path, "detach", DETACHER.replace("EXIT_AFTER", "1"))["job_id"]
+    script, seconds = detacher(1)
+    job_id = deploy(tmp_path, "detach", script)["job_id"]
     st = wait_for(lambda: (s := status(job_id))["state"] == "SUCCEEDED" and s, what="the exit")
     assert any("leftover" in e for e in st["evidence"]), st["evidence"]
-    assert marked(job_id) == []
+    assert marked(job_id) == [] and scrubbed(seconds) == ""
 
 
 # --- 9. terminal control sequences -------------------------------------------------------

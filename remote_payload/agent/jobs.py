@@ -41,6 +41,7 @@ STACK_DUMPS = "stack-dumps"
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
 JOB_ENV_MARKER = "OPSCTL_JOB_ID"  # exported to the job by the wrapper; see marked_processes
+JOB_CGROUP_PARENT = "opsctl-jobs"  # <cgroup2 mount>/opsctl-jobs/<job id>; see job_cgroup_create
 # how long status waits for the wrapper to record the exit of a child it saw die
 EXIT_RECORD_WAIT_S = 1.0
 # a launch whose wrapper has not recorded a start after this long is LOST
@@ -346,18 +347,90 @@ def marked_processes(job_id: str, min_ticks: int | None = None) -> list[int]:
     return sorted(pids)
 
 
-def job_processes(job_id: str, pgid: int | None, min_ticks: int | None) -> list[int]:
-    """Every live process of the job: its process group plus the marked detached ones."""
-    return sorted(set(group_members(pgid, min_ticks)) | set(marked_processes(job_id, min_ticks)))
+# --- the job's cgroup (where a writable cgroup2 hierarchy exists) ------------------------
 
 
-def signal_job(job_id: str, pgid: int | None, min_ticks: int | None, sig: int) -> list[int]:
+def cgroup2_mount() -> str | None:
+    """Where the cgroup2 hierarchy is mounted (``/sys/fs/cgroup`` or, hybrid, ``.../unified``)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return left.split(" ")[4]
+    except OSError:
+        pass
+    return None
+
+
+def job_cgroup_create(job_id: str) -> str | None:
+    """A cgroup for the job's processes: no process can leave it by ``setsid``, a double fork
+    or a scrubbed environment. None (the environment marker still applies) where there is no
+    writable cgroup2, e.g. a container without cgroup delegation."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    path = os.path.join(mount, JOB_CGROUP_PARENT, job_id)
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+            return None
+    except OSError:
+        return None
+    return path
+
+
+def _valid_cgroup(path: t.Any) -> bool:
+    return isinstance(path, str) and os.path.basename(os.path.dirname(path)) == JOB_CGROUP_PARENT
+
+
+def cgroup_members(path: str | None, min_ticks: int | None = None) -> list[int]:
+    if not _valid_cgroup(path):
+        return []
+    try:
+        with open(os.path.join(str(path), "cgroup.procs"), encoding="ascii") as f:
+            pids = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+    live = []
+    for pid in pids:
+        st = proc_stat(pid)
+        if st is not None and st[0] not in ("Z", "X") and (min_ticks is None or st[2] >= min_ticks):
+            live.append(pid)
+    return sorted(live)
+
+
+def cgroup_remove(path: str | None) -> None:
+    """Remove the job's cgroup once it is empty (a busy one stays: it holds survivors)."""
+    if _valid_cgroup(path):
+        with contextlib.suppress(OSError):
+            os.rmdir(str(path))
+
+
+def prune_job_cgroups() -> None:
+    """Empty job cgroups left by wrappers that died (rmdir fails on a busy one: kept)."""
+    mount = cgroup2_mount()
+    parent = os.path.join(mount, JOB_CGROUP_PARENT) if mount else None
+    for name in os.listdir(parent) if parent and os.path.isdir(parent) else []:
+        cgroup_remove(os.path.join(str(parent), name))
+
+
+def job_processes(job_id: str, pgid: int | None, min_ticks: int | None,
+                  cgroup: str | None = None) -> list[int]:
+    """Every live process of the job: its process group, its cgroup, and the marked ones."""
+    return sorted(set(group_members(pgid, min_ticks)) | set(marked_processes(job_id, min_ticks))
+                  | set(cgroup_members(cgroup, min_ticks)))
+
+
+def signal_job(job_id: str, pgid: int | None, min_ticks: int | None, sig: int,
+               cgroup: str | None = None) -> list[int]:
     """Send ``sig`` to the job's group and to each of its processes outside it; returns them."""
     group = group_members(pgid, min_ticks)
     if group and pgid:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-    others = [p for p in marked_processes(job_id, min_ticks) if p not in group]
+    others = [p for p in sorted(set(marked_processes(job_id, min_ticks))
+                                | set(cgroup_members(cgroup, min_ticks))) if p not in group]
     for p in others:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, sig)

@@ -267,6 +267,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
 
     for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
         tmux.kill_session(socket, dead)
+    jobs.prune_job_cgroups()  # empty ones of wrappers that died
     wrapper_argv = ["env", f"PYTHONPATH={payload}", sys.executable, "-m",
                     "remote_payload.agent.wrapper", path]
     try:
@@ -437,16 +438,17 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
     rec = jobs.load(root, job_id)
     pgid: int | None = rec.pid.get("pgid")
     ticks: int | None = rec.pid.get("start_ticks")
+    cgroup: str | None = rec.pid.get("cgroup")
     if rec.state.is_terminal():
-        sent, remaining = _escalate(job_id, None, ticks, ((signal.SIGTERM, 2.0),
-                                                          (signal.SIGKILL, 5.0)))
+        sent, remaining = _escalate(job_id, None, ticks, cgroup, ((signal.SIGTERM, 2.0),
+                                                                  (signal.SIGKILL, 5.0)))
         return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
                 "remaining_pids": remaining, "already_terminal": True}
     jobs.request_cancel(root, job_id, reason=reason)
     t0 = time.monotonic()
-    sent, remaining = _escalate(job_id, pgid, ticks, ((signal.SIGINT, grace),
-                                                      (signal.SIGTERM, kill_after),
-                                                      (signal.SIGKILL, 5.0)))
+    sent, remaining = _escalate(job_id, pgid, ticks, cgroup, ((signal.SIGINT, grace),
+                                                              (signal.SIGTERM, kill_after),
+                                                              (signal.SIGKILL, 5.0)))
     # the wrapper records the exit (and so CANCELLED); give it a moment
     jobs.wait_until(lambda: jobs.load(root, job_id).state.is_terminal(), 3.0, 0.02)
     rec = jobs.load(root, job_id)
@@ -455,16 +457,19 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
             "exit_code": (rec.exit or {}).get("exit_code"), "signal": (rec.exit or {}).get("signal")}
 
 
-def _escalate(job_id: str, pgid: int | None, ticks: int | None,
+def _escalate(job_id: str, pgid: int | None, ticks: int | None, cgroup: str | None,
               plan: tuple[tuple[signal.Signals, float], ...]) -> tuple[list[str], list[int]]:
     """Signal the job's processes step by step until none is left; (signals sent, survivors)."""
     sent: list[str] = []
     for sig, wait_s in plan:
-        if not jobs.signal_job(job_id, pgid, ticks, sig):
+        if not jobs.signal_job(job_id, pgid, ticks, sig, cgroup):
             break
         sent.append(sig.name)
-        jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks), wait_s, 0.05)
-    return sent, jobs.job_processes(job_id, pgid, ticks)
+        jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks, cgroup), wait_s, 0.05)
+    left = jobs.job_processes(job_id, pgid, ticks, cgroup)
+    if not left:
+        jobs.cgroup_remove(cgroup)
+    return sent, left
 
 
 # --- stacks -------------------------------------------------------------------

@@ -66,6 +66,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(cgroup: str | None) -> None:
+    """In the child: :func:`_die_with_parent`, then join the job's cgroup (before exec, so
+    every process the job ever starts is in it; best effort)."""
+    _die_with_parent()
+    if cgroup is not None:
+        try:
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
 class Wrapper:
     """One job run: spawn, pump output, track state, record the end."""
 
@@ -100,6 +115,7 @@ class Wrapper:
         self.pending_signals: list[int] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.child_ticks: int | None = None
+        self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
 
     def _f(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -302,7 +318,7 @@ class Wrapper:
         self.write_record(jobs.PID, critical=True, obj={
             "wrapper_pid": me, "wrapper_start_ticks": jobs.start_ticks(me),
             "pid": pid, "pgid": pid, "start_ticks": self.child_ticks, "started_at": started_at,
-            "argv": self.launch.get("argv") or self.spec["command"],
+            "argv": self.launch.get("argv") or self.spec["command"], "cgroup": self.cgroup,
         })
 
     def finish(self, exit_code: int | None, sig: str | None, why: str,
@@ -368,11 +384,12 @@ class Wrapper:
             self.finish(None, None, "cancelled before it started")
             return 0
         argv = self.launch.get("argv") or jobs.job_argv(self.spec)
+        self.cgroup = cgroup = jobs.job_cgroup_create(self.spec["job_id"])
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 cwd=self.spec.get("workdir") or None, env=self.child_env(),
-                preexec_fn=_die_with_parent)
+                preexec_fn=lambda: _child_setup(cgroup))
         except OSError as exc:
             msg = f"[opsctl] cannot start {argv[0]!r}: {exc}\n"
             self.on_output(msg.encode())
@@ -447,18 +464,19 @@ class Wrapper:
     def reap_leftovers(self, pgid: int) -> list[int]:
         """Processes the job left behind after it exited: TERM, then KILL (no orphans).
 
-        Its process group and the detached ones (``setsid``, double fork) that still
-        carry its ``OPSCTL_JOB_ID`` marker (:func:`jobs.marked_processes`).
+        Its process group, its cgroup, and the detached ones (``setsid``, double fork)
+        that still carry its ``OPSCTL_JOB_ID`` marker (:func:`jobs.marked_processes`).
         """
-        job_id = self.spec["job_id"]
-        left = jobs.job_processes(job_id, pgid, self.child_ticks)
-        if not left:
-            return []
+        job_id, ticks, cgroup = self.spec["job_id"], self.child_ticks, self.cgroup
+        left = jobs.job_processes(job_id, pgid, ticks, cgroup)
         for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 1.0)):
-            jobs.signal_job(job_id, pgid, self.child_ticks, sig)
-            if jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, self.child_ticks),
+            if not left:
+                break
+            jobs.signal_job(job_id, pgid, ticks, sig, cgroup)
+            if jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks, cgroup),
                                wait_s, 0.05):
                 break
+        jobs.cgroup_remove(cgroup)
         return left
 
 
