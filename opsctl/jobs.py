@@ -253,8 +253,8 @@ def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) 
         msg = f"{where}; job {job_id} had already been launched (now {doc.get('state')})"
         return Interrupted(msg + (f" and {old_part}" if old_part else ""),
                            hint=f"opsctl stop --job {job_id}  (if you did not want it)")
-    payload_note = " (the new payload is installed)" if "payload-done" in [s["step"] for s in steps] \
-        else ""
+    shipped = any(s["step"] == "payload-done" and s.get("sent") for s in steps)
+    payload_note = " (the new payload is installed)" if shipped else ""
     msg = f"{where}; job {job_id} was not launched and will not be{payload_note}"
     return Interrupted(msg + (f"; {old_part}" if old_part else ""))
 

@@ -591,7 +591,11 @@ def abort(root: str, job_id: str) -> dict[str, t.Any]:
     if old and os.path.isdir(jobs.job_dir(root, old)):
         rec = jobs.load(root, old)
         doc["old_state"] = rec.state.value
-        doc["old_cancel_requested"] = os.path.exists(os.path.join(rec.path, jobs.CANCEL))
+        try:  # sent by this deploy's launch (not by an earlier, unrelated stop)
+            cancel = read_json(os.path.join(rec.path, jobs.CANCEL), {}) or {}
+        except ValueError:  # the empty marker of a full disk
+            cancel = {"reason": f"replaced by job {job_id}"}
+        doc["old_cancel_requested"] = cancel.get("reason") == f"replaced by job {job_id}"
     jobs.prune_abort_markers(root)
     return doc
 

@@ -34,13 +34,14 @@ JobState = wire.JobState
 STATUS_THROTTLE_S = 0.5  # status.json is rewritten at most this often for mere output
 DRAIN_AFTER_EXIT_S = 0.5  # read what grandchildren still hold open, then stop
 MAX_LINE = 1 << 20  # a "line" longer than this is judged as it is (progress bars, binary)
+PR_SET_PDEATHSIG = 1
 # healthy_when.regex is matched against at most this much of a line, for at most this long per
 # line and in total; past either it is switched off with evidence (issue 15: a catastrophic
 # regex must never wedge the wrapper, which also records the exit and acts on stop)
 REGEX_MAX_CHARS = 8192
 REGEX_LINE_BUDGET_S = 0.05
 REGEX_TOTAL_BUDGET_S = 10.0
-# kept free in the job dir so status.json / exit_code can still be written on a full disk
+# kept free in the job dir so that pid / exit_code / hangup can still be written on a full disk
 RESERVE = ".disk-reserve"
 RESERVE_BYTES = 256 * 1024
 
@@ -51,7 +52,6 @@ class _RegexTimeout(Exception):
 
 def _regex_alarm(_signum: int, _frame: t.Any) -> None:
     raise _RegexTimeout
-PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
@@ -242,7 +242,7 @@ class Wrapper:
 
         ``re`` checks for signals while it backtracks, so a SIGALRM raised after
         :data:`REGEX_LINE_BUDGET_S` ends a runaway match; the regex is then switched
-        off with evidence (the job can still become healthy by its timeout's verdict).
+        off with evidence (a deploy waiting for health then ends at its timeout, saying why).
         """
         regex = self.regex
         if regex is None:
