@@ -40,7 +40,8 @@ EXIT_CODES: dict[int, str] = {
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
     INVALID_TRANSITION: "job state machine refused a transition (bug or race)",
-    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running)",
+    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running; an interrupted deploy never "
+                 "launches its job later and says what it already did)",
 }
 
 
