@@ -301,8 +301,12 @@ def test_a_full_disk_in_the_job_dir_kills_neither_the_job_nor_the_agent(root, tm
     st = wait_for(lambda: (s := status(job_id)) and any("disk full" in e for e in s["evidence"])
                   and s, timeout=60, what="the disk to fill")
     assert st["state"] == "RUNNING" and st["alive"], st
-    beat = int(cexec("cat", heartbeat))
-    wait_for(lambda: int(cexec("cat", heartbeat)) > beat + 3, what="the job to keep running")
+    def beat() -> int:  # the job rewrites the file: it may be caught empty
+        text = cexec("cat", heartbeat).strip()
+        return int(text) if text.isdigit() else 0
+
+    first = wait_for(beat, what="a heartbeat")
+    wait_for(lambda: beat() > first + 3, what="the job to keep running")
     logs = CliRunner().invoke(cli, ["logs", "--job", job_id], catch_exceptions=False)
     assert logs.exit_code == 0 and b"line 1 " in logs.stdout_bytes
     res = run("stop", "--host", "sandbox", "--ct", CT, "--job", job_id, "--grace", "2", "--json")
