@@ -150,8 +150,13 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
     outcome = "launched"
     if wait:
         step("watch")
-        result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
-                            poll_s=poll_s, on_update=on_update)
+        try:
+            result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
+                                poll_s=poll_s, on_update=on_update)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{tgt.label}: deploy interrupted while watching: job {job_id} was "
+                              "launched and keeps running",
+                              hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
         status, outcome = result.status, result.reason
     report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
                           time.monotonic() - start, steps)
