@@ -46,6 +46,7 @@ _HINTS = {
     "PayloadMismatch": "run `opsctl deploy` to ship the current payload",
     "DiskFull": "free space in the container (df -h; old jobs/ dirs, caches), then retry",
     "LaunchAborted": "the deploy was interrupted; run it again",
+    "GpusBusy": "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
 }
 
 

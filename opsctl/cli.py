@@ -159,9 +159,12 @@ def _dc(obj: t.Any) -> dict[str, t.Any]:
 @click.option("--no-wait", is_flag=True, help="Launch and return without watching.")
 @click.option("--poll", "poll_s", type=float, default=2.0, show_default=True, help="Poll interval (s).")
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
+@click.option("--force", "force_gpus", is_flag=True,
+              help="Launch although GPUs the job needs are in use by something else (named).")
 @json_option
 def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str | None,
-           replace: bool, no_wait: bool, poll_s: float, force_payload: bool, as_json: bool) -> None:
+           replace: bool, no_wait: bool, poll_s: float, force_payload: bool, force_gpus: bool,
+           as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl import jobs, render
     from opsctl import playbook as playbook_mod
@@ -174,7 +177,8 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         options = dict(replace=replace, wait=not no_wait, poll_s=poll_s,
-                       force_payload=force_payload, prepare=_torch_prepare_hook(book))
+                       force_payload=force_payload, prepare=_torch_prepare_hook(book),
+                       force_gpus=force_gpus)
         with _deploy_progress(err, live=not as_json and err.is_terminal, quiet=as_json) as progress:
             try:
                 report = jobs.deploy(tgt, book, on_update=progress.on_update,

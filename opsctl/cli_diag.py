@@ -103,7 +103,7 @@ def render_probe(con: t.Any, label: str, report: dict[str, t.Any]) -> None:
 @json_option
 def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            timeout_s: float, as_json: bool) -> None:
-    """Every thread's Python stack of the running job (faulthandler via SIGUSR1)."""
+    """Every thread's Python stack of every process of the running job, rank by rank."""
     from opsctl import jobs, render
 
     args = ["--timeout", f"{timeout_s:g}"]
@@ -114,9 +114,4 @@ def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     if as_json:
         render.print_json(doc)
         return
-    con = render.console()
-    con.print(f"{doc.get('job_id')}: {doc.get('threads')} threads in pids "
-              f"{', '.join(map(str, doc.get('pids') or []))}", style="bold")
-    con.print(render.safe(doc.get("dump", ""), newlines=True), markup=False, highlight=False)
-    if doc.get("saved_to"):
-        con.print(f"saved in the container: {doc['saved_to']}", style="dim")
+    render.stacks(render.console(), doc)

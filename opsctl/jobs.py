@@ -119,7 +119,7 @@ PrepareHook = t.Callable[..., dict[str, t.Any]]  # (target, playbook, steps, pro
 def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,
            poll_s: float = watch.DEFAULT_POLL_S, on_update: watch.OnUpdate | None = None,
            on_step: t.Callable[[str], None] | None = None, force_payload: bool = False,
-           prepare: PrepareHook | None = None) -> DeployReport:
+           prepare: PrepareHook | None = None, force_gpus: bool = False) -> DeployReport:
     """Ship the payload, prepare the torch env, launch, and watch until healthy or failed.
 
     ``prepare`` (torch build + compile cache, issue 3) returns the launch spec
@@ -143,7 +143,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
     try:
         status, pay = _ship_and_launch(tgt, book, job_id, step, steps, replace=replace,
                                        force_payload=force_payload, prepare=prepare,
-                                       on_step=on_step)
+                                       on_step=on_step, force_gpus=force_gpus)
     except KeyboardInterrupt:
         raise interrupted_deploy(tgt, job_id, steps) from None
     target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
@@ -167,7 +167,8 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
 def _ship_and_launch(tgt: Target, book: Playbook, job_id: str, step: t.Callable[..., None],
                      steps: list[dict[str, t.Any]], *,
                      replace: bool, force_payload: bool, prepare: PrepareHook | None,
-                     on_step: t.Callable[[str], None] | None) -> tuple[JobStatus, PayloadResult]:
+                     on_step: t.Callable[[str], None] | None,
+                     force_gpus: bool) -> tuple[JobStatus, PayloadResult]:
     status: JobStatus | None = None
     pay: PayloadResult | None = None
     force = force_payload
@@ -180,7 +181,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, job_id: str, step: t.Callable[
         step("launch", job_id=job_id, payload_digest=manifest.digest[:12])
         spec = book.job_spec(job_id, root=tgt.host.root, replace=replace)
         try:
-            status = _launch(tgt, spec, replace, payload_digest=manifest.digest)
+            status = _launch(tgt, spec, replace, force_gpus, payload_digest=manifest.digest)
             pay = PayloadResult(False, manifest.digest, len(manifest.files), 0, 0.0)
             step("payload-done", sent=False, digest=manifest.digest[:12], checked_by="launch")
         except NoPayload:
@@ -204,7 +205,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, job_id: str, step: t.Callable[
         spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
                              python=overrides.get("python"), extra_env=overrides.get("env"))
         step("launch", job_id=job_id)
-        status = _launch(tgt, spec, replace)
+        status = _launch(tgt, spec, replace, force_gpus)
     return status, pay
 
 
@@ -264,13 +265,15 @@ def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) 
     return Interrupted(msg + (f"; {old_part}" if old_part else ""))
 
 
-def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool,
+def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,
             payload_digest: str | None = None) -> JobStatus:
     import json
 
     args = ["--spec-json", json.dumps(spec)]
     if replace:
         args.append("--replace")
+    if force_gpus:
+        args.append("--force-gpus")
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
     return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))

@@ -32,6 +32,50 @@ class DiagnosisItem(_Wire):
     hint: str = ""
 
 
+class ProcessWhere(_Wire):
+    """Where one process of the job waits (from its own stack dump)."""
+
+    pid: int | None = None
+    rank: int | None = None
+    role: str | None = None
+    gpu: str | None = None
+    threads: int = 0
+    where: str = ""
+    collective: str | None = None
+    caller: str | None = None
+    label: str = ""
+
+
+class HangReport(_Wire):
+    """The stacks the agent took when the job went quiet past its budget (``hang.json``)."""
+
+    at: float
+    quiet_since: float
+    idle_s: float
+    threshold_s: float
+    threshold_why: str = ""
+    phase: str | None = None
+    summary: str = ""
+    processes: list[ProcessWhere] = Field(default_factory=list)
+    saved_to: str | None = None
+
+
+class GpuBusy(_Wire):
+    """A GPU that was in use by something outside the job when it was launched."""
+
+    index: int
+    mem_used_mib: float | None = None
+    processes: list[dict[str, t.Any]] = Field(default_factory=list)
+    why: str = ""
+
+
+class Preflight(_Wire):
+    needed: list[int] | None = None  # None: every GPU the container has
+    busy: list[GpuBusy] = Field(default_factory=list)
+    forced: bool = False
+    error: str | None = None
+
+
 class JobStatus(_Wire):
     job_id: str
     name: str = ""
@@ -58,6 +102,10 @@ class JobStatus(_Wire):
     gpu_error: str | None = None
     diagnosis: list[DiagnosisItem] = Field(default_factory=list)
     evidence: list[str] = Field(default_factory=list)
+    hang_threshold_s: float | None = None
+    hang: HangReport | None = None
+    errors: list[dict[str, t.Any]] = Field(default_factory=list)
+    preflight: Preflight | None = None
 
     @property
     def terminal(self) -> bool:

@@ -111,6 +111,13 @@ class Playbook(BaseModel):
     healthy_when: HealthyWhen = Field(default_factory=lambda: HealthyWhen(started=True))
     timeout_s: float = Field(default=600, gt=0)
     expect_tok_s: float | None = Field(default=None, gt=0)
+    # A quiet job (no output, no events) longer than this is named hung, its stacks taken; a
+    # phase the job announces a longer budget for (the trainer's cold compile) gets that one.
+    hang_after_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    phase_budgets_s: dict[str, float] = Field(default_factory=dict)  # {phase: s}, wins over both
+    # GPUs the job uses (nvidia-smi indices); launch refuses when one is held by something
+    # else unless `deploy --force`. Default: CUDA_VISIBLE_DEVICES from env, else every GPU.
+    gpus: list[t.Annotated[int, Field(ge=0)]] | None = None
     torch: TorchSpec | None = None
     cache: t.Literal["keep", "clear", "seed"] = "keep"
     requirements: list[str] = Field(default_factory=list)
@@ -123,6 +130,14 @@ class Playbook(BaseModel):
             if bad:
                 raise ValueError(f"env values must be strings (quote them): {', '.join(map(str, bad))}")
             return {str(k): str(x) for k, x in v.items()}
+        return v
+
+    @field_validator("phase_budgets_s")
+    @classmethod
+    def _budgets_are_positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, x in v.items() if not 0 < x < float("inf")]
+        if bad:
+            raise ValueError(f"phase budgets must be positive seconds: {', '.join(bad)}")
         return v
 
     def new_job_id(self) -> str:
@@ -144,6 +159,9 @@ class Playbook(BaseModel):
             "timeout_s": self.timeout_s,
             "replace": replace,
             "expect_tok_s": self.expect_tok_s,
+            "hang_after_s": self.hang_after_s,
+            "phase_budgets_s": dict(self.phase_budgets_s),
+            "gpus": list(self.gpus) if self.gpus is not None else None,
             "python": python,
         }
 

@@ -274,3 +274,20 @@ def swap_headline(rep: dict[str, t.Any]) -> Text:
     if rep.get("dry_run"):
         line.append(" [dry run: nothing was changed]", style="bold yellow")
     return line
+
+
+def stacks(con: Console, doc: dict[str, t.Any]) -> None:
+    """``opsctl stacks``: a summary line, then each process's dump under its rank/pid/GPU."""
+    procs = doc.get("processes") or []
+    con.print(safe(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
+                   f"{doc.get('summary') or ''}"), style="bold", markup=False, highlight=False)
+    for p in procs:
+        who = " ".join(x for x in (
+            f"rank {p['rank']}" if p.get("rank") is not None else "",
+            p.get("role") or "", f"GPU {p['gpu']}" if p.get("gpu") is not None else "",
+            f"pid {p['pid']}" if p.get("pid") is not None else "") if x)
+        con.print("\n" + safe(f"── {who}: {p.get('label')} ({p.get('threads')} threads) · "
+                              f"{p.get('cmd')}"), style="bold cyan", markup=False, highlight=False)
+        con.print(safe(p.get("dump", ""), newlines=True), markup=False, highlight=False)
+    if doc.get("saved_to"):
+        con.print(safe(f"saved in the container: {doc['saved_to']}"), style="dim", markup=False)

@@ -22,10 +22,13 @@ import typing as t
 
 from remote_payload.probes import stackdump
 
-# Defaults when the status document carries no thresholds (seconds without
-# output or step events before an alive job counts as hung).
-HANG_THRESHOLD_S = 600.0
-COMPILE_HANG_THRESHOLD_S = 1800.0  # a cold torch.compile of a big model takes minutes
+# Seconds without output or events before an alive job counts as hung, unless the job
+# announced a longer budget for its current phase (``budget_s`` on its events) or the
+# playbook says otherwise (``hang_after_s``, ``phase_budgets_s``): see :func:`hang_threshold`.
+DEFAULT_HANG_AFTER_S = 90.0
+# A job that says it compiles but announced no budget (not our trainer): a cold
+# torch.compile of a big model takes minutes.
+UNANNOUNCED_COMPILE_HANG_S = 1800.0
 GPU_IDLE_PCT = 5.0
 THROUGHPUT_WARN_RATIO = 0.5  # warn below half the playbook's expect_tok_s
 MAX_EVIDENCE = 4
@@ -161,15 +164,38 @@ def _activity_times(ctx: Context) -> list[float]:
     return [x for x in times if x is not None]
 
 
+def hang_threshold(status: t.Mapping[str, t.Any]) -> tuple[float, str]:
+    """Seconds of silence after which the job is hung, and why that many.
+
+    One rule for the wrapper's watch (which takes the stacks) and ``status``'s diagnosis.
+    Order: the playbook's budget for the current phase; else the budget the job announced for
+    it, when longer than the playbook's ``hang_after_s`` (default 90 s); else that.
+    """
+    phase = str(status.get("phase") or "")
+    per_phase = status.get("phase_budgets_s") or {}
+    if isinstance(per_phase, dict) and _num(per_phase.get(phase)):
+        return float(per_phase[phase]), f"playbook phase_budgets_s.{phase}"
+    floor = _num(status.get("hang_after_s"))
+    why = "playbook hang_after_s" if floor else "default"
+    floor = floor or DEFAULT_HANG_AFTER_S
+    budget = _num(status.get("budget_s"))
+    if budget is not None:
+        if budget > floor:
+            return budget, f"announced by the job for phase {phase or '?'}"
+        return floor, why
+    compiling = status.get("state") == "COMPILING" or phase in ("compiling", "warmup")
+    if compiling and floor < UNANNOUNCED_COMPILE_HANG_S:
+        return UNANNOUNCED_COMPILE_HANG_S, "compiling, no budget announced"
+    return floor, why
+
+
 def _hang(ctx: Context) -> Match | None:
     st = ctx.status
     state = str(st.get("state") or "")
     if not st.get("alive") or state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST", "PENDING"):
         return None
     compiling = state == "COMPILING" or str(st.get("phase") or "") in ("compiling", "warmup")
-    thr = _num(st.get("compile_hang_threshold_s" if compiling else "hang_threshold_s"))
-    if thr is None:
-        thr = COMPILE_HANG_THRESHOLD_S if compiling else HANG_THRESHOLD_S
+    thr, thr_why = hang_threshold(st)
     times = _activity_times(ctx)
     started = _num(st.get("started_at")) or _num(st.get("created_at"))
     if times:
@@ -183,23 +209,40 @@ def _hang(ctx: Context) -> Match | None:
         return None
     utils = [_num(g.get("util_pct")) for g in st.get("gpus") or []]
     known = [u for u in utils if u is not None]
-    ev = [f"{what} for {idle:.0f} s (threshold {thr:.0f} s{' while compiling' if compiling else ''}"
-          f", state {state or '?'})"]
+    ev = [f"{what} for {idle:.0f} s (threshold {thr:.0f} s: {thr_why}; state {state or '?'}, "
+          f"phase {st.get('phase') or '?'})"]
     step = st.get("last_step")
     if step:
         ev.append(f"last step event: step {step.get('step')}, tok_s {step.get('tok_s')}")
     if known:
         ev.append("GPU util: " + ", ".join(f"{u:.0f}%" for u in known))
-    if known and max(known) >= GPU_IDLE_PCT:
+    stacks = _hang_stacks(st, last)
+    if stacks:
+        ev.append(f"stacks taken at the hang: {stacks.get('saved_to')}")
+    where = f"; {stacks['summary']}" if stacks and stacks.get("summary") else ""
+    in_collective = bool(stacks) and any(p.get("collective") for p in stacks.get("processes") or [])
+    if known and max(known) >= GPU_IDLE_PCT and not in_collective:
         return Match(f"Quiet for {idle:.0f} s but the GPUs are busy (max {max(known):.0f}%): "
-                     "probably a long step or compile that prints nothing",
-                     ev, severity="info",
-                     hint="`opsctl stacks` shows what every thread is doing; print progress more "
-                          "often if this is expected")
-    gpu_word = "GPUs idle" if known else "GPU load unknown"
+                     "probably a long step or compile that prints nothing" + where,
+                     ev, severity="warning",
+                     hint="`opsctl stacks` shows what every process is doing; print progress "
+                          "more often (or raise the playbook's hang_after_s) if this is expected")
+    gpu_word = ("GPUs busy only waiting (NCCL kernels spin in a stuck collective)"
+                if known and max(known) >= GPU_IDLE_PCT else "GPUs idle" if known else "GPU load unknown")
     return Match(f"Looks hung: alive, {what} for {idle:.0f} s, {gpu_word}"
-                 + (" (stuck compiling?)" if compiling else ""), ev,
-                 severity="error" if known else "warning")
+                 + (" (stuck compiling?)" if compiling and not where else "") + where, ev,
+                 severity="error" if known or in_collective else "warning")
+
+
+def _hang_stacks(st: t.Mapping[str, t.Any], quiet_since: float) -> dict[str, t.Any] | None:
+    """The stacks the wrapper took in this quiet spell (not in an earlier one)."""
+    hang = st.get("hang")
+    if not isinstance(hang, dict):
+        return None
+    since = _num(hang.get("quiet_since"))
+    if since is None or since + 1.0 < quiet_since:
+        return None
+    return hang
 
 
 _OOM_NEW = re.compile(
@@ -438,6 +481,44 @@ def _throughput(ctx: Context) -> Match | None:
                  f"{expect / 1000:.1f} Ktok/s", ev)
 
 
+# A rank failing because another one died first says nothing about the cause.
+_CONSEQUENCE = ("Connection closed by peer", "remote worker crashing", "Connection reset by peer",
+                "NCCL communicator was aborted", "Broken pipe", "ProcessGroupNCCL is aborted",
+                "has been aborted", "Socket Timeout")
+
+
+def _rank_failed(ctx: Context) -> Match | None:
+    errs = [e for e in ctx.status.get("errors") or []
+            if isinstance(e, dict) and isinstance(e.get("rank"), int)]
+    ranks = sorted({int(e["rank"]) for e in errs})
+    if not any(r != 0 for r in ranks):  # one process (or only rank 0 spoke): python_exception
+        return None
+
+    def is_consequence(e: dict[str, t.Any]) -> bool:
+        return any(c in str(e.get("message") or "") for c in _CONSEQUENCE)
+
+    first = min(errs, key=lambda e: (is_consequence(e), _num(e.get("_at")) or 0.0))
+    gpu = f" (GPU {first['gpu']})" if first.get("gpu") not in (None, "") else ""
+    msg = str(first.get("message") or "").strip()
+    others = [r for r in ranks if r != first["rank"]]
+    summary = (f"Rank {first['rank']}{gpu} failed: {first.get('type') or 'Error'}"
+               + (f": {msg}" if msg else ""))
+    if others:
+        summary += f"; rank(s) {', '.join(map(str, others))} failed after it"
+    ev = [f"rank {e['rank']}: {e.get('type')}: {e.get('message')}" for e in errs]
+    return Match(summary, _ev(ev))
+
+
+def _gpus_busy_at_launch(ctx: Context) -> Match | None:
+    pre = ctx.status.get("preflight")
+    busy = pre.get("busy") if isinstance(pre, dict) else None
+    if not busy:
+        return None
+    ev = [f"GPU {b.get('index')}: {b.get('why')}" for b in busy if isinstance(b, dict)]
+    return Match(f"{len(ev)} GPU(s) this job needs were in use by something else at launch"
+                 + (" (launched with --force)" if pre.get("forced") else ""), _ev(ev))
+
+
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<msg>.*))?$")
 
 
@@ -460,8 +541,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("fx_tracing_race", "error", FX_RACE_FIXES, _fx_race),
     Signature("compile_hang_stacks", "warning", FX_RACE_FIXES, _compile_hang_stacks),
     Signature("hang", "error",
-              "Run `opsctl stacks` to see every thread's Python stack (stuck in torch.compile? in "
-              "a collective? in data loading?), then decide whether to `opsctl stop` it.", _hang),
+              "The stacks above were taken when the job went quiet (`opsctl stacks` takes them "
+              "again): a rank that is not in a collective is the one the others wait for; stuck "
+              "in torch.compile, data loading or a dead peer? Then `opsctl stop` it.", _hang),
     Signature("cuda_oom", "error", "Lower token_budget / max_batch_size.", _cuda_oom),
     Signature("nccl_timeout", "error",
               "One rank stopped reaching the collective (crashed, hung, or far slower, e.g. still "
@@ -487,11 +569,21 @@ SIGNATURES: tuple[Signature, ...] = (
               "arch: `opsctl envs` / swap to a matching build.", _cuda_mismatch),
     Signature("missing_module", "error", "Install the missing package into the job's env.",
               _missing_module),
+    Signature("rank_failed", "error",
+              "The first rank to fail is the cause; the job brings the other ranks down with it "
+              "(no orphan holds a GPU). `opsctl logs` has its traceback; an NCCL watchdog "
+              "timeout also left flight-recorder dumps in the job's flight-recorder/ folder "
+              "(`python -m torch.distributed.flight_recorder.fr_trace <folder> -p rank_`).",
+              _rank_failed),
     Signature("killed_by_signal", "error", "See `opsctl logs`.", _killed_by_signal),
     Signature("throughput_regression", "warning",
               "Common causes: uncompiled flex_attention or recompile-limit fallbacks (see other "
               "findings), force_compile_during_fx_trace, another process on the GPUs "
               "(nvidia-smi), data loading stalls.", _throughput),
+    Signature("gpus_busy_at_launch", "warning",
+              "A leftover process (the incident had one) or another container holds these GPUs: "
+              "expect OOM or slow steps. `opsctl exec -- nvidia-smi` names what runs; stop it.",
+              _gpus_busy_at_launch),
     Signature("python_exception", "error", "`opsctl logs` shows the full traceback.",
               _python_exception),
 )

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import signal
 import typing as t
 
 AGENT_PROTOCOL = 1
@@ -80,6 +82,11 @@ EVENT_DONE = "done"  # {"event":"done","step":int,"reason":"finished|SIGINT|SIGT
 # The trainer also emits resume, cache, cache_artifacts, cache_artifacts_loaded and replicas
 # (docs/trainer.md); the probe emits probe_report. Any object with a string "event" is an event.
 
+# Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no
+# event) before opsctl calls it hung. The trainer announces one per phase (loading, each
+# bucket's compile, training steps); the agent's hang check uses the latest one.
+FIELD_BUDGET = "budget_s"
+
 PHASE_TO_STATE: dict[str, JobState] = {
     "loading": JobState.SETTING_UP,
     "setup": JobState.SETTING_UP,
@@ -124,3 +131,45 @@ def error_reply(verb: str, type_: str, message: str, **fields: t.Any) -> dict[st
         "agent_version": AGENT_PROTOCOL,
         "error": {"type": type_, "message": message, "fields": fields},
     }
+
+
+# --- per-process files of a job -------------------------------------------------
+#
+# Every python process of a job has two files in ``<job dir>/procs/``: ``<pid>.stacks``, where
+# the sitehook points faulthandler (a dump per process, never interleaved with the job's
+# output or another process's dump), and ``<pid>.json``, where a process that knows its place
+# (the trainer: rank, role, GPU) says so. The agent reads both for ``stacks`` and hang reports.
+
+#: The signal that makes a job's python process dump every thread's stack (the sitehook arms
+#: it). A private real-time signal: native libraries may take SIGUSR1 over (seen on an H200
+#: with CUDA torch: SIGUSR1 stayed "caught" but no dump came); nothing else uses this one.
+STACKS_SIGNAL = signal.SIGRTMIN + 7
+PROCS_DIR = "procs"
+ENV_JOB_DIR = "OPSCTL_JOB_DIR"  # exported to every job process by the wrapper
+
+
+def proc_stacks_path(job_dir: str, pid: int) -> str:
+    return os.path.join(job_dir, PROCS_DIR, f"{pid}.stacks")
+
+
+def proc_info_path(job_dir: str, pid: int) -> str:
+    return os.path.join(job_dir, PROCS_DIR, f"{pid}.json")
+
+
+def announce_process(**info: t.Any) -> None:
+    """Record this process's place in the job (rank, role, gpu...) for ``stacks``/hang reports.
+
+    A no-op outside an opsctl job; never raises (it must not break the job)."""
+    job_dir = os.environ.get(ENV_JOB_DIR)
+    if not job_dir:
+        return
+    pid = os.getpid()
+    path = proc_info_path(job_dir, pid)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"pid": pid, **info}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -206,3 +206,80 @@ def read_sample(path: str, now: float) -> tuple[list[Gpu], str | None, float] | 
     if not sample.get("static") and not 0 <= now - at <= SAMPLE_MAX_AGE_S:
         return None
     return list(sample.get("gpus") or []), sample.get("gpu_error"), at
+
+
+# --- launch preflight -----------------------------------------------------------------
+
+PREFLIGHT_FILE = "preflight.json"
+BUSY_MEM_MIB = 1024.0  # an idle H200 shows 0-5 MiB used; a leftover process holds GiBs
+_APPS_ARGS = ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
+              "--format=csv,noheader,nounits")
+_IDS_ARGS = ("--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits")
+
+
+def needed_gpus(spec: dict[str, t.Any]) -> list[int] | None:
+    """The GPU indices a job uses: the spec's ``gpus``, else its ``CUDA_VISIBLE_DEVICES``,
+    else None (every GPU the container has)."""
+    listed = spec.get("gpus")
+    if isinstance(listed, list):
+        return [int(x) for x in listed]
+    visible = str((spec.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "")
+    parts = [p.strip() for p in visible.split(",") if p.strip()]
+    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
+
+
+def preflight(needed: list[int] | None, own_pids: t.Collection[int] = (),
+              smi: str | None = None) -> dict[str, t.Any]:
+    """GPUs (of ``needed``) in use by something other than ``own_pids``, before a launch.
+
+    Memory counts too: from inside an LXC container nvidia-smi cannot see the processes of the
+    host or of other containers, only the memory they hold. ``{"needed", "busy": [...],
+    "error"}``; no nvidia-smi is no GPU, not an error.
+    """
+    smi = smi or shutil.which("nvidia-smi")
+    out: dict[str, t.Any] = {"needed": needed, "busy": [], "error": None}
+    if smi is None:
+        return out
+    try:
+        ids = _smi_rows(smi, _IDS_ARGS, 3)
+        apps = _smi_rows(smi, _APPS_ARGS, 4)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        out["error"] = f"nvidia-smi: {exc}"
+        return out
+    by_uuid: dict[str, list[dict[str, t.Any]]] = {}
+    for uuid, pid, mem, name in apps:
+        by_uuid.setdefault(uuid, []).append({"pid": int(pid) if pid.isdigit() else None,
+                                             "mem_mib": _num(mem), "name": name})
+    for index_s, uuid, used_s in ids:
+        index = int(index_s)
+        if needed is not None and index not in needed:
+            continue
+        procs = by_uuid.get(uuid, [])
+        mine = [p for p in procs if p["pid"] in own_pids]
+        foreign = [p for p in procs if p not in mine]
+        used = (_num(used_s) or 0.0) - sum(p["mem_mib"] or 0.0 for p in mine)
+        if foreign or used > BUSY_MEM_MIB:
+            why = (f"{len(foreign)} process(es) from outside this job: "
+                   + ", ".join(f"pid {p['pid']} {p['name']}" for p in foreign)) if foreign else (
+                f"{used / 1024:.1f} GiB used by processes this container cannot see "
+                "(the host or another container)")
+            out["busy"].append({"index": index, "mem_used_mib": used, "processes": foreign,
+                                "why": why})
+    return out
+
+
+def _smi_rows(smi: str, args: t.Sequence[str], width: int) -> list[list[str]]:
+    proc = subprocess.run([smi, *args], capture_output=True, timeout=SMI_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode != 0:
+        raise ValueError(f"exited {proc.returncode}: "
+                         f"{proc.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+    rows = []
+    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+        if not line.strip() or "No running" in line:
+            continue
+        parts = [p.strip() for p in line.split(",", width - 1)]
+        if len(parts) != width:
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        rows.append(parts)
+    return rows

@@ -37,6 +37,7 @@ ABORTED = ".aborted"  # in jobs/: one marker per job id an interrupted deploy mu
 ABORT_MARKER_TTL_S = 7 * 86400
 DISK_LOW_BYTES = 1 << 20  # below this much free space in the job dir, status says "disk full"
 STACK_DUMPS = "stack-dumps"
+HANG = "hang.json"  # the wrapper's record of a quiet spell past the job's budget, with stacks
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
@@ -199,6 +200,18 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
                                 or timeout <= 0):
         raise _bad("timeout_s must be a positive number or null", "timeout_s")
+    hang_after = spec.get("hang_after_s")
+    if hang_after is not None and not _positive(hang_after):
+        raise _bad("hang_after_s must be a positive number or null", "hang_after_s")
+    budgets = spec.get("phase_budgets_s") or {}
+    if not (isinstance(budgets, dict) and all(isinstance(k, str) and _positive(v)
+                                              for k, v in budgets.items())):
+        raise _bad("phase_budgets_s must map phase names to positive seconds", "phase_budgets_s")
+    spec["phase_budgets_s"] = budgets
+    gpu_list = spec.get("gpus")
+    if gpu_list is not None and not (isinstance(gpu_list, list) and all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpu_list)):
+        raise _bad("gpus must be a list of GPU indices or null", "gpus")
     python = spec.get("python")
     if python is not None and not (isinstance(python, str) and python):
         raise _bad("python must be a path", "python")
@@ -211,6 +224,10 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
         raise _bad(f"job_id {job_id!r} must match {JOB_ID_RE.pattern}", "job_id")
     spec["job_id"] = job_id
     return spec
+
+
+def _positive(x: t.Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
 def _validate_healthy(hw: t.Any) -> dict[str, t.Any]:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -25,17 +23,12 @@ from remote_payload.agent.common import AgentFailure, read_json, write_json_atom
 JobState = jobs.JobState
 
 DEFAULT_LINES = 20
-#: Stack dumps: the sitehook's private real-time signal (keep equal to sitecustomize's).
-STACKS_SIGNAL = signal.SIGRTMIN + 7
 DIAGNOSIS_LINES = 200  # diagnosis sees more of the log than the user asked to display
 EVENTS_TAIL = 5
 LAUNCH_WAIT_S = 5.0
 DEFAULT_GRACE_S = 30.0
 DEFAULT_KILL_AFTER_S = 10.0
 LOGS_MAX_BYTES = 256 * 1024
-STACKS_SETTLE_S = 0.2
-DUMP_HEADER = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
-DUMP_LINE = re.compile(r"^(?:  File \".*\", line \d+|  <no Python frame>|  \.\.\.|$)")
 
 
 def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
@@ -44,6 +37,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--replace", action="store_true", help="stop a running job first")
         p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                        help="with --replace: seconds between SIGINT and SIGTERM")
+        p.add_argument("--force-gpus", action="store_true",
+                       help="launch although GPUs it needs are in use by something else")
         p.add_argument("--payload-digest", default=None,
                        help="launch only if the installed payload has this digest (deploy's "
                             "unchanged-payload fast path: one round trip instead of two)")
@@ -73,7 +68,7 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
                 _refuse_if_running(root)
             _check_payload_digest(args.payload_digest)
         return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
-                      socket=_socket(args))
+                      socket=_socket(args), force_gpus=args.force_gpus)
     if verb == "status":
         return status_document(root, jobs.resolve_job(root, args.job), lines=args.lines)
     if verb == "logs":
@@ -154,6 +149,13 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         "healthy_when": rec.spec.get("healthy_when"),
         "timeout_s": rec.spec.get("timeout_s"),
         "expect_tok_s": rec.spec.get("expect_tok_s"),  # diagnosis warns on throughput regressions
+        "hang_after_s": rec.spec.get("hang_after_s"),
+        "phase_budgets_s": rec.spec.get("phase_budgets_s") or {},
+        "budget_s": st.get("budget_s"),  # the job's own announcement for its current phase
+        "hang_threshold_s": None,
+        "hang": read_json(os.path.join(rec.path, jobs.HANG), None),
+        "errors": st.get("errors") or [],
+        "preflight": read_json(os.path.join(rec.path, gpus.PREFLIGHT_FILE), None),
         "transitions": st.get("transitions") or [],
         "now": now,
     }
@@ -164,8 +166,18 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         doc["gpus"], doc["gpu_error"] = gpu_query.result()
     elif sample is not None:
         doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
+    doc["hang_threshold_s"] = _hang_threshold(doc)
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
     return doc
+
+
+def _hang_threshold(doc: dict[str, t.Any]) -> float | None:
+    try:
+        from remote_payload import diagnosis
+
+        return diagnosis.hang_threshold(doc)[0]
+    except Exception:  # diagnosis not shipped or broken: _diagnose reports it
+        return None
 
 
 def _diagnose(tail: list[str], events: list[dict[str, t.Any]], doc: dict[str, t.Any],
@@ -198,17 +210,18 @@ def _diag_failure(exc: BaseException) -> dict[str, t.Any]:
 
 
 def launch(root: str, spec_json: str, *, replace: bool, grace: float,
-           socket: str) -> dict[str, t.Any]:
+           socket: str, force_gpus: bool = False) -> dict[str, t.Any]:
     """Create ``jobs/<id>/`` and start the wrapper in tmux; return the first status document.
 
     Raises
     ------
     AgentFailure
-        ``BadSpec``, ``JobAlreadyRunning`` (without ``--replace``), ``JobExists``,
+        ``BadSpec``, ``JobAlreadyRunning`` (without ``--replace``), ``GpusBusy`` (without
+        ``--force-gpus``; checked before the running job is touched), ``JobExists``,
         ``LaunchAborted`` (the deploy was interrupted: ``abort``), ``TmuxFailed`` or
         ``LaunchFailed`` (the wrapper never recorded a start).
     """
-    from remote_payload.agent import tmux
+    from remote_payload.agent import gpus, tmux
 
     try:
         raw = json.loads(spec_json)
@@ -222,6 +235,18 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     spec["env"] = {**build_env, **spec["env"]}  # the spec's own values win
     if build_python and not spec.get("python"):
         spec["python"] = build_python
+
+    current = _refuse_if_running(root, replace=replace)
+    running = jobs.load(root, current) if current is not None else None
+    # GPUs held by anything but the job being replaced (a leftover process, another container)
+    own = jobs.job_processes(running.job_id, running.pid.get("pgid"), running.pid.get("start_ticks"),
+                             running.pid.get("cgroup")) if running else []
+    check = gpus.preflight(gpus.needed_gpus(spec), own)
+    check["forced"] = force_gpus
+    if check["busy"] and not force_gpus:
+        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
+        raise AgentFailure("GpusBusy", f"GPUs this job needs are in use: {names}",
+                           busy=check["busy"], needed=check["needed"])
 
     path = jobs.job_dir(root, job_id)
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
@@ -258,6 +283,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
             "transitions": [[JobState.PENDING.value, now, "launched"]],
         })
         open(os.path.join(path, jobs.OUTPUT), "ab").close()
+        write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
         jobs.set_current_job(root, job_id)
     except OSError:  # e.g. a full disk: no half-made job dir is left to look PENDING forever
         import shutil
@@ -476,92 +502,36 @@ def _escalate(job_id: str, pgid: int | None, ticks: int | None, cgroup: str | No
 
 
 def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
-    """Make the job's python processes dump all thread stacks (SIGUSR1 via sitecustomize).
-
-    Only processes that installed a SIGUSR1 handler are signalled: for any
-    other, SIGUSR1's default action would kill it.
+    """Every python process of the job dumps all its threads' stacks into its own file.
 
     Raises
     ------
     AgentFailure
         ``JobNotRunning`` or ``NoStacks`` (no python process, no handler, no dump).
     """
+    from remote_payload.agent import stacks as stacks_mod
+
     rec = jobs.load(root, job_id)
     if rec.state.is_terminal() or not rec.alive:
         raise AgentFailure("JobNotRunning", f"job {job_id} is {rec.state.value}; no stacks",
                            job_id=job_id, state=rec.state.value)
-    members = jobs.group_members(rec.pid.get("pgid"), rec.pid.get("start_ticks"))
-    pythons = [p for p in members if jobs.is_python(p)]
-    if not pythons:
-        raise AgentFailure("NoStacks", f"job {job_id} has no python process (pids {members})",
-                           job_id=job_id, pids=members)
-    # the private signal first (nothing else takes it over), SIGUSR1 for older sitehooks
-    plan = {p: next((s for s in (STACKS_SIGNAL, signal.SIGUSR1) if jobs.catches_signal(p, s)), None)
-            for p in pythons}
-    armed = [p for p, s in plan.items() if s is not None]
+    armed, unarmed = stacks_mod.armed_pythons(rec.pid.get("pgid"), rec.pid.get("start_ticks"))
     if not armed:
-        raise AgentFailure(
-            "NoStacks", f"python pids {pythons} have no stack-dump handler (sitecustomize not "
-            "loaded, e.g. python -I/-S); not signalled because the signal would kill them",
-            job_id=job_id, pids=pythons)
-    log = os.path.join(rec.path, jobs.OUTPUT)
-    start = os.path.getsize(log)
-    for p in armed:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, plan[p])  # type: ignore[arg-type]
-    text, end = _wait_for_dump(log, start, timeout)
-    dump = _dump_lines(text)
-    if not dump:
-        raise AgentFailure("NoStacks", f"signalled {armed} but no stack dump appeared in "
-                           f"{log} within {timeout:g}s", job_id=job_id, pids=armed)
-    dumps_dir = os.path.join(rec.path, jobs.STACK_DUMPS)
-    os.makedirs(dumps_dir, exist_ok=True)
-    saved = os.path.join(dumps_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{start}.txt")
-    with open(saved, "w", encoding="utf-8") as f:
-        f.write("\n".join(dump) + "\n")
-    return {"job_id": job_id, "pids": armed, "offset_start": start, "offset_end": end,
-            "threads": sum(1 for ln in dump if DUMP_HEADER.match(ln)),
-            "dump": "\n".join(dump), "saved_to": saved}
-
-
-def _wait_for_dump(log: str, start: int, timeout: float) -> tuple[str, int]:
-    """Wait for a dump header after ``start``, then until the log stops growing."""
-    deadline = time.monotonic() + timeout
-    seen_at: float | None = None
-    last_size = start
-    dump_len = 0
-    text = ""
-    while time.monotonic() < deadline:
-        size = os.path.getsize(log)
-        if size != last_size:
-            with open(log, "rb") as f:
-                f.seek(start)
-                text = f.read(size - start).decode("utf-8", "replace")
-            last_size = size
-            dumped = len(_dump_lines(text))
-            if dumped != dump_len:  # the dump is still coming (a busy job's output is not)
-                dump_len, seen_at = dumped, time.monotonic()
-        if seen_at is not None and time.monotonic() - seen_at >= STACKS_SETTLE_S:
-            break
-        time.sleep(0.02)
-    return text, last_size
-
-
-def _dump_lines(text: str) -> list[str]:
-    """The faulthandler blocks in ``text``, without the job's other output."""
-    out: list[str] = []
-    inside = False
-    for ln in text.splitlines():
-        if DUMP_HEADER.match(ln):
-            inside = True
-            out.append(ln)
-        elif inside and DUMP_LINE.match(ln):
-            out.append(ln)
-        else:
-            inside = False
-    while out and not out[-1].strip():
-        out.pop()
-    return out
+        members = jobs.group_members(rec.pid.get("pgid"), rec.pid.get("start_ticks"))
+        why = (f"python pids {unarmed} have no stack-dump handler (sitecustomize not loaded, e.g. "
+               "python -I/-S); not signalled because the signal would kill them" if unarmed
+               else f"job {job_id} has no python process (pids {members})")
+        raise AgentFailure("NoStacks", why, job_id=job_id, pids=unarmed or members)
+    procs = stacks_mod.capture(rec.path, armed, timeout=timeout)
+    if not procs:
+        raise AgentFailure("NoStacks", f"signalled {armed} but no stack dump appeared within "
+                           f"{timeout:g}s", job_id=job_id, pids=armed)
+    saved = stacks_mod.save(rec.path, procs, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    return {"job_id": job_id, "pids": armed, "unarmed_pids": unarmed,
+            "processes": [p.to_dict() for p in procs],
+            "summary": stacks_mod.summary(procs),
+            "threads": sum(p.threads for p in procs),
+            "dump": "\n\n".join(p.dump for p in procs), "saved_to": saved}
 
 
 # --- abort --------------------------------------------------------------------

@@ -7,6 +7,11 @@ event lines (``events.jsonl``), moves the state forward (``status.json``,
 write-then-rename) and writes ``exit_code`` when the child ends. If the tmux
 server goes away (SIGHUP) it takes the job's process group down with it and
 records LOST, so a dead tmux server never leaves orphans behind.
+
+It also watches for hangs (:class:`HangWatch`): when the job has been silent longer than
+its budget (:func:`remote_payload.diagnosis.hang_threshold`), it takes every process's
+stacks at once and records where each rank waits in ``hang.json``, so ``status`` can say
+it without anyone running ``opsctl stacks``.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import threading
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import diagnosis, wire
 from remote_payload.agent import gpus, jobs
+from remote_payload.agent import stacks as stacks_mod
 from remote_payload.agent.common import read_json, write_json_atomic
 
 JobState = wire.JobState
@@ -35,6 +41,9 @@ STATUS_THROTTLE_S = 0.5  # status.json is rewritten at most this often for mere 
 DRAIN_AFTER_EXIT_S = 0.5  # read what grandchildren still hold open, then stop
 MAX_LINE = 1 << 20  # a "line" longer than this is judged as it is (progress bars, binary)
 PR_SET_PDEATHSIG = 1
+HANG_CHECK_INTERVAL_S = 2.0
+HANG_STACKS_TIMEOUT_S = 10.0
+MAX_ERROR_EVENTS = 16  # status.json keeps the first ones: the first failing rank is the cause
 # healthy_when.regex is matched against at most this much of a line, for at most this long per
 # line and in total; past either it is switched off with evidence (issue 15: a catastrophic
 # regex must never wedge the wrapper, which also records the exit and acts on stop)
@@ -95,7 +104,7 @@ class Wrapper:
             "state": JobState.PENDING.value, "phase": None, "healthy": False,
             "created_at": old.get("created_at", now), "started_at": None, "ended_at": None,
             "last_output_at": None, "output_size": 0, "last_step": None, "events_count": 0,
-            "exit_code": None, "signal": None, "evidence": [],
+            "exit_code": None, "signal": None, "evidence": [], "budget_s": None, "errors": [],
             "transitions": old.get("transitions") or [[JobState.PENDING.value, now, "launched"]],
         }
         self.state = JobState.PENDING
@@ -281,6 +290,13 @@ class Wrapper:
             self.disk_error(jobs.EVENTS, exc)
         self.status["events_count"] += 1
         kind = ev["event"]
+        budget = ev.get(wire.FIELD_BUDGET)
+        if isinstance(budget, int | float) and not isinstance(budget, bool) and budget > 0:
+            self.status["budget_s"] = float(budget)
+        if kind == wire.EVENT_ERROR and len(self.status["errors"]) < MAX_ERROR_EVENTS:
+            self.status["errors"].append({k: (v[:500] if isinstance(v, str) else v)
+                                          for k, v in ev.items()})
+            self.write_status()
         if kind == wire.EVENT_PHASE:
             phase = ev.get("phase")
             self.status["phase"] = phase
@@ -410,6 +426,8 @@ class Wrapper:
         stop_sampling = threading.Event()
         threading.Thread(target=gpus.sample_forever, name="gpu-sampler", daemon=True,
                          args=(self._f(gpus.SAMPLE_FILE), stop_sampling)).start()
+        threading.Thread(target=HangWatch(self).run, name="hang-watch", daemon=True,
+                         args=(stop_sampling,)).start()
         try:
             return self.pump(proc, wake_r)
         finally:
@@ -478,6 +496,61 @@ class Wrapper:
                 break
         jobs.cgroup_remove(cgroup)
         return left
+
+
+class HangWatch:
+    """Takes every process's stacks once per quiet spell that outlasts the job's budget."""
+
+    def __init__(self, wrapper: Wrapper):
+        self.w = wrapper
+        self.taken_for: float | None = None  # the quiet spell (its start) already reported
+
+    def quiet_since(self) -> float | None:
+        st = self.w.status
+        return st.get("last_output_at") or st.get("started_at")
+
+    def run(self, stop: threading.Event) -> None:
+        failed = False
+        while not stop.wait(HANG_CHECK_INTERVAL_S):
+            try:
+                self.check()
+            except Exception as exc:  # a watch bug must never take the job down
+                if not failed:
+                    failed = True
+                    with contextlib.suppress(Exception):
+                        self.w.status["evidence"] = [
+                            *self.w.status["evidence"],
+                            f"hang watch failed: {type(exc).__name__}: {exc}"]
+
+    def check(self, now: float | None = None) -> dict[str, t.Any] | None:
+        """Take and record the stacks if the job is quiet past its threshold; else None."""
+        w = self.w
+        since = self.quiet_since()
+        if since is None or since == self.taken_for or w.state.is_terminal():
+            return None
+        now = time.time() if now is None else now
+        # the pump thread owns w.status; these reads are single loads of immutable values
+        view = {"phase": w.status.get("phase"), "state": w.state.value,
+                "budget_s": w.status.get("budget_s"), "hang_after_s": w.spec.get("hang_after_s"),
+                "phase_budgets_s": w.spec.get("phase_budgets_s")}
+        threshold, why = diagnosis.hang_threshold(view)
+        if now - since < threshold or w.proc is None:
+            return None
+        self.taken_for = since
+        armed, unarmed = stacks_mod.armed_pythons(w.proc.pid, w.child_ticks)
+        procs = stacks_mod.capture(w.path, armed, timeout=HANG_STACKS_TIMEOUT_S) if armed else []
+        saved = (stacks_mod.save(w.path, procs, time.strftime("%Y%m%d-%H%M%S") + "-hang")
+                 if procs else None)
+        record = {
+            "at": now, "quiet_since": since, "idle_s": round(now - since, 1),
+            "threshold_s": threshold, "threshold_why": why, "phase": w.status.get("phase"),
+            "summary": stacks_mod.summary(procs) if procs else
+            f"no stacks: {len(armed)} armed, {len(unarmed)} unarmed python processes",
+            "processes": [{k: v for k, v in p.to_dict().items() if k != "dump"} for p in procs],
+            "saved_to": saved,
+        }
+        write_json_atomic(w._f(jobs.HANG), record)
+        return record
 
 
 def main(argv: list[str] | None = None) -> int:

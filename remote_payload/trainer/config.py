@@ -171,11 +171,19 @@ class TrainArgs:
     check_replicas: bool = field(default=False, metadata=_h(
         "at exit, verify all drafter replicas hold identical weights (event 'replicas')"))
     peak_tflops: float = field(default=790.0, metadata=_h("bf16 dense peak per GPU for the mfu field"))
+    pg_timeout: float = field(default=900.0, metadata=_h(
+        "seconds a rendezvous or collective may wait before the job fails with an error naming "
+        "the rank (longer than one bucket's cold compile, which the other ranks wait through)"))
+    debug_fault: str = field(default="", metadata=_h(
+        "test switch: 'hang' (rank --debug-fault-rank waits forever on a message no rank sends, "
+        "so every rank ends up blocked in a collective) or 'raise' (that rank raises)"))
+    debug_fault_rank: int = field(default=0, metadata=_h("rank of --debug-fault"))
+    debug_fault_step: int = field(default=1, metadata=_h("step at which --debug-fault fires"))
 
     def __post_init__(self) -> None:
         choices = {"device": ("auto", "cpu", "cuda"), "attn": ("auto", "flex", "sdpa"),
                    "compile": ("auto", "on", "off"), "dtype": ("auto", "bf16", "fp32"),
-                   "topology": ("colocated", "split")}
+                   "topology": ("colocated", "split"), "debug_fault": ("", "hang", "raise")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise TrainerConfigError(
@@ -189,6 +197,8 @@ class TrainArgs:
         if min(self.steps, self.warmup_steps, self.ckpt_every, self.stop_at_step) < 0:
             raise TrainerConfigError(
                 "--steps, --warmup-steps, --ckpt-every and --stop-at-step must be >= 0")
+        if not self.pg_timeout > 0:  # also refuses nan
+            raise TrainerConfigError("--pg-timeout must be > 0 seconds")
         if self.topology == "split" and self.target_ranks < 1:
             raise TrainerConfigError("--topology split needs --target-ranks K >= 1")
         if self.topology == "colocated" and self.target_ranks:

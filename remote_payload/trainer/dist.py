@@ -8,10 +8,28 @@ Split protocol, per global batch j (drafter j % D consumes it at step j // D, ta
 D + j % K produces it): the target computes features for j ahead of time, waits for a
 one-element request from the drafter (1 = send, 0 = stop), then sends. On a stop at
 step s, exactly one drafter tells each target to stop: the one its next batch is for.
+
+Process groups: ONE backend spec, ``cpu:gloo,cuda:nccl`` on GPUs, for the default group and
+for every subgroup, created in the same order on every rank. CPU tensors (the control
+all-reduces, ``broadcast_object_list``) then go over gloo and CUDA tensors (DDP, the feature
+send/recv) over NCCL, through the same group objects. Why not an NCCL default group plus a
+separate gloo subgroup for control: with ``device_id`` bound (eager NCCL init), ``new_group``
+makes a *non-member* rank join an ``ncclCommSplit`` (``perform_nocolor_split``) whatever
+backend the subgroup asks for, while the members of a gloo-only subgroup split nothing: the
+non-member waits forever in ``new_group`` (seen on 2 H200s, torch 2.11.0+cu130: the target
+rank hung there while the drafter went on into ``broadcast_object_list``). With the same
+backend everywhere, members and non-members make the same split calls. 5 + 3 ranks on 8 GPUs
+and 1 + 1 on 2 take exactly this path.
+
+Failures are never silent: every group has a finite timeout (``--pg-timeout``), PyTorch's NCCL
+watchdog tears a rank down when a collective outlives it (and its flight recorder dumps the
+last collectives into the job dir), and a rank that dies takes the others down with it
+(``spawn``; torchrun does the same).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
@@ -76,15 +94,47 @@ def init(args: TrainArgs, device: torch.device) -> Topo:
     k = args.target_ranks if args.topology == "split" else 0
     if k >= world:
         raise TrainerConfigError(f"--target-ranks {k} leaves no drafter rank in a world of {world}")
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.set_device(local)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                            device_id=torch.device("cuda", local) if device.type == "cuda" else None)
+    nccl_watchdog_settings(rank)
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
+                            timeout=datetime.timedelta(seconds=args.pg_timeout),
+                            device_id=torch.device("cuda", local) if cuda else None)
     d = world - k
-    drafters = list(range(d))
-    group = dist.new_group(drafters) if k else dist.group.WORLD
-    ctrl = dist.new_group(drafters, backend="gloo") if (k or device.type == "cuda") else group
-    return Topo(rank, world, local, d, k, group if d > 1 else None, ctrl if d > 1 else None)
+    # every rank makes the same new_group calls in the same order, with the default backend
+    # (see the module docstring for why a gloo-only subgroup hangs the non-members)
+    group = dist.new_group(list(range(d))) if k and d > 1 else dist.group.WORLD
+    drafters = group if d > 1 else None
+    return Topo(rank, world, local, d, k, drafters, drafters)
+
+
+def nccl_watchdog_settings(rank: int) -> None:
+    """PyTorch's own hang/failure machinery, on unless the job's env says otherwise.
+
+    Must run before ``init_process_group``: the NCCL backend reads these when it starts.
+    """
+    env = os.environ
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a timed-out rank tears itself down
+    env.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")  # ...even if its watchdog is stuck
+    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # the flight recorder's ring
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    job_dir = env.get("OPSCTL_JOB_DIR")
+    if job_dir and "TORCH_FR_DUMP_TEMP_FILE" not in env:
+        out = os.path.join(job_dir, "flight-recorder")
+        os.makedirs(out, exist_ok=True)
+        # one file per rank: <prefix><rank>; `python -m torch.distributed.flight_recorder.fr_trace`
+        # reads the folder
+        env["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(out, "rank_")
+
+
+def gpu_label(device: torch.device) -> str | None:
+    """The physical GPU a rank drives (``CUDA_VISIBLE_DEVICES`` applied), as nvidia-smi counts."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def all_drafters_max(topo: Topo, value: float) -> float:
@@ -156,6 +206,17 @@ def finish(topo: Topo) -> None:
         dist.destroy_process_group()
 
 
+def hang_forever(topo: Topo) -> None:
+    """``--debug-fault hang``: wait for a message no rank ever sends.
+
+    The other ranks then block in their next collective: the deadlock opsctl must name.
+    """
+    peer = (topo.rank + 1) % topo.world
+    # a CPU tensor goes over gloo, which honours tags (NCCL ignores them and could match a real
+    # message); nobody sends with this tag
+    dist.recv(torch.zeros(1), src=peer, tag=7411)
+
+
 # --- self-spawned ranks ----------------------------------------------------------
 
 
@@ -178,7 +239,9 @@ def _child(local_rank: int, argv: list[str], world: int, port: int) -> None:
 def spawn(argv: list[str], nproc: int) -> int:
     """Run ``nproc`` local ranks of this trainer; forward SIGINT/SIGTERM to them.
 
-    Returns the first non-zero child exit code, else 0."""
+    Returns the first non-zero child exit code, else 0. When one rank fails, torch's
+    ``ProcessContext.join`` SIGTERMs the others and SIGKILLs what is left after 30 s, so no
+    rank keeps holding a GPU (a rank blocked inside a collective ignores SIGTERM)."""
     import torch.multiprocessing as mp
 
     ctx = mp.start_processes(_child, args=(argv, nproc, _free_port()), nprocs=nproc, join=False,

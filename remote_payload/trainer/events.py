@@ -15,6 +15,7 @@ from ..wire import format_event
 class Log:
     def __init__(self, rank: int = 0, stream: t.TextIO | None = None):
         self.rank = rank
+        self.gpu: str | None = None  # the physical GPU, once known: an error names it
         self.stream = stream or sys.stdout
 
     @property
@@ -34,5 +35,5 @@ class Log:
             self._write(text)
 
     def error(self, type_: str, message: str) -> None:
-        """Reported by any rank."""
-        self._write(format_event("error", type=type_, message=message, rank=self.rank))
+        """Reported by any rank, with the GPU it drives."""
+        self._write(format_event("error", type=type_, message=message, rank=self.rank, gpu=self.gpu))

@@ -21,6 +21,7 @@ import uuid
 
 import torch
 
+from .. import wire
 from ..compile_guard import serialized_compile
 from . import checkpoint, dist
 from .checkpoint import CheckpointError
@@ -30,6 +31,16 @@ from .engine import Engine, lr_at
 from .events import Log
 from .flops import step_flops
 from .target import Target, build_target, config_from_dir
+
+# How long each phase may stay silent (``budget_s`` on its events; the agent calls a silence
+# longer than that a hang, 90 s when nothing was announced). Measured on an H200: a bucket's
+# cold compile 74-96 s, the Qwen3-8B random target built in seconds; the budgets leave ~3x.
+LOAD_BUDGET_S = 90.0  # each loading step: dist rendezvous, building the target, the drafter
+LOAD_FROM_DISK_BUDGET_S = 300.0  # --target-path: reading 16 GB of safetensors
+COMPILE_BUDGET_S = 300.0  # one shape's first step (compile + run), per bucket
+FIRST_STEPS_BUDGET_S = 120.0  # from the end of a compile to the next step event
+STEP_BUDGET_FACTOR = 4.0  # a step event is late after 4x the measured time between two
+STEP_BUDGET_MIN_S = 30.0
 
 
 class _StopFlag:
@@ -154,6 +165,9 @@ class Trainer:
                    self.args.min_lr_ratio)
         if shape in self.seen_shapes:
             return self.engine.train_step(feats, batch, lr), lr, None
+        if self.compile_on:
+            self.log.event("phase", phase="compiling", shape=list(shape),
+                           budget_s=COMPILE_BUDGET_S)
         self._sync()
         t0 = time.perf_counter()
         with serialized_compile():
@@ -229,8 +243,23 @@ class Trainer:
             return self._drafter_loop(start)
         return self._target_loop(start)
 
+    def _maybe_fault(self, step: int) -> None:
+        """``--debug-fault``: the failures opsctl must name, on demand (tests, device checks)."""
+        args = self.args
+        if not args.debug_fault or self.topo.rank != args.debug_fault_rank or step != args.debug_fault_step:
+            return
+        self.log.say(f"rank {self.topo.rank}: --debug-fault {args.debug_fault} at step {step}")
+        if args.debug_fault == "raise":
+            raise RuntimeError(f"--debug-fault raise on rank {self.topo.rank} at step {step}")
+        if self.topo.distributed:
+            dist.hang_forever(self.topo)
+        import threading
+
+        threading.Event().wait()
+
     def _target_loop(self, start: int) -> int:
         for j in self.topo.target_items(start, self.args.steps):
+            self._maybe_fault(j // self.topo.n_drafters)
             batch = self.source.batch(j).to(self.device)
             feats = self.target.features(batch.input_ids)
             if not dist.serve_features(j % self.topo.n_drafters, feats):
@@ -240,10 +269,11 @@ class Trainer:
     def _drafter_loop(self, start: int) -> int:
         args, topo, log = self.args, self.topo, self.log
         log.event("phase", phase="compiling" if self.compile_on else "training",
-                  start_step=start, steps=args.steps)
+                  start_step=start, steps=args.steps, budget_s=COMPILE_BUDGET_S)
         step, announced = start, not self.compile_on
         window = _Window(self.device)
         while step < args.steps:
+            self._maybe_fault(step)
             stop = _StopFlag.requested or (0 < args.stop_at_step <= step)
             if dist.all_drafters_max(topo, float(stop)) > 0:
                 dist.tell_targets_stop(topo, step, args.steps, self.device)
@@ -254,8 +284,9 @@ class Trainer:
             feats = self._feats_for(j, batch)
             out, lr, compile_s = self._step(feats, batch, step)
             step += 1
-            if not announced:
-                log.event("phase", phase="training", step=step)
+            if not announced or (compile_s is not None and self.compile_on):
+                # back from a compile: the next event is a step event, after log_every steps
+                log.event("phase", phase="training", step=step, budget_s=FIRST_STEPS_BUDGET_S)
                 announced = True
             window.add(out)
             if compile_s is not None and self.compile_on:
@@ -290,6 +321,8 @@ class Trainer:
         if w.timed_steps:
             w.step_time = elapsed / w.timed_steps
         eta = (w.step_time or 0.0) * (self.args.steps - step)
+        budget = (max(STEP_BUDGET_MIN_S, STEP_BUDGET_FACTOR * w.step_time * self.args.log_every)
+                  if w.step_time else COMPILE_BUDGET_S)
         fields: dict[str, t.Any] = {"step": step, "loss": round(loss_s / max(n, 1.0), 5),
                                     "acc": round(correct / max(counted, 1.0), 5),
                                     "tok_s": round(tok_s, 1), "eta_s": round(eta, 1),
@@ -297,6 +330,9 @@ class Trainer:
         if flops_all and elapsed > 0:
             peak = self.args.peak_tflops * 1e12 * self.topo.world
             fields["mfu"] = round(flops_all / elapsed / peak, 4)
+        if self.device.type == "cuda":  # this rank's peak (rank 0: a drafter)
+            fields["mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
+        fields[wire.FIELD_BUDGET] = round(budget, 1)
         self.log.event("step", **fields)
         self.log.say(f"step {step}/{self.args.steps} loss {fields['loss']:.4f} acc "
                      f"{fields['acc']:.3f} tok/s {tok_s:,.0f} eta {eta:,.0f}s lr {lr:.2e}")
@@ -353,14 +389,21 @@ def run(args: TrainArgs) -> int:
     topo: dist.Topo | None = None
     try:
         log.event("phase", phase="loading", preset=args.preset, topology=args.topology,
-                  torch=torch.__version__, pid=os.getpid())
+                  torch=torch.__version__, pid=os.getpid(),
+                  budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         device = _resolve_runtime(args)[0]
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         _apply_compile_settings(args, log)
+        log.gpu = dist.gpu_label(device)
+        wire.announce_process(rank=rank, role="starting", gpu=log.gpu)
         topo = dist.init(args, device)
         log.rank = topo.rank
+        log.event("phase", phase="loading", detail="process groups ready", world=topo.world,
+                  budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
+        wire.announce_process(rank=topo.rank, local_rank=topo.local_rank, world=topo.world,
+                              role="drafter" if topo.is_drafter else "target", gpu=log.gpu)
         trainer = Trainer(args, topo, log)
         log.say(f"dflash trainer: preset {args.preset}, {trainer.cfg.draft_layers} draft layers, "
                 f"block {trainer.cfg.block_size}, {trainer.cfg.max_anchors} anchors, device "
