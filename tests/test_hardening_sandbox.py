@@ -260,6 +260,18 @@ def test_a_job_that_exits_leaves_no_detached_children_behind(root, tmp_path):
     assert marked(job_id) == [] and scrubbed(seconds) == ""
 
 
+def test_a_job_whose_tmux_pane_goes_away_leaves_no_detached_children_behind(root, tmp_path):
+    script, seconds = detacher(1000)
+    job_id = deploy(tmp_path, "detach", script)["job_id"]
+    wait_for(lambda: scrubbed(seconds) and len(marked(job_id)) >= 3, what="the children")
+    with jobs.open_target("sandbox", int(CT)) as tgt:
+        tmux = tgt.agent.call("status", "--job", job_id, timeout=30)["tmux"]
+    cexec("tmux", "-L", tmux["socket"], "kill-session", "-t", tmux["session"])
+    wait_for(lambda: status(job_id)["state"] == "LOST", what="LOST")
+    assert wait_for(lambda: marked(job_id) == [] and scrubbed(seconds) == "", timeout=15,
+                    what="the detached children to be ended")
+
+
 # --- 9. terminal control sequences -------------------------------------------------------
 
 EVIL = "\\x1b]0;pwned\\x07\\x1b[3J\\x1b]52;c;ZXZpbA==\\x07[bold red]markup[/]"

@@ -377,6 +377,10 @@ class Wrapper:
                     os.killpg(proc.pid, sig)
                 sent.append(sig.name)
                 jobs.wait_until(lambda: self.group_done(proc), wait_s, 0.02)
+            left = self.reap_leftovers(proc.pid)  # its detached children too (issue 15)
+            if left:
+                self.status["evidence"] = [*self.status["evidence"],
+                                           f"killed {len(left)} detached process(es): {left}"]
         why = "wrapper got SIGHUP: the tmux server or pane went away"
         self.write_record(jobs.HANGUP, {"at": time.time(), "why": why, "signals": sent}, critical=True)
         self.status["evidence"] = [*self.status["evidence"], why,
