@@ -397,8 +397,9 @@ def hosts(check: bool, as_json: bool) -> None:
         table.add_column(c)
     for r in rows:
         reach = "-" if r.reachable is None else ("[green]yes[/]" if r.reachable else "[red]no[/]")
-        table.add_row(r.name, f"{r.address}:{r.port}", r.user,
-                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach, r.detail or "")
+        table.add_row(render.plain(r.name), render.plain(f"{r.address}:{r.port}"), render.plain(r.user),
+                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach,
+                      render.plain(r.detail or ""))
     render.console().print(table)
 
 
