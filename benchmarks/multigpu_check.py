@@ -168,9 +168,21 @@ def agent_hang(a: argparse.Namespace, base: pathlib.Path, env: dict[str, str]) -
            "--debug-fault", "hang", "--debug-fault-rank", "1", "--debug-fault-step", "3"]
     spec = {"name": "agent-hang", "command": cmd, "workdir": str(ROOT), "env": SAFE_ENV,
             "healthy_when": {"event": "step"}, "phase_budgets_s": {"training": a.hang_budget}}
+    try:
+        return _agent_hang_run(a, agent, spec, sock)
+    finally:  # a job left hanging would hold both GPUs after this script is gone
+        with contextlib.suppress(Exception):
+            agent("stop", "--grace", "5")
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False)
+
+
+def _agent_hang_run(a: argparse.Namespace, agent: t.Callable[..., dict[str, t.Any]],
+                    spec: dict[str, t.Any], sock: str) -> dict[str, t.Any]:
     t0 = time.monotonic()
-    out: dict[str, t.Any] = {"name": "agent-hang", "launch": agent("launch", "--spec-json",
-                                                                  json.dumps(spec))["ok"]}
+    launched = agent("launch", "--spec-json", json.dumps(spec))
+    out: dict[str, t.Any] = {"name": "agent-hang", "launch": launched["ok"],
+                             "launch_error": launched.get("error"),
+                             "preflight": (launched.get("data") or {}).get("preflight")}
     named_at = None
     st: dict[str, t.Any] = {}
     while time.monotonic() - t0 < a.hang_timeout:
@@ -194,7 +206,6 @@ def agent_hang(a: argparse.Namespace, base: pathlib.Path, env: dict[str, str]) -
                                         for p in data.get("processes") or []],
                           "error": stacks.get("error")}
     out["stop"] = agent("stop", "--grace", "5").get("data")
-    subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False)
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
 
@@ -214,6 +225,8 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None,
                    help="compile caches here (kept between calls on a warm machine)")
     a = p.parse_args(argv)
+    # `timeout` sends SIGTERM: unwind (finally blocks stop what was started) instead of dying
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     base = pathlib.Path(tempfile.mkdtemp(prefix="opsctl-mgpu-"))
     cache = pathlib.Path(a.cache_dir) if a.cache_dir else base
     hook = ROOT / "remote_payload" / "sitehook"

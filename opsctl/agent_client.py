@@ -16,7 +16,7 @@ from opsctl.errors import (
     TorchEnvError,
 )
 from opsctl.models import AgentReply
-from opsctl.transport import CommandResult, Remote, save_log
+from opsctl.transport import CommandResult, Remote, missing_in_container, save_log
 
 # Agent error types that map onto a more specific local family (exit code).
 _ERROR_FAMILIES: dict[str, type[AgentError]] = {}
@@ -164,8 +164,10 @@ def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> Agent
     if "No module named remote_payload" in stderr or "No module named 'remote_payload" in stderr:
         reason, hint = "no opsctl payload in the container", "run `opsctl deploy` first"
         cls = NoPayload
-    elif result.rc == 127:
-        reason, hint = "python3 not found in the container", "install python3 in the container"
+    elif (missing := missing_in_container(result)) is not None:
+        package = {"timeout": "coreutils", "env": "coreutils"}.get(missing, missing)
+        state = "not found" if result.rc == 127 else "not executable"  # execvp ENOENT / EACCES
+        reason, hint = f"`{missing}` {state} in the container", f"install {package} in the container"
     else:
         reason, hint = f"no valid reply (rc={result.rc}): {result.stderr_tail(1) or 'no output'}", None
     raise cls(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,

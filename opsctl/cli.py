@@ -15,7 +15,7 @@ import typing as t
 
 import click
 
-from opsctl import errors
+from opsctl import clitypes, errors
 from opsctl.errors import OpsctlError
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
@@ -23,14 +23,31 @@ F = t.TypeVar("F", bound=t.Callable[..., t.Any])
 
 class OpsctlGroup(click.Group):
     def invoke(self, ctx: click.Context) -> t.Any:
+        # what the subcommand will parse (click empties these before it does)
+        words = [*getattr(ctx, "_protected_args", ()), *ctx.args]
         try:
             return super().invoke(ctx)
         except OpsctlError as exc:
             _report_error(ctx, exc)
             ctx.exit(exc.exit_code)
+        except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
+            if _json_requested(words) and not getattr(exc, "_json_done", False):
+                from opsctl.jsonout import print_json
+
+                print_json({"ok": False, "error": {
+                    "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
+                    "hint": "see --help", "log_path": None}})
+                exc._json_done = True  # type: ignore[attr-defined]  # nested groups print once
+            raise
         except KeyboardInterrupt:
             click.echo("interrupted (the remote job, if any, keeps running)", err=True)
             ctx.exit(errors.INTERRUPTED)
+
+
+def _json_requested(args: t.Sequence[str]) -> bool:
+    """``--json`` among the words before ``--`` (what the command would have parsed)."""
+    words = list(args)
+    return "--json" in (words[:words.index("--")] if "--" in words else words)
 
 
 def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
@@ -157,7 +174,8 @@ def _dc(obj: t.Any) -> dict[str, t.Any]:
                    "`playbook:` in the inventory.")
 @click.option("--replace", is_flag=True, help="Stop a running job first instead of refusing.")
 @click.option("--no-wait", is_flag=True, help="Launch and return without watching.")
-@click.option("--poll", "poll_s", type=float, default=2.0, show_default=True, help="Poll interval (s).")
+@click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True,
+              help="Poll interval (s).")
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
 @click.option("--force", "force_gpus", is_flag=True,
               help="Launch although GPUs the job needs are in use by something else (named).")
@@ -258,10 +276,11 @@ def _show_failed_deploy(exc: errors.OpsctlError, as_json: bool) -> None:
 
 @cli.command()
 @target_options
-@click.option("--job", "job_id", default=None, help="Job id (default: the current job).")
-@click.option("--lines", "-n", type=int, default=20, show_default=True, help="Pane lines to show.")
+@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None,
+              help="Job id (default: the current job).")
+@click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True, help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
-@click.option("--poll", "poll_s", type=float, default=2.0, show_default=True)
+@click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True)
 @json_option
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            lines: int, follow: bool, poll_s: float, as_json: bool) -> None:
@@ -301,9 +320,9 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 
 @cli.command()
 @target_options
-@click.option("--job", "job_id", default=None)
+@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
 @click.option("--follow", "-f", is_flag=True, help="Keep following until the job ends.")
-@click.option("--offset", type=int, default=0, help="Start at this byte of output.log.")
+@click.option("--offset", type=clitypes.COUNT, default=0, help="Start at this byte of output.log.")
 def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          follow: bool, offset: int) -> None:
     """The job's full output (output.log), byte-exact; -f follows until the job ends.
@@ -325,8 +344,8 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 
 @cli.command()
 @target_options
-@click.option("--job", "job_id", default=None)
-@click.option("--grace", "grace_s", type=float, default=30.0, show_default=True,
+@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
+@click.option("--grace", "grace_s", type=clitypes.SECONDS_OR_ZERO, default=30.0, show_default=True,
               help="Seconds after SIGINT before SIGTERM, then SIGKILL.")
 @json_option
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
@@ -351,7 +370,7 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @target_options
-@click.option("--timeout", "timeout_s", type=float, default=None,
+@click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=None,
               help="Deadline; when it fires the remote process group is killed.")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_s: float | None,
@@ -403,6 +422,28 @@ def hosts(check: bool, as_json: bool) -> None:
     render.console().print(table)
 
 
+@cli.command()
+@json_option
+def playbooks(as_json: bool) -> None:
+    """Playbooks by name, with where each was found (./playbooks, ~/.opsctl/playbooks, bundled).
+
+    The first directory that has a name wins; later ones with the same name are shadowed.
+    """
+    from opsctl import paths, render
+    from opsctl import playbook as playbook_mod
+
+    found = playbook_mod.available()
+    if as_json:
+        render.print_json({"playbooks": [f.to_dict() for f in found],
+                           "search_path": [{"origin": d.origin, "path": str(d.path)}
+                                           for d in paths.playbook_dirs()]})
+        return
+    width = max((len(f.name) for f in found), default=4)
+    for f in found:
+        note = "" if f.active else "  (shadowed)"
+        click.echo(f"{f.name:<{width}}  {f.origin:<7}  {f.path}{note}")
+
+
 @cli.group(cls=OpsctlGroup)
 def mux() -> None:
     """Connection multiplexers: one kept SSH connection per host (OPSCTL_MUX=0 disables)."""
@@ -448,14 +489,14 @@ def host_trust(host_name: str, yes: bool) -> None:
     """Show the host's key fingerprint and record it in known_hosts."""
     from opsctl import hostcheck
 
-    fp, already = hostcheck.fetch_fingerprint(host_name)
-    click.echo(f"{host_name}: host key {fp}")
-    if already:
+    shown = hostcheck.fetch_host_key(host_name)  # the one connection: shown == recorded
+    click.echo(f"{host_name}: host key {shown.key.get_name()} {shown.fingerprint}")
+    if shown.trusted:
         click.echo("already trusted")
         return
     if not yes and not click.confirm("trust this key?", default=False):
         raise errors.HostKeyError(f"{host_name}: key not trusted")
-    hostcheck.trust(host_name)
+    hostcheck.record(shown)
     click.echo("recorded in known_hosts")
 
 

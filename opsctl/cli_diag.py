@@ -10,7 +10,7 @@ import typing as t
 
 import click
 
-from opsctl import errors
+from opsctl import clitypes, errors
 from opsctl.cli import OpsctlGroup, cli, json_option, target_options
 
 STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "crashed": "bold red"}
@@ -23,8 +23,8 @@ def probe() -> None:
 
 @probe.command("compile-race")
 @target_options
-@click.option("--threads", type=int, default=3, show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+@click.option("--threads", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=120.0, show_default=True,
               help="Seconds per mode before it counts as a hang (stacks dumped first).")
 @click.option("--backward/--no-backward", default=True, show_default=True,
               help="Also run the first backward (GPU only; CPU flex has no backward).")
@@ -97,8 +97,8 @@ def render_probe(con: t.Any, label: str, report: dict[str, t.Any]) -> None:
 
 @cli.command()
 @target_options
-@click.option("--job", "job_id", default=None)
-@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True,
+@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
+@click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=10.0, show_default=True,
               help="How long to wait for the dump to appear.")
 @json_option
 def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,

@@ -7,6 +7,7 @@ import typing as t
 
 import click
 
+from opsctl import clitypes
 from opsctl.cli import OpsctlGroup, cli, json_option, target_options
 
 
@@ -70,7 +71,7 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
 
 @cli.command()
 @target_options
-@click.option("--history", type=int, default=20, show_default=True)
+@click.option("--history", type=clitypes.COUNT, default=20, show_default=True)
 @json_option
 def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history: int,
          as_json: bool) -> None:
@@ -157,7 +158,7 @@ def cache_clear(host: str | None, ctid: int | None, accept_new_host_key: bool, c
 @cache.command("seed")
 @target_options
 @click.option("--playbook", "playbook_path", required=True)
-@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=1800.0, show_default=True)
 @json_option
 def cache_seed(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str,
                timeout_s: float, as_json: bool) -> None:

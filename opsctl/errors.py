@@ -19,6 +19,8 @@ AUTH = 11
 HOST_KEY = 12
 CONTAINER_MISSING = 20
 CONTAINER_NOT_RUNNING = 21
+HOST_SETUP = 22
+PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
 TORCH_ENV = 30
 JOB_FAILED = 40
@@ -35,6 +37,9 @@ EXIT_CODES: dict[int, str] = {
     HOST_KEY: "host key unknown or changed (see `opsctl host trust`)",
     CONTAINER_MISSING: "container does not exist",
     CONTAINER_NOT_RUNNING: "container exists but is not running",
+    HOST_SETUP: "the host cannot run pct for opsctl (pct, coreutils `timeout` or the sudoers rule "
+                "missing; the error names which)",
+    PCT_TOO_OLD: "the host's pve-container is older than 5.0.9 (no `pct exec --keep-env`)",
     REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline)",
     TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was lost or cancelled",
@@ -102,6 +107,30 @@ class ContainerMissing(ContainerError):
 
 class ContainerNotRunning(ContainerError):
     exit_code = CONTAINER_NOT_RUNNING
+
+
+class HostSetupError(OpsctlError):
+    """The Proxmox host cannot run ``pct`` for opsctl; nothing ran in the container.
+
+    ``missing`` names the one thing to add: ``pct``, ``timeout`` (coreutils), ``sudo`` or the
+    exact sudoers line.
+    """
+
+    exit_code = HOST_SETUP
+
+    def __init__(self, message: str, *, missing: str, hint: str | None = None,
+                 log_path: str | None = None):
+        super().__init__(message, hint=hint, log_path=log_path)
+        self.missing = missing
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "missing": self.missing}
+
+
+class PctTooOld(HostSetupError):
+    """pve-container before 5.0.9 has no ``pct exec --keep-env`` (PVE 7, PVE 8.0/8.1)."""
+
+    exit_code = PCT_TOO_OLD
 
 
 class RemoteCommandFailed(OpsctlError):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 import typing as t
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from opsctl import inventory
-from opsctl.errors import HostKeyError, OpsctlError
-from opsctl.transport import Remote
+from opsctl.errors import HostKeyError, OpsctlError, TransportError
+from opsctl.transport import Remote, fingerprint, known_hosts_name, load_known_hosts
 
 
 @dataclass
@@ -45,7 +46,9 @@ def list_hosts(check: bool) -> list[HostRow]:
         if check:
             start = time.monotonic()
             try:
-                quick = spec.model_copy(update={"connect_timeout_s": min(spec.connect_timeout_s, 5)})
+                resolved = inv.resolve(name)  # with ~/.ssh/config applied, as every command does
+                quick = resolved.model_copy(
+                    update={"connect_timeout_s": min(resolved.connect_timeout_s, 5)})
                 with Remote(quick) as r:
                     res = r.run(["pct", "list"], timeout=10, step="pct list")
                 row.reachable = True
@@ -62,28 +65,86 @@ def list_hosts(check: bool) -> list[HostRow]:
     return rows
 
 
-def fetch_fingerprint(host: str) -> tuple[str, bool]:
-    """(fingerprint, already trusted). Connects without trusting an unknown key."""
-    spec = inventory.load().resolve(host)
-    try:
-        with Remote(spec) as r:
-            return r.server_fingerprint(), True
-    except HostKeyError as exc:
-        if "CHANGED" in exc.message:
-            raise
+@dataclass(frozen=True)
+class ShownKey:
+    """The host key one connection presented: what `host trust` shows and then records."""
+
+    spec: inventory.HostSpec
+    key: t.Any  # paramiko.PKey
+    fingerprint: str
+    trusted: bool  # already in known_hosts
+
+    @property
+    def known_hosts_line(self) -> str:
+        name = known_hosts_name(self.spec.address, self.spec.port)
+        return f"{name} {self.key.get_name()} {self.key.get_base64()}"
+
+
+def fetch_host_key(host: str) -> ShownKey:
+    """Connect once (key exchange only, no login) and return the key the server presented.
+
+    Raises:
+        HostKeyError: the key differs from the one known_hosts has for the host (CHANGED),
+            or from the inventory's pin.
+        TransportError: the host cannot be reached.
+    """
+    import socket
+
     import paramiko
 
-    sock_transport = paramiko.Transport((spec.address, spec.port))
-    try:
-        sock_transport.start_client(timeout=spec.connect_timeout_s)
-        from opsctl.transport import fingerprint
-
-        return fingerprint(sock_transport.get_remote_server_key()), False
-    finally:
-        sock_transport.close()
-
-
-def trust(host: str) -> None:
     spec = inventory.load().resolve(host)
-    with Remote(spec, accept_new_host_key=True) as r:
-        r.server_fingerprint()
+    where = spec.ssh_label()
+    gateway = Remote(spec)._gateway()  # ProxyJump hops, each checked against known_hosts
+    try:
+        if gateway is not None:
+            gateway.open()
+            sock: t.Any = gateway.transport.open_channel(
+                "direct-tcpip", (spec.address, spec.port), ("", 0))
+        else:
+            sock = socket.create_connection((spec.address, spec.port),
+                                            timeout=spec.connect_timeout_s)
+    except OpsctlError:
+        raise
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        raise TransportError(f"cannot connect to {where}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+    transport = paramiko.Transport(sock)
+    try:
+        transport.start_client(timeout=spec.connect_timeout_s)
+        key = transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+    finally:
+        transport.close()
+        if gateway is not None:
+            gateway.close()
+    fp = fingerprint(key)
+    if spec.host_key_fingerprint is not None and fp != spec.host_key_fingerprint:
+        raise HostKeyError(f"host key of {where} is {fp}, but the inventory pins "
+                           f"{spec.host_key_fingerprint}",
+                           hint="if the host was reinstalled, update host_key_fingerprint")
+    kh = Path(spec.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+    keys = paramiko.HostKeys()
+    load_known_hosts(keys, kh)
+    name = known_hosts_name(spec.address, spec.port)
+    known: t.Any = keys.lookup(name) or {}
+    if key.get_name() in known and known[key.get_name()] != key:
+        raise HostKeyError(
+            f"host key of {where} CHANGED: known_hosts has "
+            f"{fingerprint(known[key.get_name()])}, server sent {fp} — not recording it",
+            hint=f"if the host was reinstalled: ssh-keygen -f {kh} -R '{name}', then "
+                 f"`opsctl host trust --host {spec.label}`")
+    return ShownKey(spec, key, fp, trusted=key.get_name() in known)
+
+
+def record(shown: ShownKey) -> Path:
+    """Append exactly the shown key to the host's known_hosts; returns the file.
+
+    No second connection: a key swapped after it was shown is never recorded (issue 15 #4);
+    the next connection then meets the recorded key and refuses a different one.
+    """
+    kh = Path(shown.spec.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+    kh.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with kh.open("a", encoding="utf-8") as f:
+        f.write(shown.known_hosts_line + "\n")
+    return kh

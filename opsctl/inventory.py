@@ -1,21 +1,24 @@
 """Hosts and containers from ``inventory/*.yaml`` (pydantic at the boundary).
 
-Files are read from the repo's ``inventory/``, then ``$OPSCTL_HOME/inventory/``
-(where ``opsctl sandbox up`` writes ``sandbox.yaml``), then ``$OPSCTL_INVENTORY``;
-a later definition of the same host name wins. ``--host`` also takes a bare
-address (``10.1.2.6``, ``root@10.1.2.6:2222``) with defaults user=root, port 22.
+Files are read from ``$OPSCTL_INVENTORY``, the current directory's ``inventory/``,
+``$OPSCTL_HOME/inventory/`` (where ``opsctl sandbox up`` writes ``sandbox.yaml``), then the
+bundled one (``opsctl/paths.py``); the first definition of a host name (or of a torch
+build's field) wins. ``--host`` also takes a bare address (``10.1.2.6``,
+``root@10.1.2.6:2222``, ``[::1]:2222``) with defaults user=root, port 22. A host name that is
+an alias in ``~/.ssh/config`` gets its HostName, User, Port, IdentityFile and ProxyJump unless
+the inventory or ``--host`` sets them (opsctl/sshconfig.py).
 """
 
 from __future__ import annotations
 
 import re
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsctl import paths, yamlfile
+from opsctl import paths, sshconfig, yamlfile
 from opsctl.errors import ConfigError
 
 DEFAULT_ROOT = "/opt/opsctl"
@@ -37,14 +40,25 @@ class HostSpec(BaseModel):
     port: int = Field(default=22, ge=1, le=65535)
     user: str = "root"
     identity_file: str | None = None
+    proxy_jump: str | None = None  # OpenSSH ProxyJump: [user@]host[:port][,…] (hops in order)
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
     host_key_fingerprint: str | None = None  # "SHA256:..." pin, checked on every connect
-    sudo: bool = False  # prefix `sudo -n` for non-root users
+    sudo: bool = False  # non-root user: run pct (and only pct) with `sudo -n`
+    # the pct a sudoers rule allows (`<user> ALL=(root) NOPASSWD: /usr/sbin/pct`); used with sudo
+    pct_path: str = "/usr/sbin/pct"
     node: str | None = None  # Proxmox node name (informational)
     root: str = DEFAULT_ROOT  # opsctl's directory inside containers
     connect_timeout_s: float = Field(default=10.0, gt=0)
     containers: dict[int, ContainerSpec] = Field(default_factory=dict)
     torch_builds: dict[str, t.Any] | None = None  # per-host overrides of the builds table
+
+    @field_validator("address")
+    @classmethod
+    def _address_is_a_host(cls, v: str) -> str:
+        try:
+            return check_address(v, what="address")
+        except ConfigError as exc:
+            raise ValueError(exc.message.removeprefix("address: ")) from None
 
     @property
     def label(self) -> str:
@@ -52,7 +66,8 @@ class HostSpec(BaseModel):
 
     def ssh_label(self) -> str:
         port = "" if self.port == 22 else f":{self.port}"
-        return f"{self.user}@{self.address}{port}"
+        address = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{self.user}@{address}{port}"
 
 
 class InventoryFile(BaseModel):
@@ -64,8 +79,9 @@ class InventoryFile(BaseModel):
 @dataclass(frozen=True)
 class Inventory:
     hosts: dict[str, HostSpec]
-    sources: tuple[str, ...]
+    sources: tuple[str, ...]  # files read, in lookup order
     torch_builds: dict[str, t.Any]
+    origins: dict[str, str] = field(default_factory=dict)  # host name -> the file defining it
 
     def resolve(self, host: str) -> HostSpec:
         """An inventory name, or a bare ``[user@]address[:port]``.
@@ -74,22 +90,66 @@ class Inventory:
             ConfigError: neither a known name nor something that looks like an address.
         """
         if host in self.hosts:
-            return self.hosts[host]
+            spec = self.hosts[host]
+            return sshconfig.apply(spec, spec.model_fields_set)
         m = _BARE.fullmatch(host)
         if m is None:
             known = ", ".join(sorted(self.hosts)) or "(none)"
             raise ConfigError(f"unknown host {host!r}: not in the inventory and not an address",
                               hint=f"known hosts: {known}; or pass an address like 10.1.2.6")
+        address = check_address(m["bracketed"] or m["address"], what=f"--host {host!r}")
+        port = None if m["port"] is None else check_port(m["port"], what=f"--host {host!r}")
         by_address = [h for h in self.hosts.values()
-                      if h.address == m["address"] and (m["port"] is None or int(m["port"]) == h.port)]
+                      if h.address == address and (port is None or port == h.port)]
         if by_address and m["user"] is None:
-            return by_address[0]
-        return HostSpec(name=host, address=m["address"], user=m["user"] or "root",
-                        port=int(m["port"] or 22))
+            return sshconfig.apply(by_address[0], by_address[0].model_fields_set)
+        given: dict[str, t.Any] = {"name": host, "address": address}
+        if m["user"] is not None:
+            given["user"] = m["user"]
+        if port is not None:
+            given["port"] = port
+        return sshconfig.apply(HostSpec(**given), given)
 
 
-_BARE = re.compile(r"(?:(?P<user>[A-Za-z0-9_.-]+)@)?(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])"
-                   r"(?::(?P<port>\d+))?")
+# [user@]address[:port]; address is a host name, an IPv4 address, or a bracketed IPv6/IPv4
+# address (``[::1]:2222``, ``[127.0.0.1]:2222`` as known_hosts and host-key hints write it).
+_BARE = re.compile(r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?"
+                   r"(?:\[(?P<bracketed>[0-9A-Fa-f:.]+)\]|(?P<address>[A-Za-z0-9_.-]+))"
+                   r"(?::(?P<port>[0-9]{1,8}))?")
+# '_' too: ~/.ssh/config aliases (``Host my_box``) and some real names have it
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def check_port(text: str | int, *, what: str) -> int:
+    """A TCP port 1-65535.
+
+    Raises:
+        ConfigError: anything else (nothing is sent anywhere).
+    """
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{what}: port {port} is out of range 1-65535")
+    return port
+
+
+def check_address(address: str, *, what: str) -> str:
+    """A host name (RFC 1123 labels) or an IP address, as given (IPv6 without brackets).
+
+    Raises:
+        ConfigError: empty labels (``a..b``), bad characters, or a malformed IP address.
+    """
+    import ipaddress
+
+    bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
+    if ":" in bare or re.fullmatch(r"[0-9.]+", bare):
+        try:
+            return str(ipaddress.ip_address(bare))
+        except ValueError:
+            raise ConfigError(f"{what}: {address!r} is not a valid IP address") from None
+    if len(bare) > 253 or not all(_LABEL.fullmatch(x) for x in bare.split(".")):
+        raise ConfigError(f"{what}: {address!r} is not a valid host name "
+                          "(dot-separated labels of letters, digits, '_' and '-')")
+    return bare
 
 
 def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
@@ -99,17 +159,20 @@ def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
         ConfigError: a file is not valid (message names file, line and field).
     """
     hosts: dict[str, HostSpec] = {}
+    origins: dict[str, str] = {}
     builds: dict[str, t.Any] = {}
-    sources: list[str] = []
-    for d in dirs if dirs is not None else paths.inventory_dirs():
-        if not d.is_dir():
-            continue
-        for path in sorted(d.glob("*.yaml")):
-            data, lines = yamlfile.load(path)
-            parsed = yamlfile.validate(InventoryFile, data or {}, path, lines)
-            for name, spec in parsed.hosts.items():
-                hosts[name] = spec.model_copy(update={"name": name})
-            if parsed.torch_builds:
-                builds.update(parsed.torch_builds)
-            sources.append(str(path))
-    return Inventory(hosts=hosts, sources=tuple(sources), torch_builds=builds)
+    files = [path for d in (dirs if dirs is not None else paths.inventory_dirs()) if d.is_dir()
+             for path in sorted(d.glob("*.yaml"))]
+    for path in reversed(files):  # read last first, so that the first definition wins
+        data, lines = yamlfile.load(path)
+        parsed = yamlfile.validate(InventoryFile, data or {}, path, lines)
+        for name, spec in parsed.hosts.items():
+            hosts[name] = spec.model_copy(update={"name": name})
+            origins[name] = str(path)
+        for variant, row in (parsed.torch_builds or {}).items():
+            if isinstance(row, dict) and isinstance(builds.get(variant), dict):
+                builds[variant] = {**builds[variant], **row}
+            else:
+                builds[variant] = row
+    return Inventory(hosts=hosts, sources=tuple(str(p) for p in files), torch_builds=builds,
+                     origins=origins)

@@ -81,11 +81,11 @@ def default_playbook(host: str, ctid: int | None) -> str:
         raise ConfigError("deploy needs --ct (the container id)")
     container = spec.containers.get(ctid)
     if container is None or container.playbook is None:
-        from opsctl import paths
+        from opsctl import playbook
 
-        names = ", ".join(sorted(p.stem for p in (paths.REPO_ROOT / "playbooks").glob("*.yaml")))
+        names = ", ".join(playbook.available_names())
         raise ConfigError(f"no --playbook given and the inventory names none for {spec.label} "
-                          f"ct {ctid}", hint=f"pass --playbook (bundled: {names}) or set "
+                          f"ct {ctid}", hint=f"pass --playbook (available: {names}) or set "
                                               f"containers.{ctid}.playbook in the inventory")
     return container.playbook
 

@@ -17,8 +17,14 @@ Life cycle
   its SSH connection drops, when its socket file is removed or replaced, or on
   ``opsctl mux stop``. ``OPSCTL_MUX=0`` disables it.
 - Sockets live in ``$OPSCTL_HOME/mux/`` (0700, checked before use). The name
-  hashes user@host:port, identity file, host-key pin, the known_hosts path *and*
-  its stat: editing known_hosts (a changed or revoked key) retires the old mux.
+  hashes user@host:port, identity file, ProxyJump, host-key pin, the known_hosts
+  path *and* its content: editing known_hosts (a changed or revoked key) retires the
+  old mux — it stops taking calls and exits when the calls in flight have finished;
+  a ``touch`` changes nothing.
+- sshd refuses channels beyond its ``MaxSessions`` (OpenSSH default 10). A refusal
+  fails no command: the mux learns the limit, runs the call on another connection it
+  opens (up to :data:`MAX_CONNECTIONS`) or queues it for a free channel for up to
+  :data:`QUEUE_WAIT_S`, then answers ``U`` so the call connects on its own.
 - A socket nobody answers is stale: it is removed when its lock is free.
 - Deadlines: the remote ``timeout`` wrappers are part of the command string, so a
   fired deadline still kills the remote process group; the client's local
@@ -58,6 +64,13 @@ ENV_IDLE = "OPSCTL_MUX_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
 #: How long a client waits for the mux to start the command before going direct.
 START_TIMEOUT_S = 10.0
+#: How long a call waits for a free SSH session on the shared connection before the mux
+#: tells it to connect on its own; well under START_TIMEOUT_S, so the mux answers first.
+QUEUE_WAIT_S = 4.0
+#: Connections one mux may hold to its host (the first, plus extras opened when every
+#: session of the others is busy), and how long an extra one may sit without a channel.
+MAX_CONNECTIONS = 4
+EXTRA_IDLE_S = 5.0
 _HDR = struct.Struct("!cI")
 _MAX_SUN_PATH = 100  # AF_UNIX path limit is 108 bytes on Linux; keep a margin
 
@@ -96,13 +109,12 @@ def _known_hosts(spec: HostSpec) -> Path:
 def key(spec: HostSpec) -> str:
     """What a mux connection is bound to: identity and the trust state it verified."""
     kh = _known_hosts(spec)
-    try:
-        st = kh.stat()
-        kh_state: list[int] | None = [st.st_ino, st.st_size, st.st_mtime_ns]
+    try:  # its content, not its stat: a `touch` must not start a second mux (issue 15 #12)
+        kh_state: str | None = hashlib.sha256(kh.read_bytes()).hexdigest()
     except OSError:
         kh_state = None
     ident = [spec.user, spec.address, spec.port, spec.identity_file, spec.host_key_fingerprint,
-             str(kh), kh_state]
+             str(kh), kh_state, spec.proxy_jump]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
 
 
@@ -225,6 +237,7 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
     start = time.monotonic()
     frames = _Frames(sock)
     writer: threading.Thread | None = None
+    stop_feeding = threading.Event()
     try:
         try:
             sock.sendall(json.dumps({"op": "exec", "command": command,
@@ -235,7 +248,7 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
         if first is None or first[0] != b"S":  # nothing ran: go direct
             return None
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(sock, stdin), daemon=True)
+            writer = threading.Thread(target=_feed, args=(sock, stdin, stop_feeding), daemon=True)
             writer.start()
         out: list[bytes] = []
         err: list[bytes] = []
@@ -270,18 +283,20 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
                 raise TransportError(f"{spec.label}: connection lost during {what}: "
                                      f"{data.decode(errors='replace')}")
     finally:
+        stop_feeding.set()  # never leave a thread reading our stdin (issue 15 item 2)
         sock.close()  # on Ctrl-C or a deadline this makes the mux close the channel
+        if writer is not None:
+            writer.join(timeout=1)
 
 
-def _feed(sock: socket.socket, stdin: bytes | t.BinaryIO) -> None:
+def _feed(sock: socket.socket, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
+    from opsctl import stdinfeed
+
     try:
-        if isinstance(stdin, bytes):
-            for i in range(0, len(stdin), 1 << 16):
-                _send(sock, b"i", stdin[i:i + (1 << 16)])
-        else:
-            while chunk := stdin.read(1 << 16):
-                _send(sock, b"i", chunk)
-        _send(sock, b"I")
+        for chunk in stdinfeed.chunks(stdin, stop):
+            _send(sock, b"i", chunk)
+        if not stop.is_set():
+            _send(sock, b"I")
     except (OSError, ValueError):  # the call ended first; its rc tells the story
         pass
 
@@ -357,8 +372,30 @@ def spawn(spec: HostSpec) -> None:
 # --- server --------------------------------------------------------------------------
 
 
+class _Conn:
+    """One verified SSH connection of the mux and the session channels open on it."""
+
+    def __init__(self, remote: t.Any):
+        self.remote = remote  # opsctl.transport.Remote, opened
+        self.channels = 0
+        self.idle_since = time.monotonic()
+
+    def transport(self) -> t.Any:
+        return self.remote._conn.client.get_transport() if self.remote._conn else None
+
+    def connected(self) -> bool:
+        transport = self.transport()
+        return transport is not None and bool(transport.is_active())
+
+
 class Server:
-    """Holds one verified SSH connection and runs commands for local clients."""
+    """Holds verified SSH connections to one host and runs commands for local clients.
+
+    The first connection lives as long as the mux. When the server's session limit is
+    reached on every connection, the mux opens another one (at most
+    :data:`MAX_CONNECTIONS`, one handshake at a time, so sshd's ``MaxStartups`` never sees
+    a burst) and closes it again after :data:`EXTRA_IDLE_S` without a channel.
+    """
 
     def __init__(self, spec: HostSpec, sock_path: Path, idle: float):
         from opsctl.transport import Remote
@@ -375,6 +412,14 @@ class Server:
         self.stopping = False
         self.listener: socket.socket | None = None
         self.inode: int | None = None
+        # sshd refuses a channel beyond its MaxSessions (OpenSSH default 10) per connection:
+        # the most it accepted is learned at the first refusal; then calls go to a connection
+        # with a free session, to a new connection, or wait (issue 15 #3).
+        self.conns: list[_Conn] = []
+        self.opening = False  # a handshake for an extra connection is under way
+        self.last_error: str | None = None  # shown by `opsctl mux status --json`
+        self.max_channels: int | None = None
+        self.slot_freed = threading.Condition(self.lock)
 
     def open(self) -> None:
         """Connect (host-key policy enforced by Remote) and listen.
@@ -383,6 +428,7 @@ class Server:
             OpsctlError: from the connection (the mux then exits; clients go direct).
         """
         self.remote._open()
+        self.conns = [_Conn(self.remote)]
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # stale: we hold the lock, so nobody else serves it
@@ -395,10 +441,15 @@ class Server:
         self.inode = self.path.stat().st_ino
         self.listener = listener
 
-    def _alive(self) -> bool:
+    def _connected(self) -> bool:
         transport = self.remote._conn.client.get_transport() if self.remote._conn else None
-        if transport is None or not transport.is_active():
+        return transport is not None and transport.is_active()
+
+    def _alive(self) -> bool:
+        if not self._connected():
             return False
+        if socket_path(self.spec, create=False) != self.path:
+            return False  # known_hosts (or its path) changed: a new mux serves the new state
         try:  # our socket file removed or replaced: nobody can reach us any more
             return self.path.stat().st_ino == self.inode
         except OSError:
@@ -412,6 +463,7 @@ class Server:
                 with self.lock:
                     if self.active == 0 and time.monotonic() - self.last > self.idle:
                         break
+                self._prune_extra_connections()
                 ready, _, _ = select.select([self.listener], [], [], 0.5)
                 if ready:
                     conn, _ = self.listener.accept()
@@ -419,8 +471,35 @@ class Server:
                         self.active += 1
                         self.last = time.monotonic()
                     threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            self._retire()
         finally:
             self.close()
+
+    def _retire(self) -> None:
+        """Stop taking calls, then let the ones in flight finish on the live connection.
+
+        Closing the connection at once would kill every command running through it (a
+        ``touch`` of known_hosts or ``mux stop`` must not cost another shell its ``exec``).
+        """
+        try:
+            if self.inode is not None and self.path.stat().st_ino == self.inode:
+                self.path.unlink()
+        except OSError:
+            pass
+        if self.listener is not None:
+            self.listener.close()
+        with self.lock:
+            while self.active > 0 and any(c.connected() for c in self.conns):
+                self.slot_freed.wait(0.5)
+
+    def _prune_extra_connections(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            idle = [c for c in self.conns[1:] if c.channels == 0 and
+                    (now - c.idle_since > EXTRA_IDLE_S or not c.connected())]
+            self.conns = [c for c in self.conns if c not in idle]
+        for c in idle:
+            c.remote.close()
 
     def close(self) -> None:
         try:
@@ -430,6 +509,8 @@ class Server:
             pass
         if self.listener is not None:
             self.listener.close()
+        for c in self.conns[1:]:
+            c.remote.close()
         self.remote.close()
 
     def _handle(self, conn: socket.socket) -> None:
@@ -445,6 +526,7 @@ class Server:
                     _send(conn, b"j", json.dumps({
                         "pid": os.getpid(), "target": self.spec.ssh_label(), "host": self.spec.label,
                         "calls": self.calls, "active": self.active - 1,
+                        "connections": len(self.conns), "last_error": self.last_error,
                         "started_at": self.started_at, "idle_s": self.idle}).encode())
                     if op == "stop":
                         self.stopping = True
@@ -454,20 +536,122 @@ class Server:
             with self.lock:
                 self.active -= 1
                 self.last = time.monotonic()
+                self.slot_freed.notify_all()
+
+    def _open_channel(self, conn: socket.socket) -> tuple[_Conn, t.Any] | None:
+        """A session channel, waiting (bounded) for a free one; None after answering ``U``.
+
+        A refused channel (sshd's MaxSessions: "administratively prohibited") fails nothing:
+        the limit is learned and the call takes a channel on another connection (opened
+        here if needed), or waits for one to close; after :data:`QUEUE_WAIT_S` it is told to
+        connect on its own (``U``: nothing ran). Only a dead first connection ends the mux —
+        and then no command could run on it anyway.
+        """
+        import paramiko
+
+        from opsctl.errors import OpsctlError
+        from opsctl.transport import Remote
+
+        deadline = time.monotonic() + QUEUE_WAIT_S
+        while True:
+            with self.lock:
+                picked, open_new = self._pick(deadline)
+            if open_new:
+                try:
+                    extra = Remote(self.spec, use_mux=False)
+                    extra._open()
+                except OpsctlError as exc:
+                    extra = None
+                    self.last_error = f"extra connection: {exc.message}"
+                with self.lock:
+                    self.opening = False
+                    if extra is not None:
+                        picked = _Conn(extra)
+                        picked.channels = 1
+                        self.conns.append(picked)
+                    self.slot_freed.notify_all()
+            if picked is None:
+                _send(conn, b"U", b"all SSH sessions to the host are busy")
+                return None
+            transport = picked.transport()
+            try:
+                if transport is None or not transport.is_active():
+                    raise paramiko.SSHException("connection closed")
+                return picked, transport.open_session(timeout=self.spec.connect_timeout_s)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if picked.connected():
+                    # Refused on a live connection: the server's session limit. (paramiko
+                    # reports concurrent refusals as ChannelException to one opener and as
+                    # "Unable to open channel." to the others: both mean the same here.)
+                    refused: BaseException = exc
+                else:
+                    self._release_channel(picked)
+                    if not self._connected():
+                        self.stopping = True  # our first connection is broken: clients go direct
+                    _send(conn, b"U", str(exc).encode())
+                    return None
+                with self.lock:
+                    picked.channels -= 1
+                    # never shrink below what once worked: a refusal can also come from a
+                    # channel whose close the server has not processed yet
+                    self.max_channels = max(1, picked.channels, self.max_channels or 0)
+                    give_up = time.monotonic() >= deadline or (
+                        picked.channels == 0 and len(self.conns) == 1)
+                    if not give_up:
+                        self.slot_freed.wait(0.05)
+                if give_up:
+                    _send(conn, b"U", str(refused).encode())
+                    return None
+
+    def _pick(self, deadline: float) -> tuple[_Conn | None, bool]:
+        """Under the lock: (a connection with a free session, taken) or (None, open one)."""
+        while True:
+            for c in self.conns:
+                if (self.max_channels is None or c.channels < self.max_channels) and c.connected():
+                    c.channels += 1
+                    return c, False
+            if not self.opening and len(self.conns) < MAX_CONNECTIONS:
+                self.opening = True
+                return None, True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, False
+            self.slot_freed.wait(min(left, 0.5))
+
+    def _release_channel(self, c: _Conn) -> None:
+        with self.lock:
+            c.channels -= 1
+            if c.channels == 0:
+                c.idle_since = time.monotonic()
+            self.slot_freed.notify_all()
 
     def _exec(self, conn: socket.socket, command: str, has_stdin: bool) -> None:
         import paramiko
 
-        transport = self.remote._conn.client.get_transport() if self.remote._conn else None
-        try:
-            if transport is None or not transport.is_active():
-                raise paramiko.SSHException("connection closed")
-            chan = transport.open_session(timeout=self.spec.connect_timeout_s)
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.stopping = True  # our connection is broken: let clients go direct
-            _send(conn, b"U", str(exc).encode())
+        opened = self._open_channel(conn)
+        if opened is None:
             return
+        picked, chan = opened
+        try:
+            if _hung_up(conn):  # the client gave up waiting and went direct: never run twice
+                chan.close()
+                return
+            try:
+                chan.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                chan.close()
+                if not self._connected():
+                    self.stopping = True
+                _send(conn, b"U", str(exc).encode())
+                return
+            self._run(conn, chan, has_stdin)
+        finally:
+            self._release_channel(picked)
+
+    def _run(self, conn: socket.socket, chan: t.Any, has_stdin: bool) -> None:
+        import paramiko
+
+        transport = chan.get_transport()
         _send(conn, b"S")
         done = threading.Event()
         reader = threading.Thread(target=_pump_stdin, args=(conn, chan, has_stdin, done), daemon=True)
@@ -496,6 +680,16 @@ class Server:
         finally:
             done.set()
             chan.close()
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """True when the client closed its end (it timed out waiting and connected directly)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _read_line(conn: socket.socket, limit: int = 1 << 20) -> dict[str, t.Any]:

@@ -1,11 +1,34 @@
-"""Where opsctl keeps local state: ``$OPSCTL_HOME`` (default ``~/.opsctl``)."""
+"""Where opsctl keeps local state (``$OPSCTL_HOME``, default ``~/.opsctl``) and where it looks
+for playbooks and inventory.
+
+Lookup order, first match wins (a name found earlier shadows the same name later):
+
+1. the current directory's ``playbooks/`` / ``inventory/`` (a project checkout),
+2. ``$OPSCTL_HOME/playbooks/`` / ``$OPSCTL_HOME/inventory/`` (``~/.opsctl/…``; ``opsctl sandbox
+   up`` writes ``inventory/sandbox.yaml`` there),
+3. the ones bundled inside the installed package (``opsctl/bundled/``).
+
+Inventory also reads ``$OPSCTL_INVENTORY`` (a directory) before all of these, and
+``OPSCTL_INVENTORY_DIRS`` (os.pathsep-separated) replaces the whole inventory list; tests use it
+so that the shipped example host (a real 10.x address) is never contacted.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages when installed
+BUNDLED = Path(__file__).resolve().parent / "bundled"
+
+
+@dataclass(frozen=True)
+class SearchDir:
+    """One directory of a lookup order, and what it is (shown as a name's origin)."""
+
+    path: Path
+    origin: str  # "cwd" | "home" | "env" | "bundled"
 
 
 def home() -> Path:
@@ -36,17 +59,42 @@ def payload_source() -> Path:
     return REPO_ROOT / "remote_payload"
 
 
-def inventory_dirs() -> list[Path]:
-    """Repo inventory, then $OPSCTL_HOME's, then $OPSCTL_INVENTORY.
+def _dedup(dirs: list[SearchDir]) -> list[SearchDir]:
+    """Drop a directory seen earlier (a checkout's ``playbooks/`` links to the bundled one)."""
+    seen: set[Path] = set()
+    out = []
+    for d in dirs:
+        key = d.path.resolve() if d.path.exists() else d.path.absolute()
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
 
-    ``OPSCTL_INVENTORY_DIRS`` (os.pathsep-separated) replaces the whole list; tests use it so
-    that the shipped example host (a real 10.x address) is never contacted.
+
+def playbook_dirs() -> list[SearchDir]:
+    """``./playbooks``, ``$OPSCTL_HOME/playbooks``, the bundled playbooks: first match wins."""
+    return _dedup([SearchDir(Path.cwd() / "playbooks", "cwd"),
+                   SearchDir(home() / "playbooks", "home"),
+                   SearchDir(BUNDLED / "playbooks", "bundled")])
+
+
+def inventory_search() -> list[SearchDir]:
+    """``$OPSCTL_INVENTORY``, ``./inventory``, ``$OPSCTL_HOME/inventory``, bundled (first wins).
+
+    ``OPSCTL_INVENTORY_DIRS`` replaces the whole list (in its order).
     """
     override = os.environ.get("OPSCTL_INVENTORY_DIRS")
     if override is not None:
-        return [Path(p) for p in override.split(os.pathsep) if p]
-    dirs = [REPO_ROOT / "inventory", home() / "inventory"]
+        return [SearchDir(Path(p), "env") for p in override.split(os.pathsep) if p]
+    dirs = []
     extra = os.environ.get("OPSCTL_INVENTORY")
     if extra:
-        dirs.append(Path(extra))
-    return dirs
+        dirs.append(SearchDir(Path(extra), "env"))
+    dirs += [SearchDir(Path.cwd() / "inventory", "cwd"), SearchDir(home() / "inventory", "home"),
+             SearchDir(BUNDLED / "inventory", "bundled")]
+    return _dedup(dirs)
+
+
+def inventory_dirs() -> list[Path]:
+    """The inventory directories in lookup order (see :func:`inventory_search`)."""
+    return [d.path for d in inventory_search()]

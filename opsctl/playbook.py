@@ -1,5 +1,9 @@
 """Job specs from ``playbooks/*.yaml``, validated with pydantic.
 
+A name (``dflash-8gpu``) is looked up in ``./playbooks``, ``$OPSCTL_HOME/playbooks`` (by default
+``~/.opsctl/playbooks``), then the playbooks bundled with opsctl; the first match wins
+(:func:`opsctl.paths.playbook_dirs`). ``opsctl playbooks`` lists every one with its origin.
+
 A playbook says what to run in the container and when it counts as healthy;
 ``torch:`` and ``cache:`` say which torch build and compile-cache policy the
 job needs (applied by ``deploy`` before launch).
@@ -11,12 +15,19 @@ import re
 import secrets
 import time
 import typing as t
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from opsctl import paths, yamlfile
 from opsctl.errors import ConfigError
+
+#: What a POSIX shell and ``os.execve`` accept as an environment variable name.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The launch spec travels as JSON on the agent's command line, which is capped at
+#: ``transport.MAX_COMMAND_BYTES`` (100 KiB); leave room for JSON escaping and the rest.
+MAX_SPEC_TEXT_BYTES = 48 * 1024
 
 MAX_REGEX_LEN = 1000
 
@@ -140,6 +151,28 @@ class Playbook(BaseModel):
             raise ValueError(f"phase budgets must be positive seconds: {', '.join(bad)}")
         return v
 
+    @model_validator(mode="after")
+    def _runnable_in_the_container(self) -> Playbook:
+        # What the remote wrapper would otherwise crash on (job LOST): checked here, exit 2.
+        if not self.command[0]:
+            raise ValueError("command[0] is empty: name the program to run")
+        bad_env = [k for k in self.env if not ENV_NAME_RE.fullmatch(k)]
+        if bad_env:
+            raise ValueError(f"env names must match {ENV_NAME_RE.pattern}: "
+                             + ", ".join(repr(k) for k in bad_env))
+        texts = [("name", self.name), ("workdir", self.workdir or ""),
+                 *((f"command[{i}]", a) for i, a in enumerate(self.command)),
+                 *((f"env.{k}", v) for k, v in self.env.items())]
+        with_nul = [where for where, text in texts if "\0" in text]
+        if with_nul:
+            raise ValueError(f"NUL bytes cannot be passed to a process: {', '.join(with_nul)}")
+        size = sum(len(text.encode("utf-8", "surrogateescape")) for _, text in texts)
+        if size > MAX_SPEC_TEXT_BYTES:
+            raise ValueError(f"command, env and workdir hold {size} bytes; at most "
+                             f"{MAX_SPEC_TEXT_BYTES} fit on the launch command line (put large "
+                             "input in a file in the payload instead)")
+        return self
+
     def new_job_id(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         return f"{self.name}-{stamp}-{secrets.token_hex(2)}"
@@ -166,20 +199,62 @@ class Playbook(BaseModel):
         }
 
 
+@dataclass(frozen=True)
+class Found:
+    """A playbook file found by name, and where it came from."""
+
+    name: str
+    path: Path
+    origin: str  # "cwd" | "home" | "bundled" (paths.SearchDir.origin), or "path" when given one
+    active: bool = True  # False: an earlier directory has a playbook of the same name
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {"name": self.name, "origin": self.origin, "path": str(self.path),
+                "active": self.active}
+
+
+def available() -> list[Found]:
+    """Every ``*.yaml`` playbook in lookup order; a shadowed one has ``active=False``."""
+    seen: set[str] = set()
+    out = []
+    for d in paths.playbook_dirs():
+        for f in sorted(d.path.glob("*.yaml")) if d.path.is_dir() else ():
+            out.append(Found(f.stem, f, d.origin, active=f.stem not in seen))
+            seen.add(f.stem)
+    return out
+
+
+def available_names() -> list[str]:
+    return sorted({f.name for f in available()})
+
+
+def locate(path: str | Path) -> Found:
+    """A path that exists, else a name looked up in the playbook directories.
+
+    Raises:
+        ConfigError: neither (the message lists the directories searched and the names found).
+    """
+    p = Path(path)
+    if p.exists():
+        return Found(p.stem, p, "path")
+    if not p.suffix and len(p.parts) == 1:
+        for d in paths.playbook_dirs():
+            candidate = d.path / f"{p.name}.yaml"
+            if candidate.is_file():
+                return Found(p.name, candidate, d.origin)
+    searched = ", ".join(f"{d.path} ({d.origin})" for d in paths.playbook_dirs())
+    names = ", ".join(available_names()) or "(none)"
+    raise ConfigError(f"playbook {str(path)!r} not found (searched {searched})",
+                      hint=f"available: {names}; `opsctl playbooks` lists them with their origin")
+
+
 def load(path: str | Path) -> Playbook:
-    """Load a playbook by path, or by name from ``playbooks/``.
+    """Load a playbook by path, or by name (see :func:`locate`).
 
     Raises:
         ConfigError: missing file, bad YAML or an invalid field (file:line field: problem).
     """
-    p = Path(path)
-    if not p.exists() and not p.suffix:
-        candidate = paths.REPO_ROOT / "playbooks" / f"{p.name}.yaml"
-        if candidate.exists():
-            p = candidate
-    if not p.exists():
-        available = ", ".join(sorted(x.stem for x in (paths.REPO_ROOT / "playbooks").glob("*.yaml")))
-        raise ConfigError(f"playbook {str(path)!r} not found", hint=f"available: {available}")
+    p = locate(path).path
     data, lines = yamlfile.load(p)
     if not isinstance(data, dict):
         raise ConfigError(f"{p}:1: a playbook is a mapping with at least name and command")

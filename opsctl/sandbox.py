@@ -53,6 +53,7 @@ PCT_SOURCE = Path(__file__).with_name("sandbox_files") / "pct.py"
 MASKED_UNITS = ("ssh.service", "sshd.service", "ssh.socket", "networking.service",
                 "apt-daily.timer", "apt-daily-upgrade.timer")
 SSHD_START_TIMEOUT_S = 10.0
+PVE_CONFIG_LINES = ("lxc.environment = TERM=linux",)
 CONTAINER_BOOT_TIMEOUT_S = 20
 
 
@@ -233,8 +234,9 @@ def down(home: Path | None = None) -> None:
 
 
 def destroy(home: Path | None = None) -> None:
-    """Remove everything: containers, sshd, keys, state dir and the inventory entry."""
+    """Remove everything: containers, sshd, keys, sudo user, state dir and the inventory entry."""
     layout = _Layout.of(home)
+    _remove_sudo_user(layout)
     if layout.state_dir.is_dir():
         down(home)
         with _locked(layout):
@@ -242,6 +244,58 @@ def destroy(home: Path | None = None) -> None:
                 _lxc(layout, "lxc-destroy", name, check=False)
         shutil.rmtree(layout.state_dir, ignore_errors=True)
     layout.inventory_file.unlink(missing_ok=True)
+
+
+def sudo_user_name(state_dir: Path) -> str:
+    """The sandbox's non-root SSH user (one per sandbox: user names are machine-wide)."""
+    return "opsctl-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]
+
+
+def ensure_sudo_user(home: Path | None = None) -> str:
+    """A non-root SSH user whose sudoers rule allows this sandbox's pct and nothing else.
+
+    Like the usual rule on a Proxmox node (``admin ALL=(root) NOPASSWD: /usr/sbin/pct``) with
+    the stand-in's path; it logs in with the sandbox's client key. Returns the user name.
+
+    Raises:
+        ConfigError: sudo is not installed, or the sandbox was never brought up.
+    """
+    layout = _Layout.of(home)
+    if _which("sudo") is None or _which("visudo") is None:
+        raise ConfigError("the sandbox's non-root user needs sudo: apt-get install -y sudo")
+    if not layout.pct_path.is_file():
+        raise ConfigError("the sandbox is not set up", hint="opsctl sandbox up")
+    name = sudo_user_name(layout.state_dir)
+    with _locked(layout):
+        if subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode != 0:
+            # password "*": no password login, but not "locked" (sshd refuses locked accounts);
+            # home in /home: the sandbox home may sit in a directory only root can enter
+            _run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
+                  "--shell", "/bin/sh", "--password", "*", name])
+        ssh_dir = Path(f"/home/{name}/.ssh")
+        ssh_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(layout.authorized_keys, ssh_dir / "authorized_keys")
+        _run(["chown", "-R", f"{name}:", str(ssh_dir)])
+        rule = f"{name} ALL=(root) NOPASSWD: {layout.pct_path}\n"
+        sudoers = _sudoers_file(layout)
+        if not sudoers.is_file() or sudoers.read_text() != rule:
+            tmp = sudoers.with_name(f".{sudoers.name}.tmp")  # sudo skips names with a dot
+            tmp.write_text(rule)
+            tmp.chmod(0o440)
+            _run(["visudo", "-c", "-q", "-f", str(tmp)])
+            os.replace(tmp, sudoers)
+    return name
+
+
+def _sudoers_file(layout: _Layout) -> Path:
+    return Path("/etc/sudoers.d") / sudo_user_name(layout.state_dir)
+
+
+def _remove_sudo_user(layout: _Layout) -> None:
+    _sudoers_file(layout).unlink(missing_ok=True)
+    name = sudo_user_name(layout.state_dir)
+    if subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode == 0:
+        _run(["userdel", "--remove", name], check=False)
 
 
 def info(home: Path | None = None) -> SandboxInfo | None:
@@ -382,7 +436,10 @@ def _free_port() -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Nobody listens on ``port``. Connections still open to a previous sshd do not count:
+    sshd binds with SO_REUSEADDR too, so a restart keeps the inventory's port (issue 15 #12)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError:
@@ -406,8 +463,11 @@ def _sshd_config(layout: _Layout, port: int) -> str:
     return "\n".join([
         "# opsctl sandbox sshd: loopback only, key auth only, pct on PATH",
         f"Port {port}", f"ListenAddress {HOST}", f"HostKey {layout.host_key}",
-        f"PidFile {layout.pid_file}", f"AuthorizedKeysFile {layout.authorized_keys}",
-        "AllowUsers root", "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
+        f"PidFile {layout.pid_file}",
+        # the sudo user reads its own copy (sshd opens the file as the user)
+        f"AuthorizedKeysFile {layout.authorized_keys} .ssh/authorized_keys",
+        f"AllowUsers root {sudo_user_name(layout.state_dir)}", "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
         # The state dir may sit under a world-writable /tmp (pytest); the keys are ours.
         "StrictModes no",
@@ -510,6 +570,7 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         _ensure_base(layout)
         shutil.rmtree(layout.lxc_path / name, ignore_errors=True)  # a half-made copy
         _lxc(layout, "lxc-copy", BASE, "-N", name)
+    _ensure_pve_config_lines(layout.lxc_path / name / "config")
     state = _container_state(layout, name)
     if running and state != "running":
         _lxc(layout, "lxc-start", name)
@@ -522,6 +583,19 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         _ensure_late_packages(layout, name)
     elif not running and state == "running":
         _lxc(layout, "lxc-stop", name, "--kill")
+
+
+def _ensure_pve_config_lines(config: Path) -> None:
+    """Lines Proxmox writes into every container's LXC config (sandboxes made before catch up).
+
+    pve-container src/PVE/LXC.pm update_lxc_config: `lxc.environment = TERM=linux`, which
+    lxc-attach applies even with --clear-env (lxc src/lxc/attach.c
+    lxc_attach_set_environment), so every `pct exec` command sees TERM=linux.
+    """
+    lines = config.read_text().splitlines()
+    missing = [line for line in PVE_CONFIG_LINES if line not in lines]
+    if missing:
+        config.write_text("\n".join([*lines, *missing]) + "\n")
 
 
 def _ensure_late_packages(layout: _Layout, name: str) -> None:

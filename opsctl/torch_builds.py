@@ -22,13 +22,12 @@ import time
 import typing as t
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from opsctl import paths
+from opsctl import paths, yamlfile
 from opsctl.errors import ConfigError, TorchEnvError
 
-DEFAULTS_PATH = paths.REPO_ROOT / "inventory" / "torch-builds.yaml"
+DEFAULTS_PATH = paths.BUNDLED / "inventory" / "torch-builds.yaml"
 DEFAULT_INDEX = "https://download.pytorch.org/whl/{variant}"
 _VARIANT_RE = re.compile(r"^(cpu|cu\d{3})$")
 _RELEASE_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.]*)$")
@@ -163,10 +162,7 @@ class BuildsTable:
 
 
 def _read_defaults(path: Path) -> dict[str, t.Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read the torch builds table: {exc}") from None
+    data = yamlfile.load(path)[0] or {}  # bounded, UTF-8, no aliases or duplicate keys
     builds = data.get("torch_builds") if isinstance(data, dict) else None
     if not isinstance(builds, dict):
         raise ConfigError(f"{path}: expected a 'torch_builds:' mapping")

@@ -31,11 +31,13 @@ from pathlib import Path
 from opsctl import paths
 from opsctl.errors import (
     AuthError,
+    ConfigError,
     ContainerMissing,
     ContainerNotRunning,
     DeadlineExceeded,
     HostKeyError,
-    RemoteCommandFailed,
+    HostSetupError,
+    PctTooOld,
     TransportError,
 )
 
@@ -85,7 +87,66 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.Any:
+_warned_lines: set[tuple[str, int]] = set()
+
+
+def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
+                     revoked: list[paramiko.PKey] | None = None) -> int:
+    """Add ``path``'s entries to ``host_keys``; returns how many lines were skipped.
+
+    ``@revoked`` keys go to ``revoked`` (the caller refuses a server presenting one);
+    ``@cert-authority`` lines are skipped (opsctl does not use host certificates).
+
+    Unlike paramiko's loader, one malformed line (bad base64, broken key blob, not UTF-8)
+    — usually for some other host — is skipped with a one-line warning naming file:line
+    instead of failing every command with a traceback (issue 15, item 6). OpenSSH also
+    ignores such lines. A host whose own line is unreadable is then simply unknown, and the
+    unknown-key refusal says so.
+
+    Raises:
+        HostKeyError: the file exists but cannot be read at all.
+    """
+    import sys
+
+    import paramiko
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
+    skipped = 0
+    for lineno, bline in enumerate(raw.splitlines(), 1):
+        line = bline.decode("utf-8", "replace").strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = line.split(None, 1)[0] if line.startswith("@") else None
+        if marker is not None:
+            if marker != "@revoked":
+                continue
+            line = line.split(None, 1)[1] if " " in line or "\t" in line else ""
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception as exc:  # any broken line is skipped, never fatal
+            skipped += 1
+            if (str(path), lineno) not in _warned_lines:
+                _warned_lines.add((str(path), lineno))
+                sys.stderr.write(f"warning: {path}:{lineno}: unreadable known_hosts line "
+                                 f"ignored ({type(exc).__name__})\n")
+            continue
+        if entry is None:  # too few fields or a key type paramiko does not know
+            continue
+        if marker == "@revoked":
+            if revoked is not None:
+                revoked.append(entry.key)
+            continue
+        for name in entry.hostnames:
+            host_keys.add(name, entry.key.get_name(), entry.key)
+    return skipped
+
+
+def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label: str) -> t.Any:
     import paramiko
 
     class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc,unused-ignore]
@@ -106,7 +167,7 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool) -> t.A
             if not accept_new:
                 raise HostKeyError(
                     f"host key of {hostname} is not in {known_hosts} ({key.get_name()} {fp})",
-                    hint=f"check the fingerprint, then `opsctl host trust --host {hostname}` "
+                    hint=f"check the fingerprint, then `opsctl host trust --host {label}` "
                          "or pass --accept-new-host-key")
             known_hosts.parent.mkdir(parents=True, exist_ok=True)
             with known_hosts.open("a", encoding="utf-8") as f:
@@ -155,7 +216,6 @@ class Remote:
     def _open(self) -> fabric.Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
-        import fabric
         import paramiko
 
         connect_kwargs: dict[str, t.Any] = {
@@ -165,18 +225,14 @@ class Remote:
         if self.host.identity_file:
             connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
                                   look_for_keys=False, allow_agent=False)
-        conn = fabric.Connection(self.host.address, user=self.host.user, port=self.host.port,
-                                 connect_timeout=max(1, int(self.host.connect_timeout_s)),
-                                 connect_kwargs=connect_kwargs)
+        conn = self._connection(self.host, connect_kwargs, gateway=self._gateway())
         client = conn.client
         kh = self.known_hosts
-        if kh.exists():
-            try:
-                client.load_host_keys(str(kh))
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyError(f"cannot read known_hosts {kh}: {exc}") from None
+        revoked: list[paramiko.PKey] = []
+        load_known_hosts(client.get_host_keys(), kh, revoked)
         client.set_missing_host_key_policy(
-            _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key))
+            _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
+                         self.host.label))
         where = f"{self.host.ssh_label()}"
         try:
             conn.open()
@@ -207,6 +263,9 @@ class Remote:
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
             raise TransportError(f"cannot connect to {where}: no transport")
         server_fp = fingerprint(transport.get_remote_server_key())
+        if transport.get_remote_server_key() in revoked:
+            conn.close()
+            raise HostKeyError(f"host key of {where} ({server_fp}) is marked @revoked in {kh}")
         pinned = self.host.host_key_fingerprint
         if pinned is not None and server_fp != pinned:
             conn.close()
@@ -215,6 +274,47 @@ class Remote:
         transport.set_keepalive(self.keepalive_s)
         self._conn = conn
         return conn
+
+    @staticmethod
+    def _connection(spec: HostSpec, connect_kwargs: dict[str, t.Any],
+                    gateway: fabric.Connection | None) -> fabric.Connection:
+        import fabric
+        import paramiko
+
+        # ~/.ssh/config was applied once, by opsctl/sshconfig.py, into ``spec``; fabric must
+        # not apply it again (its gateways would trust any host key).
+        config = fabric.Config(ssh_config=paramiko.SSHConfig())
+        return fabric.Connection(spec.address, user=spec.user, port=spec.port, config=config,
+                                 connect_timeout=max(1, int(spec.connect_timeout_s)),
+                                 connect_kwargs=connect_kwargs,
+                                 gateway=gateway if gateway is not None else False)
+
+    def _gateway(self) -> fabric.Connection | None:
+        """The ProxyJump hops as nested fabric gateways, each checked against known_hosts.
+
+        Raises:
+            ConfigError: a hop is not ``[user@]host[:port]``.
+        """
+        if not self.host.proxy_jump:
+            return None
+        from opsctl import inventory
+
+        gateway: fabric.Connection | None = None
+        kh = self.known_hosts
+        for hop in self.host.proxy_jump.split(","):
+            spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve(hop.strip())
+            if spec.proxy_jump:
+                raise ConfigError(f"{self.host.label}: ProxyJump hop {hop!r} has its own "
+                                  "ProxyJump; list every hop in one ProxyJump instead")
+            kwargs: dict[str, t.Any] = {"banner_timeout": spec.connect_timeout_s,
+                                        "auth_timeout": spec.connect_timeout_s}
+            if spec.identity_file:
+                kwargs.update(key_filename=[os.path.expanduser(spec.identity_file)])
+            gateway = self._connection(spec, kwargs, gateway)
+            load_known_hosts(gateway.client.get_host_keys(), kh)
+            gateway.client.set_missing_host_key_policy(
+                _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
+        return gateway
 
     def server_fingerprint(self) -> str:
         """Connect (trusting per policy) and return the server's host-key fingerprint."""
@@ -238,7 +338,9 @@ class Remote:
             DeadlineExceeded: the deadline fired (the remote group was killed).
         """
         argv = [str(a) for a in argv]
-        command = host_command(argv, timeout=timeout, sudo=self.host.sudo)
+        command = host_command(argv, timeout=timeout, sudo=self.host.sudo,
+                               pct_path=self.host.pct_path)
+        check_command(self.host.label, step or argv[0], argv, command)
         local_deadline = None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
         result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline, step)
         if timeout is not None and result.rc in TIMEOUT_RCS and result.elapsed_s >= timeout:
@@ -263,8 +365,20 @@ class Remote:
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step)
         if check_container and result.rc != 0:
-            classify_pct_failure(self.host.label, ctid, result, step)
+            try:
+                classify_pct_failure(self.host, ctid, result, step)
+            except (ContainerMissing, ContainerNotRunning):
+                # The command itself may print pct's words and exit with pct's code; only
+                # believe them when the container really is not there (issue 15 #12).
+                if self._container_running(ctid):
+                    return result
+                raise
         return result
+
+    def _container_running(self, ctid: int) -> bool:
+        """``pct status <ctid>`` says running (one extra round trip, on the failure path only)."""
+        res = self.run(["pct", "status", str(ctid)], timeout=30, step="pct status")
+        return res.rc == 0 and res.stdout.decode("utf-8", "replace").split() == ["status:", "running"]
 
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
               on_stdout: Output | None, on_stderr: Output | None,
@@ -292,8 +406,9 @@ class Remote:
             self.close()
             raise TransportError(f"{self.host.label}: cannot start {step or argv[0]}: {exc}") from None
         writer: threading.Thread | None = None
+        stop_feeding = threading.Event()
         if stdin is not None:
-            writer = threading.Thread(target=_feed, args=(chan, stdin), daemon=True)
+            writer = threading.Thread(target=_feed, args=(chan, stdin, stop_feeding), daemon=True)
             writer.start()
         else:
             chan.shutdown_write()
@@ -328,6 +443,7 @@ class Remote:
             raise TransportError(f"{self.host.label}: connection lost during {step or argv[0]}: "
                                  f"{exc}") from None
         finally:
+            stop_feeding.set()  # the command ended: stop reading our stdin (issue 15 item 2)
             chan.close()
         if writer is not None:
             writer.join(timeout=5)
@@ -335,6 +451,32 @@ class Remote:
             rc = 255
         return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
                              time.monotonic() - start)
+
+
+#: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
+#: ONE argument of ``$SHELL -c``, and Linux caps a single argument at MAX_ARG_STRLEN = 128 KiB
+#: (32 pages); OpenSSH drops the whole connection (``Bad packet length``) when a packet exceeds
+#: 256 KiB, which kills every other command multiplexed on it (issue 15, item 3). 100 KiB keeps
+#: a margin for ``sudo``/``timeout``/``pct exec`` words and the channel-request framing. Bigger
+#: inputs go on stdin.
+MAX_COMMAND_BYTES = 100 * 1024
+
+
+def check_command(host: str, what: str, argv: t.Sequence[str], command: str) -> None:
+    """Refuse, locally, what the remote side cannot take (nothing is sent).
+
+    Raises:
+        ConfigError: a NUL byte in an argument, or a command over :data:`MAX_COMMAND_BYTES`.
+    """
+    nul = [i for i, a in enumerate(argv) if "\0" in a]
+    if nul:
+        raise ConfigError(f"{host}: {what}: argument {nul[0]} contains a NUL byte, which no "
+                          "process can receive; nothing was sent")
+    size = len(command.encode("utf-8", "surrogateescape"))
+    if size > MAX_COMMAND_BYTES:
+        raise ConfigError(f"{host}: {what}: the command is {size} bytes, over the "
+                          f"{MAX_COMMAND_BYTES} bytes a remote command line may have; nothing "
+                          "was sent", hint="pass large input on stdin or in a file instead")
 
 
 def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
@@ -346,23 +488,35 @@ def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
     return ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
 
 
-def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False) -> str:
-    """The one string sent to sshd: ``[sudo -n] [timeout …] argv``, joined once by shlex."""
+#: Real pct decodes every argument with the session's locale before it execs lxc-attach
+#: (pve-common JSONSchema.pm get_options: ``decode('locale', ...)``): under LANG=C each
+#: non-ASCII byte becomes U+FFFD. C.UTF-8 is built into glibc >= 2.35 and every Debian, so
+#: it makes the round trip byte-exact whatever locale the SSH session has.
+HOST_LOCALE = ("env", "LC_ALL=C.UTF-8")
+
+
+def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False,
+                 pct_path: str = "/usr/sbin/pct") -> str:
+    """The one string sent to sshd, joined once by shlex.
+
+    ``env LC_ALL=C.UTF-8 [timeout -k 2 T] [sudo -n <pct_path>|pct] args``: only pct runs
+    under sudo (the usual sudoers rule allows ``/usr/sbin/pct`` alone; allowing ``timeout``
+    would be allowing everything), and by the exact path such a rule names.
+    """
     wrapped = [str(a) for a in argv]
+    if sudo and wrapped[:1] == ["pct"]:
+        wrapped = ["sudo", "-n", pct_path, *wrapped[1:]]
     if timeout is not None:
         wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
-    if sudo:
-        wrapped = ["sudo", "-n", *wrapped]
-    return shlex.join(wrapped)
+    return shlex.join([*HOST_LOCALE, *wrapped])
 
 
-def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
+def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO, stop: threading.Event) -> None:
+    from opsctl import stdinfeed
+
     try:
-        if isinstance(stdin, bytes):
-            chan.sendall(stdin)
-        else:
-            while chunk := stdin.read(1 << 16):
-                chan.sendall(chunk)
+        for chunk in stdinfeed.chunks(stdin, stop):
+            chan.sendall(chunk)
     except (OSError, EOFError):  # remote closed early; its exit status tells the story
         pass
     finally:
@@ -373,33 +527,111 @@ def _feed(chan: paramiko.Channel, stdin: bytes | t.BinaryIO) -> None:
 
 
 # --- classification of pct's own failures ---------------------------------------------
+# By pct's exact message (stdout empty), never by its exit code: pct's errors are Perl `die`s
+# whose exit code is whatever errno was left (2 for a missing container, ENOENT from the
+# cluster filesystem), and the command's own exit code passes through `pct exec` unchanged.
 
-_MISSING = re.compile(r"Configuration file '[^']*/(\d+)\.conf' does not exist")
-_NOT_RUNNING = re.compile(r"CT (\d+) not running|container '?(\d+)'? (?:is )?not running", re.I)
+_MISSING = re.compile(r"Configuration file 'nodes/[^/']+/lxc/(\d+)\.conf' does not exist\n")
+_NOT_RUNNING = re.compile(r"container '(\d+)' not running!\n")
+_NO_KEEP_ENV = "Unknown option: keep-env\n"  # pve-container < 5.0.9, Getopt::Long's warning
+_SUDO_REFUSED = ("sudo: a password is required", "sudo: a terminal is required",
+                 "is not allowed to execute", "is not in the sudoers file")
+#: coreutils timeout(1) when it cannot exec its command (rc 126/127)
+_TIMEOUT_FAILED = re.compile(r"^timeout: failed to run command [‘'](.+?)[’']", re.M)
+#: lxc src/lxc/attach.c lxc_attach_run_command: execvp failed in the container (rc 126/127)
+_ATTACH_EXEC_FAILED = re.compile(r'Failed to exec "(.+?)"')
+#: env(1) when it cannot exec its command: `env: 'timeout': No such file or directory`
+_ENV_FAILED = re.compile(r"^env: [‘'](.+?)[’']: No such file", re.M)
+_SUDO_NOT_FOUND = re.compile(r"^sudo: (.+?): command not found", re.M)
+_SHELL_NOT_FOUND = re.compile(r"(?:^|: )(sudo|env|timeout): (?:command )?not found", re.M)
 
 
-def classify_pct_failure(host: str, ctid: int, result: CommandResult, step: str) -> None:
-    """Raise the container error pct reported, or return if the command itself failed.
+def classify_pct_failure(host: HostSpec, ctid: int, result: CommandResult, step: str) -> None:
+    """Raise the error pct (or what runs it) reported, or return if the command itself failed.
 
     Raises:
         ContainerMissing, ContainerNotRunning: pct refused before running anything.
-        RemoteCommandFailed: pct (or sudo) itself is missing on the host.
+        PctTooOld: the host's pve-container has no ``exec --keep-env``.
+        HostSetupError: pct, ``timeout`` or the sudoers rule is missing on the host, or
+            ``timeout`` in the container when opsctl put a deadline there.
     """
     text = result.stderr.decode("utf-8", "replace")
-    label = f"{host}: container {ctid}"
-    # pct dies with 255 (PVE CLIHandler); a user command printing the same text is not pct's refusal
-    if result.rc == 255 and _MISSING.search(text):
-        raise ContainerMissing(f"{label} does not exist (step: {step or 'pct exec'})",
+    label = f"{host.label}: container {ctid}"
+    where = f"(step: {step or 'pct exec'})"
+    quiet = result.stdout == b""
+    if quiet and (m := _MISSING.fullmatch(text)) and m[1] == str(ctid):
+        raise ContainerMissing(f"{label} does not exist {where}",
                                hint="`opsctl hosts --check` lists the containers each host has")
-    if result.rc == 255 and _NOT_RUNNING.search(text):
-        raise ContainerNotRunning(f"{label} is not running (step: {step or 'pct exec'})",
+    if quiet and (m := _NOT_RUNNING.fullmatch(text)) and m[1] == str(ctid):
+        raise ContainerNotRunning(f"{label} is not running {where}",
                                   hint=f"start it on the host: pct start {ctid}")
-    if result.rc == 127 and ("pct: command not found" in text or "pct: not found" in text):
-        raise RemoteCommandFailed(f"{host}: `pct` not found — is this a Proxmox host?",
-                                  argv=result.argv, rc=result.rc, stderr_tail=result.stderr_tail())
-    if result.rc == 1 and "sudo:" in text and "password" in text:
-        raise RemoteCommandFailed(f"{host}: sudo needs a password for pct (use NOPASSWD)",
-                                  argv=result.argv, rc=result.rc, stderr_tail=result.stderr_tail())
+    if quiet and text.startswith(_NO_KEEP_ENV) and "400 unable to parse option" in text:
+        raise PctTooOld(
+            f"{host.label}: pct has no `exec --keep-env`: the host's pve-container is older "
+            f"than 5.0.9 {where}", missing="pve-container >= 5.0.9",
+            hint="on the host: apt update && apt install pve-container (PVE 8; a PVE 7 host "
+                 "needs the upgrade to PVE 8); `pveversion -v | grep pve-container` shows it")
+    problem = _host_side_missing(host, result, text)
+    if problem is not None:
+        message, missing, hint = problem
+        raise HostSetupError(f"{host.label}: {message} {where}", missing=missing, hint=hint)
+    if _container_deadline(result.argv) and missing_in_container(result) == "timeout":
+        raise HostSetupError(
+            f"{label} has no `timeout` (coreutils), which opsctl runs there to enforce the "
+            f"deadline {where}", missing="timeout",
+            hint=f"install coreutils in container {ctid}")
+
+
+def _host_side_missing(host: HostSpec, result: CommandResult,
+                       text: str) -> tuple[str, str, str] | None:
+    """(message, the missing piece, hint) when pct could not even be started on the host."""
+    pct = host.pct_path if host.sudo else "pct"
+    if host.sudo and not result.stdout and text.startswith("sudo: ") \
+            and any(s in text for s in _SUDO_REFUSED):
+        line = f"{host.user} ALL=(root) NOPASSWD: {host.pct_path}"
+        return (f"sudo refused to run pct for {host.user}: the host's sudoers lacks the line "
+                f"`{line}`", line, f"on the host: echo '{line}' > /etc/sudoers.d/opsctl "
+                             "&& chmod 0440 /etc/sudoers.d/opsctl (check with visudo -c); if pct "
+                             "is not there, set pct_path in the inventory")
+    if result.rc not in (1, 126, 127):
+        return None
+    failed = [m[1] for rx in (_TIMEOUT_FAILED, _ENV_FAILED, _SUDO_NOT_FOUND, _SHELL_NOT_FOUND)
+              for m in rx.finditer(text)]
+    if pct in failed or "pct" in failed:
+        return (f"`{pct}` not found on the host: is it a Proxmox VE node?", pct,
+                "opsctl runs `pct` on the host it connects to (the node, not a container); "
+                + (f"set pct_path in the inventory if pct is not {pct}" if host.sudo
+                   else "check `command -v pct` there"))
+    if "timeout" in failed and not _ATTACH_EXEC_FAILED.search(text):
+        return ("`timeout` (coreutils) not found on the host", "timeout",
+                "install coreutils on the host")
+    if "sudo" in failed:
+        return (f"`sudo` not found on the host (inventory: sudo: true for {host.user})", "sudo",
+                "install sudo on the host, or connect as root")
+    return None
+
+
+def _container_deadline(argv: t.Sequence[str]) -> bool:
+    """Did opsctl put ``timeout`` in front of the container command (see pct_argv)?"""
+    try:
+        rest = list(argv)[list(argv).index("--") + 1:]
+    except ValueError:
+        return False
+    return rest[:1] == ["timeout"]
+
+
+def missing_in_container(result: CommandResult) -> str | None:
+    """The command the container could not exec (lxc-attach or timeout said so), else None."""
+    if result.rc not in (126, 127):
+        return None
+    text = result.stderr.decode("utf-8", "replace")
+    if m := _ATTACH_EXEC_FAILED.search(text):  # lxc-attach: the first command itself
+        return m[1]
+    if m := _TIMEOUT_FAILED.search(text):  # the container-side deadline's command
+        return m[1]
+    if m := _ENV_FAILED.search(text):  # `env VAR=... cmd` in the container (the agent's argv)
+        return m[1]
+    return None
 
 
 def save_log(step: str, result: CommandResult) -> Path:

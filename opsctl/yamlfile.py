@@ -6,6 +6,8 @@ Why: a bad playbook field must be reported as ``playbooks/x.yaml:12 healthy_when
 
 from __future__ import annotations
 
+import os
+import stat
 import typing as t
 from pathlib import Path
 
@@ -17,41 +19,110 @@ from opsctl.errors import ConfigError
 Loc = tuple[t.Any, ...]
 
 
-def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+#: Largest playbook or inventory file read (real ones are a few KiB); bounds memory and time.
+MAX_BYTES = 1 << 20
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases: an opsctl file never needs them, and an alias bomb
+    (``a: &a [*b, *b, …]`` nested ten levels) expands to billions of nodes downstream."""
+
+    def compose_node(self, parent: yaml.Node | None, index: t.Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML aliases (*{event.anchor}) are not allowed here", event.start_mark)
+        node: yaml.Node | None = super().compose_node(parent, index)
+        return node
+
+
+def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
     lines[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, t.Any], int] = {}
         for key_node, value_node in node.value:
             key: t.Any = key_node.value
             if key_node.tag == "tag:yaml.org,2002:int":
                 key = int(key)
-            _walk(value_node, (*loc, key), lines)
+            if isinstance(key_node, yaml.ScalarNode):
+                line = key_node.start_mark.line + 1
+                if (key_node.tag, key) in first:
+                    raise ConfigError(f"{path}:{line}: duplicate key {key!r} (first at line "
+                                      f"{first[(key_node.tag, key)]}); each key may appear once")
+                first[(key_node.tag, key)] = line
+            _walk(value_node, (*loc, key), lines, path)
             lines[(*loc, key)] = key_node.start_mark.line + 1  # the key's line, not the value's
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _walk(item, (*loc, i), lines)
+            _walk(item, (*loc, i), lines, path)
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes: a regular file of at most :data:`MAX_BYTES`, never a FIFO or device.
+
+    Raises:
+        ConfigError: unreadable, not a regular file, or too large.
+    """
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file (a FIFO, device or directory is "
+                              "never read as a playbook or inventory)")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_BYTES // 1024} KiB; not a playbook or inventory")
+    return b"".join(chunks)
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                          "save the file as UTF-8") from None
 
 
 def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
     """Parse ``path``; returns the data and a map from key path to 1-based line.
 
+    Untrusted input is bounded: at most :data:`MAX_BYTES` of a regular file, UTF-8 only,
+    no aliases, no duplicate keys, bounded nesting.
+
     Raises:
-        ConfigError: unreadable file or YAML syntax error (with its line).
+        ConfigError: unreadable or oversized file, not UTF-8, YAML syntax error, an alias,
+            or a duplicate key (each with its line).
     """
+    text = _decode(path, _read(path))
+    loader = _StrictLoader(text)
+    lines: dict[Loc, int] = {}
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None:
+            _walk(node, (), lines, path)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-    lines: dict[Loc, int] = {}
-    if node is not None:
-        _walk(node, (), lines)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a playbook or inventory") from None
+    finally:
+        loader.dispose()
     return data, lines
 
 

@@ -32,6 +32,10 @@ import typing as t
 AGENT_PROTOCOL = 1
 AGENT_ERROR_RC = 3
 
+#: A job id: a file name under ``jobs/`` (no ``/``, no leading dot or dash). The agent
+#: enforces it and the CLI checks ``--job`` against it before anything is sent.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
 # --- job states -------------------------------------------------------------
 
 

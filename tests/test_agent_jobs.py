@@ -312,11 +312,14 @@ def test_stacks_returns_a_dump_of_every_thread_of_a_sleeping_python_job(agent: A
     agent.wait_state(doc["job_id"], "RUNNING")
     dump = agent.data("stacks", "--timeout", "10")
     assert dump["pids"] == [doc["pid"]]
-    assert dump["threads"] == 2
-    assert "Current thread 0x" in dump["dump"] or dump["dump"].count("Thread 0x") == 2
-    assert "background_worker" in dump["dump"]
-    assert dump["offset_end"] > dump["offset_start"]
-    assert Path(dump["saved_to"]).read_text().strip() == dump["dump"]
+    (proc,) = dump["processes"]
+    assert proc["pid"] == doc["pid"] and proc["threads"] == 2 == dump["threads"]
+    assert "Current thread 0x" in proc["dump"] or proc["dump"].count("Thread 0x") == 2
+    assert "background_worker" in proc["dump"]
+    assert proc["dump"] in Path(dump["saved_to"]).read_text()
+    # the dump went to the process's own file, not into the job's output
+    output = Path(agent.status(doc["job_id"])["output_log"]).read_text()
+    assert "background_worker" not in output
     assert agent.status(doc["job_id"])["state"] == "RUNNING"  # the dump did not kill it
     agent.data("stop", "--grace", "5")
 

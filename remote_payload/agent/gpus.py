@@ -228,15 +228,30 @@ def needed_gpus(spec: dict[str, t.Any]) -> list[int] | None:
     return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
 
 
-def preflight(needed: list[int] | None, own_pids: t.Collection[int] = (),
-              smi: str | None = None) -> dict[str, t.Any]:
+PREFLIGHT_SETTLE_S = 5.0  # memory of a process killed a moment ago takes a while to be freed
+
+
+def preflight(needed: list[int] | None, own_pids: t.Collection[int] = (), smi: str | None = None,
+              *, memory: bool = True, settle_s: float = PREFLIGHT_SETTLE_S) -> dict[str, t.Any]:
     """GPUs (of ``needed``) in use by something other than ``own_pids``, before a launch.
 
-    Memory counts too: from inside an LXC container nvidia-smi cannot see the processes of the
-    host or of other containers, only the memory they hold. ``{"needed", "busy": [...],
+    Memory counts too (unless ``memory`` is False): from inside an LXC container nvidia-smi
+    cannot see the processes of the host or of other containers, only the memory they hold.
+    Memory held with no process to show for it is re-read for up to ``settle_s``: a process
+    that just died (a job stopped for --replace) frees it late. ``{"needed", "busy": [...],
     "error"}``; no nvidia-smi is no GPU, not an error.
     """
     smi = smi or shutil.which("nvidia-smi")
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = _preflight_once(needed, own_pids, smi, memory)
+        if not out["busy"] or any(b["processes"] for b in out["busy"]) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def _preflight_once(needed: list[int] | None, own_pids: t.Collection[int], smi: str | None,
+                    memory: bool) -> dict[str, t.Any]:
     out: dict[str, t.Any] = {"needed": needed, "busy": [], "error": None}
     if smi is None:
         return out
@@ -258,7 +273,7 @@ def preflight(needed: list[int] | None, own_pids: t.Collection[int] = (),
         mine = [p for p in procs if p["pid"] in own_pids]
         foreign = [p for p in procs if p not in mine]
         used = (_num(used_s) or 0.0) - sum(p["mem_mib"] or 0.0 for p in mine)
-        if foreign or used > BUSY_MEM_MIB:
+        if foreign or (memory and used > BUSY_MEM_MIB):
             why = (f"{len(foreign)} process(es) from outside this job: "
                    + ", ".join(f"pid {p['pid']} {p['name']}" for p in foreign)) if foreign else (
                 f"{used / 1024:.1f} GiB used by processes this container cannot see "

@@ -39,7 +39,7 @@ DISK_LOW_BYTES = 1 << 20  # below this much free space in the job dir, status sa
 STACK_DUMPS = "stack-dumps"
 HANG = "hang.json"  # the wrapper's record of a quiet spell past the job's budget, with stacks
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_ID_RE = re.compile(wire.JOB_ID_PATTERN)
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
 JOB_ENV_MARKER = "OPSCTL_JOB_ID"  # exported to the job by the wrapper; see marked_processes
 JOB_CGROUP_PARENT = "opsctl-jobs"  # <cgroup2 mount>/opsctl-jobs/<job id>; see job_cgroup_create

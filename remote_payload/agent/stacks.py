@@ -92,10 +92,11 @@ def capture(job_dir: str, pids: t.Sequence[int], *, timeout: float) -> list[Proc
 
 
 def summary(procs: t.Sequence[ProcessStacks]) -> str:
-    """"all ranks in collectives: rank 1 in new_group (dist.py:86), rank 0 in ...\"."""
+    """One line: ``all ranks in collectives: rank 1 in new_group (dist.py:86), rank 0 in ...``."""
     if not procs:
         return "no stacks"
-    ranked = [p for p in procs if p.rank is not None] or list(procs)
+    ranked = [p for p in procs if p.rank is not None] or [
+        p for p in procs if not (p.role or "").startswith("helper")] or list(procs)
     waiting = [p for p in ranked if p.collective]
     body = ", ".join(p.label() for p in sorted(ranked, key=lambda p: -(p.rank or 0)))
     if waiting and len(waiting) == len(ranked):
@@ -174,16 +175,52 @@ def _main_thread(threads: t.Sequence[stackdump.ThreadStack]) -> stackdump.Thread
 
 
 def _identity(job_dir: str, pid: int) -> dict[str, t.Any]:
+    """What the process announced; else its rank from the environment torchrun started it with.
+
+    A process below a rank (inductor's compile workers, data loader workers) inherits that
+    rank's environment: it is that rank's helper, not the rank (on an H200 one drafter rank had
+    33 compile workers, all with RANK=0).
+    """
+    own = _announced(job_dir, pid)
+    if own:
+        return own
+    for anc in _ancestors(pid):
+        rank = _announced(job_dir, anc).get("rank")
+        if rank is None:
+            rank = _env_rank(anc)
+        if rank is not None:
+            return {"role": f"helper of rank {rank}"}
+    rank = _env_rank(pid)
+    return {"rank": rank} if rank is not None else {}
+
+
+def _announced(job_dir: str, pid: int) -> dict[str, t.Any]:
     try:
         with open(wire.proc_info_path(job_dir, pid), encoding="utf-8") as f:
             info = json.load(f)
-        if isinstance(info, dict):
-            return info
     except (OSError, ValueError):
-        pass
-    env = _environ(pid)  # torchrun sets RANK before the process starts
-    rank = env.get("RANK")
-    return {"rank": int(rank)} if rank is not None and rank.isdigit() else {}
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _env_rank(pid: int) -> int | None:
+    rank = _environ(pid).get("RANK")
+    return int(rank) if rank is not None and rank.isdigit() else None
+
+
+def _ancestors(pid: int, limit: int = 8) -> list[int]:
+    out = []
+    for _ in range(limit):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            break
+        pid = int(data[data.rindex(b")") + 2:].split()[1])
+        if pid <= 1:
+            break
+        out.append(pid)
+    return out
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -238,15 +238,14 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
 
     current = _refuse_if_running(root, replace=replace)
     running = jobs.load(root, current) if current is not None else None
-    # GPUs held by anything but the job being replaced (a leftover process, another container)
+    # GPUs held by anything but this job: visible foreign processes refuse before the running
+    # job is touched; memory (which inside a container has no visible owner) is judged once the
+    # job being replaced has stopped and freed its own
+    needed = gpus.needed_gpus(spec)
     own = jobs.job_processes(running.job_id, running.pid.get("pgid"), running.pid.get("start_ticks"),
                              running.pid.get("cgroup")) if running else []
-    check = gpus.preflight(gpus.needed_gpus(spec), own)
-    check["forced"] = force_gpus
-    if check["busy"] and not force_gpus:
-        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
-        raise AgentFailure("GpusBusy", f"GPUs this job needs are in use: {names}",
-                           busy=check["busy"], needed=check["needed"])
+    check = gpus.preflight(needed, own, memory=running is None)
+    _refuse_busy_gpus(check, force_gpus)
 
     path = jobs.job_dir(root, job_id)
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
@@ -261,6 +260,9 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     if current is not None:
         stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
              reason=f"replaced by job {job_id}")
+        check = gpus.preflight(needed)
+        _refuse_busy_gpus(check, force_gpus)
+    check["forced"] = force_gpus and bool(check["busy"])
     with jobs.launch_lock(root):
         _refuse_if_aborted(root, job_id)
         try:
@@ -314,6 +316,13 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         raise AgentFailure("LaunchFailed", f"job {job_id}: the wrapper crashed",
                            job_id=job_id, evidence=doc["evidence"], pane_tail=doc["pane_tail"])
     return doc
+
+
+def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
+    if check["busy"] and not force:
+        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
+        raise AgentFailure("GpusBusy", f"GPUs this job needs are in use: {names}",
+                           busy=check["busy"], needed=check["needed"])
 
 
 def _torch_build(root: str) -> tuple[dict[str, str], str | None]:

@@ -1,0 +1,117 @@
+"""A second loopback sshd next to the sandbox's, for tests that need a different server:
+its own host key (a key swap) or OpenSSH's default ``MaxSessions 10``.
+
+It reuses the sandbox's client key, ``pct`` and containers (same PATH and LXC path), so a
+command through it reaches the same container 200. Loopback only; stopped on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl import sandbox as sandbox_mod
+
+
+@dataclass(frozen=True)
+class Sshd:
+    port: int
+    host_key_pub: str  # "ssh-ed25519 AAAA…"
+    known_hosts_line: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def second_sshd(sandbox: sandbox_mod.SandboxInfo, workdir: Path,
+                extra: tuple[str, ...] = ()) -> Iterator[Sshd]:
+    """Start sshd on a free loopback port with a fresh host key and ``extra`` config lines."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    key = workdir / "host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    base = (sandbox.state_dir / "sshd_config").read_text()
+    port = _free_port()
+    pid_file = workdir / "sshd.pid"
+    lines = []
+    for line in base.splitlines():
+        if re.match(r"(Port|HostKey|PidFile|MaxSessions) ", line):
+            continue
+        lines.append(line)
+    lines += [f"Port {port}", f"HostKey {key}", f"PidFile {pid_file}", *extra]
+    config = workdir / "sshd_config"
+    config.write_text("\n".join(lines) + "\n")
+    log = workdir / "sshd.log"
+    subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(log)], check=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.05)
+    pub = key.with_suffix(".pub").read_text().split()
+    try:
+        yield Sshd(port, f"{pub[0]} {pub[1]}", f"[127.0.0.1]:{port} {pub[0]} {pub[1]}")
+    finally:
+        try:
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
+
+class SwitchingProxy:
+    """A loopback TCP forwarder: connection 1 goes to ``first``, later ones to ``then``.
+
+    It counts connections, so a test can also say "connected exactly once".
+    """
+
+    def __init__(self, first: int, then: int):
+        self.targets = (first, then)
+        self.connections = 0
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = int(self.listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            port = self.targets[0] if self.connections == 1 else self.targets[1]
+            upstream = socket.create_connection(("127.0.0.1", port))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()

@@ -1,0 +1,45 @@
+"""Restarting the sandbox's sshd while a session holds its port keeps the port (issue 15
+#12): the inventory written before the restart stays right, and the command in flight on
+the old connection finishes."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from opsctl import inventory
+from opsctl import sandbox as sandbox_mod
+from opsctl.transport import Remote
+from tests.sandbox_plugin import sandbox_home
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_an_sshd_restart_with_a_session_in_flight_keeps_the_port(sandbox, isolated_env):
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    spec = inventory.load().resolve("sandbox")
+
+    def in_flight() -> bytes:
+        with Remote(spec, use_mux=False) as r:
+            return r.pct_exec(200, ["sh", "-c", "sleep 3; echo done"], timeout=30).stdout
+
+    with cf.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(in_flight)
+        time.sleep(1.0)  # the session is established on sandbox.port
+        listener = int((sandbox.state_dir / "sshd.pid").read_text().strip())
+        os.kill(listener, signal.SIGTERM)  # the listener dies; the session's sshd lives on
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{listener}"):
+            time.sleep(0.05)
+        again = sandbox_mod.up(sandbox_home(), containers=(200,))
+        assert again.port == sandbox.port
+        assert fut.result() == b"done\n"
+    with Remote(spec, use_mux=False) as r:
+        assert r.pct_exec(200, ["true"], timeout=30).rc == 0
