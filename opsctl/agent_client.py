@@ -44,6 +44,8 @@ _HINTS = {
     "NoSuchJob": "nothing launched there yet (opsctl deploy), or pass an existing --job id",
     "JobRunning": "`opsctl stop` it first, or deploy with --replace",
     "PayloadMismatch": "run `opsctl deploy` to ship the current payload",
+    "DiskFull": "free space in the container (df -h; old jobs/ dirs, caches), then retry",
+    "LaunchAborted": "the deploy was interrupted; run it again",
     "GpusBusy": "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
 }
 

@@ -66,10 +66,11 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
 
 def render_probe(con: t.Any, label: str, report: dict[str, t.Any]) -> None:
     from rich.table import Table
-    from rich.text import Text
+
+    from opsctl.render import plain
 
     env = report.get("env") or {}
-    con.print(Text(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
+    con.print(plain(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
                    f"(CUDA {env.get('cuda') or '-'}, Triton {env.get('triton') or '-'}), "
                    f"device {env.get('device_name') or env.get('device') or '?'}", style="bold"))
     table = Table(box=None)
@@ -84,14 +85,14 @@ def render_probe(con: t.Any, label: str, report: dict[str, t.Any]) -> None:
                 f"{th.get('name', '?')}: {th.get('where', '?')}" for th in mode["hang_stacks"][:3])
         if status == "crashed" and mode.get("signal"):
             detail = f"died by {mode['signal']}: " + " | ".join((mode.get("stderr_tail") or [])[-2:])
-        table.add_row(name, Text(status, style=STATUS_STYLE.get(status, "")),
-                      "-" if elapsed is None else f"{elapsed:.1f}s", str(mode.get("fx_tracing_flag")),
-                      detail or "")
+        table.add_row(plain(name), plain(status, style=STATUS_STYLE.get(status, "")),
+                      "-" if elapsed is None else f"{elapsed:.1f}s", plain(mode.get("fx_tracing_flag")),
+                      plain(detail or ""))
     con.print(table)
     if report.get("verdict"):
-        con.print(Text(str(report["verdict"]), style="bold yellow" if report.get("affected") else "green"))
+        con.print(plain(report["verdict"], style="bold yellow" if report.get("affected") else "green"))
     if report.get("raw_output"):
-        con.print(Text(f"raw output (in the container): {report['raw_output']}", style="dim"))
+        con.print(plain(f"raw output (in the container): {report['raw_output']}", style="dim"))
 
 
 @cli.command()

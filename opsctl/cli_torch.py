@@ -18,7 +18,7 @@ def _progress(as_json: bool) -> t.Callable[[str], None]:
 
     def say(msg: str) -> None:
         if not as_json:
-            err.print(f"{render.now_stamp()} {msg}", markup=False, highlight=False)
+            err.print(render.plain(f"{render.now_stamp()} {msg}"))
 
     return say
 
@@ -60,16 +60,13 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
         render.print_json(rep)
         return
     con = render.console()
-    verb = {"noop": "already current", "switch": "switched to", "install": "installed and switched to"}
-    con.print(f"[bold green]{verb.get(str(rep.get('action')), rep.get('action'))} {rep['build']}[/] "
-              f"(previous: {rep.get('previous') or 'none'}) in {render.duration(rep['elapsed_s'])}"
-              + (" [dry run]" if rep.get("dry_run") else ""))
+    con.print(render.swap_headline(rep))
     checks = ((rep.get("verification") or {}).get("checks")) or []
     for c in checks:
         mark = "skipped" if c.get("skipped") else ("ok" if c.get("ok") else "FAILED")
-        con.print(f"  verify {c.get('name')}: {mark} {c.get('detail') or ''}", markup=False)
+        con.print(render.plain(f"  verify {c.get('name')}: {mark} {c.get('detail') or ''}"))
     if rep.get("log_path"):
-        con.print(f"  log (in the container): {rep['log_path']}", style="dim")
+        con.print(render.plain(f"  log (in the container): {rep['log_path']}", style="dim"))
 
 
 @cli.command()
@@ -93,18 +90,18 @@ def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history:
     for col in ("", "build", "pin", "size", "installed", "source"):
         table.add_column(col)
     for b in doc.get("builds", []):
-        table.add_row("*" if b.get("current") else "", b["name"], b.get("pin", ""),
-                      f"{(b.get('size_bytes') or 0) / 1e9:.2f} GB",
+        table.add_row("*" if b.get("current") else "", render.plain(b["name"]),
+                      render.plain(b.get("pin", "")), f"{(b.get('size_bytes') or 0) / 1e9:.2f} GB",
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(b.get("installed_at") or 0)),
-                      "wheelhouse" if b.get("wheelhouse") else (b.get("index_url") or ""))
+                      render.plain("wheelhouse" if b.get("wheelhouse") else (b.get("index_url") or "")))
     con.print(table)
     if not doc.get("builds"):
         con.print("no torch build installed yet (opsctl swap-torch <variant>)")
     for h in doc.get("history", [])[-history:]:
-        con.print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('time', 0)))} "
-                  f"{h.get('from') or '-'} -> {h.get('to')}: {h.get('action')} {h.get('result')}"
-                  + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else ""),
-                  markup=False)
+        con.print(render.plain(
+            f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('time', 0)))} "
+            f"{h.get('from') or '-'} -> {h.get('to')}: {h.get('action')} {h.get('result')}"
+            + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else "")))
 
 
 @cli.group(cls=OpsctlGroup)
@@ -130,13 +127,14 @@ def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as
     for col in ("status", "fingerprint", "size", "files", "last used", "mega-cache"):
         table.add_column(col)
     for c in doc.get("caches", []):
-        table.add_row(c.get("status", ""), c["fingerprint"], f"{(c.get('size_bytes') or 0) / 1e6:.1f} MB",
+        table.add_row(render.plain(c.get("status", "")), render.plain(c["fingerprint"]),
+                      f"{(c.get('size_bytes') or 0) / 1e6:.1f} MB",
                       str(c.get("files", "")),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(c.get("last_used_at") or 0)),
                       "yes" if c.get("mega_cache") else "")
     con.print(table)
     for w in doc.get("warnings", []):
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(render.plain(f"warning: {w}", style="yellow"))
 
 
 @cache.command("clear")

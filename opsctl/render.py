@@ -1,10 +1,20 @@
 """Human rendering with rich; the only module besides cli.py that imports rich.
 
 Colours live in a table here, not in the state enum.
+
+Remote text (job output, pane tails, evidence, diagnosis, agent error messages,
+step names) is shown only through :func:`safe`: a job that prints an OSC title,
+a clear-scrollback, an OSC 52 clipboard write or any other control sequence gets
+it displayed as inert ``\\x1b…`` text, never executed by the user's terminal
+(issue 15). Rich markup in remote text is never interpreted either (it always
+travels inside :class:`~rich.text.Text`). ``opsctl logs`` is the exception on
+purpose: it is the job's raw output, byte-exact, which the user asked for (pipe
+it through ``cat -v`` to inspect it on a terminal).
 """
 
 from __future__ import annotations
 
+import re
 import time
 import typing as t
 
@@ -30,6 +40,32 @@ STATE_COLOR: dict[JobState, str] = {
 }
 SEVERITY_COLOR = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
+# C0 controls but tab (ESC starts every CSI/OSC/DCS sequence; CR and BS overwrite what is
+# shown), DEL, C1 controls (U+009B is an 8-bit CSI to some terminals) and the bidi
+# overrides that make text display in another order than it reads.
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_KEEP_NL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e"
+                             r"\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def safe(text: object, *, newlines: bool = False) -> str:
+    """Remote text made inert for a terminal: each control character shown as ``\\xNN``.
+
+    The one place terminal control sequences are neutralised; every renderer of
+    remote text goes through it. ``newlines`` keeps line breaks (multi-line panels).
+    """
+    return (_UNSAFE_KEEP_NL if newlines else _UNSAFE).sub(_escape, str(text))
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Remote text as a rich ``Text``: control sequences neutralised, markup not interpreted."""
+    return Text(safe(text), style=style)
+
 
 def console(stderr: bool = False) -> Console:
     # soft_wrap: an error stays one line (grep-able, copy-able), whatever the terminal width
@@ -37,11 +73,11 @@ def console(stderr: bool = False) -> Console:
 
 
 def error(con: Console, exc: OpsctlError) -> None:
-    con.print(Text(f"error: {exc.message}", style="bold red"))
+    con.print(plain(f"error: {exc.message}", style="bold red"))
     if exc.hint:
-        con.print(Text(f"  hint: {exc.hint}", style="yellow"))
+        con.print(plain(f"  hint: {exc.hint}", style="yellow"))
     if exc.log_path:
-        con.print(Text(f"  full output: {exc.log_path}", style="dim"))
+        con.print(plain(f"  full output: {exc.log_path}", style="dim"))
 
 
 def duration(seconds: float | None) -> str:
@@ -71,7 +107,7 @@ def gpu_table(gpus: list[GpuRow]) -> Table:
     for col in ("#", "name", "util %", "mem used/total MiB", "temp °C", "power W"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for g in gpus:
-        table.add_row(str(g.index), g.name, _num(g.util_pct),
+        table.add_row(str(g.index), plain(g.name), _num(g.util_pct),
                       f"{_num(g.mem_used_mib)}/{_num(g.mem_total_mib)}", _num(g.temp_c),
                       _num(g.power_w, "{:.1f}"))
     return table
@@ -82,46 +118,77 @@ def diagnosis(items: list[DiagnosisItem]) -> Panel | None:
         return None
     parts: list[Text] = []
     for d in items:
-        parts.append(Text(f"[{d.severity}] {d.cause}: {d.summary}", style=SEVERITY_COLOR[d.severity]))
-        parts.extend(Text(f"    evidence: {e}", style="dim") for e in d.evidence[:4])
+        parts.append(plain(f"[{d.severity}] {d.cause}: {d.summary}", style=SEVERITY_COLOR[d.severity]))
+        parts.extend(plain(f"    evidence: {e}", style="dim") for e in d.evidence[:4])
         if d.hint:
-            parts.append(Text(f"    next: {d.hint}", style="bold"))
+            parts.append(plain(f"    next: {d.hint}", style="bold"))
     worst = "red" if any(d.severity == "error" for d in items) else "yellow"
     return Panel(Group(*parts), title="diagnosis", border_style=worst, title_align="left")
 
 
-def metrics_line(step: dict[str, t.Any] | None) -> Text:
+class Bits:
+    """``head`` then ``bits`` joined by ``sep``, wrapped between bits only, never mid-value."""
+
+    def __init__(self, head: str, bits: list[str], *, sep: str = " · ", style: str = ""):
+        self.head, self.bits, self.sep, self.style = head, bits, sep, style
+
+    @property
+    def plain(self) -> str:
+        return self.head + self.sep.join(self.bits)
+
+    def lines(self, width: int) -> list[str]:
+        out: list[str] = []
+        line = self.head
+        for i, bit in enumerate(self.bits):
+            piece = (self.sep if i else "") + bit
+            if i and len(line) + len(piece) > width:
+                out.append(line.rstrip())
+                line = " " * min(len(self.head), 4) + bit
+            else:
+                line += piece
+        out.append(line)
+        return out
+
+    def __rich_console__(self, con: Console, options: t.Any) -> t.Iterator[Text]:
+        for line in self.lines(options.max_width):
+            yield Text(line, style=self.style)
+
+
+def metrics_line(step: dict[str, t.Any] | None) -> Bits:
     if not step:
-        return Text("metrics: no step events yet", style="dim")
-    bits = [f"step {step.get('step')}"]
-    if step.get("loss") is not None:
-        bits.append(f"loss {step['loss']:.4f}")
-    if step.get("acc") is not None:
-        bits.append(f"acc {step['acc']:.3f}")
-    if step.get("tok_s") is not None:
-        bits.append(f"{step['tok_s'] / 1000:.2f} Ktok/s")
-    if step.get("eta_s") is not None:
-        bits.append(f"ETA {duration(step['eta_s'])}")
-    if step.get("lr") is not None:
-        bits.append(f"lr {step['lr']:.2e}")
-    return Text("metrics: " + " · ".join(bits), style="bold")
+        return Bits("metrics: no step events yet", [], style="dim")
+    bits = [f"step {safe(step.get('step'))}"]
+    for key, label, fmt in (("loss", "loss {:.4f}", None), ("acc", "acc {:.3f}", None),
+                            ("tok_s", "{:.2f} Ktok/s", 1000.0), ("eta_s", "ETA {}", None),
+                            ("lr", "lr {:.2e}", None)):
+        v = step.get(key)
+        if v is None:
+            continue
+        try:
+            if key == "eta_s":
+                bits.append(label.format(duration(float(v))))
+            else:
+                bits.append(label.format(float(v) / (fmt or 1.0)))
+        except (TypeError, ValueError):  # a job's event is data, not trusted to be numeric
+            bits.append(f"{key} {safe(v)}")
+    return Bits("metrics: ", bits, style="bold")
 
 
 def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) -> None:
-    head = Text.assemble(("job ", "dim"), (st.job_id, "bold"), ("  on ", "dim"), (target, "bold"),
-                         ("  state ", "dim"), state_text(st.state))
+    head = Text.assemble(("job ", "dim"), (safe(st.job_id), "bold"), ("  on ", "dim"),
+                         (safe(target), "bold"), ("  state ", "dim"), state_text(st.state))
     if st.phase:
-        head.append(f"  phase {st.phase}", style="dim")
+        head.append(f"  phase {safe(st.phase)}", style="dim")
     con.print(head)
     ended = ""
     if st.exit_code is not None:
         ended = f"  exit code {st.exit_code}"
     if st.signal:
-        ended = f"  killed by {st.signal}"
+        ended = f"  killed by {safe(st.signal)}"
     con.print(Text(f"elapsed {duration(st.elapsed_s)}  pid {st.pid or '-'}{ended}", style="dim"))
     con.print(metrics_line(st.last_step))
     for e in st.evidence:
-        con.print(Text(f"evidence: {e}", style="yellow"))
+        con.print(plain(f"evidence: {e}", style="yellow"))
     panel = diagnosis(st.diagnosis)
     if panel is not None:
         con.print(panel)
@@ -130,32 +197,33 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
     if tail:
         src = "pane" if st.pane_tail else "output.log"
         shown = tail[-pane_lines:]
-        con.print(Panel("\n".join(shown), title=f"{src} (last {len(shown)} lines)",
+        con.print(Panel(Text("\n".join(safe(x) for x in shown)), title=f"{src} (last {len(shown)} lines)",
                         title_align="left", border_style="dim"))
     if st.gpus:
         con.print(gpu_table(st.gpus))
     elif st.gpu_error:
-        con.print(Text(f"GPUs: {st.gpu_error}", style="yellow"))
+        con.print(plain(f"GPUs: {st.gpu_error}", style="yellow"))
     else:
         con.print(Text("GPUs: none in this container", style="dim"))
     if st.output_log:
-        con.print(Text(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
+        con.print(plain(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
 
 
 def progress_line(st: JobStatus | None, elapsed: float, problem: str | None) -> Text:
     if problem:
-        return Text(f"{duration(elapsed)}  {problem}", style="yellow")
+        return plain(f"{duration(elapsed)}  {problem}", style="yellow")
     if st is None:
         return Text(f"{duration(elapsed)}  waiting for the first status…")
     line = Text(f"{duration(elapsed)}  ")
     line.append_text(state_text(st.state))
     if st.phase:
-        line.append(f" ({st.phase})", style="dim")
-    if st.last_step and st.last_step.get("tok_s") is not None:
-        line.append(f"  step {st.last_step.get('step')} {st.last_step['tok_s'] / 1000:.2f} Ktok/s")
+        line.append(f" ({safe(st.phase)})", style="dim")
+    if st.last_step and isinstance(st.last_step.get("tok_s"), int | float):
+        line.append(f"  step {safe(st.last_step.get('step'))} "
+                    f"{st.last_step['tok_s'] / 1000:.2f} Ktok/s")
     human = [x for x in st.output_tail if parse_event(x) is None]
     if human:
-        line.append(f"  │ {human[-1][:80]}", style="dim")
+        line.append(f"  │ {safe(human[-1][:80])}", style="dim")
     return line
 
 
@@ -163,18 +231,63 @@ def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
+def deploy_verdict(job_id: str, outcome: str, st: JobStatus, elapsed_s: float) -> Text:
+    """The last line of a deploy: what the job is doing *now*, never a stale "healthy"."""
+    after = f" after {duration(elapsed_s)}"
+    if st.terminal:  # finished before (or while) it was watched: say how
+        how = f"exit code {st.exit_code}" if st.exit_code is not None else (
+            f"killed by {safe(st.signal)}" if st.signal else "no exit code")
+        return Text(f"{safe(job_id)}: finished {st.state.value} ({how}){after}",
+                    style=STATE_COLOR[st.state])
+    if outcome == "healthy":
+        return Text(f"{safe(job_id)}: healthy: {st.state.value}, training is running{after}",
+                    style="bold green")
+    if outcome == "launched":
+        return Text(f"{safe(job_id)}: launched (not watched){after}", style="bold green")
+    return Text(f"{safe(job_id)}: {safe(outcome)} ({st.state.value}){after}", style="yellow")
+
+
+def stop_line(job_id: str, state: JobState, signals: list[str], remaining: list[int]) -> Text:
+    line = Text(f"{safe(job_id)}: ")
+    line.append_text(state_text(state))
+    line.append(f" (signals: {safe(', '.join(signals)) or 'none'})")
+    if remaining:
+        line.append(f"; still alive after SIGKILL: pids {', '.join(map(str, remaining))}",
+                    style="bold red")
+    return line
+
+
+def swap_headline(rep: dict[str, t.Any]) -> Text:
+    """``swap-torch``'s first line; a dry run says what *would* happen (nothing changed)."""
+    action = str(rep.get("action"))
+    if rep.get("dry_run"):
+        verb = {"noop": "already current:", "switch": "would switch to",
+                "install": "would install and switch to"}.get(action, f"would {action}")
+        style = "bold yellow"
+    else:
+        verb = {"noop": "already current:", "switch": "switched to",
+                "install": "installed and switched to"}.get(action, action)
+        style = "bold green"
+    line = Text(safe(f"{verb} {rep.get('build')}"), style=style)
+    line.append(safe(f" (previous: {rep.get('previous') or 'none'}) in "
+                     f"{duration(rep.get('elapsed_s'))}"))
+    if rep.get("dry_run"):
+        line.append(" [dry run: nothing was changed]", style="bold yellow")
+    return line
+
+
 def stacks(con: Console, doc: dict[str, t.Any]) -> None:
     """``opsctl stacks``: a summary line, then each process's dump under its rank/pid/GPU."""
     procs = doc.get("processes") or []
-    con.print(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
-              f"{doc.get('summary') or ''}", style="bold", markup=False, highlight=False)
+    con.print(safe(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
+                   f"{doc.get('summary') or ''}"), style="bold", markup=False, highlight=False)
     for p in procs:
         who = " ".join(x for x in (
             f"rank {p['rank']}" if p.get("rank") is not None else "",
             p.get("role") or "", f"GPU {p['gpu']}" if p.get("gpu") is not None else "",
             f"pid {p['pid']}" if p.get("pid") is not None else "") if x)
-        con.print(f"\n── {who}: {p.get('label')} ({p.get('threads')} threads) · {p.get('cmd')}",
-                  style="bold cyan", markup=False, highlight=False)
-        con.print(p.get("dump", ""), markup=False, highlight=False)
+        con.print("\n" + safe(f"── {who}: {p.get('label')} ({p.get('threads')} threads) · "
+                              f"{p.get('cmd')}"), style="bold cyan", markup=False, highlight=False)
+        con.print(safe(p.get("dump", ""), newlines=True), markup=False, highlight=False)
     if doc.get("saved_to"):
-        con.print(f"saved in the container: {doc['saved_to']}", style="dim", markup=False)
+        con.print(safe(f"saved in the container: {doc['saved_to']}"), style="dim", markup=False)

@@ -18,6 +18,7 @@ without persistence mode).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -181,9 +182,14 @@ def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_
         table, err = query()
         static = not table and err is None
         tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"at": time.time(), "gpus": table, "gpu_error": err, "static": static}, f)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"at": time.time(), "gpus": table, "gpu_error": err, "static": static}, f)
+            os.replace(tmp, path)
+        except OSError:  # a full disk: status queries the GPUs itself meanwhile; retry later
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            static = False
         if static:
             return
         stop.wait(interval_s)
