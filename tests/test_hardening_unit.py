@@ -122,3 +122,29 @@ def test_ordinary_healthy_when_regexes_are_accepted(tmp_path, regex):
     book = tmp_path / "b.yaml"
     book.write_text(f"name: x\ncommand: [sh]\nhealthy_when: {{regex: '{regex}'}}\n")
     assert playbook.load(book).healthy_when.regex == regex
+
+
+def test_a_gone_muxs_lock_and_log_files_are_pruned_a_day_later(tmp_path) -> None:
+    import fcntl
+    import os
+    import time
+
+    from opsctl import mux
+
+    day = mux.STALE_FILES_AFTER_S
+    old, young, held, live = (tmp_path / f"{n}.lock" for n in ("old", "young", "held", "live"))
+    for lock in (old, young, held, live):
+        lock.write_text("")
+        lock.with_suffix(".log").write_text("x")
+    (tmp_path / "live.sock").write_text("")
+    past = time.time() - day - 60
+    for lock in (old, held, live):
+        os.utime(lock, (past, past))
+    fd = os.open(held, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert mux.prune_stale(tmp_path) == [old]
+    finally:
+        os.close(fd)
+    assert not old.exists() and not old.with_suffix(".log").exists()
+    assert young.exists() and held.exists() and live.exists()
