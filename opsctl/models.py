@@ -76,6 +76,27 @@ class Preflight(_Wire):
     error: str | None = None
 
 
+class HistoryMark(_Wire):
+    t: float
+    kind: str  # compile | restart | error | hang | end | diagnosis
+    label: str = ""
+
+
+class History(_Wire):
+    """Bounded, downsampled plot data (issue 17): columns aligned with ``t``; None = no sample."""
+
+    bucket_s: float = 0.0
+    t: list[float] = Field(default_factory=list)
+    loss: list[float | None] = Field(default_factory=list)
+    tok_s: list[float | None] = Field(default_factory=list)
+    mfu: list[float | None] = Field(default_factory=list)
+    mem_gib: list[float | None] = Field(default_factory=list)
+    feature_wait_pct: list[float | None] = Field(default_factory=list)
+    gpu_util: list[float | None] = Field(default_factory=list)
+    gpu_mem_gib: list[float | None] = Field(default_factory=list)
+    marks: list[HistoryMark] = Field(default_factory=list)
+
+
 class JobStatus(_Wire):
     job_id: str
     name: str = ""
@@ -106,6 +127,7 @@ class JobStatus(_Wire):
     hang: HangReport | None = None
     errors: list[dict[str, t.Any]] = Field(default_factory=list)
     preflight: Preflight | None = None
+    history: History | None = None
 
     @property
     def terminal(self) -> bool:
