@@ -164,10 +164,15 @@ def mark_line(hist: History, width: int) -> str:
     t0, t1 = hist.t[0], max(hist.t[-1] + hist.bucket_s, hist.t[0] + 1e-9)
     n = math.ceil(len(hist.t) / max(1, math.ceil(len(hist.t) / width)))  # = the sparkline's cells
     cells = [" "] * n
-    for m in hist.marks:
-        i = int((m.t - t0) / (t1 - t0) * n)
-        cells[min(max(i, 0), n - 1)] = MARK_LETTER.get(m.kind, "?")
+    for m in hist.marks:  # where two fall in one cell the more serious one is shown
+        i = min(max(int((m.t - t0) / (t1 - t0) * n), 0), n - 1)
+        letter = MARK_LETTER.get(m.kind, "?")
+        if _RANK.get(letter, 0) >= _RANK.get(cells[i], -1):
+            cells[i] = letter
     return "".join(cells)
+
+
+_RANK = {" ": -1, "X": 0, "C": 1, "R": 2, "E": 3, "H": 3, "D": 4}
 
 
 def legend(hist: History) -> list[str]:
@@ -177,6 +182,14 @@ def legend(hist: History) -> list[str]:
     for m in hist.marks:
         seen.setdefault(m.kind, []).append(m.label)
     return [f"{MARK_LETTER.get(k, '?')} {k} ×{len(v)} (last: {v[-1]})" for k, v in seen.items()]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def start_of(hist: History) -> float:
+    """The time axis' zero: the first row, or an earlier mark (the first compile)."""
+    return min([hist.t[0], *(m.t for m in hist.marks)]) if hist.t else 0.0
 
 
 def _x(ts: t.Sequence[float], t0: float) -> tuple[list[float], str]:
@@ -207,7 +220,7 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
     if not found:
         raise ConfigError("no data to plot yet for these metrics",
                           hint="the job has logged no step events or GPU samples so far")
-    t0 = hist.t[0]
+    t0 = start_of(hist)
     plx.clear_figure()
     plx.subplots(len(found), 1)
     plx.plotsize(width, height_each * len(found))
@@ -223,11 +236,9 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
         for m in hist.marks:
             plx.vline((m.t - t0) / unit, "red" if m.kind in ("error", "hang", "diagnosis") else
                       "magenta" if m.kind == "compile" else "blue")
-        if not color:
-            plx.theme("clear")
     out = str(plx.build())
     plx.clear_figure()
-    return out
+    return out if color else _ANSI.sub("", out)
 
 
 def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "") -> None:
@@ -246,7 +257,7 @@ def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "
     found = series(hist, metrics)
     if not found:
         raise ConfigError("no data to plot yet for these metrics")
-    t0 = hist.t[0]
+    t0 = start_of(hist)
     fig, axes = plt.subplots(len(found), 1, sharex=True, figsize=(10, 2.4 * len(found)),
                              squeeze=False)
     xlabel = ""
