@@ -259,7 +259,7 @@ def _container(cv: ContainerView) -> str:
     parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
     parts.append(f"<div>{esc(metrics_line(st.last_step).plain)}</div>")
     if st.history is not None:
-        charts = [plots.svg_chart(s, st.history.marks)
+        charts = [plots.svg_chart(s, st.history.marks, escape=esc)
                   for s in plots.series(st.history, plots.STATUS_METRICS)]
         if charts:
             parts.append("<div class=\"charts\">" + "".join(charts) + "</div>")

@@ -280,10 +280,12 @@ def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "
     plt.close(fig)
 
 
-def svg_chart(s: Series, marks: t.Sequence[t.Any], *, width: int = 320, height: int = 70) -> str:
-    """A small inline SVG line chart of one series with its marks; all text escaped."""
+def svg_chart(s: Series, marks: t.Sequence[t.Any], *, width: int = 320, height: int = 70,
+              escape: t.Callable[[str], str] = html.escape) -> str:
+    """A small inline SVG line chart of one series with its marks; every text through ``escape``
+    (the dashboard's also neutralises control characters in the marks' remote labels)."""
     xs, ys = _pairs(s)
-    esc = html.escape
+    esc = escape
     head = (f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
             f'role="img" aria-label="{esc(s.metric.label)}">')
     if not xs:
