@@ -172,6 +172,16 @@ class TestParsing:
         with pytest.raises(ConfigError):
             plots.parse_since(text)
 
+    def test_plot_refuses_an_unknown_metric_before_connecting(self):
+        from click.testing import CliRunner
+
+        from opsctl.cli import cli
+
+        res = CliRunner().invoke(cli, ["plot", "--host", "127.0.0.1:1", "--ct", "200",
+                                       "--metric", "speed"])  # port 1: nothing is contacted
+        assert res.exit_code == ConfigError.exit_code
+        assert "unknown metric 'speed'" in res.output and "tok_s" in res.output
+
     def test_an_unknown_metric_names_the_known_ones(self):
         with pytest.raises(ConfigError) as exc:
             plots.parse_metrics("loss,throughput")
