@@ -30,6 +30,7 @@ FILE = "history.json"
 FORMAT = 1
 CAP = 512  # rows kept (history verb, plots)
 STATUS_POINTS = 120  # rows in a status reply (sparklines are narrower than this)
+STATUS_MARKS = 24  # the latest marks in a status reply (the history verb has them all)
 BUCKET0_S = 2.0  # the GPU sampler's interval: finer rows would hold nothing more
 FLUSH_S = 5.0
 MAX_MARKS = 64
@@ -176,6 +177,7 @@ def for_status(job_path: str, diagnosis: t.Sequence[t.Mapping[str, t.Any]] = (),
     if doc is None:
         return None
     out = reduce(doc, STATUS_POINTS, STATUS_FIELDS)
+    out["marks"] = out["marks"][-STATUS_MARKS:]
     add_diagnosis_marks(out, diagnosis, at)
     return out
 
