@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing as t
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from remote_payload.wire import JobState
 
@@ -128,6 +128,14 @@ class JobStatus(_Wire):
     errors: list[dict[str, t.Any]] = Field(default_factory=list)
     preflight: Preflight | None = None
     history: History | None = None
+
+    @field_validator("history", mode="wrap")
+    @classmethod
+    def _history_or_none(cls, v: t.Any, handler: t.Callable[[t.Any], t.Any]) -> t.Any:
+        try:
+            return handler(v)
+        except ValidationError:  # damaged plot data costs the sparklines, never the status
+            return None
 
     @property
     def terminal(self) -> bool:

@@ -160,6 +160,20 @@ class TestRecorder:
     def test_status_without_a_history_file_has_none(self, tmp_path):
         assert agent_history.for_status(str(tmp_path)) is None
 
+    @pytest.mark.parametrize("content", ["{", '{"t": 3}', '{"t": [1, "x"], "loss": [1, 2]}',
+                                         '{"t": [1, 2], "loss": 5, "marks": [1]}'])
+    def test_a_damaged_history_file_never_breaks_status(self, tmp_path, content):
+        (tmp_path / agent_history.FILE).write_text(content)
+        doc = agent_history.for_status(str(tmp_path))
+        assert doc is None or isinstance(doc["t"], list)
+        st = JobStatus.model_validate({"job_id": "j", "state": "RUNNING", "history": doc})
+        assert st.history is None or st.history.t == [1.0, 2.0]
+
+    def test_the_client_drops_history_it_cannot_parse_and_keeps_the_status(self):
+        st = JobStatus.model_validate({"job_id": "j", "state": "RUNNING",
+                                       "history": {"t": ["x"], "marks": "no"}})
+        assert st.state.value == "RUNNING" and st.history is None
+
 
 class TestParsing:
     @pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("30m", 1800.0), ("6h", 21600.0),

@@ -166,19 +166,26 @@ def read(job_path: str) -> dict[str, t.Any] | None:
             doc = json.load(f)
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("t"), list) else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("t"), list):
+        return None
+    return doc if all(_number(x) is not None for x in doc["t"]) else None
 
 
 def for_status(job_path: str, diagnosis: t.Sequence[t.Mapping[str, t.Any]] = (),
                at: float | None = None) -> dict[str, t.Any] | None:
     """The small history a status reply carries (:data:`STATUS_POINTS` rows of loss, tok/s,
-    GPU utilisation) with the marks, plus one for a current error-severity diagnosis."""
+    GPU utilisation) with the marks, plus one for a current error-severity diagnosis.
+
+    Never raises: a damaged file costs the sparklines, never the status."""
     doc = read(job_path)
     if doc is None:
         return None
-    out = reduce(doc, STATUS_POINTS, STATUS_FIELDS)
-    out["marks"] = out["marks"][-STATUS_MARKS:]
-    add_diagnosis_marks(out, diagnosis, at)
+    try:
+        out = reduce(doc, STATUS_POINTS, STATUS_FIELDS)
+        out["marks"] = out["marks"][-STATUS_MARKS:]
+        add_diagnosis_marks(out, diagnosis, at)
+    except Exception:
+        return None
     return out
 
 
