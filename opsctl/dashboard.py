@@ -64,6 +64,7 @@ class Snapshot:
     hosts: list[HostView]
     taken_at: float
     took_s: float
+    error: str | None = None  # the inventory could not be read
 
 
 class Fleet:
@@ -105,6 +106,8 @@ class Fleet:
             view.error = exc.message
         except OpsctlError as exc:
             view.error = exc.message
+        except Exception as exc:  # a bug: shown on the page, the other containers still render
+            view.error = f"{type(exc).__name__}: {exc}"
         return view
 
     def snapshot(self) -> Snapshot:
@@ -145,7 +148,11 @@ class App:
         with self.lock:  # one refresh at a time; concurrent requests share it
             snap = self._snap
             if snap is None or time.time() - snap.taken_at >= self.refresh_s * 0.8:
-                snap = self._snap = self.fleet.snapshot()
+                try:
+                    snap = self.fleet.snapshot()
+                except OpsctlError as exc:  # e.g. a broken inventory file: say it on the page
+                    snap = Snapshot([], time.time(), 0.0, error=exc.message)
+                self._snap = snap
             return snap
 
     def close(self) -> None:
@@ -224,7 +231,9 @@ def render_page(snap: Snapshot, refresh_s: float) -> str:
 def render_fragment(snap: Snapshot) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.taken_at))
     parts = [f"<div class=\"meta\" id=\"taken\">state at {stamp} (took {snap.took_s:.2f} s)</div>"]
-    if not snap.hosts:
+    if snap.error:
+        parts.append(f"<p class=\"err\">{esc(snap.error)}</p>")
+    elif not snap.hosts:
         parts.append("<p class=\"note\">no hosts in the inventory</p>")
     for hv in snap.hosts:
         parts.append(f"<section class=\"host\" data-host=\"{esc(hv.name)}\">"

@@ -224,6 +224,15 @@ class TestDashboardHtml:
         assert page.count("<script>") == 1  # our own refresh script only
         assert "<svg" in page and 'data-state="RUNNING"' in page
 
+    def test_a_broken_inventory_is_said_on_the_page(self, isolated_env):
+        inv = isolated_env / "inventory"
+        inv.mkdir(parents=True, exist_ok=True)
+        (inv / "bad.yaml").write_text("hosts: {pve1: {address: 10.1.2.6, colour: red}}\n")
+        app = dashboard.App(dashboard.Fleet(), refresh_s=1.0)
+        snap = app.snapshot()  # nothing is contacted: the file is refused before any host
+        assert snap.error and not snap.hosts
+        assert 'class="err"' in dashboard.render_fragment(snap)
+
     def test_the_page_is_read_only_and_answers_only_loopback_names(self):
         server = dashboard.serve(port=0, refresh_s=1.0)  # the test's inventory has no hosts
         thread = threading.Thread(target=server.serve_forever, daemon=True)
