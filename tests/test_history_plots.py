@@ -8,10 +8,15 @@ synthetic week-long streams; no remote, no mocks.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ from opsctl.errors import ConfigError
 from opsctl.models import History, JobStatus
 from remote_payload.agent import history as agent_history
 
+REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "history" / "events.jsonl"
 WEEK_S = 7 * 86400
 
@@ -256,3 +262,55 @@ class TestDashboardHtml:
         finally:
             server.shutdown()
             server.server_close()
+
+
+# two real `nvidia-smi --query-gpu=...` lines: an idle and a busy H200
+SMI = "0, NVIDIA H200, 0, 0, 143771, 27, 73.52\n7, NVIDIA H200, 100, 131072, 143771, 61, 688.17\n"
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")
+def test_the_wrapper_records_steps_gpu_samples_and_the_end_in_history_json(tmp_path):
+    """The real agent + wrapper in tmux, with an nvidia-smi that prints two H200 rows."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncat <<'EOF'\n" + SMI + "EOF\n")
+    smi.chmod(0o755)
+    root = tmp_path / "root"
+    socket = f"opsctl-test-history-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_TMUX_SOCKET": socket,
+           "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("TMUX", None)
+    script = ("import json, time\n"
+              "print(json.dumps({'event': 'phase', 'phase': 'compiling'}), flush=True)\n"
+              "for s in range(1, 13):\n"
+              "    print(json.dumps({'event': 'step', 'step': s, 'loss': 3.0 / s, 'tok_s': 1e4}),"
+              " flush=True)\n"
+              "    time.sleep(0.5)\n")
+    spec = {"job_id": "hist-20261130-000000-abcd", "name": "hist", "workdir": str(tmp_path),
+            "command": [sys.executable, "-c", script], "env": {}, "healthy_when": {"started": True},
+            "timeout_s": 60}
+
+    def agent(*args: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "remote_payload.agent", "--root", str(root),
+                               *args], capture_output=True, text=True, env=env, timeout=60)
+        return json.loads(proc.stdout)
+
+    try:
+        assert agent("launch", "--spec-json", json.dumps(spec))["ok"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = agent("status")["data"]
+            if st["state"] == "SUCCEEDED":
+                break
+            time.sleep(0.3)
+        assert st["state"] == "SUCCEEDED"
+        hist = st["history"]
+        assert hist["loss"][0] > hist["loss"][-1]
+        assert set(hist["gpu_util"]) - {None} == {50.0}  # the mean of 0 % and 100 %
+        assert [m["kind"] for m in hist["marks"]] == ["compile", "end"]
+        full = agent("history")["data"]
+        assert full["source"] == "history.json"
+        assert set(full["history"]["gpu_mem_gib"]) - {None} == {128.0}  # 0 + 131072 MiB
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
