@@ -131,7 +131,7 @@ class TestBound:
 
     def test_non_numbers_from_the_job_are_ignored(self):
         h = agent_history.History()
-        h.add(1.0, {"loss": "nan-ish", "tok_s": True, "mfu": float("inf")})
+        h.add(1.0, {"loss": "nan-ish", "tok_s": True, "mfu": float("inf"), "mem_gib": 10**400})
         h.add(1.0, {"loss": 2.5})
         assert h.columns()["loss"] == [2.5] and "tok_s" not in h.columns()
 

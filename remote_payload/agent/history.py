@@ -19,6 +19,7 @@ this runs in the container, on Python 3.10.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,7 +48,10 @@ MARK_COMPILE, MARK_RESTART, MARK_ERROR, MARK_HANG, MARK_END, MARK_DIAGNOSIS = (
 def _number(v: t.Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int past float range: a job's event is data, not trusted
+        return None
     return f if math.isfinite(f) else None
 
 
@@ -251,7 +255,8 @@ def from_events(path: str, cap: int = CAP) -> History:
 class Recorder:
     """The wrapper's side: thread-safe feeding, throttled atomic writes of ``history.json``.
 
-    Writing never raises (a full disk loses history, never the job).
+    Nothing here raises into the wrapper: a history bug or a full disk loses plot data,
+    never the job or its state record.
     """
 
     def __init__(self, job_path: str, history: History | None = None):
@@ -262,19 +267,19 @@ class Recorder:
         self.last_flush = 0.0
 
     def on_event(self, ev: t.Mapping[str, t.Any], at: float | None = None) -> None:
-        with self.lock:
+        with self.lock, contextlib.suppress(Exception):
             feed_event(self.history, ev, time.time() if at is None else at)
             self.dirty = True
 
     def on_gpus(self, table: t.Sequence[t.Mapping[str, t.Any]], at: float) -> None:
-        values = gpu_values(table)
-        if values:
-            with self.lock:
+        with self.lock, contextlib.suppress(Exception):
+            values = gpu_values(table)
+            if values:
                 self.history.add(at, values)
                 self.dirty = True
 
     def mark(self, kind: str, label: str, at: float | None = None) -> None:
-        with self.lock:
+        with self.lock, contextlib.suppress(Exception):
             self.history.mark(time.time() if at is None else at, kind, label)
             self.dirty = True
 
@@ -284,7 +289,10 @@ class Recorder:
         with self.lock:
             if not self.dirty or (not force and now - self.last_flush < FLUSH_S):
                 return False
-            doc = self.history.columns()
+            try:
+                doc = self.history.columns()
+            except Exception:
+                return False
             self.dirty = False
             self.last_flush = now
         tmp = f"{self.path}.tmp.{os.getpid()}"
