@@ -263,6 +263,7 @@ class Recorder:
         self.path = os.path.join(job_path, FILE)
         self.history = history or History()
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()  # the flush thread and the wrapper's final flush
         self.dirty = False
         self.last_flush = 0.0
 
@@ -284,30 +285,33 @@ class Recorder:
             self.dirty = True
 
     def flush(self, force: bool = False) -> bool:
-        """Write the file when something changed (and ``FLUSH_S`` passed, unless ``force``)."""
-        now = time.monotonic()
-        with self.lock:
-            if not self.dirty or (not force and now - self.last_flush < FLUSH_S):
-                return False
-            try:
-                doc = self.history.columns()
-            except Exception:
-                return False
-            self.dirty = False
-            self.last_flush = now
-        tmp = f"{self.path}.tmp.{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(doc, f, separators=(",", ":"))
-            os.replace(tmp, self.path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        """Write the file when something changed (and ``FLUSH_S`` passed, unless ``force``).
+
+        The flush thread and the wrapper's final flush serialize on ``write_lock``, snapshot
+        included, so an older snapshot never replaces a newer file.
+        """
+        with self.write_lock:
+            now = time.monotonic()
             with self.lock:
-                self.dirty = True
-            return False
+                if not self.dirty or (not force and now - self.last_flush < FLUSH_S):
+                    return False
+                try:
+                    doc = self.history.columns()
+                except Exception:
+                    return False
+                self.dirty = False
+                self.last_flush = now
+            tmp = f"{self.path}.tmp.{os.getpid()}"
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(doc, f, separators=(",", ":"))
+                os.replace(tmp, self.path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                with self.lock:
+                    self.dirty = True
+                return False
         return True
 
     def run(self, stop: threading.Event) -> None:
