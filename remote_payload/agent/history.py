@@ -306,7 +306,7 @@ class Recorder:
                 with open(tmp, "w", encoding="utf-8") as f:
                     json.dump(doc, f, separators=(",", ":"))
                 os.replace(tmp, self.path)
-            except OSError:
+            except (OSError, ValueError, TypeError):  # a full disk; never into the wrapper
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 with self.lock:
