@@ -503,7 +503,7 @@ def host_trust(host_name: str, yes: bool) -> None:
 
 
 # Commands of other modules register themselves on `cli` (kept out of this file on purpose).
-from opsctl import cli_diag, cli_torch  # noqa: E402,F401
+from opsctl import cli_diag, cli_torch, cli_view  # noqa: E402,F401
 
 
 def main() -> None:

@@ -187,6 +187,7 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
         ended = f"  killed by {safe(st.signal)}"
     con.print(Text(f"elapsed {duration(st.elapsed_s)}  pid {st.pid or '-'}{ended}", style="dim"))
     con.print(metrics_line(st.last_step))
+    sparklines(con, st)
     for e in st.evidence:
         con.print(plain(f"evidence: {e}", style="yellow"))
     panel = diagnosis(st.diagnosis)
@@ -207,6 +208,26 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
         con.print(Text("GPUs: none in this container", style="dim"))
     if st.output_log:
         con.print(plain(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
+
+
+def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:
+    """Loss, tok/s and GPU utilisation over the job's history (issue 17), marks underneath."""
+    from opsctl import plots
+
+    rows = plots.sparkline_rows(st.history, width)
+    if not rows or st.history is None:
+        return
+    lw = max(len(r.label) for r in rows)
+    for r in rows:
+        line = Text(f"  {r.label:<{lw}} ", style="dim")
+        line.append(r.spark, style="cyan")
+        line.append(f" {r.last}  ({r.low}…{r.high})", style="dim")
+        con.print(line)
+    marks = plots.mark_line(st.history, width)
+    if marks.strip():
+        con.print(Text(f"  {'':<{lw}} {marks}", style="magenta"))
+        for entry in plots.legend(st.history):
+            con.print(plain(f"  {'':<{lw}} {entry}", style="dim"))
 
 
 def progress_line(st: JobStatus | None, elapsed: float, problem: str | None) -> Text:

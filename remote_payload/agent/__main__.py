@@ -27,6 +27,7 @@ VERBS: dict[str, str] = {
     "stacks": "remote_payload.agent.verbs_jobs",
     "jobs": "remote_payload.agent.verbs_jobs",
     "abort": "remote_payload.agent.verbs_jobs",  # an interrupted deploy (issue 15)
+    "history": "remote_payload.agent.history",  # plot data (issue 17)
     # torch builds and caches (issue 3)
     "envs": "remote_payload.agent.verbs_torch",
     "swap": "remote_payload.agent.verbs_torch",

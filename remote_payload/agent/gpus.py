@@ -173,14 +173,19 @@ def query() -> tuple[list[Gpu], str | None]:
     return GpuQuery().result()
 
 
-def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_INTERVAL_S,
+                   on_sample: t.Callable[[list[Gpu], float], None] | None = None) -> None:
     """Write ``{"at", "gpus", "gpu_error", "static"}`` to ``path`` every ``interval_s`` until ``stop``.
 
     A machine without nvidia-smi and NVML is sampled once (``static``: nothing will change).
+    ``on_sample(table, at)`` also gets each non-empty table (the job's history, issue 17).
     """
     while not stop.is_set():
         table, err = query()
         static = not table and err is None
+        if on_sample is not None and table:
+            with contextlib.suppress(Exception):  # the history must never stop the sampling
+                on_sample(table, time.time())
         tmp = f"{path}.tmp.{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as f:

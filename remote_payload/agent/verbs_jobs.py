@@ -17,7 +17,7 @@ import sys
 import time
 import typing as t
 
-from remote_payload.agent import jobs
+from remote_payload.agent import history, jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 
 JobState = jobs.JobState
@@ -168,6 +168,7 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
     doc["hang_threshold_s"] = _hang_threshold(doc)
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
+    doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
     return doc
 
 

@@ -32,6 +32,7 @@ import typing as t
 
 from remote_payload import diagnosis, wire
 from remote_payload.agent import gpus, jobs
+from remote_payload.agent import history as history_mod
 from remote_payload.agent import stacks as stacks_mod
 from remote_payload.agent.common import read_json, write_json_atomic
 
@@ -125,6 +126,7 @@ class Wrapper:
         self.proc: subprocess.Popen[bytes] | None = None
         self.child_ticks: int | None = None
         self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
+        self.history = history_mod.Recorder(path)  # bounded plot data for status (issue 17)
 
     def _f(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -140,6 +142,8 @@ class Wrapper:
         self.status["transitions"].append([new.value, time.time(), why])
         if new == JobState.RUNNING or new == JobState.SUCCEEDED:
             self.status["healthy"] = True
+        if new.is_terminal():
+            self.history.mark(history_mod.MARK_END, f"{new.value}: {why}")
         if write:
             self.write_status()
 
@@ -289,6 +293,7 @@ class Wrapper:
         except OSError as exc:  # disk full: the event still moves the state below
             self.disk_error(jobs.EVENTS, exc)
         self.status["events_count"] += 1
+        self.history.on_event(ev, ev["_at"])
         kind = ev["event"]
         budget = ev.get(wire.FIELD_BUDGET)
         if isinstance(budget, int | float) and not isinstance(budget, bool) and budget > 0:
@@ -348,6 +353,7 @@ class Wrapper:
         final = jobs.final_state(rec, cancelled)
         self.advance(final, why + (" after cancel was requested" if cancelled else ""))
         self.write_status()
+        self.history.flush(force=True)
         self.to_pane(f"\r\n[opsctl] job {self.spec['job_id']} {final.value}: {why}\r\n".encode())
 
     def handle_signals(self) -> bool:
@@ -388,6 +394,7 @@ class Wrapper:
         self.status["ended_at"] = time.time()
         self.advance(JobState.LOST, why)
         self.write_status()
+        self.history.flush(force=True)
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -429,7 +436,10 @@ class Wrapper:
         # started after the fork above: preexec_fn is only safe without other threads
         stop_sampling = threading.Event()
         threading.Thread(target=gpus.sample_forever, name="gpu-sampler", daemon=True,
-                         args=(self._f(gpus.SAMPLE_FILE), stop_sampling)).start()
+                         args=(self._f(gpus.SAMPLE_FILE), stop_sampling),
+                         kwargs={"on_sample": self.history.on_gpus}).start()
+        threading.Thread(target=self.history.run, name="history", daemon=True,
+                         args=(stop_sampling,)).start()
         threading.Thread(target=HangWatch(self).run, name="hang-watch", daemon=True,
                          args=(stop_sampling,)).start()
         try:
@@ -554,6 +564,7 @@ class HangWatch:
             "saved_to": saved,
         }
         write_json_atomic(w._f(jobs.HANG), record)
+        w.history.mark(history_mod.MARK_HANG, str(record["summary"]), at=now)
         return record
 
 
