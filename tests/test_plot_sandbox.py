@@ -81,7 +81,7 @@ def test_plot_draws_the_job_and_writes_the_same_charts_as_png(finished_job, tmp_
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    res = run("plot", "--host", "sandbox", "--ct", "200", "--json")
+    res = run("plot", finished_job, "--host", "sandbox", "--ct", "200", "--json")
     doc = json.loads(res.stdout)
     assert doc["job_id"] == finished_job and doc["source"] == "history.json"
     assert len(doc["history"]["t"]) >= 2 and "mfu" in doc["history"]
