@@ -1,7 +1,8 @@
 """Multi-GPU check of the trainer's process layouts and of opsctl's hang reporting, in one call.
 
 The user's run is 5 target + 3 drafter ranks in one container; this checks the same code path
-on 2 GPUs (1 + 1 split, 2 colocated) with the Qwen3-8B-shaped random target, through the
+on 2 GPUs (1 + 1 split, 2 colocated; `--nproc 8 --target-ranks 5` for the user's 5 + 3) with the
+Qwen3-8B-shaped random target, through the
 ``device`` tool (``nvidia-h200-x2``), well inside its 10-minute limit::
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 \\
@@ -52,8 +53,12 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "4"}
 
 
+def split(a: argparse.Namespace) -> list[str]:
+    return ["--topology", "split", "--target-ranks", str(a.target_ranks)]
+
+
 def trainer_args(a: argparse.Namespace) -> list[str]:
-    return ["--preset", a.preset, "--nproc", "2", "--seq-buckets", str(a.seq), "--data", "synthetic",
+    return ["--preset", a.preset, "--nproc", str(a.nproc), "--seq-buckets", a.seq, "--data", "synthetic",
             "--block-size", "32", "--max-anchors", "64", "--token-budget", str(a.token_budget),
             "--max-batch", "64", "--log-every", str(a.log_every), "--warmup-steps", "2"]
 
@@ -213,7 +218,9 @@ def _agent_hang_run(a: argparse.Namespace, agent: t.Callable[..., dict[str, t.An
 def main(argv: t.Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="qwen3-8b")
-    p.add_argument("--seq", type=int, default=3072)
+    p.add_argument("--seq", default="3072", help="sequence buckets, comma-separated")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU)")
+    p.add_argument("--target-ranks", type=int, default=1, help="target ranks of the split runs")
     p.add_argument("--token-budget", type=int, default=49152)
     p.add_argument("--log-every", type=int, default=3)
     p.add_argument("--steps", type=int, default=12)
@@ -256,14 +263,14 @@ def main(argv: t.Sequence[str] | None = None) -> int:
 
     ckpt = str(base / "ckpt-split")
     simple("warmup-colocated", ["--warmup-only", "--save-cache-artifacts", str(base / "mega.bin")], 240)
-    simple("warmup-split", ["--topology", "split", "--target-ranks", "1", "--warmup-only"], 150)
-    simple("split", ["--topology", "split", "--target-ranks", "1", "--steps", str(a.steps),
+    simple("warmup-split", [*split(a), "--warmup-only"], 150)
+    simple("split", [*split(a), "--steps", str(a.steps),
                      "--stop-at-step", str(a.stop_at), "--out-dir", ckpt], 150)
-    simple("split-resume", ["--topology", "split", "--target-ranks", "1", "--steps", str(a.steps),
+    simple("split-resume", [*split(a), "--steps", str(a.steps),
                             "--resume", "auto", "--out-dir", ckpt], 150)
     simple("colocated", ["--steps", str(a.steps), "--out-dir", str(base / "ckpt-colo")], 150)
     if want("split-sigint"):
-        r = trainer_run(a, "split-sigint", ["--topology", "split", "--target-ranks", "1",
+        r = trainer_run(a, "split-sigint", [*split(a),
                                             "--steps", "1000", "--out-dir", str(base / "ckpt-int")],
                         base, env, 200)
         r.start()
@@ -275,7 +282,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
             rc = r.wait()
         record(r.report(rc, exit_after_sigint_s=round(time.monotonic() - sent_at, 1)
                         if sent_at else None))
-    simple("split-raise", ["--topology", "split", "--target-ranks", "1", "--steps", "50",
+    simple("split-raise", [*split(a), "--steps", "50",
                            "--out-dir", str(base / "ckpt-raise"), "--debug-fault", "raise",
                            "--debug-fault-rank", "1", "--debug-fault-step", "3"], 150)
     if want("agent-hang") and shutil.which("tmux"):

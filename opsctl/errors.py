@@ -49,7 +49,8 @@ EXIT_CODES: dict[int, str] = {
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
     INVALID_TRANSITION: "job state machine refused a transition (bug or race)",
-    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running)",
+    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running; an interrupted deploy never "
+                 "launches its job later and says what it already did)",
 }
 
 
@@ -206,3 +207,9 @@ class JobUnhealthy(DeployOutcomeError):
 
 class InvalidTransition(OpsctlError):
     exit_code = INVALID_TRANSITION
+
+
+class Interrupted(OpsctlError):
+    """Ctrl-C during a remote operation; the message says what was already done."""
+
+    exit_code = INTERRUPTED

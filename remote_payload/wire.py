@@ -165,6 +165,8 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
     NoStacks = "NoStacks"
     GpusBusy = "GpusBusy"
     PayloadMismatch = "PayloadMismatch"  # launch --payload-digest: the installed payload differs
+    LaunchAborted = "LaunchAborted"  # the deploy was interrupted (``abort``) before this launch
+    DiskFull = "DiskFull"  # ENOSPC/EDQUOT where the agent writes its records
     # torch builds and compile caches
     TorchInstallFailed = "TorchInstallFailed"  # install or verification of a build failed
     TorchFactsFailed = "TorchFactsFailed"

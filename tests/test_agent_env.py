@@ -68,7 +68,7 @@ def _run_with_hook(tmp_path: Path, code: str, *extra_path: Path) -> subprocess.C
 
 
 CHECK_USR1 = ("import os, signal, sys; sys.path.insert(0, {repo!r})\n"
-              "from remote_payload.agent import jobs\n"
+              "from remote_payload.agent import jobstore as jobs\n"
               "print('usr1', jobs.catches_signal(os.getpid(), signal.SIGUSR1))")
 
 

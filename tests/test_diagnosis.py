@@ -334,3 +334,14 @@ def test_a_stack_dump_followed_by_training_steps_is_not_a_hang() -> None:
     lines = [*log(H200 / "compile-hang-3-threads-stacks.txt"), step]
     found = run(lines, status(state="RUNNING", alive=True, exit_code=None))
     assert "compile_hang_stacks" not in causes(found), causes(found)
+
+
+def test_drafters_idle_more_than_half_the_time_get_a_layout_recommendation() -> None:
+    step = {"event": "step", "step": 30, "tok_s": 40000.0, "feature_wait_pct": 63.0}
+    st = status(state="RUNNING", alive=True, exit_code=None, last_step=step)
+    f = by_cause(run([], st, events=[]), "drafters_waiting_for_features")
+    assert f["severity"] == "info"
+    assert "63% of their time waiting" in f["summary"] and "colocated" in f["hint"]
+    busy = {**step, "feature_wait_pct": 42.0}
+    found = run([], status(state="RUNNING", alive=True, exit_code=None, last_step=busy), events=[])
+    assert "drafters_waiting_for_features" not in causes(found)

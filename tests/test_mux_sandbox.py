@@ -142,7 +142,10 @@ def test_a_changed_host_key_is_refused_although_a_mux_is_running(spec, tmp_path)
     kh.write_text(f"{name} {other.get_name()} {other.get_base64()}\n")
     with pytest.raises(errors.HostKeyError, match="CHANGED"), Remote(unpinned) as r:
         r.pct_exec(200, ["true"], timeout=30)
-    assert mux.list_muxes()[0]["calls"] == row["calls"] == 0  # nothing went through it
+    # nothing went through the old mux (a known_hosts edit changes the key, so it may also have
+    # retired by now: tests/test_mux_retire_sandbox.py)
+    assert row["calls"] == 0
+    assert all(r["calls"] == 0 for r in mux.list_muxes())
 
 
 def test_a_deadline_through_the_mux_kills_the_remote_process_group(spec):

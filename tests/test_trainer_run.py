@@ -198,3 +198,12 @@ def test_a_collective_that_never_completes_ends_the_job_after_the_pg_timeout(tmp
 def test_the_pg_timeout_must_be_a_positive_number(capsys):
     assert main([*FAST, "--pg-timeout", "nan"]) == 2
     assert "--pg-timeout must be > 0" in capsys.readouterr().err
+
+
+def test_split_step_events_say_how_much_drafters_wait_for_features(tmp_path):
+    p = _spawn("--topology", "split", "--target-ranks", "1", "--nproc", "2", "--steps", "4",
+               "--token-budget", "384", "--log-every", "2", "--out-dir", str(tmp_path))
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out[-2000:]
+    steps = [e for e in _events(out) if e["event"] == "step"]
+    assert steps and all(0.0 <= e["feature_wait_pct"] <= 100.0 for e in steps), steps

@@ -56,9 +56,7 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
         return
     out = render.console()
     render.status(out, report.target, report.status)
-    verdict = {"healthy": "healthy: training is running", "terminal": "finished",
-               "launched": "launched (not watched)"}.get(report.outcome, report.outcome)
-    out.print(f"[bold green]{report.job_id}: {verdict}[/] after {render.duration(report.elapsed_s)}")
+    out.print(render.deploy_verdict(report.job_id, report.outcome, report.status, report.elapsed_s))
 
 
 class _Progress:
@@ -72,9 +70,9 @@ class _Progress:
         from opsctl.cli import render
 
         if self.spinner is not None:
-            self.spinner.update(text=f"{name}…")
+            self.spinner.update(text=render.plain(f"{name}…"))
         elif not self.quiet and not name.endswith("-done"):
-            self.err.print(f"{render.now_stamp()} {name}…", markup=False, highlight=False)
+            self.err.print(render.plain(f"{render.now_stamp()} {name}…"))
 
     def on_update(self, st: t.Any, elapsed: float, problem: str | None) -> None:
         from opsctl.cli import render
@@ -144,6 +142,8 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 
             st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
                             on_update=on_update, lines=lines).status
+            if not as_json:  # the job followed is the one it started with, whatever came after
+                err.print(render.plain(f"followed job {st.job_id} to its end: {st.state.value}"))
         else:
             st = watch.fetch_status(tgt.agent, job_id, lines)
     if as_json:  # no rich on this path: `status --json` is polled by scripts (README, Speed)
@@ -165,7 +165,11 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 @click.option("--offset", type=clitypes.COUNT, default=0, help="Start at this byte of output.log.")
 def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          follow: bool, offset: int) -> None:
-    """The job's full output (output.log), byte-exact; -f follows until the job ends."""
+    """The job's full output (output.log), byte-exact; -f follows until the job ends.
+
+    Raw on purpose: control sequences the job printed pass through (status and deploy
+    show them inert). -f stays on the job it started with, even if another replaces it.
+    """
     from opsctl.ops import jobs
 
     out = sys.stdout.buffer
@@ -186,7 +190,8 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 @json_option
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          grace_s: float, as_json: bool) -> None:
-    """Stop the job: SIGINT, then SIGTERM to its process group, then SIGKILL."""
+    """Stop the job: SIGINT, then SIGTERM, then SIGKILL to all its processes (its group and
+    detached children); exit 25 when one survives SIGKILL (its pids are shown)."""
     from opsctl.cli import render
     from opsctl.ops import jobs
 
@@ -195,7 +200,10 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
     if as_json:
         render.print_json(res.model_dump(mode="json"))
     else:
-        click.echo(f"{res.job_id}: {res.state.value} (signals: {', '.join(res.signals_sent) or 'none'})")
+        render.console().print(render.stop_line(res.job_id, res.state, res.signals_sent,
+                                                res.remaining_pids))
+    if res.remaining_pids:
+        sys.exit(errors.REMOTE_FAILED)
 
 
 # --- exec / hosts ------------------------------------------------------------------------

@@ -4,10 +4,20 @@ Only ``opsctl/cli/`` imports rich (``tests/test_architecture.py``); the ``--json
 print through :mod:`.jsonout`, which does not.
 
 Colours live in a table here, not in the state enum.
+
+Remote text (job output, pane tails, evidence, diagnosis, agent error messages,
+step names) is shown only through :func:`safe`: a job that prints an OSC title,
+a clear-scrollback, an OSC 52 clipboard write or any other control sequence gets
+it displayed as inert ``\\x1b…`` text, never executed by the user's terminal
+(issue 15). Rich markup in remote text is never interpreted either (it always
+travels inside :class:`~rich.text.Text`). ``opsctl logs`` is the exception on
+purpose: it is the job's raw output, byte-exact, which the user asked for (pipe
+it through ``cat -v`` to inspect it on a terminal).
 """
 
 from __future__ import annotations
 
+import re
 import time
 import typing as t
 
@@ -33,6 +43,32 @@ STATE_COLOR: dict[JobState, str] = {
 }
 SEVERITY_COLOR = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
+# C0 controls but tab (ESC starts every CSI/OSC/DCS sequence; CR and BS overwrite what is
+# shown), DEL, C1 controls (U+009B is an 8-bit CSI to some terminals) and the bidi
+# overrides that make text display in another order than it reads.
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_KEEP_NL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e"
+                             r"\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def safe(text: object, *, newlines: bool = False) -> str:
+    """Remote text made inert for a terminal: each control character shown as ``\\xNN``.
+
+    The one place terminal control sequences are neutralised; every renderer of
+    remote text goes through it. ``newlines`` keeps line breaks (multi-line panels).
+    """
+    return (_UNSAFE_KEEP_NL if newlines else _UNSAFE).sub(_escape, str(text))
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Remote text as a rich ``Text``: control sequences neutralised, markup not interpreted."""
+    return Text(safe(text), style=style)
+
 
 def console(stderr: bool = False) -> Console:
     # soft_wrap: an error stays one line (grep-able, copy-able), whatever the terminal width
@@ -40,11 +76,11 @@ def console(stderr: bool = False) -> Console:
 
 
 def error(con: Console, exc: OpsctlError) -> None:
-    con.print(Text(f"error: {exc.message}", style="bold red"))
+    con.print(plain(f"error: {exc.message}", style="bold red"))
     if exc.hint:
-        con.print(Text(f"  hint: {exc.hint}", style="yellow"))
+        con.print(plain(f"  hint: {exc.hint}", style="yellow"))
     if exc.log_path:
-        con.print(Text(f"  full output: {exc.log_path}", style="dim"))
+        con.print(plain(f"  full output: {exc.log_path}", style="dim"))
 
 
 def duration(seconds: float | None) -> str:
@@ -74,7 +110,7 @@ def gpu_table(gpus: list[GpuRow]) -> Table:
     for col in ("#", "name", "util %", "mem used/total MiB", "temp °C", "power W"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for g in gpus:
-        table.add_row(str(g.index), g.name, _num(g.util_pct),
+        table.add_row(str(g.index), plain(g.name), _num(g.util_pct),
                       f"{_num(g.mem_used_mib)}/{_num(g.mem_total_mib)}", _num(g.temp_c),
                       _num(g.power_w, "{:.1f}"))
     return table
@@ -85,46 +121,78 @@ def diagnosis(items: list[DiagnosisItem]) -> Panel | None:
         return None
     parts: list[Text] = []
     for d in items:
-        parts.append(Text(f"[{d.severity}] {d.cause}: {d.summary}", style=SEVERITY_COLOR[d.severity]))
-        parts.extend(Text(f"    evidence: {e}", style="dim") for e in d.evidence[:4])
+        parts.append(plain(f"[{d.severity}] {d.cause}: {d.summary}", style=SEVERITY_COLOR[d.severity]))
+        parts.extend(plain(f"    evidence: {e}", style="dim") for e in d.evidence[:4])
         if d.hint:
-            parts.append(Text(f"    next: {d.hint}", style="bold"))
+            parts.append(plain(f"    next: {d.hint}", style="bold"))
     worst = "red" if any(d.severity == "error" for d in items) else "yellow"
     return Panel(Group(*parts), title="diagnosis", border_style=worst, title_align="left")
 
 
-def metrics_line(step: dict[str, t.Any] | None) -> Text:
+class Bits:
+    """``head`` then ``bits`` joined by ``sep``, wrapped between bits only, never mid-value."""
+
+    def __init__(self, head: str, bits: list[str], *, sep: str = " · ", style: str = ""):
+        self.head, self.bits, self.sep, self.style = head, bits, sep, style
+
+    @property
+    def plain(self) -> str:
+        return self.head + self.sep.join(self.bits)
+
+    def lines(self, width: int) -> list[str]:
+        out: list[str] = []
+        line = self.head
+        for i, bit in enumerate(self.bits):
+            piece = (self.sep if i else "") + bit
+            if i and len(line) + len(piece) > width:
+                out.append(line.rstrip())
+                line = " " * min(len(self.head), 4) + bit
+            else:
+                line += piece
+        out.append(line)
+        return out
+
+    def __rich_console__(self, con: Console, options: t.Any) -> t.Iterator[Text]:
+        for line in self.lines(options.max_width):
+            yield Text(line, style=self.style)
+
+
+def metrics_line(step: dict[str, t.Any] | None) -> Bits:
     if not step:
-        return Text("metrics: no step events yet", style="dim")
-    bits = [f"step {step.get('step')}"]
-    if step.get("loss") is not None:
-        bits.append(f"loss {step['loss']:.4f}")
-    if step.get("acc") is not None:
-        bits.append(f"acc {step['acc']:.3f}")
-    if step.get("tok_s") is not None:
-        bits.append(f"{step['tok_s'] / 1000:.2f} Ktok/s")
-    if step.get("eta_s") is not None:
-        bits.append(f"ETA {duration(step['eta_s'])}")
-    if step.get("lr") is not None:
-        bits.append(f"lr {step['lr']:.2e}")
-    return Text("metrics: " + " · ".join(bits), style="bold")
+        return Bits("metrics: no step events yet", [], style="dim")
+    bits = [f"step {safe(step.get('step'))}"]
+    for key, label, fmt in (("loss", "loss {:.4f}", None), ("acc", "acc {:.3f}", None),
+                            ("tok_s", "{:.2f} Ktok/s", 1000.0), ("eta_s", "ETA {}", None),
+                            ("lr", "lr {:.2e}", None)):
+        v = step.get(key)
+        if v is None:
+            continue
+        try:
+            if key == "eta_s":
+                bits.append(label.format(duration(float(v))))
+            else:
+                bits.append(label.format(float(v) / (fmt or 1.0)))
+        except (TypeError, ValueError):  # a job's event is data, not trusted to be numeric
+            bits.append(f"{key} {safe(v)}")
+    return Bits("metrics: ", bits, style="bold")
 
 
 def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) -> None:
-    head = Text.assemble(("job ", "dim"), (st.job_id, "bold"), ("  on ", "dim"), (target, "bold"),
-                         ("  state ", "dim"), state_text(st.state))
+    head = Text.assemble(("job ", "dim"), (safe(st.job_id), "bold"), ("  on ", "dim"),
+                         (safe(target), "bold"), ("  state ", "dim"), state_text(st.state))
     if st.phase:
-        head.append(f"  phase {st.phase}", style="dim")
+        head.append(f"  phase {safe(st.phase)}", style="dim")
     con.print(head)
     ended = ""
     if st.exit_code is not None:
         ended = f"  exit code {st.exit_code}"
     if st.signal:
-        ended = f"  killed by {st.signal}"
+        ended = f"  killed by {safe(st.signal)}"
     con.print(Text(f"elapsed {duration(st.elapsed_s)}  pid {st.pid or '-'}{ended}", style="dim"))
     con.print(metrics_line(st.last_step))
+    sparklines(con, st)
     for e in st.evidence:
-        con.print(Text(f"evidence: {e}", style="yellow"))
+        con.print(plain(f"evidence: {e}", style="yellow"))
     panel = diagnosis(st.diagnosis)
     if panel is not None:
         con.print(panel)
@@ -133,32 +201,53 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
     if tail:
         src = "pane" if st.pane_tail else "output.log"
         shown = tail[-pane_lines:]
-        con.print(Panel("\n".join(shown), title=f"{src} (last {len(shown)} lines)",
+        con.print(Panel(Text("\n".join(safe(x) for x in shown)), title=f"{src} (last {len(shown)} lines)",
                         title_align="left", border_style="dim"))
     if st.gpus:
         con.print(gpu_table(st.gpus))
     elif st.gpu_error:
-        con.print(Text(f"GPUs: {st.gpu_error}", style="yellow"))
+        con.print(plain(f"GPUs: {st.gpu_error}", style="yellow"))
     else:
         con.print(Text("GPUs: none in this container", style="dim"))
     if st.output_log:
-        con.print(Text(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
+        con.print(plain(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
+
+
+def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:
+    """Loss, tok/s and GPU utilisation over the job's history (issue 17), marks underneath."""
+    from opsctl.cli import plots
+
+    rows = plots.sparkline_rows(st.history, width)
+    if not rows or st.history is None:
+        return
+    lw = max(len(r.label) for r in rows)
+    for r in rows:
+        line = Text(f"  {r.label:<{lw}} ", style="dim")
+        line.append(r.spark, style="cyan")
+        line.append(f" {r.last}  ({r.low}…{r.high})", style="dim")
+        con.print(line)
+    marks = plots.mark_line(st.history, width)
+    if marks.strip():
+        con.print(Text(f"  {'':<{lw}} {marks}", style="magenta"))
+        for entry in plots.legend(st.history):
+            con.print(plain(f"  {'':<{lw}} {entry}", style="dim"))
 
 
 def progress_line(st: JobStatus | None, elapsed: float, problem: str | None) -> Text:
     if problem:
-        return Text(f"{duration(elapsed)}  {problem}", style="yellow")
+        return plain(f"{duration(elapsed)}  {problem}", style="yellow")
     if st is None:
         return Text(f"{duration(elapsed)}  waiting for the first status…")
     line = Text(f"{duration(elapsed)}  ")
     line.append_text(state_text(st.state))
     if st.phase:
-        line.append(f" ({st.phase})", style="dim")
-    if st.last_step and st.last_step.get("tok_s") is not None:
-        line.append(f"  step {st.last_step.get('step')} {st.last_step['tok_s'] / 1000:.2f} Ktok/s")
+        line.append(f" ({safe(st.phase)})", style="dim")
+    if st.last_step and isinstance(st.last_step.get("tok_s"), int | float):
+        line.append(f"  step {safe(st.last_step.get('step'))} "
+                    f"{st.last_step['tok_s'] / 1000:.2f} Ktok/s")
     human = [x for x in st.output_tail if parse_event(x) is None]
     if human:
-        line.append(f"  │ {human[-1][:80]}", style="dim")
+        line.append(f"  │ {safe(human[-1][:80])}", style="dim")
     return line
 
 
@@ -166,21 +255,66 @@ def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
+def deploy_verdict(job_id: str, outcome: str, st: JobStatus, elapsed_s: float) -> Text:
+    """The last line of a deploy: what the job is doing *now*, never a stale "healthy"."""
+    after = f" after {duration(elapsed_s)}"
+    if st.terminal:  # finished before (or while) it was watched: say how
+        how = f"exit code {st.exit_code}" if st.exit_code is not None else (
+            f"killed by {safe(st.signal)}" if st.signal else "no exit code")
+        return Text(f"{safe(job_id)}: finished {st.state.value} ({how}){after}",
+                    style=STATE_COLOR[st.state])
+    if outcome == "healthy":
+        return Text(f"{safe(job_id)}: healthy: {st.state.value}, training is running{after}",
+                    style="bold green")
+    if outcome == "launched":
+        return Text(f"{safe(job_id)}: launched (not watched){after}", style="bold green")
+    return Text(f"{safe(job_id)}: {safe(outcome)} ({st.state.value}){after}", style="yellow")
+
+
+def stop_line(job_id: str, state: JobState, signals: list[str], remaining: list[int]) -> Text:
+    line = Text(f"{safe(job_id)}: ")
+    line.append_text(state_text(state))
+    line.append(f" (signals: {safe(', '.join(signals)) or 'none'})")
+    if remaining:
+        line.append(f"; still alive after SIGKILL: pids {', '.join(map(str, remaining))}",
+                    style="bold red")
+    return line
+
+
+def swap_headline(rep: dict[str, t.Any]) -> Text:
+    """``swap-torch``'s first line; a dry run says what *would* happen (nothing changed)."""
+    action = str(rep.get("action"))
+    if rep.get("dry_run"):
+        verb = {"noop": "already current:", "switch": "would switch to",
+                "install": "would install and switch to"}.get(action, f"would {action}")
+        style = "bold yellow"
+    else:
+        verb = {"noop": "already current:", "switch": "switched to",
+                "install": "installed and switched to"}.get(action, action)
+        style = "bold green"
+    line = Text(safe(f"{verb} {rep.get('build')}"), style=style)
+    line.append(safe(f" (previous: {rep.get('previous') or 'none'}) in "
+                     f"{duration(rep.get('elapsed_s'))}"))
+    if rep.get("dry_run"):
+        line.append(" [dry run: nothing was changed]", style="bold yellow")
+    return line
+
+
 def stacks(con: Console, doc: dict[str, t.Any]) -> None:
     """``opsctl stacks``: a summary line, then each process's dump under its rank/pid/GPU."""
     procs = doc.get("processes") or []
-    con.print(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
-              f"{doc.get('summary') or ''}", style="bold", markup=False, highlight=False)
+    con.print(safe(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
+                   f"{doc.get('summary') or ''}"), style="bold", markup=False, highlight=False)
     for p in procs:
         who = " ".join(x for x in (
             f"rank {p['rank']}" if p.get("rank") is not None else "",
             p.get("role") or "", f"GPU {p['gpu']}" if p.get("gpu") is not None else "",
             f"pid {p['pid']}" if p.get("pid") is not None else "") if x)
-        con.print(f"\n── {who}: {p.get('label')} ({p.get('threads')} threads) · {p.get('cmd')}",
-                  style="bold cyan", markup=False, highlight=False)
-        con.print(p.get("dump", ""), markup=False, highlight=False)
+        con.print("\n" + safe(f"── {who}: {p.get('label')} ({p.get('threads')} threads) · "
+                              f"{p.get('cmd')}"), style="bold cyan", markup=False, highlight=False)
+        con.print(safe(p.get("dump", ""), newlines=True), markup=False, highlight=False)
     if doc.get("saved_to"):
-        con.print(f"saved in the container: {doc['saved_to']}", style="dim", markup=False)
+        con.print(safe(f"saved in the container: {doc['saved_to']}"), style="dim", markup=False)
 
 
 # --- tables of the torch, probe and hosts commands -------------------------------------------
@@ -192,18 +326,18 @@ def torch_envs(con: Console, label: str, doc: dict[str, t.Any], history: int) ->
     for col in ("", "build", "pin", "size", "installed", "source"):
         table.add_column(col)
     for b in doc.get("builds", []):
-        table.add_row("*" if b.get("current") else "", b["name"], b.get("pin", ""),
+        table.add_row("*" if b.get("current") else "", plain(b["name"]), plain(b.get("pin", "")),
                       f"{(b.get('size_bytes') or 0) / 1e9:.2f} GB",
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(b.get("installed_at") or 0)),
-                      "wheelhouse" if b.get("wheelhouse") else (b.get("index_url") or ""))
+                      plain("wheelhouse" if b.get("wheelhouse") else (b.get("index_url") or "")))
     con.print(table)
     if not doc.get("builds"):
         con.print("no torch build installed yet (opsctl swap-torch <variant>)")
     for h in doc.get("history", [])[-history:]:
-        con.print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('time', 0)))} "
-                  f"{h.get('from') or '-'} -> {h.get('to')}: {h.get('action')} {h.get('result')}"
-                  + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else ""),
-                  markup=False)
+        con.print(plain(
+            f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('time', 0)))} "
+            f"{h.get('from') or '-'} -> {h.get('to')}: {h.get('action')} {h.get('result')}"
+            + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else "")))
 
 
 def compile_caches(con: Console, label: str, doc: dict[str, t.Any]) -> None:
@@ -212,13 +346,14 @@ def compile_caches(con: Console, label: str, doc: dict[str, t.Any]) -> None:
     for col in ("status", "fingerprint", "size", "files", "last used", "mega-cache"):
         table.add_column(col)
     for c in doc.get("caches", []):
-        table.add_row(c.get("status", ""), c["fingerprint"], f"{(c.get('size_bytes') or 0) / 1e6:.1f} MB",
+        table.add_row(plain(c.get("status", "")), plain(c["fingerprint"]),
+                      f"{(c.get('size_bytes') or 0) / 1e6:.1f} MB",
                       str(c.get("files", "")),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(c.get("last_used_at") or 0)),
                       "yes" if c.get("mega_cache") else "")
     con.print(table)
     for w in doc.get("warnings", []):
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(plain(f"warning: {w}", style="yellow"))
 
 
 PROBE_STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "crashed": "bold red"}
@@ -226,7 +361,7 @@ PROBE_STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "c
 
 def probe_report(con: Console, label: str, report: dict[str, t.Any]) -> None:
     env = report.get("env") or {}
-    con.print(Text(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
+    con.print(plain(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
                    f"(CUDA {env.get('cuda') or '-'}, Triton {env.get('triton') or '-'}), "
                    f"device {env.get('device_name') or env.get('device') or '?'}", style="bold"))
     table = Table(box=None)
@@ -241,14 +376,14 @@ def probe_report(con: Console, label: str, report: dict[str, t.Any]) -> None:
                 f"{th.get('name', '?')}: {th.get('where', '?')}" for th in mode["hang_stacks"][:3])
         if status == "crashed" and mode.get("signal"):
             detail = f"died by {mode['signal']}: " + " | ".join((mode.get("stderr_tail") or [])[-2:])
-        table.add_row(name, Text(status, style=PROBE_STATUS_STYLE.get(status, "")),
-                      "-" if elapsed is None else f"{elapsed:.1f}s", str(mode.get("fx_tracing_flag")),
-                      detail or "")
+        table.add_row(plain(name), plain(status, style=PROBE_STATUS_STYLE.get(status, "")),
+                      "-" if elapsed is None else f"{elapsed:.1f}s", plain(mode.get("fx_tracing_flag")),
+                      plain(detail or ""))
     con.print(table)
     if report.get("verdict"):
-        con.print(Text(str(report["verdict"]), style="bold yellow" if report.get("affected") else "green"))
+        con.print(plain(report["verdict"], style="bold yellow" if report.get("affected") else "green"))
     if report.get("raw_output"):
-        con.print(Text(f"raw output (in the container): {report['raw_output']}", style="dim"))
+        con.print(plain(f"raw output (in the container): {report['raw_output']}", style="dim"))
 
 
 def hosts(con: Console, rows: t.Sequence[t.Any]) -> None:
@@ -258,6 +393,7 @@ def hosts(con: Console, rows: t.Sequence[t.Any]) -> None:
         table.add_column(c)
     for r in rows:
         reach = "-" if r.reachable is None else ("[green]yes[/]" if r.reachable else "[red]no[/]")
-        table.add_row(r.name, f"{r.address}:{r.port}", r.user,
-                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach, r.detail or "")
+        table.add_row(plain(r.name), plain(f"{r.address}:{r.port}"), plain(r.user),
+                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach,
+                      plain(r.detail or ""))
     con.print(table)

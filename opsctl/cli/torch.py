@@ -18,7 +18,7 @@ def _progress(as_json: bool) -> t.Callable[[str], None]:
 
     def say(msg: str) -> None:
         if not as_json:
-            err.print(f"{render.now_stamp()} {msg}", markup=False, highlight=False)
+            err.print(render.plain(f"{render.now_stamp()} {msg}"))
 
     return say
 
@@ -52,16 +52,13 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
         render.print_json(rep)
         return
     con = render.console()
-    verb = {"noop": "already current", "switch": "switched to", "install": "installed and switched to"}
-    con.print(f"[bold green]{verb.get(str(rep.get('action')), rep.get('action'))} {rep['build']}[/] "
-              f"(previous: {rep.get('previous') or 'none'}) in {render.duration(rep['elapsed_s'])}"
-              + (" [dry run]" if rep.get("dry_run") else ""))
+    con.print(render.swap_headline(rep))
     checks = ((rep.get("verification") or {}).get("checks")) or []
     for c in checks:
         mark = "skipped" if c.get("skipped") else ("ok" if c.get("ok") else "FAILED")
-        con.print(f"  verify {c.get('name')}: {mark} {c.get('detail') or ''}", markup=False)
+        con.print(render.plain(f"  verify {c.get('name')}: {mark} {c.get('detail') or ''}"))
     if rep.get("log_path"):
-        con.print(f"  log (in the container): {rep['log_path']}", style="dim")
+        con.print(render.plain(f"  log (in the container): {rep['log_path']}", style="dim"))
 
 
 @click.command()

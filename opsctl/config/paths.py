@@ -41,10 +41,23 @@ def home() -> Path:
 
 
 def logs_dir() -> Path:
-    """Full outputs of failed steps are saved here; errors print the path."""
+    """Full outputs of failed steps are saved here; errors print the path.
+
+    0700, whatever umask or an older opsctl left: the logs hold remote output and argv.
+    """
     d = home() / "logs"
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if d.stat().st_mode & 0o777 != 0o700:
+        d.chmod(0o700)
     return d
+
+
+def new_log(name: str) -> Path:
+    """A fresh file in :func:`logs_dir`, created 0600 (only its owner reads it)."""
+    path = logs_dir() / name
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    path.chmod(0o600)  # an existing file of the same name keeps no wider mode
+    return path
 
 
 def payload_source() -> Path:

@@ -29,6 +29,55 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: ``transport.MAX_COMMAND_BYTES`` (100 KiB); leave room for JSON escaping and the rest.
 MAX_SPEC_TEXT_BYTES = 48 * 1024
 
+MAX_REGEX_LEN = 1000
+
+
+def backtracking_risk(pattern: str) -> str | None:
+    """Why ``pattern`` can backtrack catastrophically, or None.
+
+    Obvious cases only: an unbounded repeat nested in another (``(a+)+``, ``(\\w*\\s?)*``)
+    is exponential on a near-miss line. The wrapper also bounds every match in time
+    (issue 15), so this is the early, clear error, not the only guard.
+    """
+    if len(pattern) > MAX_REGEX_LEN:
+        return f"longer than {MAX_REGEX_LEN} characters"
+    import importlib
+
+    try:
+        parser: t.Any = importlib.import_module("re._parser")  # 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - older pythons
+        parser = importlib.import_module("sre_parse")
+    consts = parser  # MAXREPEAT and the opcodes are re-exported there
+    repeats = {consts.MAX_REPEAT, consts.MIN_REPEAT}
+
+    def unbounded_inside(items: t.Any, in_repeat: bool) -> bool:
+        for op, av in items:
+            if op in repeats:
+                _lo, hi, sub = av
+                unbounded = hi == consts.MAXREPEAT
+                if unbounded and in_repeat:
+                    return True
+                # (x+){3} is cubic at worst and common (addresses); (.*a){20} is not
+                subs = [(sub, in_repeat or unbounded or hi > 10)]
+            elif op == consts.SUBPATTERN:
+                subs = [(av[-1], in_repeat)]
+            elif op == consts.BRANCH:
+                subs = [(b, in_repeat) for b in av[1]]
+            else:
+                continue
+            if any(unbounded_inside(x, r) for x, r in subs):
+                return True
+        return False
+
+    try:
+        tree = parser.parse(pattern)
+    except Exception:  # re.compile already accepted it; never fail the check itself
+        return None
+    if unbounded_inside(tree, False):
+        return ("a repeated group contains another unbounded repeat, which can backtrack "
+                "exponentially (e.g. (a+)+); write it without the nesting, e.g. a+")
+    return None
+
 
 class HealthyWhen(BaseModel):
     """Exactly one criterion: first event of a kind, a regex on output, or started."""
@@ -48,6 +97,9 @@ class HealthyWhen(BaseModel):
                 re.compile(self.regex)
             except re.error as exc:
                 raise ValueError(f"invalid regex: {exc}") from None
+            risky = backtracking_risk(self.regex)
+            if risky:
+                raise ValueError(f"regex {self.regex!r} rejected: {risky}")
         return self
 
     def to_wire(self) -> dict[str, t.Any]:

@@ -264,7 +264,7 @@ def prepare_wheelhouse(build: TorchBuild, dest: Path, *, requirements: t.Sequenc
         TorchEnvError: pip failed (log path attached) or no matching torch wheel came back.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    log_path = paths.logs_dir() / f"wheelhouse-{build.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path = paths.new_log(f"wheelhouse-{build.name}-{time.strftime('%Y%m%d-%H%M%S')}.log")
     argv = [*pip, "download", "--dest", str(dest), "--no-input", "--disable-pip-version-check",
             build.requirement, *requirements]
     if build.download_index_url:

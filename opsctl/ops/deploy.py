@@ -22,13 +22,20 @@ from opsctl.config import last_target as target_mod
 from opsctl.config import playbook as playbook_mod
 from opsctl.config.inventory import HostSpec
 from opsctl.config.playbook import Playbook
-from opsctl.errors import AgentError, ConfigError, JobFailed, JobUnhealthy
+from opsctl.errors import (
+    AgentError,
+    ConfigError,
+    Interrupted,
+    JobFailed,
+    JobUnhealthy,
+    OpsctlError,
+)
 from opsctl.ops import torch as torch_ops
 from opsctl.ops import watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.agent_client import NoPayload, PayloadResult
 from opsctl.remote.models import JobStatus
-from remote_payload.wire import ErrorType
+from remote_payload.wire import ErrorType, JobState
 
 Progress = t.Callable[[str], None]
 
@@ -91,6 +98,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
     Raises:
         JobFailed: the job ended FAILED/CANCELLED/LOST before becoming healthy.
         JobUnhealthy: still not healthy after the playbook's ``timeout_s``.
+        Interrupted: Ctrl-C before the job was launched; says what was already done.
         (and transport/container/agent errors from the steps)
     """
     start = time.monotonic()
@@ -109,8 +117,41 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
 
     job_id = book.new_job_id()
     spec = book.job_spec(job_id, root=tgt.host.root, replace=replace)
+    try:
+        status, pay = _ship_and_launch(tgt, book, spec, step, steps, ship, replace=replace,
+                                       force_payload=force_payload, on_step=on_step,
+                                       force_gpus=force_gpus)
+    except KeyboardInterrupt:
+        raise interrupted_deploy(tgt, job_id, steps) from None
+    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
+    outcome = "launched"
+    if wait:
+        step("watch")
+        try:
+            result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
+                                poll_s=poll_s, on_update=on_update)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{tgt.label}: deploy interrupted while watching: job {job_id} was "
+                              "launched and keeps running",
+                              hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
+        status, outcome = result.status, result.reason
+    report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
+                          time.monotonic() - start, steps)
+    check_outcome(report)
+    return report
+
+
+def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
+                     step: t.Callable[..., None], steps: list[dict[str, t.Any]],
+                     ship: t.Callable[[bool], PayloadResult], *, replace: bool,
+                     force_payload: bool, on_step: Progress | None,
+                     force_gpus: bool) -> tuple[JobStatus, PayloadResult]:
+    job_id = spec["job_id"]
     pay: PayloadResult | None = None
     if force_payload or needs_torch_work(book):
+        if not replace:
+            step("check")
+            refuse_if_running(tgt)  # a refused deploy touches nothing: no payload, no prepare
         pay = ship(force_payload)
         if needs_torch_work(book):
             step("prepare")
@@ -128,24 +169,71 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         except NoPayload:
             pay = ship(True)
         except AgentError as exc:
-            # PayloadMismatch: nothing was touched; UsageError: an older agent without the flag
+            # PayloadMismatch: nothing was touched (a live job without --replace is refused
+            # before the digest check); UsageError: an older agent without the flag
             if exc.remote_type not in (ErrorType.PayloadMismatch, ErrorType.UsageError):
                 raise
             pay = ship(exc.remote_type == ErrorType.PayloadMismatch)
     if status is None:
         step("launch", job_id=job_id)
         status = _launch(tgt, spec, replace, force_gpus)
-    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
-    outcome = "launched"
-    if wait:
-        step("watch")
-        result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
-                            poll_s=poll_s, on_update=on_update)
-        status, outcome = result.status, result.reason
-    report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
-                          time.monotonic() - start, steps)
-    check_outcome(report)
-    return report
+    return status, pay
+
+
+def refuse_if_running(tgt: Target) -> None:
+    """Raise the agent's own ``JobAlreadyRunning`` refusal when the current job is live.
+
+    Raises:
+        AgentError: ``JobAlreadyRunning`` (the same error ``launch`` would give).
+    """
+    try:
+        doc = tgt.agent.call("jobs", timeout=30)
+    except NoPayload:
+        return  # no agent there, so no job it launched
+    current = doc.get("current")
+    row = next((r for r in doc.get("jobs", []) if r.get("job_id") == current), None)
+    state = (row or {}).get("state")
+    if current and state and not JobState(state).is_terminal():
+        raise AgentError(f"{tgt.label}: launch: job {current} is {state}; stop it or launch with "
+                         "--replace", remote_type=ErrorType.JobAlreadyRunning,
+                         fields={"job_id": current, "state": state},
+                         hint="stop it first (`opsctl stop`) or deploy with --replace")
+
+
+def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) -> Interrupted:
+    """Ctrl-C during a deploy: make sure job ``job_id`` is never launched late, and say what
+    was already done (the old job untouched, being stopped, or replaced).
+
+    The agent's ``abort`` verb records the abort under the same lock ``launch`` takes to
+    create the job, so its answer is exact: either the launch in flight will refuse, or
+    the new job already exists and is reported as such.
+    """
+    done = [s["step"] for s in steps if not s["step"].endswith("-done")]
+    where = f"{tgt.label}: deploy interrupted during {done[-1] if done else 'start'}"
+    try:
+        doc = tgt.agent.call("abort", "--job", job_id, timeout=30)
+    except KeyboardInterrupt:
+        return Interrupted(f"{where}; interrupted again before the container answered: "
+                           f"job {job_id} may still be launched", hint="opsctl status")
+    except OpsctlError as exc:
+        if isinstance(exc, NoPayload):
+            return Interrupted(f"{where}; nothing was launched (no payload installed yet)")
+        return Interrupted(f"{where}; could not confirm the abort ({exc.message}): job {job_id} "
+                           "may still be launched", hint="opsctl status")
+    old, old_state = doc.get("old_job"), doc.get("old_state")
+    old_part = ""
+    if old and doc.get("old_cancel_requested"):
+        old_part = f"job {old} had already been sent the stop signal (now {old_state})"
+    elif old:
+        old_part = f"job {old} was not touched (still {old_state})"
+    if doc.get("launched"):
+        msg = f"{where}; job {job_id} had already been launched (now {doc.get('state')})"
+        return Interrupted(msg + (f" and {old_part}" if old_part else ""),
+                           hint=f"opsctl stop --job {job_id}  (if you did not want it)")
+    shipped = any(s["step"] == "payload-done" and s.get("sent") for s in steps)
+    payload_note = " (the new payload is installed)" if shipped else ""
+    msg = f"{where}; job {job_id} was not launched and will not be{payload_note}"
+    return Interrupted(msg + (f"; {old_part}" if old_part else ""))
 
 
 def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,

@@ -76,9 +76,15 @@ def read_logs(tgt: Target, job_id: str | None, offset: int,
 
 def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None], *,
                 follow: bool, offset: int = 0, poll_s: float = 1.0) -> LogsChunk:
-    """Stream output.log from ``offset``; with ``follow`` until the job ends."""
+    """Stream output.log from ``offset``; with ``follow`` until the job ends.
+
+    Bound to one job: without ``job_id`` the first chunk names the current job and
+    every later read asks for it by id, so another job launched meanwhile is never
+    spliced into this stream.
+    """
     while True:
         data, chunk = read_logs(tgt, job_id, offset)
+        job_id = chunk.job_id
         if data:
             write(data)
         offset = chunk.next_offset

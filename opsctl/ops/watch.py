@@ -42,6 +42,11 @@ def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | N
          lines: int = 20) -> WatchOutcome:
     """Poll ``status`` until the condition holds.
 
+    The watch is bound to one job: without ``job_id`` the first answer names the
+    current job, and every later poll asks for that job by id, so a
+    ``deploy --replace`` elsewhere never makes it switch to the new job (it
+    follows the old one to its end, CANCELLED).
+
     Raises:
         TransportError: no successful poll for :data:`MAX_OUTAGE_S`.
     """
@@ -54,6 +59,7 @@ def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | N
         loop_start = time.monotonic()
         try:
             status = fetch_status(agent, job_id, lines)
+            job_id = status.job_id  # bound from now on (see above)
             polls += 1
             backoff = 0.5
             last_ok = time.monotonic()

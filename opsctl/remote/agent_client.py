@@ -39,6 +39,8 @@ _HINTS: dict[ErrorType, str] = {
     ErrorType.JobRunning: "`opsctl stop` it first, or deploy with --replace",
     ErrorType.PayloadMismatch: "run `opsctl deploy` to ship the current payload",
     ErrorType.GpusBusy: "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
+    ErrorType.DiskFull: "free space in the container (df -h; old jobs/ dirs, caches), then retry",
+    ErrorType.LaunchAborted: "the deploy was interrupted; run it again",
 }
 
 

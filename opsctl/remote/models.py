@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing as t
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from remote_payload.wire import JobState
 
@@ -76,6 +76,27 @@ class Preflight(_Wire):
     error: str | None = None
 
 
+class HistoryMark(_Wire):
+    t: float
+    kind: str  # compile | restart | error | hang | end | diagnosis
+    label: str = ""
+
+
+class History(_Wire):
+    """Bounded, downsampled plot data (issue 17): columns aligned with ``t``; None = no sample."""
+
+    bucket_s: float = 0.0
+    t: list[float] = Field(default_factory=list)
+    loss: list[float | None] = Field(default_factory=list)
+    tok_s: list[float | None] = Field(default_factory=list)
+    mfu: list[float | None] = Field(default_factory=list)
+    mem_gib: list[float | None] = Field(default_factory=list)
+    feature_wait_pct: list[float | None] = Field(default_factory=list)
+    gpu_util: list[float | None] = Field(default_factory=list)
+    gpu_mem_gib: list[float | None] = Field(default_factory=list)
+    marks: list[HistoryMark] = Field(default_factory=list)
+
+
 class JobStatus(_Wire):
     job_id: str
     name: str = ""
@@ -106,6 +127,15 @@ class JobStatus(_Wire):
     hang: HangReport | None = None
     errors: list[dict[str, t.Any]] = Field(default_factory=list)
     preflight: Preflight | None = None
+    history: History | None = None
+
+    @field_validator("history", mode="wrap")
+    @classmethod
+    def _history_or_none(cls, v: t.Any, handler: t.Callable[[t.Any], t.Any]) -> t.Any:
+        try:
+            return handler(v)
+        except ValidationError:  # damaged plot data costs the sparklines, never the status
+            return None
 
     @property
     def terminal(self) -> bool:

@@ -347,6 +347,41 @@ def wait_ready(spec: HostSpec, timeout: float = 15.0) -> bool:
     return False
 
 
+STALE_FILES_AFTER_S = 24 * 3600.0
+
+
+def prune_stale(d: Path, *, keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove the lock and log files of muxes gone for a day (each key leaves a pair behind:
+    a known_hosts edit or an inventory change makes a new key). A lock someone holds, a socket
+    that still exists and anything younger than :data:`STALE_FILES_AFTER_S` are kept; the
+    lock is taken while its file is removed, so a mux starting at that moment is not split."""
+    import fcntl
+
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    for lock in sorted(d.glob("*.lock")):
+        sock = lock.with_suffix(".sock")
+        if sock == keep or sock.exists():
+            continue
+        try:
+            if now - lock.stat().st_mtime < STALE_FILES_AFTER_S:
+                continue
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for stale in (lock, lock.with_suffix(".log")):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+            removed.append(lock)
+        except OSError:
+            continue  # held: a live mux
+        finally:
+            os.close(fd)
+    return removed
+
+
 def spawn(spec: HostSpec) -> None:
     """Start a detached mux for ``spec`` unless one is live (never raises, never waits)."""
     if not enabled():
@@ -354,6 +389,7 @@ def spawn(spec: HostSpec) -> None:
     p = socket_path(spec)
     if p is None or (p.exists() and query(p, "ping", timeout=1.0) is not None):
         return
+    prune_stale(p.parent, keep=p)  # only here: starting a mux is off every hot path
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -2,9 +2,12 @@
 
 The payload travels as a tar stream on the stdin of one ``pct exec``; the
 container side (:data:`UNPACK_SCRIPT`, a constant run by the container's
-python3) checks every file against the sha256 manifest and only then switches
+python3) unpacks it into a directory private to that transfer, checks every
+file against the sha256 manifest and only then switches
 ``payload -> payloads/<digest>`` with an atomic symlink rename. An unchanged
-payload (same digest) is not sent again.
+payload (same digest) is not sent again, and a payload directory a live job
+runs from is never removed or rewritten (jobs are bound to the resolved
+``payloads/<digest>``, see the agent's ``launch``).
 """
 
 from __future__ import annotations
@@ -65,12 +68,20 @@ def tar_bytes(manifest: Manifest) -> bytes:
 
 # Runs in the container as `python3 -c UNPACK_SCRIPT <root>`; stdin is the tar.gz.
 # Constant text (never built from input); prints one JSON line.
+#
+# Rules (issue 15): a transfer unpacks into its own private directory (mkdtemp), so two
+# concurrent deploys never see each other's files; payloads/<digest> is content-addressed
+# and never rewritten once it exists and verifies; the rename, the symlink switch and the
+# pruning run under payloads/.lock; and a payload directory some live process still uses
+# (its cwd or PYTHONPATH, or a live job's launch.json) is never removed.
 UNPACK_SCRIPT = r"""
-import hashlib, json, os, shutil, sys, tarfile, time
+import fcntl, hashlib, json, os, shutil, sys, tarfile, tempfile, time
 root = sys.argv[1]
 store = os.path.join(root, "payloads")
 os.makedirs(store, exist_ok=True)
-tmp = os.path.join(store, ".incoming-%d" % os.getpid())
+real_store = os.path.realpath(store)
+tmp = tempfile.mkdtemp(prefix=".incoming-", dir=store)
+os.chmod(tmp, 0o755)
 def fail(msg):
     shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"ok": False, "error": msg})); sys.exit(3)
@@ -81,36 +92,103 @@ try:
             if name.startswith(("/", "..")) or not (m.isfile() or m.isdir()):
                 fail("unsafe member in payload: %r" % m.name)
             tar.extract(m, tmp, set_attrs=False)
-except (tarfile.TarError, OSError, EOFError) as e:
+    man = json.load(open(os.path.join(tmp, "MANIFEST.json")))
+except (tarfile.TarError, OSError, EOFError, ValueError) as e:
     fail("payload transfer broken: %s" % e)
-man = json.load(open(os.path.join(tmp, "MANIFEST.json")))
-seen = []
-for rel, want in man["files"].items():
-    p = os.path.join(tmp, rel)
+shipped_manifest = open(os.path.join(tmp, "MANIFEST.json"), "rb").read()
+def verify(d):
     try:
-        got = hashlib.sha256(open(p, "rb").read()).hexdigest()
+        if open(os.path.join(d, "MANIFEST.json"), "rb").read() != shipped_manifest:
+            return "MANIFEST.json differs"
     except OSError:
-        fail("missing after transfer: " + rel)
-    if got != want:
-        fail("sha256 mismatch after transfer: %s (%s != %s)" % (rel, got[:12], want[:12]))
-    seen.append(rel)
+        return "MANIFEST.json missing"
+    for rel, want in man["files"].items():
+        try:
+            got = hashlib.sha256(open(os.path.join(d, rel), "rb").read()).hexdigest()
+        except OSError:
+            return "missing after transfer: " + rel
+        if got != want:
+            return "sha256 mismatch after transfer: %s (%s != %s)" % (rel, got[:12], want[:12])
+    return None
+bad = verify(tmp)
+if bad:
+    fail(bad)
 import compileall  # bytecode now, so every later agent call starts fast
 compileall.compile_dir(tmp, quiet=2, workers=1)
+def top(path):
+    # the payloads/<name> a path lies in, or None
+    path = os.path.realpath(path)
+    if not path.startswith(real_store + os.sep):
+        return None
+    return path[len(real_store) + 1:].split(os.sep, 1)[0]
+def alive(pid, ticks):
+    try:
+        data = open("/proc/%d/stat" % int(pid), "rb").read()
+    except (OSError, TypeError, ValueError):
+        return False
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0] not in (b"Z", b"X") and (ticks is None or int(fields[19]) == ticks)
+def in_use():
+    used = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            used.add(top(os.readlink("/proc/%s/cwd" % pid)))
+            env = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(b"PYTHONPATH="):
+                for p in var[11:].decode("utf-8", "replace").split(os.pathsep):
+                    used.add(top(p))
+    jobs = os.path.join(root, "jobs")
+    for j in (os.listdir(jobs) if os.path.isdir(jobs) else []):
+        try:
+            launch = json.load(open(os.path.join(jobs, j, "launch.json")))
+        except (OSError, ValueError):
+            continue
+        name = top(launch.get("payload_dir") or "")
+        if name is None or name in used:
+            continue
+        try:
+            pid = json.load(open(os.path.join(jobs, j, "pid")))
+        except (OSError, ValueError):
+            pid = None
+        if pid is None:  # launched, the wrapper has not recorded its start yet
+            live = time.time() - float(launch.get("created_at") or 0) < 120
+        else:
+            live = alive(pid.get("wrapper_pid"), pid.get("wrapper_start_ticks")) or alive(
+                pid.get("pid"), pid.get("start_ticks"))
+        if live:
+            used.add(name)
+    used.discard(None)
+    return used
 final = os.path.join(store, man["digest"][:16])
-if os.path.exists(final):
-    shutil.rmtree(final)
-os.rename(tmp, final)
-link = os.path.join(root, "payload")
-previous = os.path.realpath(link) if os.path.islink(link) else None
-if os.path.exists(link) and not os.path.islink(link):
-    shutil.rmtree(link)
-tmp_link = link + ".tmp-%d" % os.getpid()
-os.symlink(os.path.relpath(final, root), tmp_link)
-os.replace(tmp_link, link)
-keep = {os.path.realpath(final), previous}
-for d in os.listdir(store):
-    full = os.path.realpath(os.path.join(store, d))
-    if full not in keep:
+with open(os.path.join(store, ".lock"), "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if os.path.isdir(final) and verify(final) is None:
+        shutil.rmtree(tmp, ignore_errors=True)  # the same bytes are there: never rewrite them
+    else:
+        if os.path.lexists(final):  # damaged: set it aside (a process may still hold it)
+            os.rename(final, os.path.join(store, ".damaged-%d-%s" % (time.time(), man["digest"][:16])))
+        os.rename(tmp, final)
+    link = os.path.join(root, "payload")
+    previous = top(link) if os.path.islink(link) else None
+    if os.path.exists(link) and not os.path.islink(link):
+        shutil.rmtree(link)
+    tmp_link = link + ".tmp-%d" % os.getpid()
+    os.symlink(os.path.relpath(final, root), tmp_link)
+    os.replace(tmp_link, link)
+    keep = {os.path.basename(final), previous} | in_use()
+    kept = sorted(k for k in keep if k)
+    for d in os.listdir(store):
+        full = os.path.join(store, d)
+        if d in keep or d == ".lock" or not os.path.isdir(full):
+            continue
+        if d.startswith(".") and time.time() - os.path.getmtime(full) < 3600:
+            continue  # another transfer's private dir (or a recent leftover): not ours
         shutil.rmtree(full, ignore_errors=True)
-print(json.dumps({"ok": True, "digest": man["digest"], "files": len(seen), "path": final}))
+print(json.dumps({"ok": True, "digest": man["digest"], "files": len(man["files"]), "path": final,
+                  "kept": kept}))
 """

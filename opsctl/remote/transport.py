@@ -617,7 +617,7 @@ def missing_in_container(result: CommandResult) -> str | None:
 def save_log(step: str, result: CommandResult) -> Path:
     """Save a command's full output; errors print this path (nothing silent)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", step)[:60] or "command"
-    path = paths.logs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{os.getpid()}.log"
+    path = paths.new_log(f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{os.getpid()}.log")
     with path.open("wb") as f:
         f.write(f"$ {result.command}\n# rc={result.rc} elapsed={result.elapsed_s:.3f}s\n".encode())
         f.write(b"--- stdout ---\n" + result.stdout + b"\n--- stderr ---\n" + result.stderr)

@@ -7,6 +7,7 @@ round trip pays for no imports it does not use.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -26,6 +27,8 @@ VERBS: dict[str, str] = {
     "stop": "remote_payload.agent.verbs.jobs",
     "stacks": "remote_payload.agent.verbs.jobs",
     "jobs": "remote_payload.agent.verbs.jobs",
+    "abort": "remote_payload.agent.verbs.jobs",  # an interrupted deploy
+    "history": "remote_payload.agent.history",  # plot data
     # torch builds and caches
     "envs": "remote_payload.agent.verbs.torch",
     "swap": "remote_payload.agent.verbs.torch",
@@ -62,17 +65,29 @@ def main(argv: list[str] | None = None) -> int:
     except AgentFailure as exc:
         reply = wire.error_reply(verb, exc.type, exc.message, **exc.fields)
         rc = wire.AGENT_ERROR_RC
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            reply, rc = _crashed(verb, exc), wire.AGENT_ERROR_RC
+        else:  # a full disk is the container's state, not an agent bug: say which disk
+            reply = wire.error_reply(
+                verb, ErrorType.DiskFull, f"disk full in the container: {exc.strerror}"
+                f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; {verb} could not "
+                "write its records", path=exc.filename, root=known.root)
+            rc = wire.AGENT_ERROR_RC
     except SystemExit as exc:  # argparse error: still one JSON document
         reply = wire.error_reply(verb, ErrorType.UsageError, f"bad arguments for {verb}: {rest!r}",
                                  code=exc.code)
         rc = wire.AGENT_ERROR_RC
     except Exception as exc:  # a bug in the agent: say so, with the traceback
-        reply = wire.error_reply(verb, ErrorType.AgentCrashed, f"{type(exc).__name__}: {exc}",
-                                 traceback=traceback.format_exc()[-4000:])
-        rc = wire.AGENT_ERROR_RC
+        reply, rc = _crashed(verb, exc), wire.AGENT_ERROR_RC
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
     return rc
+
+
+def _crashed(verb: str, exc: BaseException) -> dict[str, object]:
+    return wire.error_reply(verb, ErrorType.AgentCrashed, f"{type(exc).__name__}: {exc}",
+                            traceback=traceback.format_exc()[-4000:])
 
 
 if __name__ == "__main__":

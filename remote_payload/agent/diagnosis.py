@@ -510,6 +510,19 @@ def _rank_failed(ctx: Context) -> Match | None:
     return Match(summary, _ev(ev))
 
 
+FEATURE_WAIT_WARN_PCT = 50.0
+
+
+def _drafters_waiting(ctx: Context) -> Match | None:
+    step = ctx.status.get("last_step") or {}
+    pct = _num(step.get("feature_wait_pct"))
+    if pct is None or pct <= FEATURE_WAIT_WARN_PCT or ctx.status.get("state") != "RUNNING":
+        return None
+    return Match(f"Drafter ranks spend {pct:.0f}% of their time waiting for the target ranks' "
+                 "features: the targets are the bottleneck of this split layout",
+                 [f"step {step.get('step')}: feature_wait_pct {pct}, tok_s {step.get('tok_s')}"])
+
+
 def _gpus_busy_at_launch(ctx: Context) -> Match | None:
     pre = ctx.status.get("preflight")
     busy = pre.get("busy") if isinstance(pre, dict) else None
@@ -582,6 +595,10 @@ SIGNATURES: tuple[Signature, ...] = (
               "Common causes: uncompiled flex_attention or recompile-limit fallbacks (see other "
               "findings), force_compile_during_fx_trace, another process on the GPUs "
               "(nvidia-smi), data loading stalls.", _throughput),
+    Signature("drafters_waiting_for_features", "info",
+              "Give the targets more ranks (e.g. 6 + 2 instead of 5 + 3) or run --topology "
+              "colocated (every rank runs its own target): compare tok/s in a short run.",
+              _drafters_waiting),
     Signature("gpus_busy_at_launch", "warning",
               "A leftover process (the incident had one) or another container holds these GPUs: "
               "expect OOM or slow steps. `opsctl exec -- nvidia-smi` names what runs; stop it.",

@@ -18,6 +18,7 @@ without persistence mode).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -172,18 +173,28 @@ def query() -> tuple[list[Gpu], str | None]:
     return GpuQuery().result()
 
 
-def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_INTERVAL_S,
+                   on_sample: t.Callable[[list[Gpu], float], None] | None = None) -> None:
     """Write ``{"at", "gpus", "gpu_error", "static"}`` to ``path`` every ``interval_s`` until ``stop``.
 
     A machine without nvidia-smi and NVML is sampled once (``static``: nothing will change).
+    ``on_sample(table, at)`` also gets each non-empty table (the job's history, issue 17).
     """
     while not stop.is_set():
         table, err = query()
         static = not table and err is None
+        if on_sample is not None and table:
+            with contextlib.suppress(Exception):  # the history must never stop the sampling
+                on_sample(table, time.time())
         tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"at": time.time(), "gpus": table, "gpu_error": err, "static": static}, f)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"at": time.time(), "gpus": table, "gpu_error": err, "static": static}, f)
+            os.replace(tmp, path)
+        except OSError:  # a full disk: status queries the GPUs itself meanwhile; retry later
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            static = False
         if static:
             return
         stop.wait(interval_s)

@@ -8,6 +8,8 @@ it believes a non-terminal state. No live process and no exit code is LOST.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import signal
@@ -31,11 +33,17 @@ PID = "pid"
 CANCEL = "cancel_requested"
 HANGUP = "hangup"  # the wrapper got SIGHUP: tmux server or pane went away
 WRAPPER_ERROR = "wrapper_error.txt"  # traceback of a wrapper crash (a bug)
+LAUNCH_LOCK = ".launch.lock"  # in jobs/: launch and abort serialize on it
+ABORTED = ".aborted"  # in jobs/: one marker per job id an interrupted deploy must not launch
+ABORT_MARKER_TTL_S = 7 * 86400
+DISK_LOW_BYTES = 1 << 20  # below this much free space in the job dir, status says "disk full"
 STACK_DUMPS = "stack-dumps"
 HANG = "hang.json"  # the wrapper's record of a quiet spell past the job's budget, with stacks
 
 JOB_ID_RE = re.compile(wire.JOB_ID_PATTERN)
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
+JOB_ENV_MARKER = "OPSCTL_JOB_ID"  # exported to the job by the wrapper; see marked_processes
+JOB_CGROUP_PARENT = "opsctl-jobs"  # <cgroup2 mount>/opsctl-jobs/<job id>; see job_cgroup_create
 # how long status waits for the wrapper to record the exit of a child it saw die
 EXIT_RECORD_WAIT_S = 1.0
 # a launch whose wrapper has not recorded a start after this long is LOST
@@ -69,6 +77,68 @@ def set_current_job(root: str, job_id: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(job_id + "\n")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def launch_lock(root: str) -> t.Iterator[None]:
+    """Serialize ``launch`` (old job's cancel, new job dir) with ``abort`` (one file, kept)."""
+    import fcntl
+
+    with open(os.path.join(jobs_root(root), LAUNCH_LOCK), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def abort_marker(root: str, job_id: str) -> str:
+    job_dir(root, job_id)  # validates the id
+    return os.path.join(jobs_root(root), ABORTED, job_id)
+
+
+def prune_abort_markers(root: str) -> None:
+    """Markers outlive any launch that could still be in flight by far; then they go."""
+    d = os.path.join(jobs_root(root), ABORTED)
+    now = time.time()
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        with contextlib.suppress(OSError):
+            if now - os.path.getmtime(os.path.join(d, name)) > ABORT_MARKER_TTL_S:
+                os.unlink(os.path.join(d, name))
+
+
+def request_cancel(root: str, job_id: str, reason: str) -> None:
+    """Mark the job as cancelled on purpose (its end is then CANCELLED, with ``reason``).
+
+    On a full disk the marker is still created empty (an inode, no data block) so that
+    the stop goes ahead and is recorded as a cancel.
+    """
+    path = os.path.join(job_dir(root, job_id), CANCEL)
+    try:
+        write_json_atomic(path, {"at": time.time(), "reason": reason})
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        with contextlib.suppress(OSError):
+            open(path, "a").close()
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_evidence(path: str) -> str | None:
+    """A line for the evidence when the filesystem holding ``path`` is (nearly) full."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= DISK_LOW_BYTES and (st.f_files == 0 or st.f_favail > 16):
+        return None
+    what = "no free inodes" if st.f_files and st.f_favail <= 16 else f"{free // 1024} KiB free"
+    return (f"disk full where the job writes ({path}: {what}): output.log, events and status "
+            "may be incomplete; free space in the container")
 
 
 def resolve_job(root: str, job_id: str | None) -> str:
@@ -265,6 +335,126 @@ def group_members(pgid: int | None, min_ticks: int | None = None) -> list[int]:
     return sorted(pids)
 
 
+def marked_processes(job_id: str, min_ticks: int | None = None) -> list[int]:
+    """Live pids whose environment carries ``OPSCTL_JOB_ID=<job_id>``.
+
+    The wrapper exports it to the job, and every process the job starts inherits it,
+    whatever session or process group it moves to (``setsid``, a double fork): that is
+    how ``stop`` finds detached children the process group misses. (A process that
+    rebuilds its environment from scratch *and* leaves the session is not found; a
+    cgroup per job would catch that too, see issue 15.) ``min_ticks`` ignores processes
+    older than the job, so a stale marker in an unrelated process never matches.
+    """
+    needle = f"{JOB_ENV_MARKER}={job_id}".encode()
+    me = os.getpid()
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle not in env.split(b"\0"):
+            continue
+        st = proc_stat(int(name))
+        if st is None or st[0] in ("Z", "X") or (min_ticks is not None and st[2] < min_ticks):
+            continue
+        pids.append(int(name))
+    return sorted(pids)
+
+
+# --- the job's cgroup (where a writable cgroup2 hierarchy exists) ------------------------
+
+
+def cgroup2_mount() -> str | None:
+    """Where the cgroup2 hierarchy is mounted (``/sys/fs/cgroup`` or, hybrid, ``.../unified``)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return left.split(" ")[4]
+    except OSError:
+        pass
+    return None
+
+
+def job_cgroup_create(job_id: str) -> str | None:
+    """A cgroup for the job's processes: no process can leave it by ``setsid``, a double fork
+    or a scrubbed environment. None (the environment marker still applies) where there is no
+    writable cgroup2, e.g. a container without cgroup delegation."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    path = os.path.join(mount, JOB_CGROUP_PARENT, job_id)
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+            return None
+    except OSError:
+        return None
+    return path
+
+
+def _valid_cgroup(path: t.Any) -> bool:
+    return isinstance(path, str) and os.path.basename(os.path.dirname(path)) == JOB_CGROUP_PARENT
+
+
+def cgroup_members(path: str | None, min_ticks: int | None = None) -> list[int]:
+    if not _valid_cgroup(path):
+        return []
+    try:
+        with open(os.path.join(str(path), "cgroup.procs"), encoding="ascii") as f:
+            pids = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+    live = []
+    for pid in pids:
+        st = proc_stat(pid)
+        if st is not None and st[0] not in ("Z", "X") and (min_ticks is None or st[2] >= min_ticks):
+            live.append(pid)
+    return sorted(live)
+
+
+def cgroup_remove(path: str | None) -> None:
+    """Remove the job's cgroup once it is empty (a busy one stays: it holds survivors)."""
+    if _valid_cgroup(path):
+        with contextlib.suppress(OSError):
+            os.rmdir(str(path))
+
+
+def prune_job_cgroups() -> None:
+    """Empty job cgroups left by wrappers that died (rmdir fails on a busy one: kept)."""
+    mount = cgroup2_mount()
+    parent = os.path.join(mount, JOB_CGROUP_PARENT) if mount else None
+    for name in os.listdir(parent) if parent and os.path.isdir(parent) else []:
+        cgroup_remove(os.path.join(str(parent), name))
+
+
+def job_processes(job_id: str, pgid: int | None, min_ticks: int | None,
+                  cgroup: str | None = None) -> list[int]:
+    """Every live process of the job: its process group, its cgroup, and the marked ones."""
+    return sorted(set(group_members(pgid, min_ticks)) | set(marked_processes(job_id, min_ticks))
+                  | set(cgroup_members(cgroup, min_ticks)))
+
+
+def signal_job(job_id: str, pgid: int | None, min_ticks: int | None, sig: int,
+               cgroup: str | None = None) -> list[int]:
+    """Send ``sig`` to the job's group and to each of its processes outside it; returns them."""
+    group = group_members(pgid, min_ticks)
+    if group and pgid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    others = [p for p in sorted(set(marked_processes(job_id, min_ticks))
+                                | set(cgroup_members(cgroup, min_ticks))) if p not in group]
+    for p in others:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+    return sorted(group + others)
+
+
 def catches_signal(pid: int, signum: int) -> bool:
     """Whether the process installed a handler for ``signum`` (``SigCgt`` in /proc status)."""
     try:
@@ -368,7 +558,27 @@ class JobRecord(t.NamedTuple):
 
 
 def load(root: str, job_id: str) -> JobRecord:
-    """Read a job dir and reconcile its state (persisting LOST/CANCELLED when the wrapper is gone)."""
+    """Read a job dir and reconcile its state (persisting LOST/CANCELLED when the wrapper is gone).
+
+    The evidence also says why a job was cancelled (``replaced by job …``) and when the
+    disk it writes to is full (issue 15: a clear diagnosis instead of a crash).
+    """
+    rec = _reconcile(root, job_id)
+    extra = []
+    if rec.state == JobState.CANCELLED:
+        try:
+            reason = (read_json(os.path.join(rec.path, CANCEL), {}) or {}).get("reason")
+        except (ValueError, AttributeError):  # the empty marker of a full disk
+            reason = None
+        if reason and not any(reason in e for e in rec.evidence):
+            extra.append(f"cancelled: {reason}")
+    disk = disk_full_evidence(rec.path)
+    if disk:
+        extra.append(disk)
+    return rec._replace(evidence=[*rec.evidence, *extra]) if extra else rec
+
+
+def _reconcile(root: str, job_id: str) -> JobRecord:
     path = job_dir(root, job_id)
     spec = read_json(os.path.join(path, SPEC), {}) or {}
     launch = read_json(os.path.join(path, LAUNCH), {}) or {}
@@ -463,5 +673,11 @@ def _persist(rec: JobRecord, new: JobState, why: list[str]) -> JobRecord:
     status["ended_at"] = status.get("ended_at") or now
     status["evidence"] = why
     status["transitions"] = [*status.get("transitions", []), [new.value, now, "reconciled by agent"]]
-    write_json_atomic(os.path.join(rec.path, STATUS), status)
+    try:
+        write_json_atomic(os.path.join(rec.path, STATUS), status)
+    except OSError as exc:  # a full disk: the answer is still right, only not persisted yet
+        if not is_disk_full(exc):
+            raise
+        with contextlib.suppress(OSError):
+            os.unlink(f"{os.path.join(rec.path, STATUS)}.tmp.{os.getpid()}")
     return rec._replace(status=status, state=new, alive=False, evidence=why)

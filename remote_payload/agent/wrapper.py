@@ -32,6 +32,7 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent import diagnosis, gpus
+from remote_payload.agent import history as history_mod
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent import stacks as stacks_mod
 from remote_payload.agent.common import read_json, write_json_atomic
@@ -45,6 +46,23 @@ PR_SET_PDEATHSIG = 1
 HANG_CHECK_INTERVAL_S = 2.0
 HANG_STACKS_TIMEOUT_S = 10.0
 MAX_ERROR_EVENTS = 16  # status.json keeps the first ones: the first failing rank is the cause
+# healthy_when.regex is matched against at most this much of a line, for at most this long per
+# line and in total; past either it is switched off with evidence (issue 15: a catastrophic
+# regex must never wedge the wrapper, which also records the exit and acts on stop)
+REGEX_MAX_CHARS = 8192
+REGEX_LINE_BUDGET_S = 0.05
+REGEX_TOTAL_BUDGET_S = 10.0
+# kept free in the job dir so that pid / exit_code / hangup can still be written on a full disk
+RESERVE = ".disk-reserve"
+RESERVE_BYTES = 256 * 1024
+
+
+class _RegexTimeout(Exception):
+    """Raised by the SIGALRM handler inside a match that ran past its budget."""
+
+
+def _regex_alarm(_signum: int, _frame: t.Any) -> None:
+    raise _RegexTimeout
 
 
 def _die_with_parent() -> None:
@@ -57,6 +75,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except Exception:
         pass
+
+
+def _child_setup(cgroup: str | None) -> None:
+    """In the child: :func:`_die_with_parent`, then join the job's cgroup (before exec, so
+    every process the job ever starts is in it; best effort)."""
+    _die_with_parent()
+    if cgroup is not None:
+        try:
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
 
 
 class Wrapper:
@@ -80,8 +113,11 @@ class Wrapper:
         hw = self.spec.get("healthy_when") or jobs.HEALTHY_DEFAULT
         self.healthy_when: dict[str, t.Any] = hw
         self.regex = re.compile(hw["regex"]) if "regex" in hw else None
+        self.regex_spent = 0.0
         self.log_fd = os.open(self._f(jobs.OUTPUT), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.events = open(self._f(jobs.EVENTS), "a", encoding="utf-8")  # noqa: SIM115
+        self.disk_errors: set[str] = set()  # files whose writes failed (disk full): said once
+        self._reserve()
         self.partial = b""
         self.pane_ok = True
         self.log_error: str | None = None
@@ -90,6 +126,8 @@ class Wrapper:
         self.pending_signals: list[int] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.child_ticks: int | None = None
+        self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
+        self.history = history_mod.Recorder(path)  # bounded plot data for status (issue 17)
 
     def _f(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -105,6 +143,8 @@ class Wrapper:
         self.status["transitions"].append([new.value, time.time(), why])
         if new == JobState.RUNNING or new == JobState.SUCCEEDED:
             self.status["healthy"] = True
+        if new.is_terminal():
+            self.history.mark(history_mod.MARK_END, f"{new.value}: {why}")
         if write:
             self.write_status()
 
@@ -114,9 +154,55 @@ class Wrapper:
             self.dirty = True
             return
         self.status["updated_at"] = now
-        write_json_atomic(self._f(jobs.STATUS), self.status)
         self.last_write = now
-        self.dirty = False
+        if self.write_record(jobs.STATUS, self.status):
+            self.dirty = False
+        else:
+            self.dirty = True  # retried at the next throttle tick
+
+    # --- a full disk (issue 15): the job lives on; what could not be written is said --------
+
+    def _reserve(self) -> None:
+        """Hold some space in the job dir: given back when a record cannot be written."""
+        with contextlib.suppress(OSError):
+            fd = os.open(self._f(RESERVE), os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+
+    def disk_error(self, what: str, exc: OSError) -> None:
+        """Record (in memory, in status.json when it can be written) that ``what`` failed."""
+        if what in self.disk_errors:
+            return
+        self.disk_errors.add(what)
+        full = jobs.is_disk_full(exc)
+        why = (f"{what} write failed: {'disk full: ' if full else ''}{exc.strerror or exc}; "
+               "the job keeps running")
+        self.status["evidence"] = [*self.status["evidence"], why]
+        self.to_pane(f"\r\n[opsctl] {why}\r\n".encode())
+
+    def write_record(self, name: str, obj: t.Any, critical: bool = False) -> bool:
+        """``write_json_atomic`` that never raises; False when it failed (said in the evidence).
+
+        A ``critical`` record (pid, exit, hangup) on a full disk gives up the reserve once
+        and retries, so the job's end is still recorded.
+        """
+        path = self._f(name)
+        for attempt in range(2):
+            try:
+                write_json_atomic(path, obj)
+                return True
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{path}.tmp.{os.getpid()}")
+                if (critical and attempt == 0 and jobs.is_disk_full(exc)
+                        and os.path.exists(self._f(RESERVE))):
+                    with contextlib.suppress(OSError):
+                        os.unlink(self._f(RESERVE))
+                    continue
+                self.disk_error(name, exc)
+        return False
 
     # --- output --------------------------------------------------------------
 
@@ -140,7 +226,7 @@ class Wrapper:
         except OSError as exc:  # disk full: keep the job alive, say what was lost
             if not self.log_error:
                 self.log_error = f"output.log write failed ({exc}); later output is incomplete"
-                self.status["evidence"] = [*self.status["evidence"], self.log_error]
+                self.disk_error(jobs.OUTPUT, exc)
         self.to_pane(chunk)
         self.status["output_size"] += len(chunk)
         self.status["last_output_at"] = time.time()
@@ -156,8 +242,8 @@ class Wrapper:
 
     def on_line(self, line: bytes) -> None:
         if self.regex is not None and not self.status["healthy"]:
-            text = line.decode("utf-8", "replace").rstrip("\r")
-            if self.regex.search(text):
+            text = line[:REGEX_MAX_CHARS].decode("utf-8", "replace").rstrip("\r")
+            if self.healthy_match(text):
                 self.advance(JobState.RUNNING, f"healthy_when regex matched: {text[:200]}")
         if not line.lstrip().startswith(b"{"):
             return
@@ -165,11 +251,50 @@ class Wrapper:
         if ev is not None:
             self.on_event(ev)
 
+    def healthy_match(self, text: str) -> bool:
+        """``healthy_when.regex`` on one line, bounded in time.
+
+        ``re`` checks for signals while it backtracks, so a SIGALRM raised after
+        :data:`REGEX_LINE_BUDGET_S` ends a runaway match; the regex is then switched
+        off with evidence (a deploy waiting for health then ends at its timeout, saying why).
+        """
+        regex = self.regex
+        if regex is None:
+            return False
+        t0 = time.monotonic()
+        previous = signal.signal(signal.SIGALRM, _regex_alarm)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, REGEX_LINE_BUDGET_S)
+            try:
+                return regex.search(text) is not None
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _RegexTimeout:
+            self.give_up_regex(f"one line took over {REGEX_LINE_BUDGET_S * 1000:.0f} ms")
+            return False
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+            self.regex_spent += time.monotonic() - t0
+            if self.regex is not None and self.regex_spent > REGEX_TOTAL_BUDGET_S:
+                self.give_up_regex(f"matching took {self.regex_spent:.1f} s in total")
+
+    def give_up_regex(self, why: str) -> None:
+        self.regex = None
+        self.status["evidence"] = [
+            *self.status["evidence"],
+            f"healthy_when regex switched off: {why} (catastrophic backtracking?); "
+            "the job runs on but cannot become healthy by regex"]
+        self.write_status()
+
     def on_event(self, ev: dict[str, t.Any]) -> None:
         ev = {**ev, "_at": time.time()}
-        self.events.write(json.dumps(ev, separators=(",", ":")) + "\n")
-        self.events.flush()
+        try:
+            self.events.write(json.dumps(ev, separators=(",", ":")) + "\n")
+            self.events.flush()
+        except OSError as exc:  # disk full: the event still moves the state below
+            self.disk_error(jobs.EVENTS, exc)
         self.status["events_count"] += 1
+        self.history.on_event(ev, ev["_at"])
         kind = ev["event"]
         budget = ev.get(wire.FIELD_BUDGET)
         if isinstance(budget, int | float) and not isinstance(budget, bool) and budget > 0:
@@ -212,23 +337,24 @@ class Wrapper:
 
     def record_pid(self, pid: int | None, started_at: float | None) -> None:
         me = os.getpid()
-        write_json_atomic(self._f(jobs.PID), {
+        self.write_record(jobs.PID, critical=True, obj={
             "wrapper_pid": me, "wrapper_start_ticks": jobs.start_ticks(me),
             "pid": pid, "pgid": pid, "start_ticks": self.child_ticks, "started_at": started_at,
-            "argv": self.launch.get("argv") or self.spec["command"],
+            "argv": self.launch.get("argv") or self.spec["command"], "cgroup": self.cgroup,
         })
 
     def finish(self, exit_code: int | None, sig: str | None, why: str,
                error: str | None = None) -> None:
         now = time.time()
         rec = {"exit_code": exit_code, "signal": sig, "ended_at": now, "error": error}
-        write_json_atomic(self._f(jobs.EXIT_CODE), rec)
+        self.write_record(jobs.EXIT_CODE, rec, critical=True)
         cancelled = os.path.exists(self._f(jobs.CANCEL))
         self.status.update(exit_code=exit_code, signal=sig, ended_at=now)
         self.status["evidence"] = [*self.status["evidence"], why]
         final = jobs.final_state(rec, cancelled)
         self.advance(final, why + (" after cancel was requested" if cancelled else ""))
         self.write_status()
+        self.history.flush(force=True)
         self.to_pane(f"\r\n[opsctl] job {self.spec['job_id']} {final.value}: {why}\r\n".encode())
 
     def handle_signals(self) -> bool:
@@ -258,13 +384,18 @@ class Wrapper:
                     os.killpg(proc.pid, sig)
                 sent.append(sig.name)
                 jobs.wait_until(lambda: self.group_done(proc), wait_s, 0.02)
+            left = self.reap_leftovers(proc.pid)  # its detached children too (issue 15)
+            if left:
+                self.status["evidence"] = [*self.status["evidence"],
+                                           f"killed {len(left)} detached process(es): {left}"]
         why = "wrapper got SIGHUP: the tmux server or pane went away"
-        write_json_atomic(self._f(jobs.HANGUP), {"at": time.time(), "why": why, "signals": sent})
+        self.write_record(jobs.HANGUP, {"at": time.time(), "why": why, "signals": sent}, critical=True)
         self.status["evidence"] = [*self.status["evidence"], why,
                                    f"job process group ended with {', '.join(sent) or 'no signal'}"]
         self.status["ended_at"] = time.time()
         self.advance(JobState.LOST, why)
         self.write_status()
+        self.history.flush(force=True)
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -281,11 +412,12 @@ class Wrapper:
             self.finish(None, None, "cancelled before it started")
             return 0
         argv = self.launch.get("argv") or jobs.job_argv(self.spec)
+        self.cgroup = cgroup = jobs.job_cgroup_create(self.spec["job_id"])
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 cwd=self.spec.get("workdir") or None, env=self.child_env(),
-                preexec_fn=_die_with_parent)
+                preexec_fn=lambda: _child_setup(cgroup))
         except OSError as exc:
             msg = f"[opsctl] cannot start {argv[0]!r}: {exc}\n"
             self.on_output(msg.encode())
@@ -305,7 +437,10 @@ class Wrapper:
         # started after the fork above: preexec_fn is only safe without other threads
         stop_sampling = threading.Event()
         threading.Thread(target=gpus.sample_forever, name="gpu-sampler", daemon=True,
-                         args=(self._f(gpus.SAMPLE_FILE), stop_sampling)).start()
+                         args=(self._f(gpus.SAMPLE_FILE), stop_sampling),
+                         kwargs={"on_sample": self.history.on_gpus}).start()
+        threading.Thread(target=self.history.run, name="history", daemon=True,
+                         args=(stop_sampling,)).start()
         threading.Thread(target=HangWatch(self).run, name="hang-watch", daemon=True,
                          args=(stop_sampling,)).start()
         try:
@@ -360,15 +495,21 @@ class Wrapper:
         return rc
 
     def reap_leftovers(self, pgid: int) -> list[int]:
-        """Processes the job left in its group after it exited: TERM, then KILL (no orphans)."""
-        left = jobs.group_members(pgid, self.child_ticks)
-        if not left:
-            return []
+        """Processes the job left behind after it exited: TERM, then KILL (no orphans).
+
+        Its process group, its cgroup, and the detached ones (``setsid``, double fork)
+        that still carry its ``OPSCTL_JOB_ID`` marker (:func:`jobs.marked_processes`).
+        """
+        job_id, ticks, cgroup = self.spec["job_id"], self.child_ticks, self.cgroup
+        left = jobs.job_processes(job_id, pgid, ticks, cgroup)
         for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 1.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-            if jobs.wait_until(lambda: not jobs.group_members(pgid, self.child_ticks), wait_s):
+            if not left:
                 break
+            jobs.signal_job(job_id, pgid, ticks, sig, cgroup)
+            if jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks, cgroup),
+                               wait_s, 0.05):
+                break
+        jobs.cgroup_remove(cgroup)
         return left
 
 
@@ -424,6 +565,7 @@ class HangWatch:
             "saved_to": saved,
         }
         write_json_atomic(w._f(jobs.HANG), record)
+        w.history.mark(history_mod.MARK_HANG, str(record["summary"]), at=now)
         return record
 
 

@@ -148,13 +148,14 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _feats_for(self, j: int, batch: Batch) -> torch.Tensor:
+    def _feats_for(self, j: int, batch: Batch, window: _Window) -> torch.Tensor:
         if not self.topo.split:
             return self.target.features(batch.input_ids)
         rows, seq_len = batch.input_ids.shape
         width = self.cfg.draft_layers * self.cfg.hidden_size
-        return dist.request_features(self.topo, j, (rows, seq_len, width), self.tdtype,
-                                     self.device)
+        with window.waiting():
+            return dist.request_features(self.topo, j, (rows, seq_len, width), self.tdtype,
+                                         self.device)
 
     def _step(self, feats: torch.Tensor, batch: Batch, step: int) -> t.Any:
         """One optimizer step; the first step of each shape compiles under the process-wide
@@ -283,7 +284,7 @@ class Trainer:
             j = topo.batch_index(step)
             cpu_batch = self.source.batch(j)
             batch = cpu_batch.to(self.device)
-            feats = self._feats_for(j, batch)
+            feats = self._feats_for(j, batch, window)
             out, lr, compile_s = self._step(feats, batch, step)
             step += 1
             if not announced or (compile_s is not None and self.compile_on):
@@ -317,9 +318,9 @@ class Trainer:
     def _log_step(self, step: int, lr: float, w: _Window) -> None:
         self._sync()
         elapsed = time.perf_counter() - w.t0
-        loss_s, correct, counted, n, tok_all, flops_all = dist.all_drafters_sum(
+        loss_s, correct, counted, n, tok_all, flops_all, wait_all = dist.all_drafters_sum(
             self.topo, [float(w.loss), float(w.correct), float(w.counted), float(w.steps),
-                        float(w.tokens), w.flops])
+                        float(w.tokens), w.flops, w.wait_seconds()])
         tok_s = tok_all / elapsed if w.timed_steps and elapsed > 0 else 0.0
         if w.timed_steps:
             w.step_time = elapsed / w.timed_steps
@@ -333,6 +334,11 @@ class Trainer:
         if flops_all and elapsed > 0:
             peak = self.args.peak_tflops * 1e12 * self.topo.world
             fields["mfu"] = round(flops_all / elapsed / peak, 4)
+        if self.topo.split and elapsed > 0:
+            # share of the drafters' time spent waiting for the targets' features: above half,
+            # the targets are the bottleneck (more target ranks, or colocated, would be faster)
+            fields["feature_wait_pct"] = round(
+                100.0 * wait_all / (elapsed * self.topo.n_drafters), 1)
         if self.device.type == "cuda":  # this rank's peak (rank 0: a drafter)
             fields["mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
         fields[wire.FIELD_BUDGET] = round(budget, 1)
@@ -366,6 +372,29 @@ class _Window:
         self.flops = 0.0
         self.step_time = step_time
         self.t0 = time.perf_counter()
+        self.device = device
+        self.waits: list[tuple[t.Any, t.Any]] = []  # CUDA event pairs around feature receives
+        self.wait_s = 0.0  # the same on CPU, where a receive blocks
+
+    @contextlib.contextmanager
+    def waiting(self) -> t.Iterator[None]:
+        """Time a feature receive: on CUDA as stream time (the receive is asynchronous; the
+        events measure how long the compute stream waited for it), on CPU as wall time."""
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            yield
+            self.wait_s += time.perf_counter() - t0
+            return
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        yield
+        end.record()
+        self.waits.append((start, end))
+
+    def wait_seconds(self) -> float:
+        """After a device sync: the time spent waiting for features in this window."""
+        return self.wait_s + float(sum(s.elapsed_time(e) for s, e in self.waits)) / 1000.0
 
     def add(self, out: t.Any) -> None:
         self.loss += out.loss
@@ -376,6 +405,7 @@ class _Window:
     def restart_clock(self) -> None:
         self.t0 = time.perf_counter()
         self.tokens, self.timed_steps, self.flops = 0, 0, 0.0
+        self.waits, self.wait_s = [], 0.0
 
 
 def _asdict(obj: t.Any) -> dict[str, t.Any]:

@@ -1,4 +1,4 @@
-"""Job verbs: ``launch``, ``status``, ``logs``, ``stop``, ``stacks``, ``jobs``.
+"""Job verbs: ``launch``, ``status``, ``logs``, ``stop``, ``stacks``, ``jobs``, ``abort``.
 
 Each reads or changes ``<root>/jobs/<id>/`` (see :mod:`remote_payload.agent.jobstore`)
 and returns JSON-able data; ``__main__`` wraps it in the reply envelope.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import time
 import typing as t
 
 from remote_payload import wire
+from remote_payload.agent import history
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
@@ -47,6 +47,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                             "unchanged-payload fast path: one round trip instead of two)")
     if verb in ("status", "logs", "stop", "stacks"):
         p.add_argument("--job", default=None, help="job id (default: the current job)")
+    if verb == "abort":
+        p.add_argument("--job", required=True, help="the job id an interrupted deploy was launching")
     if verb == "status":
         p.add_argument("--lines", type=int, default=DEFAULT_LINES)
     if verb == "logs":
@@ -65,6 +67,8 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     root = args.root
     if verb == "launch":
         if args.payload_digest is not None:
+            if not args.replace:  # a refusal comes first: the client must not ship a payload
+                _refuse_if_running(root)
             _check_payload_digest(args.payload_digest)
         return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
                       socket=_socket(args), force_gpus=args.force_gpus)
@@ -79,6 +83,8 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return stacks(root, jobs.resolve_job(root, args.job), timeout=args.timeout)
     if verb == "jobs":
         return list_jobs(root)
+    if verb == "abort":
+        return abort(root, args.job)
     raise AgentFailure(ErrorType.UnknownVerb, f"verbs.jobs does not handle {verb}")
 
 
@@ -165,6 +171,7 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
     doc["hang_threshold_s"] = _hang_threshold(doc)
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
+    doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
     return doc
 
 
@@ -215,7 +222,8 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     AgentFailure
         ``BadSpec``, ``JobAlreadyRunning`` (without ``--replace``), ``GpusBusy`` (without
         ``--force-gpus``; checked before the running job is touched), ``JobExists``,
-        ``TmuxFailed`` or ``LaunchFailed`` (the wrapper never recorded a start).
+        ``LaunchAborted`` (the deploy was interrupted: ``abort``), ``TmuxFailed`` or
+        ``LaunchFailed`` (the wrapper never recorded a start).
     """
     from remote_payload.agent import gpus, tmux
 
@@ -225,62 +233,73 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         raise AgentFailure(ErrorType.BadSpec, f"--spec-json is not JSON: {exc}", field="") from None
     payload = _payload_dir()
     spec = jobs.validate_spec(raw, payload)
+    spec["workdir"] = _bind_to_payload(root, spec["workdir"])
     job_id = spec["job_id"]
     build_env, build_python = _torch_build(root)
     spec["env"] = {**build_env, **spec["env"]}  # the spec's own values win
     if build_python and not spec.get("python"):
         spec["python"] = build_python
 
-    current = jobs.current_job_id(root)
-    running = None
-    if current and os.path.isdir(os.path.join(jobs.jobs_root(root), current)):
-        rec = jobs.load(root, current)
-        if not rec.state.is_terminal():
-            if not replace:
-                raise AgentFailure(
-                    ErrorType.JobAlreadyRunning,
-                    f"job {current} is {rec.state.value}; stop it or launch with --replace",
-                    job_id=current, state=rec.state.value)
-            running = rec
+    current = _refuse_if_running(root, replace=replace)
+    running = jobs.load(root, current) if current is not None else None
     # GPUs held by anything but this job: visible foreign processes refuse before the running
     # job is touched; memory (which inside a container has no visible owner) is judged once the
     # job being replaced has stopped and freed its own
     needed = gpus.needed_gpus(spec)
-    own = jobs.group_members(running.pid.get("pgid"), running.pid.get("start_ticks")) if running else []
+    own = jobs.job_processes(running.job_id, running.pid.get("pgid"), running.pid.get("start_ticks"),
+                             running.pid.get("cgroup")) if running else []
     check = gpus.preflight(needed, own, memory=running is None)
     _refuse_busy_gpus(check, force_gpus)
-    if running is not None:
-        stop(root, running.job_id, grace=grace, kill_after=DEFAULT_KILL_AFTER_S)
-        check = gpus.preflight(needed)
-        _refuse_busy_gpus(check, force_gpus)
-    check["forced"] = force_gpus and bool(check["busy"])
 
     path = jobs.job_dir(root, job_id)
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists", job_id=job_id) from None
+    # An interrupted deploy (``abort``) and this launch serialize on the launch lock: the
+    # abort either lands before the old job is touched / the new one is created, or it
+    # sees exactly what was done (issue 15).
+    with jobs.launch_lock(root):
+        _refuse_if_aborted(root, job_id)
+        current = _refuse_if_running(root, replace=replace)
+        if current is not None:
+            jobs.request_cancel(root, current, reason=f"replaced by job {job_id}")
+    if current is not None:
+        stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
+             reason=f"replaced by job {job_id}")
+        check = gpus.preflight(needed)
+        _refuse_busy_gpus(check, force_gpus)
+    check["forced"] = force_gpus and bool(check["busy"])
+    with jobs.launch_lock(root):
+        _refuse_if_aborted(root, job_id)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists", job_id=job_id) from None
     now = time.time()
     session = tmux.session_name(job_id)
     argv = jobs.job_argv(spec)
-    write_json_atomic(os.path.join(path, jobs.SPEC), spec)
-    write_json_atomic(os.path.join(path, jobs.LAUNCH), {
-        "created_at": now, "tmux_socket": socket, "tmux_session": session,
-        "payload_dir": payload, "argv": argv, "agent_python": sys.executable,
-        "base_env": _base_env(),
-    })
-    write_json_atomic(os.path.join(path, jobs.STATUS), {
-        "job_id": job_id, "name": spec["name"], "state": JobState.PENDING.value,
-        "created_at": now, "healthy": False,
-        "transitions": [[JobState.PENDING.value, now, "launched"]],
-    })
-    open(os.path.join(path, jobs.OUTPUT), "ab").close()
-    write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
-    jobs.set_current_job(root, job_id)
+    try:
+        write_json_atomic(os.path.join(path, jobs.SPEC), spec)
+        write_json_atomic(os.path.join(path, jobs.LAUNCH), {
+            "created_at": now, "tmux_socket": socket, "tmux_session": session,
+            "payload_dir": payload, "argv": argv, "agent_python": sys.executable,
+            "base_env": _base_env(), "replaced": current,
+        })
+        write_json_atomic(os.path.join(path, jobs.STATUS), {
+            "job_id": job_id, "name": spec["name"], "state": JobState.PENDING.value,
+            "created_at": now, "healthy": False,
+            "transitions": [[JobState.PENDING.value, now, "launched"]],
+        })
+        open(os.path.join(path, jobs.OUTPUT), "ab").close()
+        write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
+        jobs.set_current_job(root, job_id)
+    except OSError:  # e.g. a full disk: no half-made job dir is left to look PENDING forever
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
     for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
         tmux.kill_session(socket, dead)
+    jobs.prune_job_cgroups()  # empty ones of wrappers that died
     wrapper_argv = ["env", f"PYTHONPATH={payload}", sys.executable, "-m",
                     "remote_payload.agent.wrapper", path]
     try:
@@ -334,6 +353,42 @@ def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
                            f"{type(exc).__name__}: {exc}", root=root) from None
 
 
+def _refuse_if_running(root: str, replace: bool = False) -> str | None:
+    """The current job's id when it is live and ``replace`` allows stopping it; else None.
+
+    Raises
+    ------
+    AgentFailure
+        ``JobAlreadyRunning`` when it is live and ``replace`` is false.
+    """
+    current = jobs.current_job_id(root)
+    if not current or not os.path.isdir(os.path.join(jobs.jobs_root(root), current)):
+        return None
+    rec = jobs.load(root, current)
+    if rec.state.is_terminal():
+        return None
+    if not replace:
+        raise AgentFailure(ErrorType.JobAlreadyRunning,
+                           f"job {current} is {rec.state.value}; stop it or launch with --replace",
+                           job_id=current, state=rec.state.value)
+    return current
+
+
+def _refuse_if_aborted(root: str, job_id: str) -> None:
+    if os.path.exists(jobs.abort_marker(root, job_id)):
+        raise AgentFailure(ErrorType.LaunchAborted, f"job {job_id}: the deploy launching it was interrupted "
+                           "(abort recorded); not launched", job_id=job_id)
+
+
+def _bind_to_payload(root: str, workdir: str) -> str:
+    """A workdir inside ``<root>/payload`` (a symlink the next deploy switches) becomes the
+    resolved ``payloads/<digest>`` dir, so the job keeps the code it started with."""
+    link = os.path.join(root, "payload")
+    if workdir == link or workdir.startswith(link + os.sep):
+        return os.path.realpath(workdir)
+    return workdir
+
+
 def _check_payload_digest(want: str) -> None:
     """Refuse (before touching any job) when the installed payload is not ``want``."""
     try:
@@ -355,10 +410,12 @@ def _wrapper_started(path: str) -> bool:
 
 
 def _payload_dir() -> str:
-    """The directory holding the ``remote_payload`` package the agent runs from."""
+    """The directory holding the ``remote_payload`` package the agent runs from, resolved
+    (``payloads/<digest>``, not the ``payload`` symlink): a job and its wrapper are bound
+    to the code they started with, and the payload store keeps it while they live."""
     import remote_payload
 
-    return os.path.dirname(os.path.dirname(os.path.abspath(remote_payload.__file__)))
+    return os.path.dirname(os.path.dirname(os.path.realpath(remote_payload.__file__)))
 
 
 def _base_env() -> dict[str, str]:
@@ -409,37 +466,49 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int) -> dict[str, t.Any
 
 
 def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
-         kill_after: float = DEFAULT_KILL_AFTER_S) -> dict[str, t.Any]:
-    """SIGINT the job's process group, then SIGTERM after ``grace``, then SIGKILL.
+         kill_after: float = DEFAULT_KILL_AFTER_S, reason: str = "opsctl stop") -> dict[str, t.Any]:
+    """SIGINT the job's processes, then SIGTERM after ``grace``, then SIGKILL.
 
-    Returns the signals sent and the pids still left (empty unless something
-    survived SIGKILL, e.g. a process stuck in the kernel).
+    The job's processes are its process group *and* every process carrying its
+    ``OPSCTL_JOB_ID`` marker (detached children: ``setsid``, double forks). Returns the
+    signals sent and the pids still left after SIGKILL (a process stuck in the kernel),
+    which the CLI reports; a finished job's leftover detached processes are ended too.
     """
     rec = jobs.load(root, job_id)
-    if rec.state.is_terminal():
-        return {"job_id": job_id, "state": rec.state.value, "signals_sent": [],
-                "remaining_pids": [], "already_terminal": True}
-    path = rec.path
-    write_json_atomic(os.path.join(path, jobs.CANCEL), {"at": time.time()})
     pgid: int | None = rec.pid.get("pgid")
     ticks: int | None = rec.pid.get("start_ticks")
-    sent: list[str] = []
+    cgroup: str | None = rec.pid.get("cgroup")
+    if rec.state.is_terminal():
+        sent, remaining = _escalate(job_id, None, ticks, cgroup, ((signal.SIGTERM, 2.0),
+                                                                  (signal.SIGKILL, 5.0)))
+        return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
+                "remaining_pids": remaining, "already_terminal": True}
+    jobs.request_cancel(root, job_id, reason=reason)
     t0 = time.monotonic()
-    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, kill_after),
-                        (signal.SIGKILL, 5.0)):
-        if pgid is None or not jobs.group_members(pgid, ticks):
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        sent.append(sig.name)
-        jobs.wait_until(lambda: not jobs.group_members(pgid, ticks), wait_s, 0.02)
-    remaining = jobs.group_members(pgid, ticks)
+    sent, remaining = _escalate(job_id, pgid, ticks, cgroup, ((signal.SIGINT, grace),
+                                                              (signal.SIGTERM, kill_after),
+                                                              (signal.SIGKILL, 5.0)))
     # the wrapper records the exit (and so CANCELLED); give it a moment
     jobs.wait_until(lambda: jobs.load(root, job_id).state.is_terminal(), 3.0, 0.02)
     rec = jobs.load(root, job_id)
     return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
             "remaining_pids": remaining, "waited_s": round(time.monotonic() - t0, 3),
             "exit_code": (rec.exit or {}).get("exit_code"), "signal": (rec.exit or {}).get("signal")}
+
+
+def _escalate(job_id: str, pgid: int | None, ticks: int | None, cgroup: str | None,
+              plan: tuple[tuple[signal.Signals, float], ...]) -> tuple[list[str], list[int]]:
+    """Signal the job's processes step by step until none is left; (signals sent, survivors)."""
+    sent: list[str] = []
+    for sig, wait_s in plan:
+        if not jobs.signal_job(job_id, pgid, ticks, sig, cgroup):
+            break
+        sent.append(sig.name)
+        jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks, cgroup), wait_s, 0.05)
+    left = jobs.job_processes(job_id, pgid, ticks, cgroup)
+    if not left:
+        jobs.cgroup_remove(cgroup)
+    return sent, left
 
 
 # --- stacks -------------------------------------------------------------------
@@ -476,6 +545,42 @@ def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
             "summary": stacks_mod.summary(procs),
             "threads": sum(p.threads for p in procs),
             "dump": "\n\n".join(p.dump for p in procs), "saved_to": saved}
+
+
+# --- abort --------------------------------------------------------------------
+
+
+def abort(root: str, job_id: str) -> dict[str, t.Any]:
+    """An interrupted deploy: make sure ``job_id`` is never launched late, and report exactly
+    what its launch already did (under the launch lock, so the answer cannot go stale)."""
+    jobs.job_dir(root, job_id)  # validates the id
+    os.makedirs(jobs.jobs_root(root), exist_ok=True)
+    with jobs.launch_lock(root):
+        launched = os.path.isdir(jobs.job_dir(root, job_id))
+        if not launched:
+            marker = jobs.abort_marker(root, job_id)
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            write_json_atomic(marker, {"at": time.time()})
+        old = None
+        if launched:
+            old = (read_json(os.path.join(jobs.job_dir(root, job_id), jobs.LAUNCH), {}) or {}).get(
+                "replaced")
+        else:
+            old = jobs.current_job_id(root)
+    doc: dict[str, t.Any] = {"job_id": job_id, "launched": launched, "state": None,
+                             "old_job": old, "old_state": None, "old_cancel_requested": False}
+    if launched:
+        doc["state"] = jobs.load(root, job_id).state.value
+    if old and os.path.isdir(jobs.job_dir(root, old)):
+        rec = jobs.load(root, old)
+        doc["old_state"] = rec.state.value
+        try:  # sent by this deploy's launch (not by an earlier, unrelated stop)
+            cancel = read_json(os.path.join(rec.path, jobs.CANCEL), {}) or {}
+        except ValueError:  # the empty marker of a full disk
+            cancel = {"reason": f"replaced by job {job_id}"}
+        doc["old_cancel_requested"] = cancel.get("reason") == f"replaced by job {job_id}"
+    jobs.prune_abort_markers(root)
+    return doc
 
 
 # --- jobs ---------------------------------------------------------------------

@@ -1,0 +1,375 @@
+"""``opsctl dashboard``: a read-only web page of the fleet, on 127.0.0.1 (issue 17).
+
+Every inventory host's containers, each job's state, charts, diagnosis and pane tail.
+The status comes from the same operations as ``opsctl status``
+(:func:`opsctl.jobs.open_target` + :func:`opsctl.watch.fetch_status`); nothing here
+talks to the agent another way.
+
+The stack is the standard library's ``http.server`` (threaded), HTML and SVG rendered on
+the server, and one small inline script. The first response already holds the current
+state (``curl`` and a browser without JavaScript see it); the script only fetches
+``/fragment`` every few seconds and swaps it in, so the page updates without a reload.
+
+Why no login: the server binds to 127.0.0.1 only (there is no option to bind elsewhere),
+so only users of this machine can reach it, the same people who can run ``opsctl status``.
+Requests whose ``Host`` header is not the loopback address are refused (a web page on
+another site cannot reach it through DNS rebinding), the page is read-only (GET only),
+and a Content-Security-Policy allows only its own inline script and style. Every remote
+text is escaped (and its control characters shown as ``\\xNN``, :func:`opsctl.render.safe`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import threading
+import time
+import typing as t
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opsctl.cli import plots
+from opsctl.cli.render import safe
+from opsctl.config import inventory
+from opsctl.errors import AgentError, OpsctlError, TransportError
+from opsctl.ops import jobs, watch
+from opsctl.remote.agent_client import NoPayload
+from opsctl.remote.models import JobStatus
+from remote_payload.wire import parse_event
+
+BIND = "127.0.0.1"  # loopback only: the reason the page needs no login (module docstring)
+MAX_WORKERS = 8
+
+
+@dataclass
+class ContainerView:
+    host: str
+    ctid: int
+    status: JobStatus | None = None
+    note: str | None = None  # no job / no payload: not an error
+    error: str | None = None
+
+
+@dataclass
+class HostView:
+    name: str
+    label: str
+    containers: list[ContainerView] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Snapshot:
+    hosts: list[HostView]
+    taken_at: float
+    took_s: float
+    error: str | None = None  # the inventory could not be read
+
+
+class Fleet:
+    """Keeps one :class:`~opsctl.jobs.Target` per container (connections are reused between
+    refreshes) and takes snapshots of every inventory host's containers, in parallel."""
+
+    def __init__(self, lines: int = 15):
+        self.lines = lines
+        self.targets: dict[tuple[str, int], jobs.Target] = {}
+        self.lock = threading.Lock()
+
+    def _target(self, host: str, ctid: int) -> jobs.Target:
+        with self.lock:
+            tgt = self.targets.get((host, ctid))
+            if tgt is None:
+                tgt = self.targets[(host, ctid)] = jobs.open_target(host, ctid)
+            return tgt
+
+    def _drop(self, host: str, ctid: int) -> None:
+        with self.lock:
+            tgt = self.targets.pop((host, ctid), None)
+        if tgt is not None:
+            tgt.close()
+
+    def container(self, host: str, ctid: int) -> ContainerView:
+        view = ContainerView(host, ctid)
+        try:
+            tgt = self._target(host, ctid)
+            view.status = watch.fetch_status(tgt.agent, None, self.lines)
+        except NoPayload:
+            view.note = "no opsctl payload in this container yet (deploy ships it)"
+        except AgentError as exc:
+            if exc.remote_type == "NoSuchJob":
+                view.note = "no job launched here yet"
+            else:
+                view.error = exc.message
+        except TransportError as exc:
+            self._drop(host, ctid)  # reconnect at the next refresh
+            view.error = exc.message
+        except OpsctlError as exc:
+            view.error = exc.message
+        except Exception as exc:  # a bug: shown on the page, the other containers still render
+            view.error = f"{type(exc).__name__}: {exc}"
+        return view
+
+    def snapshot(self) -> Snapshot:
+        start = time.monotonic()
+        inv = inventory.load()
+        hosts: list[HostView] = []
+        work: list[tuple[HostView, int]] = []
+        for name, spec in sorted(inv.hosts.items()):
+            hv = HostView(name, spec.ssh_label())
+            if not spec.containers:
+                hv.error = "no containers listed in the inventory"
+            hosts.append(hv)
+            work.extend((hv, ctid) for ctid in sorted(spec.containers))
+        if work:
+            with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(work))) as pool:
+                views = list(pool.map(lambda w: self.container(w[0].name, w[1]), work))
+            for (hv, _), view in zip(work, views, strict=True):
+                hv.containers.append(view)
+        return Snapshot(hosts, time.time(), time.monotonic() - start)
+
+    def close(self) -> None:
+        with self.lock:
+            targets, self.targets = list(self.targets.values()), {}
+        for tgt in targets:
+            tgt.close()
+
+
+class App:
+    """The latest snapshot (refreshed at most every ``refresh_s``) and its rendering."""
+
+    def __init__(self, fleet: Fleet, refresh_s: float = 3.0):
+        self.fleet = fleet
+        self.refresh_s = refresh_s
+        self.lock = threading.Lock()
+        self._snap: Snapshot | None = None
+
+    def snapshot(self) -> Snapshot:
+        with self.lock:  # one refresh at a time; concurrent requests share it
+            snap = self._snap
+            if snap is None or time.time() - snap.taken_at >= self.refresh_s * 0.8:
+                try:
+                    snap = self.fleet.snapshot()
+                except OpsctlError as exc:  # e.g. a broken inventory file: say it on the page
+                    snap = Snapshot([], time.time(), 0.0, error=exc.message)
+                self._snap = snap
+            return snap
+
+    def close(self) -> None:
+        self.fleet.close()
+
+
+# --- HTML ---------------------------------------------------------------------------------
+
+
+def esc(text: object) -> str:
+    """Remote text for HTML: control characters shown as ``\\xNN``, then escaped."""
+    return html.escape(safe(text))
+
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1em;color:#222;background:#fafafa}
+h1{font-size:1.2em;margin:0 0 .3em}.meta{color:#777;font-size:.85em}
+.host{margin:1em 0;padding:.5em 1em;background:#fff;border:1px solid #ddd;border-radius:6px}
+.ct{border-top:1px solid #eee;padding:.6em 0}.ct:first-of-type{border-top:none}
+.state{font-weight:bold;padding:0 .4em;border-radius:3px}
+.PENDING{color:#777}.SETTING_UP{color:#0aa}.COMPILING{color:#a0a}.RUNNING{color:#080}
+.SUCCEEDED{color:#fff;background:#080}.FAILED,.LOST{color:#fff;background:#c00}
+.CANCELLED{color:#a60}.err{color:#c00}.note{color:#777}
+.diag{margin:.3em 0;padding:.3em .6em;border-left:3px solid #c00;background:#fff5f5}
+.diag.warning{border-color:#e90;background:#fffaf0}.diag.info{border-color:#09c;background:#f5fbff}
+pre{background:#111;color:#ddd;padding:.5em;max-height:16em;overflow:auto;font-size:.8em}
+.charts svg{background:#fff;border:1px solid #eee;margin-right:.5em}
+table.gpus td,table.gpus th{padding:0 .6em;font-size:.85em;text-align:right}
+"""
+
+SCRIPT_TEMPLATE = """
+(function(){
+  var ms = REFRESH_MS, fails = 0;
+  function tick(){
+    fetch('/fragment', {cache: 'no-store'}).then(function(r){
+      if (!r.ok) throw new Error('HTTP ' + r.status);
+      return r.text();
+    }).then(function(text){
+      document.getElementById('fleet').innerHTML = text; fails = 0;
+      document.getElementById('live').textContent = 'live';
+    }).catch(function(e){
+      fails += 1;
+      document.getElementById('live').textContent = 'refresh failed (' + e.message + '), retrying';
+    }).finally(function(){ setTimeout(tick, ms * Math.min(1 + fails, 5)); });
+  }
+  setTimeout(tick, ms);
+})();
+"""
+
+
+def _csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def script(refresh_s: float) -> str:
+    return SCRIPT_TEMPLATE.replace("REFRESH_MS", str(int(refresh_s * 1000)))
+
+
+def csp(refresh_s: float) -> str:
+    return (f"default-src 'none'; script-src {_csp_hash(script(refresh_s))}; "
+            f"style-src {_csp_hash(STYLE)}; connect-src 'self'; img-src 'self' data:; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def render_page(snap: Snapshot, refresh_s: float) -> str:
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<title>opsctl dashboard</title>"
+            f"<style>{STYLE}</style></head><body>"
+            "<h1>opsctl dashboard</h1>"
+            f"<div class=\"meta\">read-only · 127.0.0.1 only · refreshes every {refresh_s:g} s · "
+            "<span id=\"live\">server-rendered</span></div>"
+            f"<main id=\"fleet\">{render_fragment(snap)}</main>"
+            f"<script>{script(refresh_s)}</script></body></html>")
+
+
+def render_fragment(snap: Snapshot) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.taken_at))
+    parts = [f"<div class=\"meta\" id=\"taken\">state at {stamp} (took {snap.took_s:.2f} s)</div>"]
+    if snap.error:
+        parts.append(f"<p class=\"err\">{esc(snap.error)}</p>")
+    elif not snap.hosts:
+        parts.append("<p class=\"note\">no hosts in the inventory</p>")
+    for hv in snap.hosts:
+        parts.append(f"<section class=\"host\" data-host=\"{esc(hv.name)}\">"
+                     f"<h2>{esc(hv.name)} <span class=\"meta\">{esc(hv.label)}</span></h2>")
+        if hv.error:
+            parts.append(f"<p class=\"note\">{esc(hv.error)}</p>")
+        parts.extend(_container(cv) for cv in hv.containers)
+        parts.append("</section>")
+    return "".join(parts)
+
+
+def _container(cv: ContainerView) -> str:
+    head = f"<div class=\"ct\" data-ct=\"{cv.ctid}\"><h3>ct {cv.ctid}"
+    st = cv.status
+    if st is None:
+        body = (f"<p class=\"err\">{esc(cv.error)}</p>" if cv.error
+                else f"<p class=\"note\">{esc(cv.note or '')}</p>")
+        return head + "</h3>" + body + "</div>"
+    parts = [head, f" · job <span class=\"job\">{esc(st.job_id)}</span> "
+             f"<span class=\"state {st.state.value}\" data-state=\"{st.state.value}\">"
+             f"{st.state.value}</span>"]
+    if st.phase:
+        parts.append(f" <span class=\"meta\">phase {esc(st.phase)}</span>")
+    parts.append("</h3>")
+    from opsctl.cli.render import duration, metrics_line
+
+    facts = [f"elapsed {duration(st.elapsed_s)}"]
+    if st.exit_code is not None:
+        facts.append(f"exit code {st.exit_code}")
+    if st.signal:
+        facts.append(f"killed by {esc(st.signal)}")
+    parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
+    parts.append(f"<div>{esc(metrics_line(st.last_step).plain)}</div>")
+    if st.history is not None:
+        charts = [plots.svg_chart(s, st.history.marks, escape=esc)
+                  for s in plots.series(st.history, plots.STATUS_METRICS)]
+        if charts:
+            parts.append("<div class=\"charts\">" + "".join(charts) + "</div>")
+    for d in st.diagnosis:
+        parts.append(f"<div class=\"diag {esc(d.severity)}\"><b>[{esc(d.severity)}] {esc(d.cause)}</b>: "
+                     f"{esc(d.summary)}" + "".join(f"<br><small>evidence: {esc(e)}</small>"
+                                                  for e in d.evidence[:4])
+                     + (f"<br>next: {esc(d.hint)}" if d.hint else "") + "</div>")
+    for e in st.evidence:
+        parts.append(f"<div class=\"meta\">evidence: {esc(e)}</div>")
+    tail = [x for x in (st.pane_tail or st.output_tail) if parse_event(x) is None]
+    if tail:
+        parts.append("<pre class=\"pane\">" + html.escape(safe("\n".join(tail), newlines=True))
+                     + "</pre>")
+    if st.gpus:
+        rows = "".join(f"<tr><td>{g.index}</td><td>{esc(g.name)}</td><td>{_n(g.util_pct)}</td>"
+                       f"<td>{_n(g.mem_used_mib)}/{_n(g.mem_total_mib)}</td></tr>" for g in st.gpus)
+        parts.append("<table class=\"gpus\"><tr><th>#</th><th>GPU</th><th>util %</th>"
+                     f"<th>mem MiB</th></tr>{rows}</table>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: t.Any) -> None:
+        pass  # the terminal stays quiet; errors show on the page
+
+    def _send(self, code: int, body: str, ctype: str = "text/html; charset=utf-8") -> None:
+        data = body.encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", csp(self.server.app.refresh_s))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _host_ok(self) -> bool:
+        """Only the loopback names: a page elsewhere cannot reach us via DNS rebinding."""
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
+        return host in ("127.0.0.1", "localhost")
+
+    def do_GET(self) -> None:
+        if not self._host_ok():
+            self._send(403, "forbidden: open this page as http://127.0.0.1/", "text/plain")
+            return
+        path = self.path.split("?", 1)[0]
+        app = self.server.app
+        if path == "/":
+            self._send(200, render_page(app.snapshot(), app.refresh_s))
+        elif path == "/fragment":
+            self._send(200, render_fragment(app.snapshot()))
+        elif path == "/status.json":
+            snap = app.snapshot()
+            doc = {"taken_at": snap.taken_at, "hosts": [
+                {"name": h.name, "error": h.error, "containers": [
+                    {"ctid": c.ctid, "note": c.note, "error": c.error,
+                     "status": None if c.status is None else c.status.model_dump(mode="json")}
+                    for c in h.containers]} for h in snap.hosts]}
+            self._send(200, json.dumps(doc), "application/json")
+        else:
+            self._send(404, "not found", "text/plain")
+
+    do_HEAD = do_GET
+
+    def _refuse(self) -> None:
+        self._send(405, "read-only: GET only", "text/plain")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, app: App):
+        self.app = app
+        super().__init__((BIND, port), Handler)
+
+
+def serve(*, port: int = 8765, refresh_s: float = 3.0, lines: int = 15) -> Server:
+    """Bind the dashboard to 127.0.0.1:``port`` (0: any free port); call ``serve_forever``.
+
+    Raises:
+        OSError: the port is taken.
+    """
+    return Server(port, App(Fleet(lines), refresh_s))
+
+
+def url(server: Server) -> str:
+    return f"http://{BIND}:{server.server_address[1]}/"

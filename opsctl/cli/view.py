@@ -1,0 +1,92 @@
+"""Commands that show a job as a picture (issue 17): ``opsctl plot`` and ``opsctl dashboard``.
+
+Listed in :data:`COMMANDS` (assembled by :mod:`opsctl.cli`). Drawing lives in :mod:`opsctl.cli.plots`,
+the web page in :mod:`opsctl.cli.dashboard`; both use the same operations as ``status``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from opsctl.cli import params as clitypes
+from opsctl.cli.app import json_option, target_options
+
+
+@click.command()
+@click.argument("job", type=clitypes.JOB_ID, required=False)
+@target_options
+@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None,
+              help="Job id (default: the current job); the same as the JOB argument.")
+@click.option("--metric", "metrics", default="loss,tok_s,gpu_util,mem", show_default=True,
+              help="Comma-separated: loss, tok_s, gpu_util, mem, mfu, feature_wait_pct.")
+@click.option("--since", default=None, help="Only the last part of the run, e.g. 30m, 6h, 2d.")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the charts to this PNG file (matplotlib) instead of the terminal.")
+@click.option("--width", type=click.IntRange(min=20), default=None,
+              help="Chart width in characters (default: the terminal's).")
+@json_option
+def plot(job: str | None, host: str | None, ctid: int | None, accept_new_host_key: bool,
+         job_id: str | None, metrics: str, since: str | None, png_path: str | None,
+         width: int | None, as_json: bool) -> None:
+    """Charts of loss, tok/s, GPU utilisation and memory over the job's history.
+
+    Vertical lines mark where the job recompiled (C), restarted from a checkpoint (R),
+    logged an error (E), hung (H), was diagnosed (D) or ended (X).
+    """
+    import shutil
+
+    from opsctl.cli import plots, render
+    from opsctl.ops import history, jobs
+
+    if job and job_id and job != job_id:
+        raise click.UsageError(f"two job ids: {job} and --job {job_id}")
+    job_id = job or job_id
+    names = plots.parse_metrics(metrics)  # bad input fails before any connection
+    since_s = plots.parse_since(since)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        rep = history.fetch(tgt.agent, job_id, since_s)
+    if as_json:
+        render.print_json(rep.model_dump(mode="json"))
+        return
+    con = render.console()
+    title = f"job {rep.job_id} on {tgt.label}: {rep.state.value}"
+    if png_path is not None:
+        plots.write_png(rep.history, names, png_path, title=render.safe(title))
+        con.print(render.plain(f"{title}: charts written to {png_path}"))
+        return
+    con.print(render.plain(title, style="bold"))
+    cols = width or max(40, min(shutil.get_terminal_size((100, 24)).columns, 160))
+    sys.stdout.write(plots.terminal_charts(rep.history, names, width=cols,
+                                           color=sys.stdout.isatty()) + "\n")
+    sys.stdout.flush()
+    for entry in plots.legend(rep.history):
+        con.print(render.plain(entry, style="dim"))
+
+
+@click.command()
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="Port on 127.0.0.1 (0: any free one).")
+@click.option("--refresh", "refresh_s", type=clitypes.SECONDS, default=3.0, show_default=True,
+              help="How often the page refreshes itself (s).")
+@click.option("--lines", type=clitypes.COUNT, default=15, show_default=True,
+              help="Pane lines shown per job.")
+def dashboard(port: int, refresh_s: float, lines: int) -> None:
+    """A read-only web page of every inventory host's containers and jobs, on 127.0.0.1.
+
+    It binds to loopback only and so needs no login: only users of this machine can open
+    it (reach it from elsewhere with `ssh -L 8765:127.0.0.1:8765`).
+    """
+    from opsctl.cli import dashboard as dash
+
+    server = dash.serve(port=port, refresh_s=refresh_s, lines=lines)
+    click.echo(f"dashboard on {dash.url(server)} (read-only, loopback only; Ctrl-C stops)", err=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        server.app.close()
+
+
+COMMANDS: tuple[click.Command, ...] = (plot, dashboard)
