@@ -28,7 +28,7 @@ VERBS: dict[str, str] = {
     "stacks": "remote_payload.agent.verbs.jobs",
     "jobs": "remote_payload.agent.verbs.jobs",
     "abort": "remote_payload.agent.verbs.jobs",  # an interrupted deploy
-    "history": "remote_payload.agent.history",  # plot data
+    "history": "remote_payload.agent.verbs.history",  # plot data
     # torch builds and caches
     "envs": "remote_payload.agent.verbs.torch",
     "swap": "remote_payload.agent.verbs.torch",
