@@ -1,4 +1,4 @@
-"""``opsctl dashboard`` in a real headless browser against the real sandbox (issue 17).
+"""``opsctl dashboard`` in a real headless browser against the real sandbox.
 
 Debian's chromium driven through chromium-driver by selenium (scripts/bootstrap installs
 all three). The page must list the sandbox's job, already rendered on the server (what

@@ -1,4 +1,4 @@
-"""A job's history as pictures (issue 17): the agent's bounded history, sparklines, charts.
+"""A job's history as pictures: the agent's bounded history, sparklines, charts.
 
 Pure logic on a recorded ``events.jsonl`` (tests/fixtures/history: a shortened 2×H200 split-layout
 run with the 20 → 4.6 Ktok/s drop, an NCCL timeout, a resume and its recompile) and on

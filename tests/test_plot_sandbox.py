@@ -1,4 +1,4 @@
-"""``opsctl status`` sparklines, ``opsctl plot`` and ``--png`` through the real sandbox (issue 17).
+"""``opsctl status`` sparklines, ``opsctl plot`` and ``--png`` through the real sandbox.
 
 A trainer-like job in container 200 logs step events; its wrapper keeps the bounded history
 (``history.json``) that ``status`` carries a small copy of and ``plot`` asks for in full.

@@ -1,5 +1,5 @@
-"""Restarting the sandbox's sshd while a session holds its port keeps the port (issue 15
-#12): the inventory written before the restart stays right, and the command in flight on
+"""Restarting the sandbox's sshd while a session holds its port keeps the port: the
+inventory written before the restart stays right, and the command in flight on
 the old connection finishes."""
 
 from __future__ import annotations

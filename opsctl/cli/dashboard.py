@@ -1,4 +1,4 @@
-"""``opsctl dashboard``: a read-only web page of the fleet, on 127.0.0.1 (issue 17).
+"""``opsctl dashboard``: a read-only web page of the fleet, on 127.0.0.1.
 
 Every inventory host's containers, each job's state, charts, diagnosis and pane tail.
 The status comes from the same operations as ``opsctl status``

@@ -1,4 +1,4 @@
-"""Pictures of a job's history (issue 17): sparklines, terminal charts, PNG and SVG.
+"""Pictures of a job's history: sparklines, terminal charts, PNG and SVG.
 
 Pure data preparation and drawing; no click, no rich, no remote calls. The data is the
 agent's bounded history (:class:`opsctl.models.History`: columns aligned with ``t``,

@@ -8,8 +8,8 @@ Colours live in a table here, not in the state enum.
 Remote text (job output, pane tails, evidence, diagnosis, agent error messages,
 step names) is shown only through :func:`safe`: a job that prints an OSC title,
 a clear-scrollback, an OSC 52 clipboard write or any other control sequence gets
-it displayed as inert ``\\x1b…`` text, never executed by the user's terminal
-(issue 15). Rich markup in remote text is never interpreted either (it always
+it displayed as inert ``\\x1b…`` text, never executed by the user's terminal.
+Rich markup in remote text is never interpreted either (it always
 travels inside :class:`~rich.text.Text`). ``opsctl logs`` is the exception on
 purpose: it is the job's raw output, byte-exact, which the user asked for (pipe
 it through ``cat -v`` to inspect it on a terminal).
@@ -214,7 +214,7 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
 
 
 def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:
-    """Loss, tok/s and GPU utilisation over the job's history (issue 17), marks underneath."""
+    """Loss, tok/s and GPU utilisation over the job's history, marks underneath."""
     from opsctl.cli import plots
 
     rows = plots.sparkline_rows(st.history, width)

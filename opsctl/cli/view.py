@@ -1,4 +1,4 @@
-"""Commands that show a job as a picture (issue 17): ``opsctl plot`` and ``opsctl dashboard``.
+"""Commands that show a job as a picture: ``opsctl plot`` and ``opsctl dashboard``.
 
 Listed in :data:`COMMANDS` (assembled by :mod:`opsctl.cli`). Drawing lives in :mod:`opsctl.cli.plots`,
 the web page in :mod:`opsctl.cli.dashboard`; both use the same operations as ``status``.

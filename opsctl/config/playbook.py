@@ -36,8 +36,8 @@ def backtracking_risk(pattern: str) -> str | None:
     """Why ``pattern`` can backtrack catastrophically, or None.
 
     Obvious cases only: an unbounded repeat nested in another (``(a+)+``, ``(\\w*\\s?)*``)
-    is exponential on a near-miss line. The wrapper also bounds every match in time
-    (issue 15), so this is the early, clear error, not the only guard.
+    is exponential on a near-miss line. The wrapper also bounds every match in time,
+    so this is the early, clear error, not the only guard.
     """
     if len(pattern) > MAX_REGEX_LEN:
         return f"longer than {MAX_REGEX_LEN} characters"

@@ -1,4 +1,4 @@
-"""Fetch a job's plot data: the agent's ``history`` verb, parsed once (issue 17).
+"""Fetch a job's plot data: the agent's ``history`` verb, parsed once.
 
 The operation behind ``opsctl plot``; no click, no rich.
 """
@@ -33,7 +33,7 @@ def fetch(agent: Agent, job_id: str | None, since_s: float | None = None,
     """The job's bounded history (the current job without ``job_id``), from ``since_s`` ago.
 
     Raises:
-        AgentError: e.g. ``NoSuchJob``; an agent older than issue 17 answers ``UsageError``.
+        AgentError: e.g. ``NoSuchJob``; an agent without the verb answers ``UsageError``.
     """
     args: list[str] = []
     if job_id:

@@ -83,7 +83,7 @@ class HistoryMark(_Wire):
 
 
 class History(_Wire):
-    """Bounded, downsampled plot data (issue 17): columns aligned with ``t``; None = no sample."""
+    """Bounded, downsampled plot data: columns aligned with ``t``; None = no sample."""
 
     bucket_s: float = 0.0
     t: list[float] = Field(default_factory=list)

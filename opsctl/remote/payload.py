@@ -69,7 +69,7 @@ def tar_bytes(manifest: Manifest) -> bytes:
 # Runs in the container as `python3 -c UNPACK_SCRIPT <root>`; stdin is the tar.gz.
 # Constant text (never built from input); prints one JSON line.
 #
-# Rules (issue 15): a transfer unpacks into its own private directory (mkdtemp), so two
+# Rules: a transfer unpacks into its own private directory (mkdtemp), so two
 # concurrent deploys never see each other's files; payloads/<digest> is content-addressed
 # and never rewritten once it exists and verifies; the rename, the symlink switch and the
 # pruning run under payloads/.lock; and a payload directory some live process still uses

@@ -178,7 +178,7 @@ def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_
     """Write ``{"at", "gpus", "gpu_error", "static"}`` to ``path`` every ``interval_s`` until ``stop``.
 
     A machine without nvidia-smi and NVML is sampled once (``static``: nothing will change).
-    ``on_sample(table, at)`` also gets each non-empty table (the job's history, issue 17).
+    ``on_sample(table, at)`` also gets each non-empty table (the job's history).
     """
     while not stop.is_set():
         table, err = query()

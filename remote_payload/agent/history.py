@@ -1,4 +1,4 @@
-"""A job's bounded, downsampled history: metrics and GPU load over time, plus marks (issue 17).
+"""A job's bounded, downsampled history: metrics and GPU load over time, plus marks.
 
 The wrapper feeds a :class:`Recorder`: every step event (``loss``, ``tok_s``, ``mfu``,
 ``mem_gib``, ``feature_wait_pct``), every GPU sample (the 2 s ``gpus.json`` sampler: mean

@@ -342,7 +342,7 @@ def marked_processes(job_id: str, min_ticks: int | None = None) -> list[int]:
     whatever session or process group it moves to (``setsid``, a double fork): that is
     how ``stop`` finds detached children the process group misses. (A process that
     rebuilds its environment from scratch *and* leaves the session is not found; a
-    cgroup per job would catch that too, see issue 15.) ``min_ticks`` ignores processes
+    cgroup per job would catch that too.) ``min_ticks`` ignores processes
     older than the job, so a stale marker in an unrelated process never matches.
     """
     needle = f"{JOB_ENV_MARKER}={job_id}".encode()
@@ -561,7 +561,7 @@ def load(root: str, job_id: str) -> JobRecord:
     """Read a job dir and reconcile its state (persisting LOST/CANCELLED when the wrapper is gone).
 
     The evidence also says why a job was cancelled (``replaced by job …``) and when the
-    disk it writes to is full (issue 15: a clear diagnosis instead of a crash).
+    disk it writes to is full (a clear diagnosis instead of a crash).
     """
     rec = _reconcile(root, job_id)
     extra = []

@@ -47,7 +47,7 @@ HANG_CHECK_INTERVAL_S = 2.0
 HANG_STACKS_TIMEOUT_S = 10.0
 MAX_ERROR_EVENTS = 16  # status.json keeps the first ones: the first failing rank is the cause
 # healthy_when.regex is matched against at most this much of a line, for at most this long per
-# line and in total; past either it is switched off with evidence (issue 15: a catastrophic
+# line and in total; past either it is switched off with evidence (a catastrophic
 # regex must never wedge the wrapper, which also records the exit and acts on stop)
 REGEX_MAX_CHARS = 8192
 REGEX_LINE_BUDGET_S = 0.05
@@ -127,7 +127,7 @@ class Wrapper:
         self.proc: subprocess.Popen[bytes] | None = None
         self.child_ticks: int | None = None
         self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
-        self.history = history_mod.Recorder(path)  # bounded plot data for status (issue 17)
+        self.history = history_mod.Recorder(path)  # bounded plot data for status
 
     def _f(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -160,7 +160,7 @@ class Wrapper:
         else:
             self.dirty = True  # retried at the next throttle tick
 
-    # --- a full disk (issue 15): the job lives on; what could not be written is said --------
+    # --- a full disk: the job lives on; what could not be written is said --------
 
     def _reserve(self) -> None:
         """Hold some space in the job dir: given back when a record cannot be written."""
@@ -384,7 +384,7 @@ class Wrapper:
                     os.killpg(proc.pid, sig)
                 sent.append(sig.name)
                 jobs.wait_until(lambda: self.group_done(proc), wait_s, 0.02)
-            left = self.reap_leftovers(proc.pid)  # its detached children too (issue 15)
+            left = self.reap_leftovers(proc.pid)  # its detached children too
             if left:
                 self.status["evidence"] = [*self.status["evidence"],
                                            f"killed {len(left)} detached process(es): {left}"]

@@ -255,7 +255,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
     # An interrupted deploy (``abort``) and this launch serialize on the launch lock: the
     # abort either lands before the old job is touched / the new one is created, or it
-    # sees exactly what was done (issue 15).
+    # sees exactly what was done.
     with jobs.launch_lock(root):
         _refuse_if_aborted(root, job_id)
         current = _refuse_if_running(root, replace=replace)
