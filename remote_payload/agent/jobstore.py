@@ -455,6 +455,37 @@ def signal_job(job_id: str, pgid: int | None, min_ticks: int | None, sig: int,
     return sorted(group + others)
 
 
+#: How a job's processes are ended, one rule for every path: ``stop`` sends SIGINT first (the
+#: trainer checkpoints on it), then SIGTERM, then SIGKILL; what a job leaves behind after
+#: it exited, or after its pane went away, gets SIGTERM then SIGKILL.
+Escalation = tuple[tuple[signal.Signals, float], ...]
+LEFTOVERS_PLAN: Escalation = ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0))
+KILL_WAIT_S = 5.0
+
+
+def stop_plan(grace_s: float, kill_after_s: float) -> Escalation:
+    return ((signal.SIGINT, grace_s), (signal.SIGTERM, kill_after_s), (signal.SIGKILL, KILL_WAIT_S))
+
+
+def escalate(job_id: str, pgid: int | None, min_ticks: int | None, cgroup: str | None,
+             plan: Escalation) -> tuple[list[str], list[int]]:
+    """Signal the job's processes step by step until none is left: ``(signals sent, survivors)``.
+
+    The one implementation of the INT/TERM/KILL escalation (``stop``, and the wrapper's
+    clean-up after the job exits or its pane goes away); an empty cgroup is removed.
+    """
+    sent: list[str] = []
+    for sig, wait_s in plan:
+        if not signal_job(job_id, pgid, min_ticks, sig, cgroup):
+            break
+        sent.append(sig.name)
+        wait_until(lambda: not job_processes(job_id, pgid, min_ticks, cgroup), wait_s, 0.05)
+    left = job_processes(job_id, pgid, min_ticks, cgroup)
+    if not left:
+        cgroup_remove(cgroup)
+    return sent, left
+
+
 def catches_signal(pid: int, signum: int) -> bool:
     """Whether the process installed a handler for ``signum`` (``SigCgt`` in /proc status)."""
     try:

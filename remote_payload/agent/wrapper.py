@@ -369,25 +369,13 @@ class Wrapper:
                     os.killpg(self.proc.pid, sig)
         return hangup
 
-    def group_done(self, proc: subprocess.Popen[bytes]) -> bool:
-        return proc.poll() is not None and not jobs.group_members(proc.pid, self.child_ticks)
-
     def hang_up(self) -> None:
         """tmux is gone: end the job's process group and record LOST (no exit_code)."""
         proc = self.proc
-        sent = []
-        if proc is not None:
-            for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-                if not jobs.group_members(proc.pid, self.child_ticks) and proc.poll() is not None:
-                    break
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
-                sent.append(sig.name)
-                jobs.wait_until(lambda: self.group_done(proc), wait_s, 0.02)
-            left = self.reap_leftovers(proc.pid)  # its detached children too
-            if left:
-                self.status["evidence"] = [*self.status["evidence"],
-                                           f"killed {len(left)} detached process(es): {left}"]
+        sent: list[str] = []
+        if proc is not None:  # the job's group and its detached children alike
+            sent, _left = jobs.escalate(self.spec["job_id"], proc.pid, self.child_ticks,
+                                        self.cgroup, jobs.LEFTOVERS_PLAN)
         why = "wrapper got SIGHUP: the tmux server or pane went away"
         self.write_record(jobs.HANGUP, {"at": time.time(), "why": why, "signals": sent}, critical=True)
         self.status["evidence"] = [*self.status["evidence"], why,
@@ -502,13 +490,8 @@ class Wrapper:
         """
         job_id, ticks, cgroup = self.spec["job_id"], self.child_ticks, self.cgroup
         left = jobs.job_processes(job_id, pgid, ticks, cgroup)
-        for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 1.0)):
-            if not left:
-                break
-            jobs.signal_job(job_id, pgid, ticks, sig, cgroup)
-            if jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks, cgroup),
-                               wait_s, 0.05):
-                break
+        if left:
+            jobs.escalate(job_id, pgid, ticks, cgroup, jobs.LEFTOVERS_PLAN)
         jobs.cgroup_remove(cgroup)
         return left
 

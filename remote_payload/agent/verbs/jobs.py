@@ -12,7 +12,6 @@ import argparse
 import base64
 import json
 import os
-import signal
 import sys
 import time
 import typing as t
@@ -479,36 +478,18 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
     ticks: int | None = rec.pid.get("start_ticks")
     cgroup: str | None = rec.pid.get("cgroup")
     if rec.state.is_terminal():
-        sent, remaining = _escalate(job_id, None, ticks, cgroup, ((signal.SIGTERM, 2.0),
-                                                                  (signal.SIGKILL, 5.0)))
+        sent, remaining = jobs.escalate(job_id, None, ticks, cgroup, jobs.LEFTOVERS_PLAN)
         return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
                 "remaining_pids": remaining, "already_terminal": True}
     jobs.request_cancel(root, job_id, reason=reason)
     t0 = time.monotonic()
-    sent, remaining = _escalate(job_id, pgid, ticks, cgroup, ((signal.SIGINT, grace),
-                                                              (signal.SIGTERM, kill_after),
-                                                              (signal.SIGKILL, 5.0)))
+    sent, remaining = jobs.escalate(job_id, pgid, ticks, cgroup, jobs.stop_plan(grace, kill_after))
     # the wrapper records the exit (and so CANCELLED); give it a moment
     jobs.wait_until(lambda: jobs.load(root, job_id).state.is_terminal(), 3.0, 0.02)
     rec = jobs.load(root, job_id)
     return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
             "remaining_pids": remaining, "waited_s": round(time.monotonic() - t0, 3),
             "exit_code": (rec.exit or {}).get("exit_code"), "signal": (rec.exit or {}).get("signal")}
-
-
-def _escalate(job_id: str, pgid: int | None, ticks: int | None, cgroup: str | None,
-              plan: tuple[tuple[signal.Signals, float], ...]) -> tuple[list[str], list[int]]:
-    """Signal the job's processes step by step until none is left; (signals sent, survivors)."""
-    sent: list[str] = []
-    for sig, wait_s in plan:
-        if not jobs.signal_job(job_id, pgid, ticks, sig, cgroup):
-            break
-        sent.append(sig.name)
-        jobs.wait_until(lambda: not jobs.job_processes(job_id, pgid, ticks, cgroup), wait_s, 0.05)
-    left = jobs.job_processes(job_id, pgid, ticks, cgroup)
-    if not left:
-        jobs.cgroup_remove(cgroup)
-    return sent, left
 
 
 # --- stacks -------------------------------------------------------------------
