@@ -61,3 +61,15 @@ def missing_ct(sandbox: sandbox_mod.SandboxInfo) -> int:
     """A ctid with no container behind it (999)."""
     sandbox_mod.remove_container(MISSING_CT, home=sandbox_home())
     return MISSING_CT
+
+
+def use_private_root(sandbox: sandbox_mod.SandboxInfo, home: Path, root: str) -> None:
+    """Write the sandbox host into this test's inventory with its own opsctl ``root`` in the
+    container, so a test can break or fill it without touching other tests' jobs."""
+    import yaml
+
+    inv = home / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
+    doc["hosts"]["sandbox"]["root"] = root
+    (inv / "sandbox.yaml").write_text(yaml.safe_dump(doc))

@@ -21,6 +21,7 @@ import yaml
 from click.testing import CliRunner
 
 from opsctl.cli import cli
+from tests.sandbox_plugin import use_private_root
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -44,11 +45,7 @@ def private_root(sandbox) -> t.Iterator[str]:
 
 @pytest.fixture
 def target(sandbox, isolated_env: Path, private_root: str) -> t.Iterator[str]:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
-    doc["hosts"]["sandbox"]["root"] = private_root
-    (inv / "sandbox.yaml").write_text(yaml.safe_dump(doc))
+    use_private_root(sandbox, isolated_env, private_root)
     yield "sandbox"
     run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
 

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from opsctl import errors
@@ -30,6 +29,7 @@ from opsctl.cli import cli
 from opsctl.config import paths
 from opsctl.ops import jobs, watch
 from opsctl.remote import payload
+from tests.sandbox_plugin import use_private_root
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[1]
@@ -40,11 +40,7 @@ CT = "200"
 def root(sandbox, isolated_env: Path):
     """The sandbox host with an opsctl root of its own in the container."""
     root = f"/tmp/opsctl-hardening-{uuid.uuid4().hex[:8]}"
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
-    doc["hosts"]["sandbox"]["root"] = root
-    (inv / "sandbox.yaml").write_text(yaml.safe_dump(doc))
+    use_private_root(sandbox, isolated_env, root)
     yield root
     for jid in cexec("sh", "-c", f"ls {root}/jobs 2>/dev/null || true").split():
         if jid != "current":

@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from opsctl.cli import cli
 from tests.agent_helper import run_agent
+from tests.sandbox_plugin import use_private_root
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(120)"
@@ -24,11 +24,7 @@ SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(120)"
 def private_root(sandbox, isolated_env: Path):
     """The sandbox host with its own opsctl root in the container, so tests can break it freely."""
     root = f"/tmp/opsctl-redeploy-{uuid.uuid4().hex[:8]}"
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
-    doc["hosts"]["sandbox"]["root"] = root
-    (inv / "sandbox.yaml").write_text(yaml.safe_dump(doc))
+    use_private_root(sandbox, isolated_env, root)
     yield root
     run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
     run("exec", "--host", "sandbox", "--ct", "200", "--", "rm", "-rf", root)

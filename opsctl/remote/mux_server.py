@@ -142,6 +142,13 @@ class Server:
         Closing the connection at once would kill every command running through it (a
         ``touch`` of known_hosts or ``mux stop`` must not cost another shell its ``exec``).
         """
+        self._stop_listening()
+        with self.lock:
+            while self.active > 0 and any(c.connected() for c in self.conns):
+                self.slot_freed.wait(0.5)
+
+    def _stop_listening(self) -> None:
+        """Remove our socket file (not a newer mux's) and close the listener: no new calls."""
         try:
             if self.inode is not None and self.path.stat().st_ino == self.inode:
                 self.path.unlink()
@@ -149,9 +156,6 @@ class Server:
             pass
         if self.listener is not None:
             self.listener.close()
-        with self.lock:
-            while self.active > 0 and any(c.connected() for c in self.conns):
-                self.slot_freed.wait(0.5)
 
     def _prune_extra_connections(self) -> None:
         now = time.monotonic()
@@ -163,13 +167,7 @@ class Server:
             c.remote.close()
 
     def close(self) -> None:
-        try:
-            if self.inode is not None and self.path.stat().st_ino == self.inode:
-                self.path.unlink()
-        except OSError:
-            pass
-        if self.listener is not None:
-            self.listener.close()
+        self._stop_listening()
         for c in self.conns[1:]:
             c.remote.close()
         self.remote.close()
