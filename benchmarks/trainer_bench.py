@@ -3,7 +3,11 @@
 One run measures, for a Qwen3-8B-shaped random target + 5-layer drafter, block 32,
 64 anchors, sequence length 3072, token budget 49152 (16 rows), colocated:
 
-* the target's feature forward alone (tok/s, MFU) -- the ceiling for the whole step;
+* the target's feature forward alone (tok/s, MFU) -- the ceiling for the whole step --
+  as the trainer runs it (fused layers, compiled per shape: compile s, steady s) and as
+  transformers' eager forward runs it (the "before"), with their features' agreement;
+* the whole step with each of the two targets, side by side (``eager_target_step`` is the
+  baseline), and 50 steps' losses of both at the same seed (``loss_curve``);
 * the full step with compiled flex attention: cold compile s, warm compile s (after
   ``torch._dynamo.reset()``, caches on disk), steady tok/s, MFU, peak memory, phase split;
 * side by side: compiled flex vs uncompiled flex vs SDPA dense mask (attention fwd+bwd at
@@ -45,7 +49,11 @@ def _args(argv: t.Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=6, help="timed steady-state steps")
     p.add_argument("--ce-chunk", type=int, default=4096)
-    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--peak-tflops", type=float, default=790.0, help="measured matmul rate")
+    p.add_argument("--datasheet-tflops", type=float, default=989.0,
+                   help="H200 datasheet dense bf16 peak")
+    p.add_argument("--curve-steps", type=int, default=50)
+    p.add_argument("--curve-seq", type=int, default=1024)
     p.add_argument("--skip", default="", help="comma list of sections to skip")
     p.add_argument("--out", default="bench-out")
     return p.parse_args(argv)
@@ -144,7 +152,10 @@ class Bench:
         from remote_payload.trainer.target import build_target
 
         t0 = time.perf_counter()
-        self.target = build_target(self.cfg, self.dev, self.dtype)
+        self.target = build_target(self.cfg, self.dev, self.dtype)  # fused, as the trainer
+        if self.cuda:
+            self.target.compile()
+        self.ref_target = build_target(self.cfg, self.dev, self.dtype, fused=False)  # same seed
         self.sync()
         self.batches = [self.src.batch(j) for j in range(3)]
         self.gbatches = [b.to(self.dev) for b in self.batches]
@@ -154,27 +165,46 @@ class Bench:
                 "layer_ids": list(self.cfg.target_layer_ids),
                 "mem_gib": round(self.mem(), 2)}
 
-    def target_fwd(self) -> dict[str, t.Any]:
+    def target_fwd(self, target: t.Any = None) -> dict[str, t.Any]:
         from remote_payload.trainer.flops import target_flops_per_token
 
+        target = target or self.target
         ids = self.gbatches[0].input_ids
-        for _ in range(2):
-            self.target.features(ids)
-        ts = self.timed(lambda: self.target.features(ids), 4)
+        self.sync()
+        t0 = time.perf_counter()
+        target.features(ids)  # the fused target compiles here (one graph for every layer)
+        self.sync()
+        first = time.perf_counter() - t0
+        target.features(ids)
+        ts = self.timed(lambda: target.features(ids), 4)
         med = sorted(ts)[len(ts) // 2]
         ntok = ids.numel()
         fl = target_flops_per_token(self.cfg, self.a.seq) * ntok
-        return {"s": round(med, 4), "tok_s": round(ntok / med), "tflops": round(fl / med / 1e12, 1),
+        return {"first_call_s": round(first, 2), "s": round(med, 4), "tok_s": round(ntok / med),
+                "tflops": round(fl / med / 1e12, 1),
                 "mfu": round(fl / med / (self.a.peak_tflops * 1e12), 4),
+                "mfu_datasheet": round(fl / med / (self.a.datasheet_tflops * 1e12), 4),
                 "gflop_per_tok": round(fl / ntok / 1e9, 3)}
 
-    def step_bench(self, attn: str, compiled: bool, steps: int) -> dict[str, t.Any]:
+    def target_fwd_eager(self) -> dict[str, t.Any]:
+        """transformers' eager forward (the "before"), and how far the fused features are."""
+        r = self.target_fwd(self.ref_target)
+        ids = self.gbatches[0].input_ids
+        a = self.ref_target.features(ids).float()
+        b = self.target.features(ids).float()
+        r["fused_vs_eager_rel"] = float((a - b).norm() / a.norm())
+        r["fused_vs_eager_max_abs"] = float((a - b).abs().max())
+        del a, b
+        return r
+
+    def step_bench(self, attn: str, compiled: bool, steps: int, target: t.Any = None) -> dict[str, t.Any]:
         """Whole training step (target features + drafter fwd/bwd + CE + AdamW)."""
         from remote_payload.trainer.flops import step_flops
 
         torch = self.torch
+        target = target or self.target
         eng = self.engine(attn, compiled)
-        feats0 = self.target.features(self.gbatches[0].input_ids)
+        feats0 = target.features(self.gbatches[0].input_ids)
         self.sync()
         t0 = time.perf_counter()
         eng.train_step(feats0, self.gbatches[0], 1e-4)
@@ -190,7 +220,7 @@ class Bench:
             b = self.gbatches[i % len(self.gbatches)]
             self.sync()
             t0 = time.perf_counter()
-            f = self.target.features(b.input_ids)
+            f = target.features(b.input_ids)
             self.sync()
             t1 = time.perf_counter()
             out = eng.train_step(f, b, 1e-4)
@@ -207,6 +237,7 @@ class Bench:
         ntok = cb.n_tokens
         res = {"first_step_s": round(first, 2), "step_s": round(med, 4),
                "tok_s": round(ntok / med), "mfu": round(fl["total"] / med / (self.a.peak_tflops * 1e12), 4),
+               "mfu_datasheet": round(fl["total"] / med / (self.a.datasheet_tflops * 1e12), 4),
                "target_s": round(sorted(phase["target"])[steps // 2], 4),
                "drafter_s": round(sorted(phase["drafter"])[steps // 2], 4),
                "drafter_tflops": round((fl["total"] - fl["target"]) / sorted(phase["drafter"])[steps // 2]
@@ -225,6 +256,35 @@ class Bench:
         r["cold_compile_s"] = r.pop("first_step_s")
         r["cache_after_cold"] = cache_counters()
         return r
+
+    def eager_target_step(self) -> dict[str, t.Any]:
+        """The same compiled-flex step with transformers' eager target (the baseline)."""
+        return self.step_bench("flex" if self.cuda else "sdpa", True, self.a.steps, self.ref_target)
+
+    def loss_curve(self) -> dict[str, t.Any]:
+        """``--curve-steps`` steps from the same seed and batches, eager vs compiled target."""
+        from remote_payload.trainer.data import SyntheticSource
+
+        seq = self.a.curve_seq
+        src = SyntheticSource(self.cfg.vocab_size, buckets=[seq], token_budget=16 * seq,
+                              max_batch=16, n_anchors=self.cfg.max_anchors,
+                              block_size=self.cfg.block_size, seed=5)
+        batches = [src.batch(j).to(self.dev) for j in range(self.a.curve_steps)]
+        curves: dict[str, list[float]] = {}
+        for name, target in (("eager", self.ref_target), ("compiled", self.target)):
+            self._last_engine = None
+            self.torch.manual_seed(0)
+            eng = self.engine("flex" if self.cuda else "sdpa", True)
+            curves[name] = [float(eng.train_step(target.features(b.input_ids), b, 1e-4).loss)
+                            for b in batches]
+        diffs = [abs(a - b) for a, b in zip(curves["eager"], curves["compiled"], strict=True)]
+        return {"seq": seq, "steps": len(batches), "eager": [round(x, 4) for x in curves["eager"]],
+                "compiled": [round(x, 4) for x in curves["compiled"]],
+                "max_abs_diff": round(max(diffs), 4),
+                "max_rel_diff": round(max(d / max(abs(a), 1e-9)
+                                          for d, a in zip(diffs, curves["eager"], strict=True)), 4),
+                "first_last_eager": [round(curves["eager"][0], 4), round(curves["eager"][-1], 4)],
+                "first_last_compiled": [round(curves["compiled"][0], 4), round(curves["compiled"][-1], 4)]}
 
     def warm_compile(self) -> dict[str, t.Any]:
         """Recompile from scratch in-process with the on-disk caches warm."""
@@ -440,7 +500,10 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     if "error" in b.res["build"]:
         return 1
     b.section("target_fwd", b.target_fwd)
+    b.section("target_fwd_eager", b.target_fwd_eager)
     b.section("compiled_flex", b.compiled_flex)
+    b.section("eager_target_step", b.eager_target_step)
+    b.section("loss_curve", b.loss_curve)
     b.section("warm_compile", b.warm_compile)
     b.section("profile", b.profile)
     b.section("attention_only", b.attention_only)
@@ -459,8 +522,12 @@ def _summary(r: dict[str, t.Any]) -> str:
 
     lines = [f"preset {r['preset']} seq {r['seq']} torch {r['torch']} gpu {g('env', 'gpu')} "
              f"matmul {g('env', 'matmul_8192_tflops')} TFLOP/s"]
-    lines.append(f"target fwd alone: {g('target_fwd', 'tok_s')} tok/s, mfu {g('target_fwd', 'mfu')}")
-    for sec in ("compiled_flex", "sdpa_step", "eager_flex_step"):
+    lines.append(f"target fwd alone: compiled {g('target_fwd', 'tok_s')} tok/s (first call "
+                 f"{g('target_fwd', 'first_call_s')} s), eager {g('target_fwd_eager', 'tok_s')} tok/s, "
+                 f"rel diff {g('target_fwd_eager', 'fused_vs_eager_rel')}")
+    lines.append(f"loss curve max rel diff {g('loss_curve', 'max_rel_diff')} over "
+                 f"{g('loss_curve', 'steps')} steps")
+    for sec in ("compiled_flex", "eager_target_step", "sdpa_step", "eager_flex_step"):
         lines.append(f"{sec:16s} step {g(sec, 'step_s')} s  tok/s {g(sec, 'tok_s')}  mfu {g(sec, 'mfu')}  "
                      f"target {g(sec, 'target_s')} s drafter {g(sec, 'drafter_s')} s  peak "
                      f"{g(sec, 'peak_mem_gib')} GiB")

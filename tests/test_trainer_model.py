@@ -142,3 +142,21 @@ def test_config_validation_rejects_bad_shapes():
         preset("tiny", block_size=1)
     with pytest.raises(TrainerConfigError, match="target-ranks"):
         parse_args(["--topology", "split"])
+
+
+def test_the_fused_target_gives_transformers_own_features_and_frees_its_layers():
+    from remote_payload.trainer.config import preset as make_preset
+    from remote_payload.trainer.target import FusedLayer, build_target
+
+    cfg = make_preset("tiny", num_heads=4, num_kv_heads=2)  # grouped-query attention, as Qwen3-8B
+    ids = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float32, torch.bfloat16):
+        reference = build_target(cfg, torch.device("cpu"), dtype, fused=False)
+        fused = build_target(cfg, torch.device("cpu"), dtype, fused=True)
+        want, got = reference.features(ids), fused.features(ids)
+        assert got.shape == (2, 40, len(cfg.target_layer_ids) * cfg.hidden_size)
+        assert torch.equal(got, want), dtype  # same arithmetic, same rounding
+    assert fused.fused is not None and len(fused.fused) == cfg.target_layers_run
+    assert all(isinstance(m, FusedLayer) for m in fused.fused)
+    assert all(isinstance(m, torch.nn.Identity) for m in fused.model.model.layers)
+

@@ -132,6 +132,9 @@ class Trainer:
         body = not (topo.split and topo.is_drafter)
         self.target: Target = build_target(self.cfg, self.device, self.tdtype, args.target_path,
                                            args.seed, body=body)
+        if self.compile_on:
+            self.target.compile()  # per bucket shape; first call of each under the compile lock
+        self.target_shapes: set[tuple[int, ...]] = set()
         self.engine: Engine | None = None
         if topo.is_drafter:
             self.engine = Engine(
@@ -148,9 +151,28 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's features; the first call of each shape compiles (timed, reported,
+        under the same process-wide lock as the drafter's first step)."""
+        shape = tuple(input_ids.shape)
+        if not self.compile_on or shape in self.target_shapes:
+            return self.target.features(input_ids)
+        self._sync()
+        t0 = time.perf_counter()
+        with serialized_compile():
+            feats = self.target.features(input_ids)
+            self._sync()
+        secs = time.perf_counter() - t0
+        self.target_shapes.add(shape)
+        self.log.event(wire.EVENT_COMPILE, name="target_features", shape=list(shape),
+                       seconds=round(secs, 3), recompiles=max(0, len(self.target_shapes) - 1),
+                       cache=cache_counters())
+        self.log.say(f"compiled target features for shape {shape} in {secs:.1f}s")
+        return feats
+
     def _feats_for(self, j: int, batch: Batch, window: _Window) -> torch.Tensor:
         if not self.topo.split:
-            return self.target.features(batch.input_ids)
+            return self._features(batch.input_ids)
         rows, seq_len = batch.input_ids.shape
         width = self.cfg.draft_layers * self.cfg.hidden_size
         with window.waiting():
@@ -215,6 +237,10 @@ class Trainer:
     def warmup(self) -> int:
         """Compile every shape bucket once (random features) and exit."""
         self.log.event(wire.EVENT_PHASE, phase="compiling", buckets=[list(s) for s in self.source.shapes()])
+        if self.target.fused is not None:  # ranks that run the target's body
+            for rows, seq_len in self.source.shapes():
+                ids = torch.randint(0, self.cfg.vocab_size, (rows, seq_len), device=self.device)
+                self._features(ids)
         if self.engine is not None:
             width = self.cfg.draft_layers * self.cfg.hidden_size
             for rows, seq_len in self.source.shapes():
@@ -263,7 +289,7 @@ class Trainer:
         for j in self.topo.target_items(start, self.args.steps):
             self._maybe_fault(j // self.topo.n_drafters)
             batch = self.source.batch(j).to(self.device)
-            feats = self.target.features(batch.input_ids)
+            feats = self._features(batch.input_ids)
             if not dist.serve_features(j % self.topo.n_drafters, feats):
                 break
         return 0
