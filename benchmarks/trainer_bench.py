@@ -52,6 +52,8 @@ def _args(argv: t.Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=790.0, help="measured matmul rate")
     p.add_argument("--datasheet-tflops", type=float, default=989.0,
                    help="H200 datasheet dense bf16 peak")
+    p.add_argument("--target-compile-mode", default=None,
+                   help="torch.compile mode for the target (e.g. max-autotune-no-cudagraphs)")
     p.add_argument("--curve-steps", type=int, default=50)
     p.add_argument("--curve-seq", type=int, default=1024)
     p.add_argument("--skip", default="", help="comma list of sections to skip")
@@ -154,8 +156,11 @@ class Bench:
         t0 = time.perf_counter()
         self.target = build_target(self.cfg, self.dev, self.dtype)  # fused, as the trainer
         if self.cuda:
-            self.target.compile()
-        self.ref_target = build_target(self.cfg, self.dev, self.dtype, fused=False)  # same seed
+            self.target.compile(**({"mode": self.a.target_compile_mode}
+                                   if self.a.target_compile_mode else {}))
+        self.ref_target = (build_target(self.cfg, self.dev, self.dtype, fused=False)  # same seed
+                           if not {"target_fwd_eager", "eager_target_step", "loss_curve"} <= self.skip
+                           else None)
         self.sync()
         self.batches = [self.src.batch(j) for j in range(3)]
         self.gbatches = [b.to(self.dev) for b in self.batches]
