@@ -99,6 +99,9 @@ EVENT_CACHE_ARTIFACTS_LOADED = "cache_artifacts_loaded"  # a mega-cache loaded b
 EVENT_REPLICAS = "replicas"  # drafter replicas agree on their weights (digests per rank)
 EVENT_PROBE_REPORT = "probe_report"  # the compile-race probe's final report
 EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child -> probe)
+# written by the job's wrapper itself (not printed by the job):
+EVENT_RESTART = "restart"  # {"event":"restart","attempt":int,"reason":str}: attempt N starts
+EVENT_TIME_LIMIT = "time_limit"  # {"event":"time_limit","max_duration_s":float,"attempt":int}
 # Any object with a string "event" is an event; these are the ones opsctl's own code writes.
 
 # Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no
