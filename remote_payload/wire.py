@@ -41,6 +41,9 @@ ENV_ROOT = "OPSCTL_ROOT"
 DEFAULT_TMUX_SOCKET = "opsctl"
 ENV_TMUX_SOCKET = "OPSCTL_TMUX_SOCKET"
 
+#: An environment variable name (POSIX shells and ``os.execve``): playbook ``env`` and ``secrets``.
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+
 #: A job id: a file name under ``jobs/`` (no ``/``, no leading dot or dash). The agent
 #: enforces it and the CLI checks ``--job`` against it before anything is sent.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -261,3 +264,64 @@ def cuda_for_variant(variant: str) -> str | None:
         return None
     digits = variant[2:]
     return f"{int(digits[:-1])}.{digits[-1]}"
+
+
+# --- babysitting: restart policy, notifications, secrets (playbook keys, checked on both sides) -
+
+#: ``restart.on`` entries with a meaning of their own, besides diagnosis ids and exit codes
+#: (``remote_payload/agent/restart.py`` says what each matches).
+RESTART_ON_FAILED = "failed"
+RESTART_ON_HANG = "hang"
+RESTART_DEFAULT_ON: tuple[str, ...] = (RESTART_ON_FAILED,)
+#: A usage error: the command line is wrong, running it again cannot help; never restarted.
+USAGE_ERROR_EXIT = 2
+MAX_RESTARTS_LIMIT = 1000
+#: A secret's value must be at least this long: a shorter one would mask ordinary output.
+SECRET_MIN_LEN = 4
+
+
+def validate_restart(raw: t.Any) -> dict[str, t.Any] | None:
+    """A spec's ``restart`` with ``on`` filled in, or None; ``ValueError`` names the problem."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("restart must be an object {max_restarts: N, on: [...]}")
+    unknown = sorted(set(raw) - {"max_restarts", "on"})
+    if unknown:
+        raise ValueError(f"restart has unknown keys: {', '.join(map(str, unknown))}")
+    n = raw.get("max_restarts")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_RESTARTS_LIMIT:
+        raise ValueError(f"restart.max_restarts must be an integer from 0 to {MAX_RESTARTS_LIMIT}")
+    on = raw.get("on")
+    on = list(RESTART_DEFAULT_ON) if on is None else on
+    if not isinstance(on, list) or not on:
+        raise ValueError("restart.on must be a non-empty list of diagnosis ids or exit codes")
+    for item in on:
+        if isinstance(item, bool) or not isinstance(item, (int, str)) or item == "":
+            raise ValueError(f"restart.on: {item!r} is neither a diagnosis id nor an exit code")
+        if isinstance(item, int) and not 1 <= item <= 255:
+            raise ValueError(f"restart.on: exit code {item} is outside 1-255")
+        if item == USAGE_ERROR_EXIT:
+            raise ValueError("restart.on: exit 2 is a usage error, which never restarts")
+    return {"max_restarts": n, "on": list(on)}
+
+
+def valid_notify_url(url: t.Any) -> bool:
+    """An absolute ``http``/``https`` URL with a host, no whitespace or control characters."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False
+
+
+def check_notify_urls(urls: list[str]) -> list[str]:
+    """``urls`` when every one is valid (:func:`valid_notify_url`); else ``ValueError`` naming them."""
+    bad = [u for u in urls if not valid_notify_url(u)]
+    if bad:
+        raise ValueError(f"not an http(s) URL: {', '.join(repr(u) for u in bad)}")
+    return urls

@@ -14,13 +14,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import typing as t
+
+from remote_payload import wire
 
 FILE = "secrets.json"
 MASK = b"***"
 #: Shorter values would mask ordinary text everywhere (and cannot be told from it): refused.
-MIN_LEN = 4
-NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+MIN_LEN = wire.SECRET_MIN_LEN
+NAME_RE = re.compile(wire.ENV_NAME_PATTERN)
 
 
 def check(values: t.Any, names: t.Sequence[str]) -> dict[str, str]:
@@ -45,8 +48,7 @@ def check(values: t.Any, names: t.Sequence[str]) -> dict[str, str]:
 
 
 def valid_name(name: t.Any) -> bool:
-    return (isinstance(name, str) and bool(name) and not name[0].isdigit()
-            and set(name) <= NAME_CHARS)
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
 def store(job_dir: str, values: dict[str, str]) -> None:

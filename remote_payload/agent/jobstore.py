@@ -250,17 +250,17 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
 
 def _validate_babysitting(spec: dict[str, t.Any]) -> None:
     """``restart``, ``max_duration_s``, ``notify``, ``secrets`` and ``target`` (issue 11's keys)."""
-    from remote_payload.agent import jobsecrets, notify, restart
+    from remote_payload.agent import jobsecrets
 
     try:
-        spec["restart"] = restart.validate(spec.get("restart"))
+        spec["restart"] = wire.validate_restart(spec.get("restart"))
     except ValueError as exc:
         raise _bad(str(exc), "restart") from None
     limit = spec.get("max_duration_s")
     if limit is not None and not _positive(limit):
         raise _bad("max_duration_s must be a positive number of seconds or null", "max_duration_s")
     urls = spec.get("notify") or []
-    if not (isinstance(urls, list) and all(notify.valid_url(u) for u in urls)):
+    if not (isinstance(urls, list) and all(wire.valid_notify_url(u) for u in urls)):
         raise _bad("notify must be a list of http(s) URLs", "notify")
     spec["notify"] = urls
     names = spec.get("secrets") or []

@@ -33,6 +33,8 @@ import typing as t
 import urllib.error
 import urllib.request
 
+from remote_payload import wire
+
 LOG = "notify.log"
 LOST_MARKER = "notify.lost"  # the agent sent (or is sending) the LOST notification
 TIMEOUT_S = 5.0
@@ -49,17 +51,7 @@ EVENT_RESTART = "restart"
 EVENT_HANG = "hang"
 
 
-def valid_url(url: t.Any) -> bool:
-    """An absolute ``http``/``https`` URL with a host (what ``urllib`` will POST to)."""
-    from urllib.parse import urlsplit
-
-    if not isinstance(url, str) or any(c in url for c in "\0\r\n "):
-        return False
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+valid_url = wire.valid_notify_url
 
 
 def _log(job_dir: str, line: str) -> None:

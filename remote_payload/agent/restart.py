@@ -27,13 +27,12 @@ from __future__ import annotations
 import signal as _signal
 import typing as t
 
-#: ``on`` entries with a meaning of their own (besides diagnosis ids and exit codes).
-ON_FAILED = "failed"
-ON_HANG = "hang"
-DEFAULT_ON: tuple[str, ...] = (ON_FAILED,)
-#: A usage error: the command line is wrong, running it again cannot help.
-USAGE_ERROR_EXIT = 2
-MAX_RESTARTS_LIMIT = 1000
+from remote_payload import wire
+
+ON_FAILED = wire.RESTART_ON_FAILED
+ON_HANG = wire.RESTART_ON_HANG
+DEFAULT_ON = wire.RESTART_DEFAULT_ON
+USAGE_ERROR_EXIT = wire.USAGE_ERROR_EXIT
 #: Pause before attempt n+1: ``min(BACKOFF_BASE_S * 2**(n-1), BACKOFF_MAX_S)`` (1, 2, 4 ... 30 s).
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -51,32 +50,6 @@ class Decision(t.NamedTuple):
     @property
     def decision(self) -> str:
         return DECISION_RESTART if self.restart else DECISION_GIVE_UP
-
-
-def validate(raw: t.Any) -> dict[str, t.Any] | None:
-    """A spec's ``restart`` with defaults filled, or None; raises ``ValueError`` naming the problem."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise ValueError("restart must be an object {max_restarts: N, on: [...]}")
-    unknown = sorted(set(raw) - {"max_restarts", "on"})
-    if unknown:
-        raise ValueError(f"restart has unknown keys: {', '.join(unknown)}")
-    n = raw.get("max_restarts")
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_RESTARTS_LIMIT:
-        raise ValueError(f"restart.max_restarts must be an integer from 0 to {MAX_RESTARTS_LIMIT}")
-    on = raw.get("on")
-    on = list(DEFAULT_ON) if on is None else on
-    if not isinstance(on, list) or not on:
-        raise ValueError("restart.on must be a non-empty list of diagnosis ids or exit codes")
-    for item in on:
-        if isinstance(item, bool) or not isinstance(item, int | str) or item == "":
-            raise ValueError(f"restart.on: {item!r} is neither a diagnosis id nor an exit code")
-        if isinstance(item, int) and not 1 <= item <= 255:
-            raise ValueError(f"restart.on: exit code {item} is outside 1-255")
-        if item == USAGE_ERROR_EXIT:
-            raise ValueError("restart.on: exit 2 is a usage error, which never restarts")
-    return {"max_restarts": n, "on": list(on)}
 
 
 def ended_by(exit_code: int | None, signal: str | None) -> str:
