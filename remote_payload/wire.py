@@ -273,6 +273,14 @@ def cuda_for_variant(variant: str) -> str | None:
 RESTART_ON_FAILED = "failed"
 RESTART_ON_HANG = "hang"
 RESTART_DEFAULT_ON: tuple[str, ...] = (RESTART_ON_FAILED,)
+#: The diagnosis ids ``restart.on`` may name: the causes of ``remote_payload/agent/diagnosis.py``'s
+#: ``SIGNATURES`` (listed here because opsctl validates playbooks without importing the agent;
+#: ``tests/test_restart_policy.py`` fails when the two differ).
+DIAGNOSIS_IDS: tuple[str, ...] = (
+    "fx_tracing_race", "compile_hang_stacks", "hang", "cuda_oom", "nccl_timeout", "nccl_error",
+    "flex_attention_uncompiled", "recompile_limit", "cuda_driver_mismatch", "missing_module",
+    "rank_failed", "killed_by_signal", "throughput_regression", "drafters_waiting_for_features",
+    "gpus_busy_at_launch", "python_exception")
 #: A usage error: the command line is wrong, running it again cannot help; never restarted.
 USAGE_ERROR_EXIT = 2
 MAX_RESTARTS_LIMIT = 1000
@@ -303,6 +311,9 @@ def validate_restart(raw: t.Any) -> dict[str, t.Any] | None:
             raise ValueError(f"restart.on: exit code {item} is outside 1-255")
         if item == USAGE_ERROR_EXIT:
             raise ValueError("restart.on: exit 2 is a usage error, which never restarts")
+        if isinstance(item, str) and item not in (RESTART_ON_FAILED, *DIAGNOSIS_IDS):
+            raise ValueError(f"restart.on: unknown id {item!r}; use {RESTART_ON_FAILED}, an exit "
+                             f"code or a diagnosis id: {', '.join(DIAGNOSIS_IDS)}")
     return {"max_restarts": n, "on": list(on)}
 
 

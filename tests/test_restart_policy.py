@@ -84,10 +84,16 @@ class TestRestartKey:
         ({"max_restarts": 1, "on": []}, "non-empty"),
         ({"max_restarts": 1, "on": [True]}, "neither"),
         ({"max_restarts": 1, "when": []}, "unknown keys"),
+        ({"max_restarts": 1, "on": ["nccl_timout"]}, "unknown id 'nccl_timout'"),
     ])
     def test_the_agent_refuses_a_bad_policy(self, raw, words):
         with pytest.raises(ValueError, match=words):
             wire.validate_restart(raw)
+
+    def test_the_ids_restart_on_accepts_are_exactly_the_diagnosis_causes(self):
+        from remote_payload.agent import diagnosis
+
+        assert wire.DIAGNOSIS_IDS == tuple(sig.cause for sig in diagnosis.SIGNATURES)
 
     def test_the_playbook_model_applies_the_same_rule(self):
         book = {"name": "b", "command": ["true"]}

@@ -107,13 +107,17 @@ class HealthyWhen(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+def _default_on() -> list[int | str]:
+    return [*wire.RESTART_DEFAULT_ON]
+
+
 class RestartPolicy(BaseModel):
     """``restart: {max_restarts: N, on: [...]}``: the wrapper in the container runs a failed
     attempt again (``remote_payload/agent/restart.py`` has the rule; README, Playbooks)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_restarts: int = Field(ge=0, le=wire.MAX_RESTARTS_LIMIT)
-    on: list[int | str] = Field(default_factory=lambda: list(wire.RESTART_DEFAULT_ON))
+    on: list[int | str] = Field(default_factory=lambda: _default_on())
 
     @model_validator(mode="after")
     def _the_agents_rule(self) -> RestartPolicy:

@@ -106,4 +106,4 @@ def should_restart(diagnosis: t.Sequence[str], exit_code: int | None, signal: st
 
 def backoff_s(attempts: int) -> float:
     """Seconds to wait before running attempt ``attempts + 1``."""
-    return min(BACKOFF_BASE_S * 2 ** max(attempts - 1, 0), BACKOFF_MAX_S)
+    return float(min(BACKOFF_BASE_S * 2.0 ** max(attempts - 1, 0), BACKOFF_MAX_S))
