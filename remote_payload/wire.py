@@ -41,6 +41,9 @@ ENV_ROOT = "OPSCTL_ROOT"
 DEFAULT_TMUX_SOCKET = "opsctl"
 ENV_TMUX_SOCKET = "OPSCTL_TMUX_SOCKET"
 
+#: An environment variable name (POSIX shells and ``os.execve``): playbook ``env`` and ``secrets``.
+ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+
 #: A job id: a file name under ``jobs/`` (no ``/``, no leading dot or dash). The agent
 #: enforces it and the CLI checks ``--job`` against it before anything is sent.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -99,6 +102,9 @@ EVENT_CACHE_ARTIFACTS_LOADED = "cache_artifacts_loaded"  # a mega-cache loaded b
 EVENT_REPLICAS = "replicas"  # drafter replicas agree on their weights (digests per rank)
 EVENT_PROBE_REPORT = "probe_report"  # the compile-race probe's final report
 EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child -> probe)
+# written by the job's wrapper itself (not printed by the job):
+EVENT_RESTART = "restart"  # {"event":"restart","attempt":int,"reason":str}: attempt N starts
+EVENT_TIME_LIMIT = "time_limit"  # {"event":"time_limit","max_duration_s":float,"attempt":int}
 # Any object with a string "event" is an event; these are the ones opsctl's own code writes.
 
 # Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no
@@ -258,3 +264,75 @@ def cuda_for_variant(variant: str) -> str | None:
         return None
     digits = variant[2:]
     return f"{int(digits[:-1])}.{digits[-1]}"
+
+
+# --- babysitting: restart policy, notifications, secrets (playbook keys, checked on both sides) -
+
+#: ``restart.on`` entries with a meaning of their own, besides diagnosis ids and exit codes
+#: (``remote_payload/agent/restart.py`` says what each matches).
+RESTART_ON_FAILED = "failed"
+RESTART_ON_HANG = "hang"
+RESTART_DEFAULT_ON: tuple[str, ...] = (RESTART_ON_FAILED,)
+#: The diagnosis ids ``restart.on`` may name: the causes of ``remote_payload/agent/diagnosis.py``'s
+#: ``SIGNATURES`` (listed here because opsctl validates playbooks without importing the agent;
+#: ``tests/test_restart_policy.py`` fails when the two differ).
+DIAGNOSIS_IDS: tuple[str, ...] = (
+    "fx_tracing_race", "compile_hang_stacks", "hang", "cuda_oom", "nccl_timeout", "nccl_error",
+    "flex_attention_uncompiled", "recompile_limit", "cuda_driver_mismatch", "missing_module",
+    "rank_failed", "killed_by_signal", "throughput_regression", "drafters_waiting_for_features",
+    "gpus_busy_at_launch", "python_exception")
+#: A usage error: the command line is wrong, running it again cannot help; never restarted.
+USAGE_ERROR_EXIT = 2
+MAX_RESTARTS_LIMIT = 1000
+#: A secret's value must be at least this long: a shorter one would mask ordinary output.
+SECRET_MIN_LEN = 4
+
+
+def validate_restart(raw: t.Any) -> dict[str, t.Any] | None:
+    """A spec's ``restart`` with ``on`` filled in, or None; ``ValueError`` names the problem."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("restart must be an object {max_restarts: N, on: [...]}")
+    unknown = sorted(set(raw) - {"max_restarts", "on"})
+    if unknown:
+        raise ValueError(f"restart has unknown keys: {', '.join(map(str, unknown))}")
+    n = raw.get("max_restarts")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_RESTARTS_LIMIT:
+        raise ValueError(f"restart.max_restarts must be an integer from 0 to {MAX_RESTARTS_LIMIT}")
+    on = raw.get("on")
+    on = list(RESTART_DEFAULT_ON) if on is None else on
+    if not isinstance(on, list) or not on:
+        raise ValueError("restart.on must be a non-empty list of diagnosis ids or exit codes")
+    for item in on:
+        if isinstance(item, bool) or not isinstance(item, (int, str)) or item == "":
+            raise ValueError(f"restart.on: {item!r} is neither a diagnosis id nor an exit code")
+        if isinstance(item, int) and not 1 <= item <= 255:
+            raise ValueError(f"restart.on: exit code {item} is outside 1-255")
+        if item == USAGE_ERROR_EXIT:
+            raise ValueError("restart.on: exit 2 is a usage error, which never restarts")
+        if isinstance(item, str) and item not in (RESTART_ON_FAILED, *DIAGNOSIS_IDS):
+            raise ValueError(f"restart.on: unknown id {item!r}; use {RESTART_ON_FAILED}, an exit "
+                             f"code or a diagnosis id: {', '.join(DIAGNOSIS_IDS)}")
+    return {"max_restarts": n, "on": list(on)}
+
+
+def valid_notify_url(url: t.Any) -> bool:
+    """An absolute ``http``/``https`` URL with a host, no whitespace or control characters."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False
+
+
+def check_notify_urls(urls: list[str]) -> list[str]:
+    """``urls`` when every one is valid (:func:`valid_notify_url`); else ``ValueError`` naming them."""
+    bad = [u for u in urls if not valid_notify_url(u)]
+    if bad:
+        raise ValueError(f"not an http(s) URL: {', '.join(repr(u) for u in bad)}")
+    return urls

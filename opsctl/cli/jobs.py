@@ -27,10 +27,12 @@ from opsctl.cli.app import json_option, target_options
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
 @click.option("--force", "force_gpus", is_flag=True,
               help="Launch although GPUs the job needs are in use by something else (named).")
+@click.option("--env-file", "env_file", default=None, metavar="FILE",
+              help="NAME=value lines with the playbook's secrets (else the environment).")
 @json_option
 def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str | None,
            replace: bool, no_wait: bool, poll_s: float, force_payload: bool, force_gpus: bool,
-           as_json: bool) -> None:
+           env_file: str | None, as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl.cli import render
     from opsctl.ops import deploy as deploy_ops
@@ -43,11 +45,13 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         book = deploy_ops.load_playbook(tgt, playbook_path)  # validated before anything remote
+        secrets = deploy_ops.collect_secrets(book, env_file)  # so are the secrets
         with _deploy_progress(err, live=not as_json and err.is_terminal, quiet=as_json) as progress:
             try:
                 report = deploy_ops.deploy(tgt, book, replace=replace, wait=not no_wait, poll_s=poll_s,
                                            force_payload=force_payload, force_gpus=force_gpus,
-                                           on_update=progress.on_update, on_step=progress.on_step)
+                                           on_update=progress.on_update, on_step=progress.on_step,
+                                           secrets=secrets)
             except errors.DeployOutcomeError as exc:
                 _show_failed_deploy(exc, as_json)
                 raise

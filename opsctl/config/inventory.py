@@ -31,6 +31,12 @@ class ContainerSpec(BaseModel):
     gpus: int = Field(default=0, ge=0)
     description: str | None = None
     playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
+    notify: list[str] = Field(default_factory=list)  # webhooks for every job here (README)
+
+    @field_validator("notify")
+    @classmethod
+    def _notify_urls(cls, v: list[str]) -> list[str]:
+        return wire.check_notify_urls(v)
 
 
 class HostSpec(BaseModel):
@@ -53,6 +59,12 @@ class HostSpec(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     containers: dict[int, ContainerSpec] = Field(default_factory=dict)
     torch_builds: dict[str, t.Any] | None = None  # per-host overrides of the builds table
+    notify: list[str] = Field(default_factory=list)  # webhooks for every job on this host
+
+    @field_validator("notify")
+    @classmethod
+    def _notify_urls(cls, v: list[str]) -> list[str]:
+        return wire.check_notify_urls(v)
 
     @field_validator("address")
     @classmethod
@@ -69,6 +81,11 @@ class HostSpec(BaseModel):
     def known_hosts_path(self) -> Path:
         """The known_hosts file this host's key is checked against (direct and mux alike)."""
         return Path(self.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+
+    def notify_urls(self, ctid: int) -> list[str]:
+        """Webhooks for a job in container ``ctid``: the container's, then the host's."""
+        ct = self.containers.get(ctid)
+        return list(dict.fromkeys([*(ct.notify if ct else []), *self.notify]))
 
     def ssh_label(self) -> str:
         port = "" if self.port == 22 else f":{self.port}"

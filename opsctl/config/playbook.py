@@ -22,9 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError
+from remote_payload import wire
 
 #: What a POSIX shell and ``os.execve`` accept as an environment variable name.
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_RE = re.compile(wire.ENV_NAME_PATTERN)
 #: The launch spec travels as JSON on the agent's command line, which is capped at
 #: ``transport.MAX_COMMAND_BYTES`` (100 KiB); leave room for JSON escaping and the rest.
 MAX_SPEC_TEXT_BYTES = 48 * 1024
@@ -106,6 +107,27 @@ class HealthyWhen(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+def _default_on() -> list[int | str]:
+    return [*wire.RESTART_DEFAULT_ON]
+
+
+class RestartPolicy(BaseModel):
+    """``restart: {max_restarts: N, on: [...]}``: the wrapper in the container runs a failed
+    attempt again (``remote_payload/agent/restart.py`` has the rule; README, Playbooks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_restarts: int = Field(ge=0, le=wire.MAX_RESTARTS_LIMIT)
+    on: list[int | str] = Field(default_factory=lambda: _default_on())
+
+    @model_validator(mode="after")
+    def _the_agents_rule(self) -> RestartPolicy:
+        wire.validate_restart(self.to_wire())  # one rule, on both sides: raises ValueError
+        return self
+
+    def to_wire(self) -> dict[str, t.Any]:
+        return {"max_restarts": self.max_restarts, "on": list(self.on)}
+
+
 class TorchSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     variant: str
@@ -132,6 +154,29 @@ class Playbook(BaseModel):
     torch: TorchSpec | None = None
     cache: t.Literal["keep", "clear", "seed"] = "keep"
     requirements: list[str] = Field(default_factory=list)
+    # issue 11's babysitting, applied in the container with no client connected
+    restart: RestartPolicy | None = None
+    # wall-clock limit of the whole job (all attempts): stopped like `opsctl stop`, CANCELLED
+    # with end_reason "time limit"; timeout_s is only how long deploy waits for healthy
+    max_duration_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    notify: list[str] = Field(default_factory=list)  # webhooks, POSTed from the container
+    secrets: list[str] = Field(default_factory=list)  # env names, values from the local env
+
+    @field_validator("notify")
+    @classmethod
+    def _notify_urls(cls, v: list[str]) -> list[str]:
+        return wire.check_notify_urls(v)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not ENV_NAME_RE.fullmatch(n)]
+        if bad:
+            raise ValueError(f"secret names must match {ENV_NAME_RE.pattern}: "
+                             + ", ".join(repr(n) for n in bad))
+        if len(set(v)) != len(v):
+            raise ValueError("a secret is named twice")
+        return v
 
     @field_validator("env", mode="before")
     @classmethod
@@ -160,6 +205,10 @@ class Playbook(BaseModel):
         if bad_env:
             raise ValueError(f"env names must match {ENV_NAME_RE.pattern}: "
                              + ", ".join(repr(k) for k in bad_env))
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(f"named in both env and secrets: {', '.join(both)} (a secret's value "
+                             "never goes in the playbook)")
         texts = [("name", self.name), ("workdir", self.workdir or ""),
                  *((f"command[{i}]", a) for i, a in enumerate(self.command)),
                  *((f"env.{k}", v) for k, v in self.env.items())]
@@ -178,8 +227,14 @@ class Playbook(BaseModel):
         return f"{self.name}-{stamp}-{secrets.token_hex(2)}"
 
     def job_spec(self, job_id: str, *, root: str, replace: bool = False,
-                 python: str | None = None) -> dict[str, t.Any]:
-        """The agent's launch spec (docs/contracts.md); ``python`` None: the current torch build's."""
+                 python: str | None = None, notify: t.Sequence[str] = (),
+                 target: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
+        """The agent's launch spec (docs/contracts.md); ``python`` None: the current torch build's.
+
+        ``notify``: the inventory's webhooks, added after the playbook's own; ``target``:
+        ``{"host", "ct"}`` for the notifications. Secrets travel by name only (their values
+        go on the launch's stdin).
+        """
         env = dict(self.env)
         return {
             "job_id": job_id,
@@ -195,6 +250,11 @@ class Playbook(BaseModel):
             "phase_budgets_s": dict(self.phase_budgets_s),
             "gpus": list(self.gpus) if self.gpus is not None else None,
             "python": python,
+            "restart": self.restart.to_wire() if self.restart is not None else None,
+            "max_duration_s": self.max_duration_s,
+            "notify": list(dict.fromkeys([*self.notify, *notify])),
+            "secrets": list(self.secrets),
+            "target": target,
         }
 
 

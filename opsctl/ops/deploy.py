@@ -35,6 +35,7 @@ from opsctl.ops import watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.agent_client import NoPayload, PayloadResult
 from opsctl.remote.models import JobStatus
+from remote_payload import wire
 from remote_payload.wire import ErrorType, JobState
 
 Progress = t.Callable[[str], None]
@@ -89,11 +90,45 @@ class DeployReport:
         }
 
 
+def collect_secrets(book: Playbook, env_file: str | None = None,
+                    environ: t.Mapping[str, str] | None = None) -> dict[str, str]:
+    """The values of the playbook's ``secrets``: from ``env_file`` first, else the environment.
+
+    Raises:
+        ConfigError: a secret is in neither, or too short to redact (the name, never the value).
+    """
+    import os
+
+    from opsctl.config import envfile
+
+    environ = os.environ if environ is None else environ
+    from_file = envfile.load(env_file) if env_file is not None else {}
+    values, missing = {}, []
+    for name in book.secrets:
+        value = from_file.get(name, environ.get(name))
+        if value is None:
+            missing.append(name)
+            continue
+        if len(value.encode()) < wire.SECRET_MIN_LEN or "\0" in value:
+            raise ConfigError(f"playbook {book.name}: secret {name} is shorter than "
+                              f"{wire.SECRET_MIN_LEN} bytes (or has a NUL byte): too short to "
+                              "redact from the job's output")
+        values[name] = value
+    if missing:
+        where = f"--env-file {env_file} or the environment" if env_file else "the environment"
+        raise ConfigError(f"playbook {book.name}: secret(s) {', '.join(missing)} not set in {where}",
+                          hint="export them (or put NAME=value lines in a file for --env-file)")
+    return values
+
+
 def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = True,
            poll_s: float = watch.DEFAULT_POLL_S, on_update: watch.OnUpdate | None = None,
            on_step: Progress | None = None, force_payload: bool = False,
-           force_gpus: bool = False) -> DeployReport:
+           force_gpus: bool = False, secrets: dict[str, str] | None = None) -> DeployReport:
     """Ship the payload, prepare the torch env, launch, and watch until healthy or failed.
+
+    ``secrets``: the playbook's secret values (:func:`collect_secrets`, read before anything
+    remote happens); they go to the agent on stdin only.
 
     Raises:
         JobFailed: the job ended FAILED/CANCELLED/LOST before becoming healthy.
@@ -116,11 +151,15 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         return result
 
     job_id = book.new_job_id()
-    spec = book.job_spec(job_id, root=tgt.host.root, replace=replace)
+    if secrets is None:
+        secrets = collect_secrets(book)
+    spec = book.job_spec(job_id, root=tgt.host.root, replace=replace,
+                         notify=tgt.host.notify_urls(tgt.ctid),
+                         target={"host": tgt.host.label, "ct": tgt.ctid})
     try:
         status, pay = _ship_and_launch(tgt, book, spec, step, steps, ship, replace=replace,
                                        force_payload=force_payload, on_step=on_step,
-                                       force_gpus=force_gpus)
+                                       force_gpus=force_gpus, secrets=secrets)
     except KeyboardInterrupt:
         raise interrupted_deploy(tgt, job_id, steps) from None
     target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
@@ -145,7 +184,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
                      step: t.Callable[..., None], steps: list[dict[str, t.Any]],
                      ship: t.Callable[[bool], PayloadResult], *, replace: bool,
                      force_payload: bool, on_step: Progress | None,
-                     force_gpus: bool) -> tuple[JobStatus, PayloadResult]:
+                     force_gpus: bool, secrets: dict[str, str]) -> tuple[JobStatus, PayloadResult]:
     job_id = spec["job_id"]
     pay: PayloadResult | None = None
     if force_payload or needs_torch_work(book):
@@ -163,7 +202,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
         manifest = payload_mod.build_manifest()
         step("launch", job_id=job_id, payload_digest=manifest.digest[:12])
         try:
-            status = _launch(tgt, spec, replace, force_gpus, payload_digest=manifest.digest)
+            status = _launch(tgt, spec, replace, force_gpus, secrets, payload_digest=manifest.digest)
             pay = PayloadResult(False, manifest.digest, len(manifest.files), 0, 0.0)
             step("payload-done", sent=False, digest=manifest.digest[:12], checked_by="launch")
         except NoPayload:
@@ -176,7 +215,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
             pay = ship(exc.remote_type == ErrorType.PayloadMismatch)
     if status is None:
         step("launch", job_id=job_id)
-        status = _launch(tgt, spec, replace, force_gpus)
+        status = _launch(tgt, spec, replace, force_gpus, secrets)
     return status, pay
 
 
@@ -237,15 +276,19 @@ def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) 
 
 
 def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,
-            payload_digest: str | None = None) -> JobStatus:
+            secrets: dict[str, str], payload_digest: str | None = None) -> JobStatus:
     args = ["--spec-json", json.dumps(spec)]
+    stdin = None
+    if spec.get("secrets"):
+        args.append("--secrets-stdin")
+        stdin = json.dumps(secrets).encode()
     if replace:
         args.append("--replace")
     if force_gpus:
         args.append("--force-gpus")
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
-    return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60))
+    return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60, stdin=stdin))
 
 
 def check_outcome(report: DeployReport) -> None:

@@ -75,8 +75,10 @@ class Agent:
                 "--root", self.root, verb, *args, "--json"]
 
     def call(self, verb: str, *args: str, timeout: float = 60,
-             on_stderr: t.Callable[[bytes], None] | None = None) -> t.Any:
-        """Run one verb; returns its ``data``.
+             on_stderr: t.Callable[[bytes], None] | None = None,
+             stdin: bytes | None = None) -> t.Any:
+        """Run one verb; returns its ``data``. ``stdin``: what the verb reads there (secrets:
+        never on the command line, which every process of the host can read).
 
         Raises:
             AgentError (or a family subclass): the agent answered an error document.
@@ -85,7 +87,7 @@ class Agent:
         """
         step = f"agent {verb}"
         result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout, step=step,
-                                      on_stderr=on_stderr)
+                                      on_stderr=on_stderr, stdin=stdin)
         reply = parse_reply(self.remote.host.label, self.ctid, step, result)
         if reply.ok:
             return reply.data

@@ -128,6 +128,14 @@ class JobStatus(_Wire):
     errors: list[dict[str, t.Any]] = Field(default_factory=list)
     preflight: Preflight | None = None
     history: History | None = None
+    # babysitting: the attempt running (1-based), the restart policy's limit, every restart
+    # decision ({"attempt", "at", "reason", "decision": "restart"|"give up", "why"}), why the
+    # job ended ("time limit", "opsctl stop", "replaced by job …", "restart limit reached")
+    attempt: int = 1
+    max_restarts: int | None = None
+    restarts: list[dict[str, t.Any]] = Field(default_factory=list)
+    end_reason: str | None = None
+    max_duration_s: float | None = None
 
     @field_validator("history", mode="wrap")
     @classmethod

@@ -48,6 +48,12 @@ JOB_CGROUP_PARENT = "opsctl-jobs"  # <cgroup2 mount>/opsctl-jobs/<job id>; see j
 EXIT_RECORD_WAIT_S = 1.0
 # a launch whose wrapper has not recorded a start after this long is LOST
 PENDING_GRACE_S = 30.0
+# stop's escalation (``stop_plan``): SIGINT, this long to checkpoint and exit, then SIGTERM,
+# then SIGKILL after the second; also the playbook's max_duration_s
+STOP_GRACE_S = 30.0
+STOP_KILL_AFTER_S = 10.0
+#: ``end_reason`` of a job the playbook's ``max_duration_s`` stopped (its cancel reason)
+TIME_LIMIT_REASON = "time limit"
 
 
 # --- paths ------------------------------------------------------------------
@@ -108,12 +114,17 @@ def prune_abort_markers(root: str) -> None:
 
 
 def request_cancel(root: str, job_id: str, reason: str) -> None:
-    """Mark the job as cancelled on purpose (its end is then CANCELLED, with ``reason``).
+    """Mark the job as cancelled on purpose (its end is then CANCELLED, with ``reason``)."""
+    mark_cancelled(job_dir(root, job_id), reason)
+
+
+def mark_cancelled(path: str, reason: str) -> None:
+    """Write the cancel marker into job dir ``path`` (``stop``, ``--replace``, the time limit).
 
     On a full disk the marker is still created empty (an inode, no data block) so that
     the stop goes ahead and is recorded as a cancel.
     """
-    path = os.path.join(job_dir(root, job_id), CANCEL)
+    path = os.path.join(path, CANCEL)
     try:
         write_json_atomic(path, {"at": time.time(), "reason": reason})
     except OSError as exc:
@@ -121,6 +132,15 @@ def request_cancel(root: str, job_id: str, reason: str) -> None:
             raise
         with contextlib.suppress(OSError):
             open(path, "a").close()
+
+
+def cancel_reason(path: str) -> str | None:
+    """The reason in job dir ``path``'s cancel marker (None: none, or the empty marker)."""
+    try:
+        reason = (read_json(os.path.join(path, CANCEL), {}) or {}).get("reason")
+    except (ValueError, AttributeError, OSError):  # the empty marker of a full disk
+        return None
+    return reason if isinstance(reason, str) else None
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -216,6 +236,7 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
     python = spec.get("python")
     if python is not None and not (isinstance(python, str) and python):
         raise _bad("python must be a path", "python")
+    _validate_babysitting(spec)
     name = spec.get("name") or os.path.basename(cmd[0])
     if not isinstance(name, str):
         raise _bad("name must be a string", "name")
@@ -225,6 +246,31 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
         raise _bad(f"job_id {job_id!r} must match {JOB_ID_RE.pattern}", "job_id")
     spec["job_id"] = job_id
     return spec
+
+
+def _validate_babysitting(spec: dict[str, t.Any]) -> None:
+    """``restart``, ``max_duration_s``, ``notify``, ``secrets`` and ``target`` (issue 11's keys)."""
+    from remote_payload.agent import jobsecrets
+
+    try:
+        spec["restart"] = wire.validate_restart(spec.get("restart"))
+    except ValueError as exc:
+        raise _bad(str(exc), "restart") from None
+    limit = spec.get("max_duration_s")
+    if limit is not None and not _positive(limit):
+        raise _bad("max_duration_s must be a positive number of seconds or null", "max_duration_s")
+    urls = spec.get("notify") or []
+    if not (isinstance(urls, list) and all(wire.valid_notify_url(u) for u in urls)):
+        raise _bad("notify must be a list of http(s) URLs", "notify")
+    spec["notify"] = urls
+    names = spec.get("secrets") or []
+    if not (isinstance(names, list) and all(jobsecrets.valid_name(n) for n in names)
+            and len(set(names)) == len(names)):
+        raise _bad("secrets must be a list of distinct environment variable names", "secrets")
+    spec["secrets"] = names
+    target = spec.get("target")
+    if target is not None and not isinstance(target, dict):
+        raise _bad("target must be an object {host, ct}", "target")
 
 
 def _positive(x: t.Any) -> bool:
@@ -597,10 +643,7 @@ def load(root: str, job_id: str) -> JobRecord:
     rec = _reconcile(root, job_id)
     extra = []
     if rec.state == JobState.CANCELLED:
-        try:
-            reason = (read_json(os.path.join(rec.path, CANCEL), {}) or {}).get("reason")
-        except (ValueError, AttributeError):  # the empty marker of a full disk
-            reason = None
+        reason = cancel_reason(rec.path)
         if reason and not any(reason in e for e in rec.evidence):
             extra.append(f"cancelled: {reason}")
     disk = disk_full_evidence(rec.path)
@@ -636,7 +679,7 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
             *_lost_evidence(path, pid, launch)])
     wrapper_ok = _wrapper_alive(pid, path)
     child_ok = proc_alive(pid.get("pid"), pid.get("start_ticks"))
-    if exit_rec is None and wrapper_ok and not child_ok:
+    if exit_rec is None and wrapper_ok and not child_ok and not status.get("restarting"):
         # the child just died and the wrapper is recording it: the first status
         # after a crash must already say FAILED, so wait for the record briefly
         exit_path = os.path.join(path, EXIT_CODE)
@@ -711,4 +754,13 @@ def _persist(rec: JobRecord, new: JobState, why: list[str]) -> JobRecord:
             raise
         with contextlib.suppress(OSError):
             os.unlink(f"{os.path.join(rec.path, STATUS)}.tmp.{os.getpid()}")
+    from remote_payload.agent import jobsecrets
+
+    jobsecrets.remove(rec.path)  # the wrapper that would have removed them is gone
+    if new == JobState.LOST and rec.spec.get("notify"):
+        from remote_payload.agent import notify
+
+        doc = notify.body(notify.EVENT_LOST, spec=rec.spec, status=status,
+                          diagnosis=why[0] if why else None)
+        notify.notify_lost(rec.path, rec.spec["notify"], doc)
     return rec._replace(status=status, state=new, alive=False, evidence=why)

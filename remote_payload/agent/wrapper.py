@@ -12,6 +12,13 @@ It also watches for hangs (:class:`HangWatch`): when the job has been silent lon
 its budget (:func:`remote_payload.agent.diagnosis.hang_threshold`), it takes every process's
 stacks at once and records where each rank waits in ``hang.json``, so ``status`` can say
 it without anyone running ``opsctl stacks``.
+
+Being the one process that lives as long as the job, it also applies the playbook's
+babysitting with no client connected: the restart policy (:mod:`restart`; an attempt that
+ended, or hung, is run again in the same job dir: ``output.log`` continues after a separator
+line, a ``restart`` event is recorded), the wall-clock limit (``max_duration_s``: the stop
+escalation, ending CANCELLED with reason ``time limit``), webhook notifications
+(:mod:`notify`) and the job's secrets (:mod:`jobsecrets`: in the environment, masked in the output).
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ import time
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent import diagnosis, gpus
+from remote_payload.agent import diagnosis, gpus, jobsecrets, notify, spawn
 from remote_payload.agent import history as history_mod
 from remote_payload.agent import jobstore as jobs
+from remote_payload.agent import restart as restart_mod
 from remote_payload.agent import stacks as stacks_mod
 from remote_payload.agent.common import read_json, write_json_atomic
 
@@ -42,7 +50,6 @@ JobState = wire.JobState
 STATUS_THROTTLE_S = 0.5  # status.json is rewritten at most this often for mere output
 DRAIN_AFTER_EXIT_S = 0.5  # read what grandchildren still hold open, then stop
 MAX_LINE = 1 << 20  # a "line" longer than this is judged as it is (progress bars, binary)
-PR_SET_PDEATHSIG = 1
 HANG_CHECK_INTERVAL_S = 2.0
 HANG_STACKS_TIMEOUT_S = 10.0
 MAX_ERROR_EVENTS = 16  # status.json keeps the first ones: the first failing rank is the cause
@@ -65,31 +72,10 @@ def _regex_alarm(_signum: int, _frame: t.Any) -> None:
     raise _RegexTimeout
 
 
-def _die_with_parent() -> None:
-    """In the child: own process group (``process_group=0`` needs 3.11; containers may have
-    3.10), and SIGKILL if the wrapper dies (best effort, Linux only)."""
-    os.setpgid(0, 0)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:
-        pass
-
-
-def _child_setup(cgroup: str | None) -> None:
-    """In the child: :func:`_die_with_parent`, then join the job's cgroup (before exec, so
-    every process the job ever starts is in it; best effort)."""
-    _die_with_parent()
-    if cgroup is not None:
-        try:
-            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
+# a hung attempt that the restart policy runs again: SIGINT, then SIGTERM, then SIGKILL
+# (shorter than stop's: a hung job reaches no step boundary to checkpoint at)
+HANG_RESTART_PLAN = jobs.stop_plan(10.0, 5.0)
+DIAGNOSIS_BYTES = 256 * 1024  # of the attempt's own output, for the restart decision
 
 
 class Wrapper:
@@ -108,6 +94,9 @@ class Wrapper:
             "last_output_at": None, "output_size": 0, "last_step": None, "events_count": 0,
             "exit_code": None, "signal": None, "evidence": [], "budget_s": None, "errors": [],
             "transitions": old.get("transitions") or [[JobState.PENDING.value, now, "launched"]],
+            "attempt": 1, "attempt_started_at": None, "restarting": False,
+            "max_restarts": (self.spec.get("restart") or {}).get("max_restarts"),
+            "restarts": [], "end_reason": None,
         }
         self.state = JobState.PENDING
         hw = self.spec.get("healthy_when") or jobs.HEALTHY_DEFAULT
@@ -128,6 +117,16 @@ class Wrapper:
         self.child_ticks: int | None = None
         self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
         self.history = history_mod.Recorder(path)  # bounded plot data for status
+        self.policy: dict[str, t.Any] | None = self.spec.get("restart")
+        self.attempt = 1
+        self.attempt_offset = 0  # where this attempt's output starts in output.log
+        self.hang_decision: restart_mod.Decision | None = None  # set by the hang watch
+        self.event_lock = threading.Lock()
+        self.notifier = notify.Notifier(self.spec.get("notify") or [], path)
+        self.secrets = jobsecrets.load(path)
+        self.redactor = jobsecrets.Redactor(self.secrets.values())
+        self.last_byte = b"\n"
+        self.last_rc = 0  # Popen's returncode of the last attempt (negative: a signal)
 
     def _f(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -142,6 +141,8 @@ class Wrapper:
         self.status["state"] = new.value
         self.status["transitions"].append([new.value, time.time(), why])
         if new == JobState.RUNNING or new == JobState.SUCCEEDED:
+            if new == JobState.RUNNING and not self.status["healthy"]:
+                self.notify(notify.EVENT_HEALTHY)
             self.status["healthy"] = True
         if new.is_terminal():
             self.history.mark(history_mod.MARK_END, f"{new.value}: {why}")
@@ -218,6 +219,15 @@ class Wrapper:
             self.pane_ok = False  # EIO: the pty is gone
 
     def on_output(self, chunk: bytes) -> None:
+        """The job's bytes, secrets masked, to output.log, the pane, events and state."""
+        if self.redactor:
+            chunk = self.redactor.feed(chunk)
+            if not chunk:
+                return
+        self.record_output(chunk)
+
+    def record_output(self, chunk: bytes) -> None:
+        self.last_byte = chunk[-1:]
         view = memoryview(chunk)
         try:
             while view:
@@ -288,11 +298,7 @@ class Wrapper:
 
     def on_event(self, ev: dict[str, t.Any]) -> None:
         ev = {**ev, "_at": time.time()}
-        try:
-            self.events.write(json.dumps(ev, separators=(",", ":")) + "\n")
-            self.events.flush()
-        except OSError as exc:  # disk full: the event still moves the state below
-            self.disk_error(jobs.EVENTS, exc)
+        self.write_event(ev)
         self.status["events_count"] += 1
         self.history.on_event(ev, ev["_at"])
         kind = ev["event"]
@@ -320,6 +326,21 @@ class Wrapper:
         if "event" in want and all(ev.get(k) == v for k, v in want.items()):
             self.advance(JobState.RUNNING, f"healthy_when event {kind}")
 
+    def write_event(self, ev: dict[str, t.Any]) -> None:
+        """One line of events.jsonl (the job's events, and the wrapper's restart/time_limit)."""
+        ev = {**ev, "_at": ev.get("_at") or time.time()}
+        try:
+            with self.event_lock:
+                self.events.write(json.dumps(ev, separators=(",", ":")) + "\n")
+                self.events.flush()
+        except OSError as exc:  # disk full: the event still moves the state
+            self.disk_error(jobs.EVENTS, exc)
+
+    def notify(self, event: str, headline: str | None = None) -> None:
+        """Queue a webhook notification (never blocks, never fails the job)."""
+        self.notifier.send(notify.body(event, spec=self.spec, status=self.status,
+                                       diagnosis=headline))
+
     # --- lifecycle -------------------------------------------------------------
 
     def child_env(self) -> dict[str, str]:
@@ -333,6 +354,7 @@ class Wrapper:
         env["PYTHONFAULTHANDLER"] = "1"
         env["OPSCTL_JOB_ID"] = self.spec["job_id"]
         env["OPSCTL_JOB_DIR"] = self.path
+        env.update(self.secrets)
         return env
 
     def record_pid(self, pid: int | None, started_at: float | None) -> None:
@@ -341,6 +363,7 @@ class Wrapper:
             "wrapper_pid": me, "wrapper_start_ticks": jobs.start_ticks(me),
             "pid": pid, "pgid": pid, "start_ticks": self.child_ticks, "started_at": started_at,
             "argv": self.launch.get("argv") or self.spec["command"], "cgroup": self.cgroup,
+            "attempt": self.attempt,
         })
 
     def finish(self, exit_code: int | None, sig: str | None, why: str,
@@ -349,13 +372,21 @@ class Wrapper:
         rec = {"exit_code": exit_code, "signal": sig, "ended_at": now, "error": error}
         self.write_record(jobs.EXIT_CODE, rec, critical=True)
         cancelled = os.path.exists(self._f(jobs.CANCEL))
-        self.status.update(exit_code=exit_code, signal=sig, ended_at=now)
+        self.status.update(exit_code=exit_code, signal=sig, ended_at=now, restarting=False)
         self.status["evidence"] = [*self.status["evidence"], why]
         final = jobs.final_state(rec, cancelled)
+        if final == JobState.CANCELLED:
+            self.status["end_reason"] = jobs.cancel_reason(self.path) or "cancelled"
         self.advance(final, why + (" after cancel was requested" if cancelled else ""))
         self.write_status()
         self.history.flush(force=True)
         self.to_pane(f"\r\n[opsctl] job {self.spec['job_id']} {final.value}: {why}\r\n".encode())
+        headline = None
+        if final == JobState.FAILED:
+            found = self.diagnose(exit_code, sig)
+            headline = found[0]["summary"] if found else why
+        self.notify(notify.EVENT_FAILED if final == JobState.FAILED else notify.EVENT_FINISHED,
+                    headline)
 
     def handle_signals(self) -> bool:
         """Act on signals the wrapper received; True when it must hang up."""
@@ -381,9 +412,12 @@ class Wrapper:
         self.status["evidence"] = [*self.status["evidence"], why,
                                    f"job process group ended with {', '.join(sent) or 'no signal'}"]
         self.status["ended_at"] = time.time()
+        self.status["end_reason"] = "tmux went away"
+        self.status["restarting"] = False
         self.advance(JobState.LOST, why)
         self.write_status()
         self.history.flush(force=True)
+        self.notify(notify.EVENT_LOST, why)
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -395,48 +429,213 @@ class Wrapper:
             fl = fcntl.fcntl(1, fcntl.F_GETFL)
             fcntl.fcntl(1, fcntl.F_SETFL, fl | os.O_NONBLOCK)
 
+        stop_all = threading.Event()  # the job's end: samplers, history, time limit
+        try:
+            return self.attempts(wake_r, stop_all)
+        finally:
+            stop_all.set()
+            jobsecrets.remove(self.path)
+            self.notifier.drain()
+
+    def attempts(self, wake_r: int, stop_all: threading.Event) -> int:
+        """Run the job, and again while the restart policy says so; the wrapper's exit code."""
         if os.path.exists(self._f(jobs.CANCEL)):
             self.record_pid(None, None)
             self.finish(None, None, "cancelled before it started")
             return 0
         argv = self.launch.get("argv") or jobs.job_argv(self.spec)
+        while True:
+            proc = self.start_attempt(argv)
+            if proc is None:
+                return 127
+            if self.attempt == 1:
+                # started after the fork above: preexec_fn is only safe without other threads
+                self.start_threads(stop_all)
+            stop_watch = threading.Event()
+            threading.Thread(target=HangWatch(self).run, name="hang-watch", daemon=True,
+                             args=(stop_watch,)).start()
+            try:
+                ended = self.pump(proc, wake_r)
+            finally:
+                stop_watch.set()
+            if ended is None:
+                self.hang_up()
+                return 129
+            rc, sig = ended
+            decision = self.decide(rc, sig)
+            if decision is not None and decision.restart:
+                outcome = self.between_attempts(decision, wake_r)
+                if outcome == "restart":
+                    continue
+                if outcome == "hangup":
+                    self.hang_up()
+                    return 129
+            elif decision is not None:
+                self.record_decision(decision)
+                if not decision.restart and "limit" in decision.why:
+                    self.status["end_reason"] = "restart limit reached"
+            if sig is not None:
+                self.finish(None, sig, f"killed by {sig}")
+                return 128 - self.last_rc
+            self.finish(rc, None, f"exited with code {rc}")
+            return self.last_rc
+
+    def start_attempt(self, argv: list[str]) -> subprocess.Popen[bytes] | None:
+        """Start this attempt's process (None: the first one could not start; recorded)."""
         self.cgroup = cgroup = jobs.job_cgroup_create(self.spec["job_id"])
         try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=self.spec.get("workdir") or None, env=self.child_env(),
-                preexec_fn=lambda: _child_setup(cgroup))
+            if self.attempt == 1:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    cwd=self.spec.get("workdir") or None, env=self.child_env(),
+                    preexec_fn=lambda: spawn.child_setup(cgroup))
+            else:  # threads run now: the exec helper sets the process up (spawn's docstring)
+                proc = subprocess.Popen(
+                    [sys.executable, "-S", "-m", "remote_payload.agent.spawn", cgroup or "-", *argv],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    cwd=self.spec.get("workdir") or None, env=self.child_env())
         except OSError as exc:
-            msg = f"[opsctl] cannot start {argv[0]!r}: {exc}\n"
-            self.on_output(msg.encode())
+            self.on_output(spawn.cannot_start(argv[0], exc).encode())
             self.record_pid(None, None)
             self.finish(127, None, f"could not start: {exc}", error=str(exc))
-            return 127
+            return None
         self.proc = proc
         started = time.time()
         self.child_ticks = jobs.start_ticks(proc.pid)
         self.record_pid(proc.pid, started)
-        self.status["started_at"] = started
+        self.status["started_at"] = self.status["started_at"] or started
+        self.status.update(attempt=self.attempt, attempt_started_at=started, restarting=False)
+        self.attempt_offset = self.status["output_size"]
         # one write for both steps: launch returns the first non-PENDING status it sees
         self.advance(JobState.SETTING_UP, f"pid {proc.pid} started", write=False)
         if self.healthy_when.get("started"):
             self.advance(JobState.RUNNING, "healthy_when started", write=False)
         self.write_status()
-        # started after the fork above: preexec_fn is only safe without other threads
-        stop_sampling = threading.Event()
+        return proc
+
+    def start_threads(self, stop: threading.Event) -> None:
+        """The job-long helpers: GPU sampler, history writer, and the wall-clock limit."""
         threading.Thread(target=gpus.sample_forever, name="gpu-sampler", daemon=True,
-                         args=(self._f(gpus.SAMPLE_FILE), stop_sampling),
+                         args=(self._f(gpus.SAMPLE_FILE), stop),
                          kwargs={"on_sample": self.history.on_gpus}).start()
         threading.Thread(target=self.history.run, name="history", daemon=True,
-                         args=(stop_sampling,)).start()
-        threading.Thread(target=HangWatch(self).run, name="hang-watch", daemon=True,
-                         args=(stop_sampling,)).start()
-        try:
-            return self.pump(proc, wake_r)
-        finally:
-            stop_sampling.set()
+                         args=(stop,)).start()
+        if self.spec.get("max_duration_s"):
+            threading.Thread(target=self.time_limit, name="time-limit", daemon=True,
+                             args=(float(self.spec["max_duration_s"]), stop)).start()
 
-    def pump(self, proc: subprocess.Popen[bytes], wake_r: int) -> int:
+    def time_limit(self, limit_s: float, stop: threading.Event) -> None:
+        """``max_duration_s``: past it, cancel with reason ``time limit`` and escalate like
+        ``stop`` (SIGINT first, so the trainer checkpoints); the end is then CANCELLED."""
+        if stop.wait(limit_s):
+            return
+        jobs.mark_cancelled(self.path, jobs.TIME_LIMIT_REASON)
+        self.write_event({"event": wire.EVENT_TIME_LIMIT, "max_duration_s": limit_s,
+                          "attempt": self.attempt})
+        self.to_pane(f"\r\n[opsctl] time limit: {limit_s:g} s (max_duration_s) reached; "
+                     "stopping the job\r\n".encode())
+        proc = self.proc
+        if proc is not None:
+            jobs.escalate(self.spec["job_id"], proc.pid, self.child_ticks, self.cgroup,
+                          jobs.stop_plan(jobs.STOP_GRACE_S, jobs.STOP_KILL_AFTER_S))
+
+    # --- restarts ------------------------------------------------------------------
+
+    def attempt_output(self) -> list[str]:
+        """The last lines this attempt printed (not an earlier attempt's)."""
+        path = self._f(jobs.OUTPUT)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                start = max(self.attempt_offset, size - DIAGNOSIS_BYTES)
+                f.seek(start)
+                data = f.read(size - start)
+        except OSError:
+            return []
+        lines = data.decode("utf-8", "replace").split("\n")
+        if start > self.attempt_offset:
+            lines = lines[1:]  # cut
+        return [ln.rstrip("\r").rsplit("\r", 1)[-1] for ln in lines if ln]
+
+    def diagnose(self, exit_code: int | None, sig: str | None) -> list[dict[str, t.Any]]:
+        """Diagnosis of the attempt that just ended (its output, events, exit)."""
+        failed = exit_code != 0 or sig is not None
+        view = {**self.status, "state": JobState.FAILED.value if failed else JobState.SUCCEEDED.value,
+                "alive": False, "exit_code": exit_code, "signal": sig,
+                "hang_after_s": self.spec.get("hang_after_s"),
+                "expect_tok_s": self.spec.get("expect_tok_s")}
+        try:
+            events = jobs.tail_events(self._f(jobs.EVENTS), 5)
+            return diagnosis.diagnose(output_tail=self.attempt_output(), events=events,
+                                      status=view, now=time.time())
+        except Exception:  # a diagnosis bug: decide on the exit code alone
+            return []
+
+    def decide(self, exit_code: int | None, sig: str | None) -> restart_mod.Decision | None:
+        """The restart policy's decision for the attempt that just ended (None: no policy/success)."""
+        cancelled = os.path.exists(self._f(jobs.CANCEL))
+        if self.hang_decision is not None and not cancelled:
+            decision, self.hang_decision = self.hang_decision, None
+            return decision
+        if self.policy is None or (exit_code == 0 and sig is None):
+            return None
+        ids = [str(f.get("cause")) for f in self.diagnose(exit_code, sig)]
+        return restart_mod.should_restart(ids, exit_code, sig, self.policy, self.attempt, cancelled)
+
+    def record_decision(self, decision: restart_mod.Decision) -> None:
+        self.status["restarts"].append({"attempt": self.attempt, "at": time.time(),
+                                        "reason": decision.reason, "decision": decision.decision,
+                                        "why": decision.why})
+        self.status["evidence"] = [*self.status["evidence"],
+                                   f"attempt {self.attempt} ended ({decision.reason}): "
+                                   f"{decision.decision}: {decision.why}"]
+
+    def between_attempts(self, decision: restart_mod.Decision, wake_r: int) -> str:
+        """Record the restart, pause (backoff), then ``restart`` | ``cancelled`` | ``hangup``."""
+        self.record_decision(decision)
+        ended = self.attempt
+        self.attempt += 1
+        self.status.update(restarting=True, phase=None, budget_s=None)
+        self.write_event({"event": wire.EVENT_RESTART, "attempt": self.attempt,
+                          "reason": decision.reason})
+        self.history.mark(history_mod.MARK_RESTART, f"attempt {self.attempt}: {decision.reason}")
+        self.write_status()
+        self.notify(notify.EVENT_RESTART, decision.why)
+        pause = restart_mod.backoff_s(ended)
+        limit = self.policy.get("max_restarts") if self.policy else None
+        sep = "" if self.last_byte == b"\n" else "\n"
+        self.record_output(f"{sep}[opsctl] ===== attempt {self.attempt} of {(limit or 0) + 1} "
+                           f"({decision.why}; starting in {pause:g} s) =====\n".encode())
+        deadline = time.monotonic() + pause
+        while True:
+            if os.path.exists(self._f(jobs.CANCEL)):
+                self.attempt = ended
+                self.status["attempt"] = ended
+                return "cancelled"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "restart"
+            ready, _, _ = select.select([wake_r], [], [], min(left, 0.1))
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+                if self.handle_signals():
+                    return "hangup"
+
+    def on_hang(self, record: dict[str, t.Any]) -> None:
+        """The hang watch found the attempt quiet past its budget: notify; restart if the policy says."""
+        self.notify(notify.EVENT_HANG, f"no output for {record.get('idle_s')} s: {record.get('summary')}")
+        cancelled = os.path.exists(self._f(jobs.CANCEL))
+        decision = restart_mod.should_restart([restart_mod.ON_HANG], None, None, self.policy,
+                                              self.attempt, cancelled)
+        proc = self.proc
+        if decision is None or not decision.restart or proc is None:
+            return  # the job stays as it is, for `opsctl stacks` / `opsctl stop`
+        self.hang_decision = decision
+        jobs.escalate(self.spec["job_id"], proc.pid, self.child_ticks, self.cgroup, HANG_RESTART_PLAN)
+
+    def pump(self, proc: subprocess.Popen[bytes], wake_r: int) -> tuple[int | None, str | None] | None:
+        """Copy the attempt's output until it ends: ``(exit code, signal name)``; None on SIGHUP."""
         out = proc.stdout
         if out is None:  # unreachable: stdout=PIPE
             raise RuntimeError("child has no stdout pipe")
@@ -449,8 +648,7 @@ class Wrapper:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
                 if self.handle_signals():
-                    self.hang_up()
-                    return 129
+                    return None
             if rfd in ready:
                 try:
                     chunk = os.read(rfd, 65536)
@@ -468,6 +666,11 @@ class Wrapper:
             if exited_at is not None and time.monotonic() - exited_at > DRAIN_AFTER_EXIT_S:
                 break
         rc = proc.wait()
+        out.close()
+        if self.redactor:
+            held = self.redactor.flush()
+            if held:
+                self.record_output(held)
         if self.partial:
             self.on_line(self.partial)
             self.partial = b""
@@ -475,12 +678,10 @@ class Wrapper:
         if left:
             self.status["evidence"].append(f"killed {len(left)} leftover process(es) of the "
                                            f"job's group: {left}")
+        self.last_rc = rc
         if rc < 0:
-            name = jobs.signal_name(-rc)
-            self.finish(None, name, f"killed by {name}")
-            return 128 - rc
-        self.finish(rc, None, f"exited with code {rc}")
-        return rc
+            return None, jobs.signal_name(-rc)
+        return rc, None
 
     def reap_leftovers(self, pgid: int) -> list[int]:
         """Processes the job left behind after it exited: TERM, then KILL (no orphans).
@@ -549,6 +750,7 @@ class HangWatch:
         }
         write_json_atomic(w._f(jobs.HANG), record)
         w.history.mark(history_mod.MARK_HANG, str(record["summary"]), at=now)
+        w.on_hang(record)
         return record
 
 

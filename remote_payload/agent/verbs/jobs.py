@@ -28,8 +28,8 @@ DEFAULT_LINES = 20
 DIAGNOSIS_LINES = 200  # diagnosis sees more of the log than the user asked to display
 EVENTS_TAIL = 5
 LAUNCH_WAIT_S = 5.0
-DEFAULT_GRACE_S = 30.0
-DEFAULT_KILL_AFTER_S = 10.0
+DEFAULT_GRACE_S = jobs.STOP_GRACE_S
+DEFAULT_KILL_AFTER_S = jobs.STOP_KILL_AFTER_S
 LOGS_MAX_BYTES = 256 * 1024
 
 
@@ -41,6 +41,9 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                        help="with --replace: seconds between SIGINT and SIGTERM")
         p.add_argument("--force-gpus", action="store_true",
                        help="launch although GPUs it needs are in use by something else")
+        p.add_argument("--secrets-stdin", action="store_true",
+                       help="read the spec's secrets as a JSON object {NAME: value} on stdin "
+                            "(never on the command line)")
         p.add_argument("--payload-digest", default=None,
                        help="launch only if the installed payload has this digest (deploy's "
                             "unchanged-payload fast path: one round trip instead of two)")
@@ -69,8 +72,9 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
             if not args.replace:  # a refusal comes first: the client must not ship a payload
                 _refuse_if_running(root)
             _check_payload_digest(args.payload_digest)
+        secrets = _read_secrets() if args.secrets_stdin else None
         return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
-                      socket=_socket(args), force_gpus=args.force_gpus)
+                      socket=_socket(args), force_gpus=args.force_gpus, secrets=secrets)
     if verb == "status":
         return status_document(root, jobs.resolve_job(root, args.job), lines=args.lines)
     if verb == "logs":
@@ -85,6 +89,15 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     if verb == "abort":
         return abort(root, args.job)
     raise AgentFailure(ErrorType.UnknownVerb, f"verbs.jobs does not handle {verb}")
+
+
+def _read_secrets() -> t.Any:
+    try:
+        return json.loads(sys.stdin.buffer.read() or b"{}")
+    except ValueError:
+        # never echo what came in: it holds secret values
+        raise AgentFailure(ErrorType.BadSpec, "secrets on stdin are not a JSON object",
+                           field="secrets") from None
 
 
 def _socket(args: argparse.Namespace) -> str:
@@ -160,6 +173,7 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         "preflight": read_json(os.path.join(rec.path, gpus.PREFLIGHT_FILE), None),
         "transitions": st.get("transitions") or [],
         "now": now,
+        **_babysitting(rec),
     }
     if pane is not None:
         doc["pane_tail"] = pane.result()
@@ -172,6 +186,18 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
     doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
     return doc
+
+
+def _babysitting(rec: jobs.JobRecord) -> dict[str, t.Any]:
+    """Restart attempts, the wall-clock limit and why the job ended (``status`` and ``jobs``)."""
+    st = rec.status
+    end_reason = st.get("end_reason")
+    if end_reason is None and rec.state == JobState.CANCELLED:  # ended by the agent's reconcile
+        end_reason = jobs.cancel_reason(rec.path) or "cancelled"
+    return {"attempt": st.get("attempt") or 1,
+            "max_restarts": (rec.spec.get("restart") or {}).get("max_restarts"),
+            "restarts": st.get("restarts") or [], "end_reason": end_reason,
+            "max_duration_s": rec.spec.get("max_duration_s")}
 
 
 def _hang_threshold(doc: dict[str, t.Any]) -> float | None:
@@ -213,7 +239,7 @@ def _diag_failure(exc: BaseException) -> dict[str, t.Any]:
 
 
 def launch(root: str, spec_json: str, *, replace: bool, grace: float,
-           socket: str, force_gpus: bool = False) -> dict[str, t.Any]:
+           socket: str, force_gpus: bool = False, secrets: t.Any = None) -> dict[str, t.Any]:
     """Create ``jobs/<id>/`` and start the wrapper in tmux; return the first status document.
 
     Raises
@@ -232,6 +258,13 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         raise AgentFailure(ErrorType.BadSpec, f"--spec-json is not JSON: {exc}", field="") from None
     payload = _payload_dir()
     spec = jobs.validate_spec(raw, payload)
+    if spec["secrets"] or secrets is not None:
+        from remote_payload.agent import jobsecrets
+
+        try:
+            secrets = jobsecrets.check(secrets if secrets is not None else {}, spec["secrets"])
+        except ValueError as exc:
+            raise AgentFailure(ErrorType.BadSpec, str(exc), field="secrets") from None
     spec["workdir"] = _bind_to_payload(root, spec["workdir"])
     job_id = spec["job_id"]
     build_env, build_python = _torch_build(root)
@@ -288,6 +321,10 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
             "transitions": [[JobState.PENDING.value, now, "launched"]],
         })
         open(os.path.join(path, jobs.OUTPUT), "ab").close()
+        if secrets:
+            from remote_payload.agent import jobsecrets
+
+            jobsecrets.store(path, secrets)
         write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
         jobs.set_current_job(root, job_id)
     except OSError:  # e.g. a full disk: no half-made job dir is left to look PENDING forever
@@ -579,6 +616,7 @@ def list_jobs(root: str) -> dict[str, t.Any]:
             continue
         rows.append({"job_id": jid, "name": rec.spec.get("name"), "state": rec.state.value,
                      "created_at": rec.status.get("created_at") or rec.launch.get("created_at"),
-                     "ended_at": rec.status.get("ended_at"), "current": jid == current})
+                     "ended_at": rec.status.get("ended_at"), "current": jid == current,
+                     **_babysitting(rec)})
     rows.sort(key=lambda r: r.get("created_at") or 0.0, reverse=True)
     return {"current": current, "jobs": rows}
