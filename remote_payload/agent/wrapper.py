@@ -31,7 +31,7 @@ import time
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent import diagnosis, gpus
+from remote_payload.agent import diagnosis, gpus, outindex
 from remote_payload.agent import history as history_mod
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent import stacks as stacks_mod
@@ -128,6 +128,7 @@ class Wrapper:
         self.child_ticks: int | None = None
         self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
         self.history = history_mod.Recorder(path)  # bounded plot data for status
+        self.out_index = outindex.Writer(path)  # time -> offset, for `logs --since`
 
     def _f(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -218,6 +219,7 @@ class Wrapper:
             self.pane_ok = False  # EIO: the pty is gone
 
     def on_output(self, chunk: bytes) -> None:
+        self.out_index.note(time.time(), self.log_fd)
         view = memoryview(chunk)
         try:
             while view:
