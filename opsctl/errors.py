@@ -52,8 +52,9 @@ EXIT_CODES: dict[int, str] = {
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
     INVALID_TRANSITION: "job state machine refused a transition (bug or race)",
-    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running; an interrupted deploy never "
-                 "launches its job later and says what it already did)",
+    INTERRUPTED: "interrupted by Ctrl-C or a confirmation answered no (the remote job keeps "
+                 "running; an interrupted deploy never launches its job later and says what it "
+                 "already did)",
 }
 
 
@@ -216,6 +217,12 @@ class JobUnhealthy(DeployOutcomeError):
 
 class InvalidTransition(OpsctlError):
     exit_code = INVALID_TRANSITION
+
+
+class Declined(OpsctlError):
+    """A confirmation question was answered no; nothing was done (the Ctrl-C code)."""
+
+    exit_code = INTERRUPTED
 
 
 class Interrupted(OpsctlError):
