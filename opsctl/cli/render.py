@@ -255,7 +255,7 @@ def jobs_table(con: Console, label: str, jl: JobList) -> None:
                          ("STEP", "right"), ("KTOK/S", "right"), ("TRY", "right"),
                          ("DIAGNOSIS", "left")):
         table.add_column(col, justify=justify,  # type: ignore[arg-type]
-                         overflow="fold" if col in ("JOB", "DIAGNOSIS") else "ellipsis")
+                         no_wrap=col != "DIAGNOSIS", overflow="fold")
     for r in jl.jobs:
         step = r.last_step or {}
         tok = step.get("tok_s")
