@@ -322,7 +322,8 @@ class Remote:
         transport = self._open().client.get_transport()
         if transport is None:  # pragma: no cover
             raise TransportError("no transport")
-        return transport.get_remote_server_key()
+        key: paramiko.PKey = transport.get_remote_server_key()
+        return key
 
     def server_fingerprint(self) -> str:
         """Connect (trusting per policy) and return the server's host-key fingerprint."""
