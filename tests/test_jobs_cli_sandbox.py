@@ -136,7 +136,7 @@ def test_logs_follow_of_a_failed_job_ends_with_its_state_and_the_job_failed_code
 
 def test_job_ids_complete_from_the_targets_container(target):
     env = {"_OPSCTL_COMPLETE": "bash_complete", "COMP_WORDS": "opsctl logs --host sandbox --ct 200 cr",
-           "COMP_CWORD": "7"}
+           "COMP_CWORD": "6", "OPSCTL_COMPLETE_TIMEOUT_S": "30"}  # a loaded test machine
     res = CliRunner().invoke(cli, [], prog_name="opsctl", env=env)
     assert res.output.splitlines() == [f"plain,{target['crash']}"]
 
@@ -165,14 +165,14 @@ def test_logs_follow_survives_a_killed_sshd_and_is_byte_exact(sandbox, isolated_
     follower = subprocess.Popen([sys.executable, "-m", "opsctl", "logs", *T, job, "-f"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(1.5)  # following, mid-output
+        first = os.read(follower.stdout.fileno(), 1 << 20)  # following (the first read is done)
         listener = int((sandbox.state_dir / "sshd.pid").read_text())
-        session = sshd_serving(follower.pid)
-        os.kill(listener, signal.SIGTERM)  # no new connections...
-        os.kill(session, signal.SIGKILL)  # ...and the one it had is gone
+        os.kill(sshd_serving(follower.pid), signal.SIGKILL)  # its connection is gone...
+        os.kill(listener, signal.SIGTERM)  # ...and no new one is accepted
         time.sleep(1.5)  # its retries are refused meanwhile
         assert sandbox_mod.up(sandbox_home(), containers=(200,)).port == sandbox.port
-        out, err = follower.communicate(timeout=60)
+        rest, err = follower.communicate(timeout=60)
+        out = first + rest
     finally:
         if follower.poll() is None:
             follower.kill()

@@ -8,17 +8,19 @@ supplies the values click cannot know: inventory hosts (``--host``), playbook na
 Job ids come from the container, through the agent's ``jobs`` verb on the target the command
 line names so far (``--host``/``--ct``) or the last one. A completion must never hang a
 shell or print an error into it: the call runs in a daemon thread given
-:data:`JOBS_TIMEOUT_S`, and any failure (no target, host down, no payload) completes nothing.
+:data:`JOBS_TIMEOUT_S` (``$OPSCTL_COMPLETE_TIMEOUT_S``), and any failure (no target, host
+down, no payload) completes nothing.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 import click
 from click.shell_completion import CompletionItem
 
-JOBS_TIMEOUT_S = 3.0
+JOBS_TIMEOUT_S = 5.0  # a first connection (no mux yet) to a loaded host takes 1-3 s
 SHELLS = ("bash", "zsh", "fish")
 
 
@@ -49,12 +51,16 @@ def jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Co
     """Job ids of the target's container, newest first (empty on any failure or timeout)."""
     host, ctid = ctx.params.get("host"), ctx.params.get("ctid")
     found: list[CompletionItem] = []
+    try:
+        timeout = float(os.environ.get("OPSCTL_COMPLETE_TIMEOUT_S", JOBS_TIMEOUT_S))
+    except ValueError:
+        timeout = JOBS_TIMEOUT_S
 
     def fetch() -> None:
         from opsctl.ops import jobs as jobs_ops
 
         with jobs_ops.open_target(host, ctid) as tgt:
-            listed = jobs_ops.list_jobs(tgt, timeout=JOBS_TIMEOUT_S)
+            listed = jobs_ops.list_jobs(tgt, timeout=timeout)
         found.extend(CompletionItem(r.job_id, help=f"{r.name or ''} {r.state.value if r.state else ''}")
                      for r in listed.jobs if r.job_id.startswith(incomplete))
 
@@ -66,7 +72,7 @@ def jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Co
 
     worker = threading.Thread(target=guarded, daemon=True)
     worker.start()
-    worker.join(JOBS_TIMEOUT_S)
+    worker.join(timeout)
     return list(found) if not worker.is_alive() else []
 
 

@@ -275,6 +275,8 @@ def jobs_table(con: Console, label: str, jl: JobList) -> None:
                              f"{'' if not jl.limit or len(jl.jobs) >= jl.total else '; --all for every job'}"
                              "; * = current)", "dim")))
     if jl.jobs:
+        if not con.is_terminal:  # piped (grep, awk): one line per job, never folded at 80
+            con = Console(file=con.file, width=400, highlight=False, color_system=None)
         con.print(table)
 
 
