@@ -139,6 +139,19 @@ def test_stop_asks_on_a_terminal_and_no_leaves_the_job_running(target):
     assert state(target) == "RUNNING"
 
 
+def test_deploy_replace_asks_on_a_terminal_and_no_keeps_the_running_job(target, tmp_path):
+    book = tmp_path / "other.json"
+    book.write_text(json.dumps({"name": "other", "command": ["python3", "-c", "print(1)"]}))
+    term = opsctl_pty("deploy", *T, "--playbook", str(book), "--replace", "-d")
+    term.expect(rb"replace job \S+ \(RUNNING, no step yet\)\? \[y/N\]")
+    term.sendline(b"n")
+    term.expect(pexpect.EOF)
+    term.close()
+    assert term.exitstatus == errors.INTERRUPTED
+    assert state(target) == "RUNNING"
+    assert json.loads(run("status", *T, "--json").stdout)["job_id"] == target  # still current
+
+
 def test_without_a_terminal_stop_asks_nothing_and_stops(sandbox, isolated_env, tmp_path):
     use_private_root(sandbox, isolated_env, ROOT + "-notty")  # its own job: this one is stopped
     book = tmp_path / "tick.json"
