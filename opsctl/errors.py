@@ -26,6 +26,7 @@ CONTAINER_NOT_RUNNING = 21
 HOST_SETUP = 22
 PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
+UNKNOWN_JOB = 26
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
@@ -45,12 +46,15 @@ EXIT_CODES: dict[int, str] = {
                 "missing; the error names which)",
     PCT_TOO_OLD: "the host's pve-container is older than 5.0.9 (no `pct exec --keep-env`)",
     REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline)",
+    UNKNOWN_JOB: "no such job in the container (unknown id or prefix, an ambiguous prefix, or "
+                 "nothing launched yet)",
     TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
     INVALID_TRANSITION: "job state machine refused a transition (bug or race)",
-    INTERRUPTED: "interrupted by Ctrl-C (the remote job keeps running; an interrupted deploy never "
-                 "launches its job later and says what it already did)",
+    INTERRUPTED: "interrupted by Ctrl-C or a confirmation answered no (the remote job keeps "
+                 "running; an interrupted deploy never launches its job later and says what it "
+                 "already did)",
 }
 
 
@@ -174,6 +178,12 @@ class AgentError(RemoteCommandFailed):
         self.fields = fields or {}
 
 
+class UnknownJob(AgentError):
+    """The container has no job of that id (or the prefix names several, or none was launched)."""
+
+    exit_code = UNKNOWN_JOB
+
+
 class TorchEnvError(OpsctlError, ValueError):
     """Installing, verifying or switching a torch build failed; the old build stays."""
 
@@ -207,6 +217,12 @@ class JobUnhealthy(DeployOutcomeError):
 
 class InvalidTransition(OpsctlError):
     exit_code = INVALID_TRANSITION
+
+
+class Declined(OpsctlError):
+    """A confirmation question was answered no; nothing was done (the Ctrl-C code)."""
+
+    exit_code = INTERRUPTED
 
 
 class Interrupted(OpsctlError):

@@ -72,6 +72,16 @@ def second_sshd(sandbox: sandbox_mod.SandboxInfo, workdir: Path,
             pass
 
 
+def sshd_serving(pid: int) -> int:
+    """The sshd process at the other end of process ``pid``'s SSH connection (via ss)."""
+    table = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
+    mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
+    assert mine, f"no TCP connection of pid {pid} in ss output"
+    peer = re.search(rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),', table)
+    assert peer, f"no sshd peer for local port {mine[1]}"
+    return int(peer[1])
+
+
 class SwitchingProxy:
     """A loopback TCP forwarder: connection 1 goes to ``first``, later ones to ``then``.
 

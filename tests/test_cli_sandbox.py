@@ -260,7 +260,7 @@ class TestObserving:
 
     def test_hosts_check_reports_reachability_and_the_hosts_containers(self, target):
         res = run("hosts", "--check", "--json")
-        rows = {r["name"]: r for r in json.loads(res.stdout)}
+        rows = {r["name"]: r for r in json.loads(res.stdout)["hosts"]}
         assert rows["sandbox"]["reachable"] is True
         assert {"vmid": "200", "status": "running"}.items() <= rows["sandbox"]["remote_containers"][0].items()
 

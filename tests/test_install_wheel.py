@@ -83,7 +83,7 @@ def test_bundled_playbooks_and_inventory_are_found_from_any_directory(installed,
     assert origins == {"dflash-8gpu": "bundled", "dflash-cpu-smoke": "bundled"}
     # the shipped example host is listed, never contacted (no --check)
     hosts = json.loads(opsctl(installed, "hosts", "--json", cwd=tmp_path, home=home).stdout)
-    assert [h["name"] for h in hosts] == ["pve1"]
+    assert [h["name"] for h in hosts["hosts"]] == ["pve1"]
 
 
 def test_a_playbook_in_the_current_directory_shadows_a_bundled_one(installed, tmp_path):

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 
@@ -23,6 +21,7 @@ from opsctl.cli import cli
 from opsctl.config import inventory
 from opsctl.remote import mux_client as mux
 from opsctl.remote.transport import Remote
+from tests.second_sshd import sshd_serving
 
 pytestmark = pytest.mark.sandbox
 
@@ -198,16 +197,6 @@ def test_concurrent_calls_share_one_mux(spec):
         th.join()
     assert sorted(results) == [f"{i}\n".encode() for i in range(4)]
     assert mux.list_muxes()[0]["calls"] == 4
-
-
-def sshd_serving(pid: int) -> int:
-    """The sshd process at the other end of process ``pid``'s SSH connection (via ss)."""
-    table = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
-    mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
-    assert mine, f"no TCP connection of pid {pid} in ss output"
-    peer = re.search(rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),', table)
-    assert peer, f"no sshd peer for local port {mine[1]}"
-    return int(peer[1])
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")

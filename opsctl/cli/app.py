@@ -13,6 +13,7 @@ import typing as t
 import click
 
 from opsctl import errors
+from opsctl.cli import complete
 from opsctl.errors import OpsctlError
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
@@ -69,13 +70,54 @@ def json_option(f: F) -> F:
 def target_options(f: F) -> F:
     f = click.option("--ct", "ctid", type=int, default=None,
                      help="Container id (default: the last deploy's).")(f)
-    f = click.option("--host", "host", default=None,
+    f = click.option("--host", "host", default=None, shell_complete=complete.hosts,
                      help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
                           "(default: the last deploy's).")(f)
     f = click.option("--accept-new-host-key", is_flag=True,
                      help="Like OpenSSH accept-new: record an unknown host key "
                           "(a changed key is still refused).")(f)
     return f
+
+
+def job_argument(f: F) -> F:
+    """An optional positional ``JOB`` (id or unique prefix; default: the container's current,
+    i.e. last launched, job) and its older spelling ``--job``; the command gets ``job_id``."""
+    from opsctl.cli import params as clitypes
+
+    @click.argument("job", type=clitypes.JOB_ID, required=False, shell_complete=complete.jobs)
+    @click.option("--job", "job_opt", type=clitypes.JOB_ID, default=None,
+                  help="Job id or unique prefix; the same as the JOB argument.")
+    @functools.wraps(f)
+    def wrapper(*args: t.Any, job: str | None, job_opt: str | None, **kwargs: t.Any) -> t.Any:
+        if job and job_opt and job != job_opt:
+            raise click.UsageError(f"two job ids: {job} and --job {job_opt}")
+        return f(*args, job_id=job or job_opt, **kwargs)
+
+    return t.cast(F, wrapper)
+
+
+def yes_option(f: F) -> F:
+    return click.option("-y", "--yes", "yes", is_flag=True,
+                        help="Do not ask for confirmation (it is only asked on a terminal).")(f)
+
+
+def interactive() -> bool:
+    """A person can answer: stdin and stderr (where the question goes) are terminals."""
+    import sys
+
+    return bool(sys.stdin and sys.stdin.isatty() and sys.stderr.isatty())
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Ask ``question`` on a terminal unless ``yes``; never asks without one.
+
+    Raises:
+        Declined: the answer was no (nothing was done).
+    """
+    if yes or not interactive():
+        return
+    if not click.confirm(question, default=False, err=True):
+        raise errors.Declined("not confirmed: nothing was done")
 
 
 @click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})

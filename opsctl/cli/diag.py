@@ -10,7 +10,7 @@ import click
 
 from opsctl import errors
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import OpsctlGroup, json_option, target_options
+from opsctl.cli.app import OpsctlGroup, job_argument, json_option, target_options
 
 
 @click.group(cls=OpsctlGroup)
@@ -63,8 +63,8 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
 
 
 @click.command()
+@job_argument
 @target_options
-@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=10.0, show_default=True,
               help="How long to wait for the dump to appear.")
 @json_option

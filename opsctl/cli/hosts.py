@@ -18,7 +18,7 @@ def hosts(check: bool, as_json: bool) -> None:
 
     rows = hosts_ops.list_hosts(check=check)
     if as_json:
-        render.print_json([r.to_dict() for r in rows])
+        render.print_json({"hosts": [r.to_dict() for r in rows]})
         return
     render.hosts(render.console(), rows)
 
@@ -61,7 +61,7 @@ def mux_status(as_json: bool) -> None:
     if as_json:
         from opsctl.cli import render
 
-        render.print_json(rows)
+        render.print_json({"muxes": rows})
         return
     if not rows:
         click.echo("no live multiplexer")

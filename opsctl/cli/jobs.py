@@ -1,4 +1,9 @@
-"""Commands on a container's job: deploy, status, logs, stop, and exec."""
+"""Commands on a container's job: deploy, jobs, status, logs, stop, and exec.
+
+``status``, ``logs`` and ``stop`` (and ``stacks``, ``plot``, ``attach``) take an optional
+positional JOB, an id or a unique prefix of one; without it they act on the container's
+current job (the last one launched). An unknown job exits 26 (``errors.UNKNOWN_JOB``).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +14,23 @@ import typing as t
 import click
 
 from opsctl import errors
+from opsctl.cli import complete
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import json_option, target_options
+from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
 
 @click.command()
 @target_options
-@click.option("--playbook", "playbook_path", default=None,
+@click.option("--playbook", "playbook_path", default=None, shell_complete=complete.playbooks,
               help="Path or name of a playbook (playbooks/<name>.yaml); default: the container's "
                    "`playbook:` in the inventory.")
-@click.option("--replace", is_flag=True, help="Stop a running job first instead of refusing.")
-@click.option("--no-wait", is_flag=True, help="Launch and return without watching.")
+@click.option("--replace", is_flag=True,
+              help="Stop a running job first instead of refusing (asks first on a terminal).")
+@yes_option
+@click.option("--no-wait", "-d", "--detach", "no_wait", is_flag=True,
+              help="Launch and return without watching.")
 @click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True,
               help="Poll interval (s).")
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
@@ -31,8 +40,8 @@ from opsctl.cli.app import json_option, target_options
               help="NAME=value lines with the playbook's secrets (else the environment).")
 @json_option
 def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str | None,
-           replace: bool, no_wait: bool, poll_s: float, force_payload: bool, force_gpus: bool,
-           env_file: str | None, as_json: bool) -> None:
+           replace: bool, yes: bool, no_wait: bool, poll_s: float, force_payload: bool,
+           force_gpus: bool, env_file: str | None, as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl.cli import render
     from opsctl.ops import deploy as deploy_ops
@@ -46,6 +55,8 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         book = deploy_ops.load_playbook(tgt, playbook_path)  # validated before anything remote
         secrets = deploy_ops.collect_secrets(book, env_file)  # so are the secrets
+        if replace and not yes and interactive():
+            _confirm_replacing(tgt)
         with _deploy_progress(err, live=not as_json and err.is_terminal, quiet=as_json) as progress:
             try:
                 report = deploy_ops.deploy(tgt, book, replace=replace, wait=not no_wait, poll_s=poll_s,
@@ -61,6 +72,24 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     out = render.console()
     render.status(out, report.target, report.status)
     out.print(render.deploy_verdict(report.job_id, report.outcome, report.status, report.elapsed_s))
+
+
+def _confirm_replacing(tgt: t.Any) -> None:
+    """``deploy --replace`` on a terminal: say which live job it will stop, and ask."""
+    from opsctl.ops import watch
+    from opsctl.remote.agent_client import NoPayload
+
+    try:
+        st = watch.fetch_status(tgt.agent, None, lines=0)
+    except (errors.UnknownJob, NoPayload):  # nothing launched (or shipped) yet
+        return
+    if not st.terminal:
+        confirm(f"{tgt.label}: replace job {st.job_id} ({st.state.value}, "
+                f"{_step_text(st.last_step)})?", yes=False)
+
+
+def _step_text(step: dict[str, t.Any] | None) -> str:
+    return f"step {step.get('step')}" if step and step.get("step") is not None else "no step yet"
 
 
 class _Progress:
@@ -119,9 +148,8 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 
 
 @click.command()
+@job_argument
 @target_options
-@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None,
-              help="Job id (default: the current job).")
 @click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True, help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
 @click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True)
@@ -163,43 +191,74 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 
 
 @click.command()
+@job_argument
 @target_options
-@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
-@click.option("--follow", "-f", is_flag=True, help="Keep following until the job ends.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep following until the job ends (reconnects after a dropped connection).")
+@click.option("--tail", "tail", type=clitypes.COUNT, default=None,
+              help="Start at the last N lines.")
+@click.option("--since", default=None,
+              help="Start at the output written in the last 10m, 2h, 90s... (1 s resolution).")
 @click.option("--offset", type=clitypes.COUNT, default=0, help="Start at this byte of output.log.")
 def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
-         follow: bool, offset: int) -> None:
+         follow: bool, tail: int | None, since: str | None, offset: int) -> None:
     """The job's full output (output.log), byte-exact; -f follows until the job ends.
 
     Raw on purpose: control sequences the job printed pass through (status and deploy
-    show them inert). -f stays on the job it started with, even if another replaces it.
+    show them inert). -f stays on the job it started with, even if another replaces it;
+    a dropped connection is retried (0.5 s doubling to 10 s, notices on stderr) from the
+    byte it had reached. When the followed job ends its state and exit code go to stderr
+    and the exit code is 0 for SUCCEEDED, 40 otherwise.
     """
+    from opsctl.cli import plots, render
     from opsctl.ops import jobs
 
+    since_s = plots.parse_since(since)
     out = sys.stdout.buffer
+    err = render.console(stderr=True)
 
     def write(data: bytes) -> None:
         out.write(data)
         out.flush()
 
+    def notice(text: str) -> None:
+        err.print(render.plain(f"{render.now_stamp()} opsctl logs: {text}", style="yellow"))
+
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        jobs.follow_logs(tgt, job_id, write, follow=follow, offset=offset)
+        last = jobs.follow_logs(tgt, job_id, write, follow=follow, offset=offset, tail=tail,
+                                since_s=since_s, on_notice=notice)
+    if follow:
+        how = (f"killed by {last.signal}" if last.signal else
+               f"exit code {last.exit_code}" if last.exit_code is not None else "no exit code")
+        err.print(render.plain(f"job {last.job_id} ended: {last.state.value} ({how})",
+                               style=render.STATE_COLOR[last.state]))
+        if last.state.value != "SUCCEEDED":
+            sys.exit(errors.JOB_FAILED)
 
 
 @click.command()
+@job_argument
 @target_options
-@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
+@yes_option
 @click.option("--grace", "grace_s", type=clitypes.SECONDS_OR_ZERO, default=30.0, show_default=True,
               help="Seconds after SIGINT before SIGTERM, then SIGKILL.")
 @json_option
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
-         grace_s: float, as_json: bool) -> None:
+         yes: bool, grace_s: float, as_json: bool) -> None:
     """Stop the job: SIGINT, then SIGTERM, then SIGKILL to all its processes (its group and
-    detached children); exit 25 when one survives SIGKILL (its pids are shown)."""
+    detached children); exit 25 when one survives SIGKILL (its pids are shown).
+
+    On a terminal it first says which job and asks (-y skips); never asks otherwise."""
     from opsctl.cli import render
-    from opsctl.ops import jobs
+    from opsctl.ops import jobs, watch
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        if not yes and interactive():
+            st = watch.fetch_status(tgt.agent, job_id, lines=0)
+            job_id = st.job_id  # stop exactly the job the question named
+            if not st.terminal:
+                confirm(f"{tgt.label}: stop job {st.job_id} ({st.state.value}, "
+                        f"{_step_text(st.last_step)})?", yes=False)
         res = jobs.stop(tgt, job_id, grace_s)
     if as_json:
         render.print_json(res.model_dump(mode="json"))
@@ -208,6 +267,28 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
                                                 res.remaining_pids))
     if res.remaining_pids:
         sys.exit(errors.REMOTE_FAILED)
+
+
+@click.command("jobs")
+@target_options
+@click.option("--all", "all_jobs", is_flag=True,
+              help="Every job the container has (default: the newest 20 plus any still live).")
+@json_option
+def jobs_cmd(host: str | None, ctid: int | None, accept_new_host_key: bool, all_jobs: bool,
+             as_json: bool) -> None:
+    """The container's jobs, newest first: state, times, exit, last step, diagnosis."""
+    from opsctl.ops import jobs
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        listed = jobs.list_jobs(tgt, all_jobs=all_jobs)
+    if as_json:
+        from opsctl.cli.jsonout import print_json
+
+        print_json({"target": tgt.label, **listed.model_dump(mode="json")})
+        return
+    from opsctl.cli import render
+
+    render.jobs_table(render.console(), tgt.label, listed)
 
 
 # --- exec / hosts ------------------------------------------------------------------------
@@ -244,4 +325,4 @@ def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_
 
 
 #: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
-COMMANDS: tuple[click.Command, ...] = (deploy, status, logs, stop, exec)
+COMMANDS: tuple[click.Command, ...] = (deploy, jobs_cmd, status, logs, stop, exec)

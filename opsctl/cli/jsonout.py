@@ -1,4 +1,9 @@
-"""``--json`` output without rich: the hot path of `opsctl status --json` stays light."""
+"""``--json`` output without rich: the hot path of `opsctl status --json` stays light.
+
+The one place a ``--json`` document is written, so the envelope is decided once: every
+document is a JSON object with ``ok`` first; a success document gets ``"ok": true`` here,
+an error document already says ``"ok": false`` (``opsctl.cli.app``) and keeps it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,14 @@ import sys
 import typing as t
 
 
-def print_json(doc: t.Any) -> None:
-    """Exactly one JSON document on stdout."""
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+def print_json(doc: t.Mapping[str, t.Any]) -> None:
+    """Exactly one JSON document (an object, ``ok`` first) on stdout.
+
+    Raises:
+        TypeError: ``doc`` is not a mapping (a bug: lists go under a key, e.g. ``hosts``).
+    """
+    if not isinstance(doc, t.Mapping):
+        raise TypeError(f"a --json document is an object, not {type(doc).__name__}")
+    out = {"ok": doc.get("ok", True), **{k: v for k, v in doc.items() if k != "ok"}}
+    sys.stdout.write(json.dumps(out, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

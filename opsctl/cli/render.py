@@ -28,7 +28,7 @@ from rich.text import Text
 
 from opsctl.cli.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.errors import OpsctlError
-from opsctl.remote.models import DiagnosisItem, GpuRow, JobStatus
+from opsctl.remote.models import DiagnosisItem, GpuRow, JobList, JobStatus, RestartFields
 from remote_payload.wire import JobState, parse_event
 
 STATE_COLOR: dict[JobState, str] = {
@@ -189,6 +189,8 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
     if st.signal:
         ended = f"  killed by {safe(st.signal)}"
     con.print(Text(f"elapsed {duration(st.elapsed_s)}  pid {st.pid or '-'}{ended}", style="dim"))
+    for line in restart_lines(st):
+        con.print(line)
     con.print(metrics_line(st.last_step))
     sparklines(con, st)
     for e in st.evidence:
@@ -211,6 +213,71 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
         con.print(Text("GPUs: none in this container", style="dim"))
     if st.output_log:
         con.print(plain(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
+
+
+def attempt_text(r: RestartFields) -> str:
+    """``2/4``: attempt 2 of at most 4 (1 + max_restarts); ``-`` without a restart policy."""
+    if r.attempt is None:
+        return "-"
+    return f"{r.attempt}/{1 + r.max_restarts}" if r.max_restarts is not None else str(r.attempt)
+
+
+def restart_lines(r: RestartFields) -> list[Text]:
+    """The restart policy's record: the attempt, each decision, why the job ended."""
+    out: list[Text] = []
+    if r.attempt is not None and (r.max_restarts or r.restarts or r.attempt > 1):
+        out.append(Text(f"attempt {attempt_text(r)}", style="bold"))
+    for rec in r.restarts:
+        at = time.strftime("%m-%d %H:%M:%S", time.localtime(rec.at)) if rec.at else "-"
+        out.append(plain(f"  attempt {rec.attempt if rec.attempt is not None else '?'} ended {at}: "
+                         f"{rec.reason or '?'} → {rec.decision or '?'}", style="dim"))
+    if r.end_reason:
+        out.append(plain(f"ended: {r.end_reason}", style="dim"))
+    return out
+
+
+def _clock(ts: float | None, now: float) -> str:
+    """A time as a table shows it: ``14:03:12`` today, ``11-28 14:03`` otherwise."""
+    if not ts:
+        return "-"
+    lt, today = time.localtime(ts), time.localtime(now)
+    if lt[:3] == today[:3]:
+        return time.strftime("%H:%M:%S", lt)
+    return time.strftime("%m-%d %H:%M", lt)
+
+
+def jobs_table(con: Console, label: str, jl: JobList) -> None:
+    """``opsctl jobs``: one row per job, newest first, sacct-like."""
+    now = time.time()
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col, justify in (("", "left"), ("JOB", "left"), ("PLAYBOOK", "left"), ("STATE", "left"),
+                         ("START", "left"), ("END", "left"), ("TIME", "right"), ("EXIT", "right"),
+                         ("STEP", "right"), ("KTOK/S", "right"), ("TRY", "right"),
+                         ("DIAGNOSIS", "left")):
+        table.add_column(col, justify=justify,  # type: ignore[arg-type]
+                         no_wrap=col != "DIAGNOSIS", overflow="fold")
+    for r in jl.jobs:
+        step = r.last_step or {}
+        tok = step.get("tok_s")
+        exit_text = safe(r.signal) if r.signal else ("-" if r.exit_code is None else str(r.exit_code))
+        head = r.headline
+        diag = plain(r.error or "", style="red") if r.state is None else (
+            plain(head.summary[:120], style=SEVERITY_COLOR.get(head.severity or "", ""))
+            if head else Text(""))
+        table.add_row(
+            "*" if r.current else "", plain(r.job_id), plain(r.name or "-"),
+            state_text(r.state) if r.state else Text("?", style="red"),
+            _clock(r.started_at or r.created_at, now), _clock(r.ended_at, now),
+            duration(r.elapsed_s), exit_text, safe(step.get("step", "-")),
+            f"{tok / 1000:.2f}" if isinstance(tok, int | float) else "-", attempt_text(r), diag)
+    con.print(Text.assemble(("jobs on ", "dim"), (safe(label), "bold"),
+                            (f"  ({len(jl.jobs)} of {jl.total}"
+                             f"{'' if not jl.limit or len(jl.jobs) >= jl.total else '; --all for every job'}"
+                             "; * = current)", "dim")))
+    if jl.jobs:
+        if not con.is_terminal:  # piped (grep, awk): one line per job, never folded at 80
+            con = Console(file=con.file, width=400, highlight=False, color_system=None)
+        con.print(table)
 
 
 def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:

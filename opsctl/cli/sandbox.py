@@ -64,8 +64,9 @@ def sandbox_status(as_json: bool) -> None:
     from opsctl.sandbox import host as sb
 
     st = sb.status()
-    doc = None if st is None else {**as_dict(st.info), "sshd_running": st.sshd_running,
-                                   "container_states": st.containers, "healthy": st.healthy}
+    doc = {"set_up": False} if st is None else {
+        "set_up": True, **as_dict(st.info), "sshd_running": st.sshd_running,
+        "container_states": st.containers, "healthy": st.healthy}
     if as_json:
         render.print_json(doc)
     elif st is None:

@@ -11,14 +11,12 @@ import sys
 import click
 
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import json_option, target_options
+from opsctl.cli.app import job_argument, json_option, target_options
 
 
 @click.command()
-@click.argument("job", type=clitypes.JOB_ID, required=False)
+@job_argument
 @target_options
-@click.option("--job", "job_id", type=clitypes.JOB_ID, default=None,
-              help="Job id (default: the current job); the same as the JOB argument.")
 @click.option("--metric", "metrics", default="loss,tok_s,gpu_util,mem", show_default=True,
               help="Comma-separated: loss, tok_s, gpu_util, mem, mfu, feature_wait_pct.")
 @click.option("--since", default=None, help="Only the last part of the run, e.g. 30m, 6h, 2d.")
@@ -27,7 +25,7 @@ from opsctl.cli.app import json_option, target_options
 @click.option("--width", type=click.IntRange(min=20), default=None,
               help="Chart width in characters (default: the terminal's).")
 @json_option
-def plot(job: str | None, host: str | None, ctid: int | None, accept_new_host_key: bool,
+def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
          job_id: str | None, metrics: str, since: str | None, png_path: str | None,
          width: int | None, as_json: bool) -> None:
     """Charts of loss, tok/s, GPU utilisation and memory over the job's history.
@@ -40,9 +38,6 @@ def plot(job: str | None, host: str | None, ctid: int | None, accept_new_host_ke
     from opsctl.cli import plots, render
     from opsctl.ops import history, jobs
 
-    if job and job_id and job != job_id:
-        raise click.UsageError(f"two job ids: {job} and --job {job_id}")
-    job_id = job or job_id
     names = plots.parse_metrics(metrics)  # bad input fails before any connection
     since_s = plots.parse_since(since)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:

@@ -13,13 +13,10 @@ from dataclasses import dataclass
 from opsctl.config import inventory as inventory_mod
 from opsctl.config import last_target as target_mod
 from opsctl.config.inventory import HostSpec, Inventory
-from opsctl.errors import ConfigError
+from opsctl.errors import AuthError, ConfigError, DeadlineExceeded, HostKeyError, TransportError
 from opsctl.remote.agent_client import Agent
-from opsctl.remote.models import LogsChunk, StopResult
+from opsctl.remote.models import JobList, LogsChunk, StopResult
 from opsctl.remote.transport import Remote
-
-if t.TYPE_CHECKING:
-    pass
 
 
 @dataclass
@@ -62,28 +59,84 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root), inv)
 
 
-# --- logs / stop ------------------------------------------------------------------------
+# --- jobs / logs / stop -----------------------------------------------------------------
+
+#: ``opsctl jobs`` without ``--all``: the newest this many jobs, plus every job still live.
+RECENT_JOBS = 20
 
 
-def read_logs(tgt: Target, job_id: str | None, offset: int,
-              max_bytes: int = 1 << 20) -> tuple[bytes, LogsChunk]:
+def list_jobs(tgt: Target, *, all_jobs: bool = False, timeout: float = 60) -> JobList:
+    """The container's jobs, newest first (the window: :data:`RECENT_JOBS`)."""
+    limit = 0 if all_jobs else RECENT_JOBS
+    return JobList.model_validate(tgt.agent.call("jobs", "--limit", str(limit), timeout=timeout))
+
+
+def read_logs(tgt: Target, job_id: str | None, offset: int, max_bytes: int = 1 << 20, *,
+              tail: int | None = None, since_s: float | None = None) -> tuple[bytes, LogsChunk]:
     args = ["--offset", str(offset), "--max-bytes", str(max_bytes)]
+    if tail is not None:
+        args += ["--tail", str(tail)]
+    if since_s is not None:
+        args += ["--since-s", f"{since_s:g}"]
     if job_id:
         args += ["--job", job_id]
     chunk = LogsChunk.model_validate(tgt.agent.call("logs", *args, timeout=30))
     return base64.b64decode(chunk.data_b64), chunk
 
 
+#: ``logs -f`` after a dropped connection: first retry after this long, doubling up to the cap.
+RECONNECT_FIRST_S = 0.5
+RECONNECT_MAX_S = 10.0
+
+
 def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None], *,
-                follow: bool, offset: int = 0, poll_s: float = 1.0) -> LogsChunk:
-    """Stream output.log from ``offset``; with ``follow`` until the job ends.
+                follow: bool, offset: int = 0, tail: int | None = None,
+                since_s: float | None = None, poll_s: float = 1.0,
+                on_notice: t.Callable[[str], None] | None = None,
+                sleep: t.Callable[[float], None] = time.sleep) -> LogsChunk:
+    """Stream output.log from ``offset`` (or the last ``tail`` lines, or the last
+    ``since_s`` seconds); with ``follow`` until the job ends. Returns the last chunk, whose
+    ``state``/``exit_code`` are the job's final ones when it ended.
 
     Bound to one job: without ``job_id`` the first chunk names the current job and
     every later read asks for it by id, so another job launched meanwhile is never
     spliced into this stream.
+
+    Survives a dropped connection or a laptop's sleep while following: after the first
+    successful read, a lost connection (or a call that ran past its deadline) is retried
+    with backoff (:data:`RECONNECT_FIRST_S` doubling to :data:`RECONNECT_MAX_S`, forever,
+    each retry announced through ``on_notice``), at the byte offset it had. Bytes are
+    written only from complete replies, and a reply is for exactly the offset asked, so
+    nothing is lost or written twice. Authentication and host-key failures are not retried.
+
+    Raises:
+        TransportError, DeadlineExceeded: on the first read, or without ``follow``.
     """
+    backoff = RECONNECT_FIRST_S
+    first = True
+    outage = False
     while True:
-        data, chunk = read_logs(tgt, job_id, offset)
+        try:
+            data, chunk = read_logs(tgt, job_id, offset, tail=tail if first else None,
+                                    since_s=since_s if first else None)
+        except (TransportError, DeadlineExceeded) as exc:
+            if first or not follow or isinstance(exc, (AuthError, HostKeyError)):
+                raise
+            tgt.remote.close()  # a fresh connection next time (the mux, if any, died with it)
+            if on_notice is not None:
+                on_notice(f"connection lost ({exc.message}); retrying in {backoff:g} s "
+                          f"from byte {offset}")
+            sleep(backoff)
+            backoff = min(backoff * 2, RECONNECT_MAX_S)
+            outage = True
+            continue
+        if outage and on_notice is not None:
+            on_notice(f"reconnected; resuming at byte {offset}")
+        outage, backoff = False, RECONNECT_FIRST_S
+        if first and chunk.since_indexed is False and on_notice is not None:
+            on_notice(f"job {chunk.job_id} has no output time index (launched by an older "
+                      "opsctl): showing all of its output")
+        first = False
         job_id = chunk.job_id
         if data:
             write(data)
@@ -92,7 +145,7 @@ def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None
             continue
         if not follow or chunk.terminal:
             return chunk
-        time.sleep(poll_s)
+        sleep(poll_s)
 
 
 def stop(tgt: Target, job_id: str | None, grace_s: float) -> StopResult:

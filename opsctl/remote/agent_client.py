@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pydantic
 
-from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError
+from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError, UnknownJob
 from opsctl.remote.models import AgentReply
 from opsctl.remote.transport import CommandResult, Remote, missing_in_container, save_log
 from remote_payload import wire
@@ -31,11 +31,12 @@ ERROR_FAMILIES: dict[ErrorType, type[AgentError]] = {
     **{e: AgentError for e in ErrorType},  # REMOTE_FAILED (25)
     ErrorType.TorchInstallFailed: TorchAgentError,  # TORCH_ENV (30): install or verify failed
     ErrorType.CacheSeedFailed: TorchAgentError,
+    ErrorType.NoSuchJob: UnknownJob,  # UNKNOWN_JOB (26)
 }
 
 _HINTS: dict[ErrorType, str] = {
     ErrorType.JobAlreadyRunning: "stop it first (`opsctl stop`) or deploy with --replace",
-    ErrorType.NoSuchJob: "nothing launched there yet (opsctl deploy), or pass an existing --job id",
+    ErrorType.NoSuchJob: "`opsctl jobs` lists the container's jobs (nothing launched yet: opsctl deploy)",
     ErrorType.JobRunning: "`opsctl stop` it first, or deploy with --replace",
     ErrorType.PayloadMismatch: "run `opsctl deploy` to ship the current payload",
     ErrorType.GpusBusy: "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",

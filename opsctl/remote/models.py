@@ -97,7 +97,33 @@ class History(_Wire):
     marks: list[HistoryMark] = Field(default_factory=list)
 
 
-class JobStatus(_Wire):
+class RestartRecord(_Wire):
+    """One decision of the playbook's restart policy (recorded by the agent)."""
+
+    attempt: int | None = None
+    at: float | None = None
+    reason: str = ""
+    decision: str = ""
+    why: str | None = None
+
+
+class TmuxRef(_Wire):
+    socket: str | None = None
+    session: str | None = None
+    error: str | None = None
+
+
+class RestartFields(_Wire):
+    """The restart policy's fields of ``status``/``jobs`` (absent from older agents)."""
+
+    attempt: int | None = None
+    max_restarts: int | None = None
+    restarts: list[RestartRecord] = Field(default_factory=list)
+    end_reason: str | None = None
+    max_duration_s: float | None = None
+
+
+class JobStatus(RestartFields):
     job_id: str
     name: str = ""
     state: JobState
@@ -128,14 +154,7 @@ class JobStatus(_Wire):
     errors: list[dict[str, t.Any]] = Field(default_factory=list)
     preflight: Preflight | None = None
     history: History | None = None
-    # babysitting: the attempt running (1-based), the restart policy's limit, every restart
-    # decision ({"attempt", "at", "reason", "decision": "restart"|"give up", "why"}), why the
-    # job ended ("time limit", "opsctl stop", "replaced by job …", "restart limit reached")
-    attempt: int = 1
-    max_restarts: int | None = None
-    restarts: list[dict[str, t.Any]] = Field(default_factory=list)
-    end_reason: str | None = None
-    max_duration_s: float | None = None
+    tmux: TmuxRef | None = None
 
     @field_validator("history", mode="wrap")
     @classmethod
@@ -158,6 +177,40 @@ class LogsChunk(_Wire):
     eof: bool = True
     state: JobState
     terminal: bool = False
+    exit_code: int | None = None
+    signal: str | None = None
+    since_indexed: bool | None = None  # --since: False when the job has no time index
+
+
+class JobHeadline(_Wire):
+    cause: str | None = None
+    severity: str | None = None
+    summary: str = ""
+
+
+class JobRow(RestartFields):
+    """One line of ``opsctl jobs`` (the agent's ``jobs`` verb)."""
+
+    job_id: str
+    name: str | None = None
+    state: JobState | None = None  # None: the job dir could not be read (``error`` says why)
+    error: str | None = None
+    current: bool = False
+    created_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    elapsed_s: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    last_step: dict[str, t.Any] | None = None
+    headline: JobHeadline | None = None
+
+
+class JobList(_Wire):
+    current: str | None = None
+    jobs: list[JobRow] = Field(default_factory=list)
+    total: int = 0
+    limit: int = 0
 
 
 class StopResult(_Wire):

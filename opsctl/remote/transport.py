@@ -316,12 +316,18 @@ class Remote:
                 _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
         return gateway
 
-    def server_fingerprint(self) -> str:
-        """Connect (trusting per policy) and return the server's host-key fingerprint."""
+    def server_key(self) -> paramiko.PKey:
+        """Connect directly (trusting per policy: known_hosts, pin, accept-new) and return the
+        host key this connection verified."""
         transport = self._open().client.get_transport()
         if transport is None:  # pragma: no cover
             raise TransportError("no transport")
-        return fingerprint(transport.get_remote_server_key())
+        key: paramiko.PKey = transport.get_remote_server_key()
+        return key
+
+    def server_fingerprint(self) -> str:
+        """Connect (trusting per policy) and return the server's host-key fingerprint."""
+        return fingerprint(self.server_key())
 
     # --- commands ------------------------------------------------------------------
 

@@ -162,13 +162,27 @@ def disk_full_evidence(path: str) -> str | None:
 
 
 def resolve_job(root: str, job_id: str | None) -> str:
-    """The given job or the current one; raises ``NoSuchJob``."""
+    """The given job, the one job whose id starts with it, or the current one.
+
+    A unique prefix is enough (``opsctl logs 2026``), as with git revisions; an exact id
+    wins over a longer id it is a prefix of.
+
+    Raises ``NoSuchJob``: nothing launched, no job with that id or prefix, or a prefix that
+    several jobs share (the error lists them).
+    """
     jid = job_id or current_job_id(root)
     if jid is None:
         raise AgentFailure(ErrorType.NoSuchJob, f"no job has been launched under {root}", root=root)
-    if not os.path.isdir(job_dir(root, jid)):
-        raise AgentFailure(ErrorType.NoSuchJob, f"job {jid} does not exist under {root}", job_id=jid)
-    return jid
+    if os.path.isdir(job_dir(root, jid)):
+        return jid
+    matches = sorted(n for n in list_job_ids(root) if n.startswith(jid))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
+        raise AgentFailure(ErrorType.NoSuchJob, f"job prefix {jid} is ambiguous: {shown}",
+                           job_id=jid, matches=matches[:20])
+    raise AgentFailure(ErrorType.NoSuchJob, f"job {jid} does not exist under {root}", job_id=jid)
 
 
 def list_job_ids(root: str) -> list[str]:

@@ -38,7 +38,7 @@ import time
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent import diagnosis, gpus, jobsecrets, notify, spawn
+from remote_payload.agent import diagnosis, gpus, jobsecrets, notify, outindex, spawn
 from remote_payload.agent import history as history_mod
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent import restart as restart_mod
@@ -117,6 +117,7 @@ class Wrapper:
         self.child_ticks: int | None = None
         self.cgroup: str | None = None  # the job's cgroup, where cgroup2 is writable
         self.history = history_mod.Recorder(path)  # bounded plot data for status
+        self.out_index = outindex.Writer(path)  # time -> offset, for `logs --since`
         self.policy: dict[str, t.Any] | None = self.spec.get("restart")
         self.attempt = 1
         self.attempt_offset = 0  # where this attempt's output starts in output.log
@@ -227,6 +228,7 @@ class Wrapper:
         self.record_output(chunk)
 
     def record_output(self, chunk: bytes) -> None:
+        self.out_index.note(time.time(), self.log_fd)
         self.last_byte = chunk[-1:]
         view = memoryview(chunk)
         try:

@@ -54,8 +54,16 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
     if verb == "status":
         p.add_argument("--lines", type=int, default=DEFAULT_LINES)
     if verb == "logs":
-        p.add_argument("--offset", type=int, required=True)
+        p.add_argument("--offset", type=int, default=0)
         p.add_argument("--max-bytes", type=int, default=LOGS_MAX_BYTES)
+        p.add_argument("--tail", type=int, default=None,
+                       help="start at the last N lines (the later start wins with --since-s)")
+        p.add_argument("--since-s", type=float, default=None,
+                       help="start at the first output written in the last S seconds (the "
+                            "container's clock: a laptop's skew does not matter)")
+    if verb == "jobs":
+        p.add_argument("--limit", type=int, default=0,
+                       help="the newest N jobs, plus every job still live (0: all)")
     if verb == "stop":
         p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                        help="seconds between SIGINT and SIGTERM (the trainer checkpoints on SIGINT)")
@@ -78,14 +86,16 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     if verb == "status":
         return status_document(root, jobs.resolve_job(root, args.job), lines=args.lines)
     if verb == "logs":
-        return logs(root, jobs.resolve_job(root, args.job), args.offset, args.max_bytes)
+        return logs(root, jobs.resolve_job(root, args.job), args.offset, args.max_bytes,
+                    tail=args.tail,
+                    since=None if args.since_s is None else time.time() - args.since_s)
     if verb == "stop":
         return stop(root, jobs.resolve_job(root, args.job), grace=args.grace,
                     kill_after=args.kill_after)
     if verb == "stacks":
         return stacks(root, jobs.resolve_job(root, args.job), timeout=args.timeout)
     if verb == "jobs":
-        return list_jobs(root)
+        return list_jobs(root, limit=args.limit)
     if verb == "abort":
         return abort(root, args.job)
     raise AgentFailure(ErrorType.UnknownVerb, f"verbs.jobs does not handle {verb}")
@@ -109,18 +119,23 @@ def _socket(args: argparse.Namespace) -> str:
 # --- status -------------------------------------------------------------------
 
 
-def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[str, t.Any]:
-    """The status document of docs/contracts.md, reconciled against /proc."""
+def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
+                    live: bool = True) -> dict[str, t.Any]:
+    """The status document of docs/contracts.md, reconciled against /proc.
+
+    ``live=False`` (the ``jobs`` list) skips what costs a subprocess per job: the pane
+    capture and the GPU query (``gpus`` stays empty, ``pane_tail`` too) and the history.
+    """
     from remote_payload.agent import gpus
     from remote_payload.agent.tmux import PaneCapture
 
     now = time.time()
     # the wrapper samples GPUs while the job runs; otherwise nvidia-smi runs while we read files
     sample = gpus.read_sample(os.path.join(jobs.job_dir(root, job_id), gpus.SAMPLE_FILE), now)
-    gpu_query = None if sample is not None else gpus.GpuQuery()
+    gpu_query = None if sample is not None or not live else gpus.GpuQuery()
     rec = jobs.load(root, job_id)
     pane = None
-    if rec.launch.get("tmux_session"):
+    if rec.launch.get("tmux_session") and live:
         pane = PaneCapture(rec.launch["tmux_socket"], rec.launch["tmux_session"], lines)
     output_log = os.path.join(rec.path, jobs.OUTPUT)
     diag_tail, size = jobs.tail_lines(output_log, max(lines, DIAGNOSIS_LINES))
@@ -184,7 +199,11 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES) -> dict[
         doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
     doc["hang_threshold_s"] = _hang_threshold(doc)
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
-    doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
+    if live:
+        doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
+    for key in RESTART_KEYS:  # the restart policy's record, where the wrapper keeps one
+        if key not in doc and key in st:
+            doc[key] = st[key]
     return doc
 
 
@@ -471,20 +490,34 @@ def _fail_launch(path: str, why: str) -> None:
 # --- logs ---------------------------------------------------------------------
 
 
-def logs(root: str, job_id: str, offset: int, max_bytes: int) -> dict[str, t.Any]:
-    """Raw bytes of ``output.log`` from ``offset``.
+def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | None = None,
+         since: float | None = None) -> dict[str, t.Any]:
+    """Raw bytes of ``output.log`` from ``offset`` (or from the last ``tail`` lines, or from
+    the first output written at or after ``since``: :mod:`remote_payload.agent.outindex`).
 
     The state is read *before* the bytes: a terminal state plus ``eof`` means
     the follower has everything.
     """
-    if offset < 0 or max_bytes <= 0:
-        raise AgentFailure(ErrorType.BadOffset, "offset must be >= 0 and max-bytes > 0",
-                           offset=offset, max_bytes=max_bytes)
+    from remote_payload.agent import outindex
+
+    if offset < 0 or max_bytes <= 0 or (tail is not None and tail < 0):
+        raise AgentFailure(ErrorType.BadOffset, "offset and tail must be >= 0 and max-bytes > 0",
+                           offset=offset, max_bytes=max_bytes, tail=tail)
     rec = jobs.load(root, job_id)
     path = os.path.join(rec.path, jobs.OUTPUT)
+    since_indexed = None
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
+            if tail is not None or since is not None:
+                starts = []
+                if tail is not None:
+                    starts.append(outindex.offset_of_last_lines(path, tail, size))
+                if since is not None:
+                    found = outindex.offset_since(rec.path, since, size)
+                    since_indexed = found is not None
+                    starts.append(0 if found is None else found)
+                offset = max(starts)
             if offset > size:
                 raise AgentFailure(ErrorType.BadOffset, f"offset {offset} is past the end ({size})",
                                    offset=offset, size=size)
@@ -495,7 +528,10 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int) -> dict[str, t.Any
     next_offset = offset + len(data)
     return {"job_id": job_id, "offset": offset, "next_offset": next_offset,
             "data_b64": base64.b64encode(data).decode("ascii"), "eof": next_offset >= size,
-            "size": size, "state": rec.state.value, "terminal": rec.state.is_terminal()}
+            "size": size, "state": rec.state.value, "terminal": rec.state.is_terminal(),
+            "exit_code": (rec.exit or {}).get("exit_code", rec.status.get("exit_code")),
+            "signal": (rec.exit or {}).get("signal", rec.status.get("signal")),
+            "since_indexed": since_indexed}
 
 
 # --- stop ---------------------------------------------------------------------
@@ -603,20 +639,68 @@ def abort(root: str, job_id: str) -> dict[str, t.Any]:
 
 # --- jobs ---------------------------------------------------------------------
 
+#: What the restart policy records in ``status.json`` (where the wrapper keeps it); passed
+#: through to ``status`` and ``jobs`` so the CLI can show attempts and restart decisions.
+RESTART_KEYS = ("attempt", "max_restarts", "restarts", "end_reason", "max_duration_s")
+SUMMARY = "summary.json"  # a terminal job's row of the jobs list, cached (it never changes)
 
-def list_jobs(root: str) -> dict[str, t.Any]:
-    """Every job with its reconciled state, newest first."""
+
+def list_jobs(root: str, limit: int = 0) -> dict[str, t.Any]:
+    """Every job (or the newest ``limit`` plus every live one) with its reconciled state,
+    times, exit, last step and diagnosis headline, newest first."""
     current = jobs.current_job_id(root)
-    rows = []
+    dated = []
     for jid in jobs.list_job_ids(root):
         try:
-            rec = jobs.load(root, jid)
+            st = read_json(os.path.join(jobs.job_dir(root, jid), jobs.STATUS), {}) or {}
+        except (ValueError, OSError):
+            st = {}
+        st = st if isinstance(st, dict) else {}
+        dated.append((float(st.get("created_at") or 0.0), jid, st.get("state")))
+    dated.sort(reverse=True)
+    rows = []
+    for i, (created, jid, recorded) in enumerate(dated):
+        if limit and i >= limit and recorded in _TERMINAL_NAMES:
+            continue  # older and over (states only move forward): outside the window
+        try:
+            row = _job_row(root, jid)
         except (AgentFailure, ValueError, OSError) as exc:
-            rows.append({"job_id": jid, "state": None, "error": str(exc), "created_at": 0.0})
-            continue
-        rows.append({"job_id": jid, "name": rec.spec.get("name"), "state": rec.state.value,
-                     "created_at": rec.status.get("created_at") or rec.launch.get("created_at"),
-                     "ended_at": rec.status.get("ended_at"), "current": jid == current,
-                     **_babysitting(rec)})
-    rows.sort(key=lambda r: r.get("created_at") or 0.0, reverse=True)
-    return {"current": current, "jobs": rows}
+            row = {"job_id": jid, "state": None, "error": str(exc), "created_at": created}
+        row["current"] = jid == current
+        rows.append(row)
+    return {"current": current, "jobs": rows, "total": len(dated), "limit": limit}
+
+
+_TERMINAL_NAMES = frozenset(s.value for s in JobState if s.is_terminal())
+
+
+def _job_row(root: str, job_id: str) -> dict[str, t.Any]:
+    """One job's row; a terminal job's is computed once and kept in ``summary.json``."""
+    path = jobs.job_dir(root, job_id)
+    summary_path = os.path.join(path, SUMMARY)
+    try:
+        stamp = os.stat(os.path.join(path, jobs.STATUS)).st_mtime_ns
+    except FileNotFoundError:
+        stamp = 0
+    cached = read_json(summary_path, None)
+    if isinstance(cached, dict) and cached.get("status_mtime_ns") == stamp and stamp:
+        return {k: v for k, v in cached.items() if k != "status_mtime_ns"}
+    doc = status_document(root, job_id, lines=0, live=False)
+    diag = doc.get("diagnosis") or []
+    step = doc.get("last_step") or {}
+    row = {
+        "job_id": job_id, "name": doc.get("name"), "state": doc["state"],
+        "created_at": doc.get("created_at"), "started_at": doc.get("started_at"),
+        "ended_at": doc.get("ended_at"), "elapsed_s": doc.get("elapsed_s"),
+        "exit_code": doc.get("exit_code"), "signal": doc.get("signal"),
+        "last_step": {k: step.get(k) for k in ("step", "loss", "tok_s") if k in step} or None,
+        "headline": ({"cause": diag[0].get("cause"), "severity": diag[0].get("severity"),
+                      "summary": diag[0].get("summary")} if diag else None),
+        **{k: doc[k] for k in RESTART_KEYS if k in doc},
+    }
+    if doc["state"] in _TERMINAL_NAMES and stamp:
+        try:
+            write_json_atomic(summary_path, {**row, "status_mtime_ns": stamp})
+        except OSError:  # a full disk costs the cache, never the list
+            pass
+    return row

@@ -1,0 +1,78 @@
+"""Interactive commands: ``opsctl attach``, ``opsctl shell``, ``opsctl forward``.
+
+They hand the terminal (or a local port) to the OpenSSH client (``opsctl.ops.interactive``
+says why), so they have no ``--json``: there is no report, only the session.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from opsctl.cli.app import job_argument, target_options
+
+
+@click.command()
+@job_argument
+@target_options
+def attach(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None) -> None:
+    """Open the job's tmux pane on this terminal; detach with Ctrl-b d (the job keeps running).
+
+    Like `tmux attach`: what you type goes to the job (Ctrl-C too). Exits with tmux's code.
+    """
+    from opsctl.cli import render
+    from opsctl.ops import interactive, jobs
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        plan = interactive.attach_plan(tgt, job_id)
+        render.console(stderr=True).print(render.plain(
+            f"attaching to job {plan.job_id} ({plan.state}) on {tgt.label}; detach: Ctrl-b d",
+            style="dim"))
+        rc = interactive.run_tty(tgt, plan.argv)
+    sys.exit(rc)
+
+
+@click.command()
+@target_options
+def shell(host: str | None, ctid: int | None, accept_new_host_key: bool) -> None:
+    """A login shell (root) in the container; exits with the shell's exit code."""
+    from opsctl.ops import interactive, jobs
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        rc = interactive.run_tty(tgt, interactive.shell_argv())
+    sys.exit(rc)
+
+
+@click.command()
+@click.argument("ports", metavar="PORT[:REMOTE]")
+@target_options
+def forward(ports: str, host: str | None, ctid: int | None, accept_new_host_key: bool) -> None:
+    """Forward 127.0.0.1:PORT here to REMOTE (default: PORT) in the container, until Ctrl-C.
+
+    e.g. `opsctl forward 6006` for TensorBoard, then open http://127.0.0.1:6006/.
+    """
+    from opsctl.cli import render
+    from opsctl.ops import interactive, jobs
+
+    local, remote_port = interactive.parse_ports(ports)  # bad input fails before connecting
+    err = render.console(stderr=True)
+
+    def ready(address: str, why: str) -> None:
+        err.print(render.plain(f"forwarding 127.0.0.1:{local} -> {tgt.label} {address}:{remote_port} "
+                               f"({why}); Ctrl-C stops"))
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        try:
+            rc = interactive.forward(tgt, local, remote_port, ready)
+        except KeyboardInterrupt:
+            err.print(render.plain("forward stopped"))
+            return
+    if rc != 0:
+        from opsctl import errors
+
+        raise errors.TransportError(f"{tgt.label}: the forward ended: ssh exit {rc}")
+
+
+#: This family's commands (added by ``opsctl.cli``).
+COMMANDS: tuple[click.Command, ...] = (attach, shell, forward)
