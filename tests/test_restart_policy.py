@@ -93,7 +93,7 @@ class TestRestartKey:
     def test_the_ids_restart_on_accepts_are_exactly_the_diagnosis_causes(self):
         from remote_payload.agent import diagnosis
 
-        assert wire.DIAGNOSIS_IDS == tuple(sig.cause for sig in diagnosis.SIGNATURES)
+        assert tuple(sig.cause for sig in diagnosis.SIGNATURES) == wire.DIAGNOSIS_IDS
 
     def test_the_playbook_model_applies_the_same_rule(self):
         book = {"name": "b", "command": ["true"]}
