@@ -26,6 +26,7 @@ CONTAINER_NOT_RUNNING = 21
 HOST_SETUP = 22
 PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
+FLEET_INCOMPLETE = 26
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
@@ -45,6 +46,8 @@ EXIT_CODES: dict[int, str] = {
                 "missing; the error names which)",
     PCT_TOO_OLD: "the host's pve-container is older than 5.0.9 (no `pct exec --keep-env`)",
     REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline)",
+    FLEET_INCOMPLETE: "a fleet command answered, but some rows are errors (each row carries "
+                      "its own error and exit code)",
     TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
@@ -172,6 +175,16 @@ class AgentError(RemoteCommandFailed):
         #: the wire ``error.type``; a str only for a type this opsctl does not know
         self.remote_type = remote_type
         self.fields = fields or {}
+
+
+class FleetIncomplete(OpsctlError):
+    """``status --all``: every row was answered, some with an error; ``report`` holds them all."""
+
+    exit_code = FLEET_INCOMPLETE
+
+    def __init__(self, message: str, *, report: t.Any = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.report = report
 
 
 class TorchEnvError(OpsctlError, ValueError):
