@@ -9,10 +9,10 @@ defined but not listed.
 
 from __future__ import annotations
 
-from opsctl.cli import diag, hosts, jobs, sandbox, torch, view
+from opsctl.cli import diag, files, hosts, jobs, sandbox, torch, view
 from opsctl.cli.app import cli
 
-FAMILIES = (sandbox, jobs, diag, torch, hosts, view)
+FAMILIES = (sandbox, jobs, files, diag, torch, hosts, view)
 
 for family in FAMILIES:
     for command in family.COMMANDS:
