@@ -12,6 +12,8 @@ from opsctl.cli.app import json_option, target_options
 _method = click.option("--method", type=click.Choice(["auto", "rsync", "tar"]), default=None,
                        help="rsync (when both ends have it) or the verified tar stream; "
                             "default auto ($OPSCTL_FILES_METHOD).")
+_bwlimit = click.option("--bwlimit", "bwlimit_kib", type=click.IntRange(min=1), default=None,
+                        help="Cap the transfer at this many KiB/s (as rsync's --bwlimit).")
 _delete = click.option("--delete", is_flag=True,
                        help="Remove files at DEST that SRC does not have (never without it).")
 
@@ -66,9 +68,11 @@ def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
 @click.argument("dest", required=False)
 @_method
 @_delete
+@_bwlimit
 @json_option
 def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str,
-         dest: str | None, method: str | None, delete: bool, as_json: bool) -> None:
+         dest: str | None, method: str | None, delete: bool, bwlimit_kib: int | None,
+         as_json: bool) -> None:
     """Copy SRC (a file or directory here) into the container, resumable and verified.
 
     DEST is the copy's path in the container: absolute, or relative to <root>/data
@@ -79,7 +83,8 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt, \
             _progress(f"push {src}", live=not as_json and render.console(stderr=True).is_terminal) as bar:
-        report = files.push(tgt, src, dest, delete=delete, method=method, on_progress=bar)
+        report = files.push(tgt, src, dest, delete=delete, method=method, on_progress=bar,
+                            bwlimit_kib=bwlimit_kib)
     _show([report], as_json)
 
 
@@ -92,10 +97,11 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
                    "inventory playbook).")
 @_method
 @_delete
+@_bwlimit
 @json_option
 def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str | None,
          dest: str | None, playbook_path: str | None, method: str | None, delete: bool,
-         as_json: bool) -> None:
+         bwlimit_kib: int | None, as_json: bool) -> None:
     """Copy SRC (a container path) here, resumable and verified.
 
     SRC is absolute or relative to <root>/data; DEST defaults to ./<name of SRC>. Without
@@ -117,7 +123,7 @@ def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
         else:
             with _progress(f"pull {src}", live) as bar:
                 reports = [files.pull(tgt, src, dest, delete=delete, method=method,
-                                      on_progress=bar)]
+                                      on_progress=bar, bwlimit_kib=bwlimit_kib)]
     _show(reports, as_json)
 
 

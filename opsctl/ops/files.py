@@ -88,7 +88,8 @@ def _pick(tgt: Target, method: str, remote_rsync: str | None) -> str:
 
 
 def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool = False,
-         method: str | None = None, on_progress: Progress | None = None) -> TransferReport:
+         method: str | None = None, on_progress: Progress | None = None,
+         bwlimit_kib: int | None = None) -> TransferReport:
     """Copy local ``src`` to the container so that it *is* ``dest`` afterwards.
 
     Raises:
@@ -108,15 +109,17 @@ def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool 
     if chosen == "rsync":
         source = f"{local}/" if local.is_dir() else str(local)
         stats = rsync.run(tgt.host, tgt.ctid, source, rsync.remote_spec(tgt.host, remote_dest),
-                          delete=delete, step="push", on_progress=on_progress)
+                          delete=delete, step="push", on_progress=on_progress,
+                          bwlimit_kib=bwlimit_kib)
     else:
         stats = tarcopy.push(tgt.remote, tgt.ctid, local, remote_dest, delete=delete,
-                             on_progress=on_progress)
+                             on_progress=on_progress, bwlimit_kib=bwlimit_kib)
     return _report("push", tgt, str(local), remote_dest, stats, start)
 
 
 def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool = False,
-         method: str | None = None, on_progress: Progress | None = None) -> TransferReport:
+         method: str | None = None, on_progress: Progress | None = None,
+         bwlimit_kib: int | None = None) -> TransferReport:
     """Copy container ``src`` here so that it *is* ``dest`` afterwards (default ./<name>).
 
     Raises:
@@ -138,10 +141,11 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
     if chosen == "rsync":
         source = remote_src + ("/" if probe["kind"] == "dir" else "")
         stats = rsync.run(tgt.host, tgt.ctid, rsync.remote_spec(tgt.host, source), str(local),
-                          delete=delete, step="pull", on_progress=on_progress)
+                          delete=delete, step="pull", on_progress=on_progress,
+                          bwlimit_kib=bwlimit_kib)
     else:
         stats = tarcopy.pull(tgt.remote, tgt.ctid, remote_src, local, delete=delete,
-                             on_progress=on_progress)
+                             on_progress=on_progress, bwlimit_kib=bwlimit_kib)
     return _report("pull", tgt, remote_src, str(local), stats, start)
 
 

@@ -37,13 +37,16 @@ def remote_spec(spec: HostSpec, path: str) -> str:
     return f"{host}:{path}"
 
 
-def rsync_argv(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool) -> list[str]:
+def rsync_argv(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool,
+               bwlimit_kib: int | None = None) -> list[str]:
     """The whole rsync command line; ``src``/``dest`` as rsync takes them (one is remote)."""
     argv = ["rsync", "-rlpt", "--partial", "-s", "--stats", "--info=progress2",
             "--no-inc-recursive", "--rsh", transport.rsync_remote_shell(spec),
             "--rsync-path", transport.container_command(spec, ctid, ["rsync"], step="rsync")]
     if delete:
         argv.append("--delete")
+    if bwlimit_kib:
+        argv.append(f"--bwlimit={bwlimit_kib}")
     return [*argv, "--", src, dest]
 
 
@@ -53,14 +56,14 @@ def parse_stats(text: str) -> dict[str, int]:
 
 
 def run(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool, step: str,
-        on_progress: Progress | None = None) -> TransferStats:
+        on_progress: Progress | None = None, bwlimit_kib: int | None = None) -> TransferStats:
     """Run rsync; ``on_progress(done, total)`` as it goes.
 
     Raises:
         HostKeyError, AuthError, TransportError: the OpenSSH client could not connect.
         RemoteCommandFailed: rsync failed (its stderr tail; the whole output in the log).
     """
-    argv = rsync_argv(spec, ctid, src, dest, delete=delete)
+    argv = rsync_argv(spec, ctid, src, dest, delete=delete, bwlimit_kib=bwlimit_kib)
     buf = bytearray()
 
     def progress(chunk: bytes) -> None:  # progress2 lines: "  1,048,576  50%  95.2MB/s ..."

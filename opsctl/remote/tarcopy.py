@@ -12,6 +12,7 @@ memory and a pull can be gigabytes.
 from __future__ import annotations
 
 import json
+import time
 import typing as t
 from pathlib import Path
 
@@ -59,8 +60,26 @@ def _sizes(doc: dict[str, t.Any], wanted: t.Collection[str]) -> tuple[int, int]:
     return sum(e[2] for e in files if e[0] in want), sum(e[2] for e in files)
 
 
+def _counter(total: int, on_progress: Progress | None,
+             bwlimit_kib: int | None) -> t.Callable[[int], None]:
+    """Counts file bytes as they pass; reports progress and sleeps to stay under the limit."""
+    start = time.monotonic()
+    done = [0]
+
+    def counted(n: int) -> None:
+        done[0] += n
+        if on_progress is not None:
+            on_progress(done[0], total)
+        if bwlimit_kib:
+            ahead = done[0] / (bwlimit_kib * 1024) - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    return counted
+
+
 def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: bool,
-         on_progress: Progress | None = None) -> TransferStats:
+         on_progress: Progress | None = None, bwlimit_kib: int | None = None) -> TransferStats:
     """Send ``src`` (a file or a tree) to ``dest`` in the container.
 
     Raises:
@@ -71,13 +90,7 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
     doc = tarsync.listing(str(src))
     wanted = _call(remote, ctid, ["scan", dest], json.dumps(doc).encode(), "push: scan")["send"]
     moved, total = _sizes(doc, wanted)
-    done = [0]
-
-    def counted(n: int) -> None:
-        done[0] += n
-        if on_progress is not None:
-            on_progress(done[0], moved)
-
+    counted = _counter(moved, on_progress, bwlimit_kib)
     res = _stream(spec, ctid, ["receive", dest, *(["--delete"] if delete else [])], "push",
                   feed=lambda out: tarsync.send(str(src), doc, wanted, out, counted))
     if res.rc != 0:
@@ -88,7 +101,7 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
 
 
 def pull(remote: transport.Remote, ctid: int, src: str, dest: Path, *, delete: bool,
-         on_progress: Progress | None = None) -> TransferStats:
+         on_progress: Progress | None = None, bwlimit_kib: int | None = None) -> TransferStats:
     """Fetch ``src`` (a file or a tree in the container) to ``dest`` here.
 
     Raises:
@@ -99,13 +112,8 @@ def pull(remote: transport.Remote, ctid: int, src: str, dest: Path, *, delete: b
     doc = _call(remote, ctid, ["list", src], None, "pull: list")
     wanted = tarsync.scan(str(dest), doc)
     moved, total = _sizes(doc, wanted)
-    done = [0]
+    counted = _counter(moved, on_progress, bwlimit_kib)
     got: dict[str, t.Any] = {}
-
-    def counted(n: int) -> None:
-        done[0] += n
-        if on_progress is not None:
-            on_progress(done[0], moved)
 
     def sink(stream: t.BinaryIO) -> None:
         got.update(tarsync.receive(str(dest), stream, delete=delete, counted=counted))
