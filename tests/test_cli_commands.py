@@ -29,4 +29,4 @@ def test_every_command_defined_in_a_family_is_listed():
 def test_the_top_level_commands_are_the_documented_ones():
     assert sorted(cli.commands) == [
         "cache", "dashboard", "deploy", "envs", "exec", "host", "hosts", "logs", "mux", "playbooks",
-        "plot", "probe", "sandbox", "stacks", "status", "stop", "swap-torch"]
+        "plot", "probe", "pull", "push", "sandbox", "stacks", "status", "stop", "swap-torch"]

@@ -196,3 +196,10 @@ def test_deploy_pushes_playbook_files_and_pull_fetches_its_outputs(target, tmp_p
     res = run("pull", "--host", target, "--ct", "200", "--playbook", str(book), "--json")
     assert res.exit_code == 0, res.output
     assert (tmp_path / out_name / "echo.txt").read_text() == "hello from this machine\n"
+
+
+def test_a_push_to_a_missing_container_is_the_container_error(target, tmp_path, missing_ct):
+    (tmp_path / "f").write_text("x")
+    res = run("push", "--host", target, "--ct", str(missing_ct), str(tmp_path / "f"), "--json")
+    assert res.exit_code == 20, res.output
+    assert json.loads(res.stdout)["error"]["type"] == "ContainerMissing"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import typing as t
 
 import click
@@ -47,12 +48,14 @@ def _progress(label: str, live: bool) -> t.Iterator[t.Callable[[int, int | None]
 
 
 def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
+    if as_json:  # no rich on this path (startup time: a re-push is meant to take well under 2 s)
+        from opsctl.cli.jsonout import print_json
+
+        print_json(reports[0].to_dict() if len(reports) == 1 else
+                   {"ok": True, "transfers": [r.to_dict() for r in reports]})
+        return
     from opsctl.cli import render
 
-    if as_json:
-        render.print_json(reports[0].to_dict() if len(reports) == 1 else
-                          {"ok": True, "transfers": [r.to_dict() for r in reports]})
-        return
     con = render.console()
     for r in reports:
         con.print(render.plain(
@@ -78,11 +81,10 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
     DEST is the copy's path in the container: absolute, or relative to <root>/data
     (default: <root>/data/<name of SRC>). Run again to resume; unchanged files are skipped.
     """
-    from opsctl.cli import render
     from opsctl.ops import files, jobs
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt, \
-            _progress(f"push {src}", live=not as_json and render.console(stderr=True).is_terminal) as bar:
+            _progress(f"push {src}", live=not as_json and sys.stderr.isatty()) as bar:
         report = files.push(tgt, src, dest, delete=delete, method=method, on_progress=bar,
                             bwlimit_kib=bwlimit_kib)
     _show([report], as_json)
@@ -108,11 +110,10 @@ def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
     SRC, every path in the playbook's `outputs:` is fetched to ./<its name>.
     """
     from opsctl import errors
-    from opsctl.cli import render
     from opsctl.ops import deploy as deploy_ops
     from opsctl.ops import files, jobs
 
-    live = not as_json and render.console(stderr=True).is_terminal
+    live = not as_json and sys.stderr.isatty()
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if src is None:
             if dest is not None:

@@ -22,11 +22,13 @@ import typing as t
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opsctl.config.playbook import Playbook
 from opsctl.errors import ConfigError, RemoteCommandFailed
 from opsctl.ops.jobs import Target
 from opsctl.remote import rsync, tarcopy
 from opsctl.remote.transfer import PROBE, Progress, TransferStats
+
+if t.TYPE_CHECKING:  # not at run time: a push should not pay for the playbook models
+    from opsctl.config.playbook import Playbook
 
 DATA_DIR = "data"  # under the host's `root:` in the container
 METHODS = ("auto", "rsync", "tar")
@@ -104,14 +106,22 @@ def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool 
     local = local.resolve()
     remote_dest = container_path(tgt, dest if dest else local.name)
     chosen = resolve_method(method)
-    probe = _probe(tgt, remote_dest, "push")
-    chosen = _pick(tgt, chosen, probe["rsync"])
-    if chosen == "rsync":
+    stats: TransferStats | None = None
+    if chosen == "rsync" and not shutil.which("rsync"):
+        raise ConfigError("--method rsync, but this machine has no rsync (apt-get install rsync)")
+    if chosen != "tar" and shutil.which("rsync"):
+        # rsync first, no probe: an unchanged re-push is one SSH connection. Only when it
+        # fails, the probe says why (typed container errors) or that rsync is missing there.
         source = f"{local}/" if local.is_dir() else str(local)
-        stats = rsync.run(tgt.host, tgt.ctid, source, rsync.remote_spec(tgt.host, remote_dest),
-                          delete=delete, step="push", on_progress=on_progress,
-                          bwlimit_kib=bwlimit_kib)
-    else:
+        try:
+            stats = rsync.run(tgt.host, tgt.ctid, source, rsync.remote_spec(tgt.host, remote_dest),
+                              delete=delete, step="push", on_progress=on_progress,
+                              bwlimit_kib=bwlimit_kib,
+                              make_dir=posixpath.dirname(remote_dest.rstrip("/")) or "/")
+        except RemoteCommandFailed:
+            if _pick(tgt, chosen, _probe(tgt, remote_dest, "push")["rsync"]) == "rsync":
+                raise
+    if stats is None:
         stats = tarcopy.push(tgt.remote, tgt.ctid, local, remote_dest, delete=delete,
                              on_progress=on_progress, bwlimit_kib=bwlimit_kib)
     return _report("push", tgt, str(local), remote_dest, stats, start)

@@ -37,12 +37,20 @@ def remote_spec(spec: HostSpec, path: str) -> str:
     return f"{host}:{path}"
 
 
+#: The container side of a push: make DEST's parent directory, then become rsync's server
+#: (rsync before 3.2.3 has no --mkpath). Constant code; the directory is an argument ($1) and
+#: rsync's own ``--server …`` words follow it.
+MKDIR_THEN_RSYNC = 'mkdir -p -- "$1" && shift && exec rsync "$@"'
+
+
 def rsync_argv(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool,
-               bwlimit_kib: int | None = None) -> list[str]:
-    """The whole rsync command line; ``src``/``dest`` as rsync takes them (one is remote)."""
+               bwlimit_kib: int | None = None, make_dir: str | None = None) -> list[str]:
+    """The whole rsync command line; ``src``/``dest`` as rsync takes them (one is remote).
+    ``make_dir``: a container directory to create first (a push's parent of DEST)."""
+    server = ["rsync"] if make_dir is None else ["sh", "-c", MKDIR_THEN_RSYNC, "sh", make_dir]
     argv = ["rsync", "-rlpt", "--partial", "-s", "--stats", "--info=progress2",
             "--no-inc-recursive", "--rsh", transport.rsync_remote_shell(spec),
-            "--rsync-path", transport.container_command(spec, ctid, ["rsync"], step="rsync")]
+            "--rsync-path", transport.container_command(spec, ctid, server, step="rsync")]
     if delete:
         argv.append("--delete")
     if bwlimit_kib:
@@ -56,14 +64,16 @@ def parse_stats(text: str) -> dict[str, int]:
 
 
 def run(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool, step: str,
-        on_progress: Progress | None = None, bwlimit_kib: int | None = None) -> TransferStats:
+        on_progress: Progress | None = None, bwlimit_kib: int | None = None,
+        make_dir: str | None = None) -> TransferStats:
     """Run rsync; ``on_progress(done, total)`` as it goes.
 
     Raises:
         HostKeyError, AuthError, TransportError: the OpenSSH client could not connect.
         RemoteCommandFailed: rsync failed (its stderr tail; the whole output in the log).
     """
-    argv = rsync_argv(spec, ctid, src, dest, delete=delete, bwlimit_kib=bwlimit_kib)
+    argv = rsync_argv(spec, ctid, src, dest, delete=delete, bwlimit_kib=bwlimit_kib,
+                      make_dir=make_dir)
     buf = bytearray()
 
     def progress(chunk: bytes) -> None:  # progress2 lines: "  1,048,576  50%  95.2MB/s ..."

@@ -631,6 +631,10 @@ def save_log(step: str, result: CommandResult) -> Path:
 # accept-new); the container command string comes from host_command() like every other.
 
 
+_BULK_CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+                 "aes128-ctr,aes256-ctr")
+
+
 def openssh_argv(spec: HostSpec) -> list[str]:
     """``ssh`` and its options for ``spec``, without the host argument (rsync appends it).
 
@@ -642,7 +646,10 @@ def openssh_argv(spec: HostSpec) -> list[str]:
             "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={spec.known_hosts_path()}",
             "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",
-            "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR"]
+            "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR",
+            # AES-GCM first: with AES-NI it moves bulk data ~25 % faster than OpenSSH's
+            # default chacha20 on the same cores (measured on the sandbox, README "Files")
+            "-o", f"Ciphers={_BULK_CIPHERS}"]
     if spec.identity_file:
         argv += ["-i", os.path.expanduser(spec.identity_file), "-o", "IdentitiesOnly=yes"]
     if spec.proxy_jump:
