@@ -1,7 +1,8 @@
 """SSH to the Proxmox host and ``pct exec`` into its containers.
 
-This is the one choke point for remote commands: :meth:`Remote.run` is the only
-code in opsctl that calls ``shlex.join``. Every command is an argv list; untrusted
+This is the one choke point for remote commands: this module is the only code in opsctl
+that calls ``shlex.join`` (:func:`host_command` for every remote command, and
+:func:`rsync_remote_shell` for rsync's ``--rsh``). Every command is an argv list; untrusted
 text never reaches a shell unquoted.
 
 Design notes
