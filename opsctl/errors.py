@@ -27,6 +27,7 @@ HOST_SETUP = 22
 PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
 UNKNOWN_JOB = 26
+FLEET_INCOMPLETE = 27
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
@@ -48,6 +49,8 @@ EXIT_CODES: dict[int, str] = {
     REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline)",
     UNKNOWN_JOB: "no such job in the container (unknown id or prefix, an ambiguous prefix, or "
                  "nothing launched yet)",
+    FLEET_INCOMPLETE: "a fleet command answered, but some rows are errors (each row carries "
+                      "its own error and exit code)",
     TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
@@ -182,6 +185,14 @@ class UnknownJob(AgentError):
     """The container has no job of that id (or the prefix names several, or none was launched)."""
 
     exit_code = UNKNOWN_JOB
+class FleetIncomplete(OpsctlError):
+    """``status --all``: every row was answered, some with an error; ``report`` holds them all."""
+
+    exit_code = FLEET_INCOMPLETE
+
+    def __init__(self, message: str, *, report: t.Any = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.report = report
 
 
 class TorchEnvError(OpsctlError, ValueError):

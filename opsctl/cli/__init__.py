@@ -9,10 +9,10 @@ defined but not listed.
 
 from __future__ import annotations
 
-from opsctl.cli import complete, diag, hosts, interactive, jobs, sandbox, torch, view
+from opsctl.cli import complete, diag, files, hosts, interactive, jobs, sandbox, torch, view
 from opsctl.cli.app import cli
 
-FAMILIES = (sandbox, jobs, interactive, diag, torch, hosts, view, complete)
+FAMILIES = (sandbox, jobs, interactive, files, diag, torch, hosts, view, complete)
 
 for family in FAMILIES:
     for command in family.COMMANDS:

@@ -153,10 +153,27 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True, help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
 @click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True)
+@click.option("--all", "all_hosts", is_flag=True,
+              help="Every container of every inventory host, in parallel, one row each; --host "
+                   "then selects hosts by glob pattern or inventory group, --ct filters.")
+@click.option("--deadline", "deadline_s", type=clitypes.SECONDS, default=20.0, show_default=True,
+              help="With --all: seconds each host has to answer before its rows are errors.")
+@click.option("--parallel", "max_parallel", type=click.IntRange(min=1), default=16, show_default=True,
+              help="With --all: hosts (and containers of one host) queried at once.")
 @json_option
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
-           lines: int, follow: bool, poll_s: float, as_json: bool) -> None:
-    """Job state, pane tail, metrics, GPUs and a diagnosis of known failures."""
+           lines: int, follow: bool, poll_s: float, all_hosts: bool, deadline_s: float,
+           max_parallel: int, as_json: bool) -> None:
+    """Job state, pane tail, metrics, GPUs and a diagnosis of known failures.
+
+    With --all: one row per container of the fleet; exit 27 when some rows are errors.
+    """
+    if all_hosts:
+        if follow or job_id is not None:
+            raise errors.ConfigError("status --all shows each container's current job: "
+                                     "--follow and --job need a single --host/--ct")
+        _status_all(host, ctid, deadline_s, max_parallel, as_json)
+        return
     from opsctl.ops import jobs, watch
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
@@ -188,6 +205,34 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if follow and st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
+
+
+def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,
+                as_json: bool) -> None:
+    from opsctl.ops import fleet
+
+    try:
+        report = fleet.fleet_status(pattern, ctids=None if ctid is None else {ctid},
+                                    deadline_s=deadline_s, max_parallel=max_parallel)
+    except errors.FleetIncomplete as exc:
+        if as_json:
+            from opsctl.cli.jsonout import print_json
+
+            print_json({**exc.report.to_dict(), "ok": False, "error": exc.to_dict()})
+            click.get_current_context().meta["opsctl_json_done"] = True  # one document only
+        else:
+            from opsctl.cli import render
+
+            render.fleet(render.console(), exc.report)
+        raise
+    if as_json:
+        from opsctl.cli.jsonout import print_json
+
+        print_json(report.to_dict())
+    else:
+        from opsctl.cli import render
+
+        render.fleet(render.console(), report)
 
 
 @click.command()

@@ -464,3 +464,25 @@ def hosts(con: Console, rows: t.Sequence[t.Any]) -> None:
                       ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach,
                       plain(r.detail or ""))
     con.print(table)
+
+
+def fleet(con: Console, report: t.Any) -> None:
+    """``opsctl status --all``: one row per container; errors say their exit code."""
+    table = Table(box=None)
+    for c in ("host", "ct", "reach", "job", "state", "step", "tok/s", "GPU util", "diagnosis / note"):
+        table.add_column(c, justify="right" if c in ("ct", "step", "tok/s", "GPU util") else "left")
+    for r in report.rows:
+        reach = "[green]yes[/]" if r.reachable else "[red]no[/]"
+        state = Text("-") if r.state is None else (
+            state_text(JobState(r.state)) if r.state in JobState.__members__ else plain(r.state))
+        if r.error is not None:
+            last = plain(f"error {r.error['exit_code']}: {r.error['message']}", style="red")
+        else:
+            last = plain(r.diagnosis or r.note or "", style="yellow" if r.diagnosis else "dim")
+        util = "-" if r.gpu_util_pct is None else f"{r.gpu_util_pct:.0f}% ×{r.gpus}"
+        table.add_row(plain(r.host), "-" if r.ctid is None else str(r.ctid), reach,
+                      plain(r.job_id or "-"), state, _num(r.step), _num(r.tok_s), util, last)
+    con.print(table)
+    errs = f", [red]{report.errors} errors[/]" if report.errors else ""
+    con.print(f"{len(report.rows)} containers on {len(report.hosts)} hosts in "
+              f"{report.took_s:.2f} s{errs}")

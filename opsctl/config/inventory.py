@@ -96,6 +96,8 @@ class HostSpec(BaseModel):
 class InventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    #: named sets of host names, for fleet commands (``opsctl status --all --host GROUP``)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
     torch_builds: dict[str, t.Any] | None = None
 
 
@@ -105,6 +107,34 @@ class Inventory:
     sources: tuple[str, ...]  # files read, in lookup order
     torch_builds: dict[str, t.Any]
     origins: dict[str, str] = field(default_factory=dict)  # host name -> the file defining it
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> host names
+
+    def select(self, pattern: str | None) -> list[str]:
+        """Host names for a fleet command: every host, a group's members, or a glob on names.
+
+        A name that is a group selects its members (in the group's order); anything else is a
+        shell-style pattern (``fnmatch``: ``gpu-*``, ``pve[12]``) matched against host names.
+
+        Raises:
+            ConfigError: a group names a host the inventory does not define, or nothing matches.
+        """
+        import fnmatch
+
+        if pattern is None:
+            return sorted(self.hosts)
+        if pattern in self.groups:
+            unknown = [h for h in self.groups[pattern] if h not in self.hosts]
+            if unknown:
+                raise ConfigError(f"inventory group {pattern!r} names unknown hosts: "
+                                  f"{', '.join(unknown)}",
+                                  hint=f"known hosts: {', '.join(sorted(self.hosts)) or '(none)'}")
+            return list(self.groups[pattern])
+        names = sorted(h for h in self.hosts if fnmatch.fnmatchcase(h, pattern))
+        if not names:
+            raise ConfigError(f"no inventory host or group matches {pattern!r}",
+                              hint=f"hosts: {', '.join(sorted(self.hosts)) or '(none)'}; groups: "
+                                   f"{', '.join(sorted(self.groups)) or '(none)'}")
+        return names
 
     def resolve(self, host: str) -> HostSpec:
         """An inventory name, or a bare ``[user@]address[:port]``.
@@ -156,6 +186,7 @@ def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
     hosts: dict[str, HostSpec] = {}
     origins: dict[str, str] = {}
     builds: dict[str, t.Any] = {}
+    groups: dict[str, tuple[str, ...]] = {}
     files = [path for d in (dirs if dirs is not None else paths.inventory_dirs()) if d.is_dir()
              for path in sorted(d.glob("*.yaml"))]
     for path in reversed(files):  # read last first, so that the first definition wins
@@ -164,10 +195,11 @@ def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
         for name, spec in parsed.hosts.items():
             hosts[name] = spec.model_copy(update={"name": name})
             origins[name] = str(path)
+        groups.update({name: tuple(members) for name, members in parsed.groups.items()})
         for variant, row in (parsed.torch_builds or {}).items():
             if isinstance(row, dict) and isinstance(builds.get(variant), dict):
                 builds[variant] = {**builds[variant], **row}
             else:
                 builds[variant] = row
     return Inventory(hosts=hosts, sources=tuple(str(p) for p in files), torch_builds=builds,
-                     origins=origins)
+                     origins=origins, groups=groups)

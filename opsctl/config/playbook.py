@@ -134,6 +134,14 @@ class TorchSpec(BaseModel):
     version: str | None = None
 
 
+class FileSpec(BaseModel):
+    """One entry of a playbook's ``files:``: a local path and where it goes in the container."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    src: str = Field(min_length=1)  # on this machine (relative: to the current directory)
+    dest: str | None = None  # absolute, or under <root>/data; default <root>/data/<name of src>
+
+
 class Playbook(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -177,6 +185,10 @@ class Playbook(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("a secret is named twice")
         return v
+    # pushed by deploy before launch (rsync: only what changed), see opsctl/ops/files.py
+    files: list[FileSpec] = Field(default_factory=list)
+    # container paths (absolute, or under <root>/data) that `opsctl pull` fetches without SRC
+    outputs: list[t.Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
 
     @field_validator("env", mode="before")
     @classmethod

@@ -4,7 +4,8 @@ One path, decided by the playbook alone:
 
 1. payload: shipped first when ``--force-payload`` or when the playbook has torch work (a
    ``torch:`` build or a ``cache:`` policy) — that work runs agent verbs from the payload;
-2. torch work (:func:`_prepare_torch`), only when the playbook asks for it;
+2. torch work (:func:`_prepare_torch`), only when the playbook asks for it; then the
+   playbook's ``files:`` (:mod:`.files`; rsync sends only what changed);
 3. launch. When the payload was not shipped in step 1 the launch carries its digest and
    the agent refuses a different installed payload, so an unchanged re-deploy is one round
    trip; a refusal ships the payload and launches again (nothing was touched).
@@ -195,6 +196,15 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
         if needs_torch_work(book):
             step("prepare")
             _prepare_torch(tgt, book, steps, on_step, replace)
+    if book.files:  # the playbook's files: before launch; rsync sends only what changed
+        from opsctl.ops import files as files_mod
+
+        if not replace and pay is None:
+            step("check")
+            refuse_if_running(tgt)  # never change a running job's files, then be refused
+        step("files")
+        pushed = files_mod.push_playbook_files(tgt, book)
+        step("files-done", files=sum(r.files for r in pushed), bytes=sum(r.bytes for r in pushed))
     status: JobStatus | None = None
     if pay is None:  # launch checks the installed payload's digest: one round trip
         from opsctl.remote import payload as payload_mod

@@ -1,7 +1,8 @@
 """SSH to the Proxmox host and ``pct exec`` into its containers.
 
-This is the one choke point for remote commands: :meth:`Remote.run` is the only
-code in opsctl that calls ``shlex.join``. Every command is an argv list; untrusted
+This is the one choke point for remote commands: this module is the only code in opsctl
+that calls ``shlex.join`` (:func:`host_command` for every remote command, and
+:func:`rsync_remote_shell` for rsync's ``--rsh``). Every command is an argv list; untrusted
 text never reaches a shell unquoted.
 
 Design notes
@@ -628,3 +629,79 @@ def save_log(step: str, result: CommandResult) -> Path:
         f.write(f"$ {result.command}\n# rc={result.rc} elapsed={result.elapsed_s:.3f}s\n".encode())
         f.write(b"--- stdout ---\n" + result.stdout + b"\n--- stderr ---\n" + result.stderr)
     return path
+
+
+# --- the OpenSSH client, for bulk data (opsctl push / pull) ---------------------------------
+# File transfers stream gigabytes; paramiko moves bulk data at a fraction of OpenSSH's rate
+# and rsync needs a real `ssh` program as its remote shell anyway. Both run the OpenSSH client
+# with exactly the host's resolved settings and the same known_hosts, strictly (never
+# accept-new); the container command string comes from host_command() like every other.
+
+
+_BULK_CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+                 "aes128-ctr,aes256-ctr")
+
+
+def openssh_argv(spec: HostSpec) -> list[str]:
+    """``ssh`` and its options for ``spec``, without the host argument (rsync appends it).
+
+    ``-F /dev/null``: ~/.ssh/config was already applied into ``spec`` (sshconfig.py); it must
+    not be applied twice or differently. Host keys: ``StrictHostKeyChecking=yes`` against the
+    host's known_hosts file, so an unknown or changed key is refused as everywhere else.
+    """
+    argv = ["ssh", "-F", "/dev/null", "-p", str(spec.port), "-l", spec.user,
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={spec.known_hosts_path()}",
+            "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",
+            "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR",
+            # AES-GCM first: with AES-NI it moves bulk data ~25 % faster than OpenSSH's
+            # default chacha20 on the same cores (sandbox, 256 MiB through ssh: 1.8 s vs 2.4 s)
+            "-o", f"Ciphers={_BULK_CIPHERS}"]
+    if spec.identity_file:
+        argv += ["-i", os.path.expanduser(spec.identity_file), "-o", "IdentitiesOnly=yes"]
+    if spec.proxy_jump:
+        argv += ["-J", spec.proxy_jump]
+    return argv
+
+
+def rsync_remote_shell(spec: HostSpec) -> str:
+    """rsync's ``--rsh`` value: :func:`openssh_argv` joined once (rsync splits it again)."""
+    return shlex.join(openssh_argv(spec))
+
+
+def container_command(spec: HostSpec, ctid: int, argv: t.Sequence[str], *, step: str) -> str:
+    """The command string that runs ``argv`` in container ``ctid`` (as :meth:`Remote.pct_exec`
+    sends it, without a deadline), for the OpenSSH client or rsync's ``--rsync-path``.
+
+    Raises:
+        ConfigError: as :func:`check_command` (NUL byte, over the length limit).
+    """
+    pct = pct_argv(ctid, argv)
+    command = host_command(pct, sudo=spec.sudo, pct_path=spec.pct_path)
+    check_command(spec.label, step, pct, command)
+    return command
+
+
+#: What the OpenSSH client prints when it, not the remote command, failed (its rc is 255).
+_SSH_HOST_KEY = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
+                 "No ED25519 host key is known", "host key is known")
+_SSH_AUTH = "Permission denied"
+
+
+def classify_openssh_failure(spec: HostSpec, rc: int, stderr: str, step: str) -> None:
+    """Raise the transport error the OpenSSH client reported (rc 255), else return.
+
+    Raises:
+        HostKeyError, AuthError, TransportError: as the client said.
+    """
+    if rc != 255:
+        return
+    tail = " ".join(stderr.strip().splitlines()[-2:]) or "ssh exited 255"
+    where = f"{spec.ssh_label()} (step: {step})"
+    if any(s in stderr for s in _SSH_HOST_KEY):
+        raise HostKeyError(f"host key of {where} is not in {spec.known_hosts_path()} or changed: "
+                           f"{tail}", hint=f"check it, then `opsctl host trust --host {spec.label}`")
+    if _SSH_AUTH in stderr:
+        raise AuthError(f"SSH authentication to {where} failed: {tail}",
+                        hint="check user and identity_file in the inventory")
+    raise TransportError(f"cannot connect to {where}: {tail}")

@@ -42,8 +42,10 @@ BASE = "base"  # template container; real ones are cheap `lxc-copy`s of it
 RELEASE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "tmux", "procps")
 # Installed on first start (kept apart so existing sandboxes catch up): torch.compile on CPU
-# needs a C++ compiler in the container, as inductor builds its kernels there.
-LATE_PACKAGES = ("g++", "python3-dev")
+# needs a C++ compiler in the container, as inductor builds its kernels there; `opsctl push`
+# and `pull` use rsync when the container has it (opsctl/remote/filesync.py), as most
+# Proxmox templates do not by default (their tar fallback is tested with a switch).
+LATE_PACKAGES = ("g++", "python3-dev", "rsync")
 _LATE_MARKER = "var/lib/opsctl-sandbox-packages"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 APT_INSTALL = ("apt-get install -y lxc lxc-templates debootstrap rsync distro-info wget "

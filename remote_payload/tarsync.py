@@ -1,0 +1,304 @@
+"""Copy a file or a tree as a tar stream with a sha256 per file: the fallback of ``opsctl
+push``/``pull`` when the container has no rsync (stdlib only, Python >= 3.10).
+
+The same code runs on both ends: opsctl imports it, and sends its source to the container as
+``python3 -c <this file> VERB ARGS`` (a constant; arguments are argv words, never code).
+
+Why our own and not plain ``tar``: a plain tar stream neither verifies what arrived nor
+resumes. Here every file member is followed by a ``.opsctl/sum`` member holding the sha256
+the sender computed *while reading what it sent*; the receiver writes the file under a
+temporary name, hashes what it wrote, and renames it into place only when the two agree. So
+an interrupted transfer keeps every file it completed (the next run sends only the rest:
+file-level resume; rsync resumes inside a file too), and nothing half-written ever has the
+final name. The receiver decides what to ask for (``scan``: missing, or size or mtime
+differ, like rsync's quick check).
+
+Verbs (stdout: one JSON document, except ``send`` whose stdout is the tar stream)::
+
+    list SRC               -> {"root": kind, "entries": [[rel, kind, size, mtime, mode, link], ...]}
+    scan DEST  < listing   -> {"send": [rel, ...]}
+    send SRC   < {"send": [...]}  -> tar stream
+    receive DEST [--delete] < tar stream  -> {"ok": true, "files": n, "bytes": n, ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import stat
+import sys
+import tarfile
+import typing as t
+
+SUM = ".opsctl/sum"  # member after each file: its sha256
+LIST = ".opsctl/list.json"  # first member: every entry of the source (for --delete)
+DATA = "data"  # member names are data/<rel>; the source root itself is "data"
+PART = ".opsctl-part"  # suffix of a file being received (never the final name)
+CHUNK = 1 << 20
+
+Entry = list[t.Any]  # [rel, kind ("file"|"dir"|"link"), size, mtime (int s), mode, link target]
+
+
+class Refused(Exception):
+    """A member or path the receiver will not write (outside DEST, odd type, bad sum)."""
+
+
+def _lst(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _kind(st: os.stat_result | None) -> str:
+    if st is None:
+        return "missing"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    return "other"
+
+
+def _entry(path: str, rel: str, st: os.stat_result) -> Entry:
+    kind = _kind(st)
+    return [rel, kind, st.st_size if kind == "file" else 0, int(st.st_mtime),
+            stat.S_IMODE(st.st_mode), os.readlink(path) if kind == "link" else None]
+
+
+def listing(src: str) -> dict[str, t.Any]:
+    """Every file, directory and symlink under ``src`` (or ``src`` itself), sorted."""
+    st = _lst(src)
+    kind = _kind(st)
+    if st is None or kind in ("missing", "other"):
+        return {"root": kind, "entries": []}
+    entries = [_entry(src, "", st)]
+    skipped = []
+    if kind == "dir":
+        for top, dirs, files in os.walk(src):
+            dirs.sort()
+            for name in sorted(dirs + files):
+                full = os.path.join(top, name)
+                rel = os.path.relpath(full, src)
+                est = os.lstat(full)
+                if _kind(est) == "other":
+                    skipped.append(rel)  # fifo, socket, device: not data
+                    continue
+                entries.append(_entry(full, rel, est))
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+    return {"root": kind, "entries": entries, "skipped": skipped}
+
+
+def _target(dest: str, rel: str) -> str:
+    """Where ``rel`` goes under ``dest``; refuses names leaving it."""
+    if rel == "":
+        return dest
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise Refused(f"unsafe path in transfer: {rel!r}")
+    return os.path.join(dest, *parts)
+
+
+def scan(dest: str, doc: dict[str, t.Any]) -> list[str]:
+    """The entries of a listing that ``dest`` lacks or has in another size/mtime/kind."""
+    want = []
+    for rel, kind, size, mtime, _mode, link in doc["entries"]:
+        st = _lst(_target(dest, rel))
+        have = _kind(st)
+        if kind == "dir":
+            same = have == "dir"
+        elif kind == "link":
+            same = have == "link" and os.readlink(_target(dest, rel)) == link
+        else:
+            same = (have == "file" and st is not None and st.st_size == size
+                    and int(st.st_mtime) == mtime)
+        if not same:
+            want.append(rel)
+    return want
+
+
+class _Hashing(io.RawIOBase):
+    """A file read through sha256: what is hashed is exactly what is sent."""
+
+    def __init__(self, f: t.BinaryIO, counted: t.Callable[[int], None] | None):
+        self.f, self.h, self.counted = f, hashlib.sha256(), counted
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.h.update(data)
+        if self.counted is not None and data:
+            self.counted(len(data))
+        return data
+
+
+def send(src: str, doc: dict[str, t.Any], wanted: t.Collection[str], out: t.BinaryIO,
+         counted: t.Callable[[int], None] | None = None) -> None:
+    """Write the tar stream of ``wanted`` entries of ``doc`` (a listing of ``src``)."""
+    wanted = set(wanted)
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                      errors="surrogateescape") as tar:
+        names = json.dumps({"root": doc["root"], "entries": [e[0] for e in doc["entries"]]})
+        _add_bytes(tar, LIST, names.encode("utf-8", "surrogateescape"))
+        for rel, kind, _size, mtime, mode, link in doc["entries"]:
+            if rel not in wanted:
+                continue
+            path = _target(src, rel)
+            info = tarfile.TarInfo(f"{DATA}/{rel}" if rel else DATA)
+            info.mtime, info.mode = mtime, mode
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                with open(path, "rb") as f:
+                    info.size = os.fstat(f.fileno()).st_size
+                    reader = _Hashing(f, counted)
+                    tar.addfile(info, reader)
+                _add_bytes(tar, SUM, reader.h.hexdigest().encode())
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def receive(dest: str, stream: t.BinaryIO, *, delete: bool = False,
+            counted: t.Callable[[int], None] | None = None) -> dict[str, t.Any]:
+    """Unpack a :func:`send` stream at ``dest``, verifying each file before it is renamed.
+
+    Raises:
+        Refused: an unsafe name, a symlinked parent, an unexpected member or a sha256 mismatch
+            (the file being received is removed; files completed before stay).
+    """
+    files = nbytes = 0
+    names: dict[str, t.Any] | None = None
+    pending: tuple[str, str, str, tarfile.TarInfo] | None = None  # part, target, digest, info
+    real_dest = None
+    with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
+        for m in tar:
+            if m.name == LIST:
+                names = json.loads(_read(tar, m))
+                if names["root"] == "dir":
+                    os.makedirs(dest, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+                real_dest = os.path.realpath(dest if names["root"] == "dir" else
+                                             os.path.dirname(os.path.abspath(dest)))
+                continue
+            if m.name == SUM:
+                if pending is None:
+                    raise Refused("checksum member without a file")
+                part, target, digest, info = pending
+                want = _read(tar, m).decode()
+                if want != digest:
+                    os.unlink(part)
+                    raise Refused(f"sha256 mismatch for {target!r}: sent {want[:12]}, "
+                                  f"received {digest[:12]}")
+                os.chmod(part, info.mode & 0o7777)
+                os.utime(part, (info.mtime, info.mtime))
+                if os.path.isdir(target) and not os.path.islink(target):
+                    raise Refused(f"{target!r} is a directory; the source has a file there")
+                os.replace(part, target)
+                files += 1
+                pending = None
+                continue
+            if names is None or real_dest is None or pending is not None:
+                raise Refused(f"unexpected member {m.name!r}")
+            rel = "" if m.name == DATA else m.name[len(DATA) + 1:] if m.name.startswith(DATA + "/") \
+                else None
+            if rel is None:
+                raise Refused(f"unexpected member {m.name!r}")
+            target = _target(dest, rel)
+            parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
+            if rel and not (parent == real_dest or parent.startswith(real_dest + os.sep)):
+                raise Refused(f"{rel!r} would be written through a symlink out of the destination")
+            if m.isdir():
+                if _kind(_lst(target)) not in ("dir", "missing"):
+                    os.unlink(target)
+                os.makedirs(target, exist_ok=True)
+                os.chmod(target, m.mode & 0o7777)
+            elif m.issym():
+                if _kind(_lst(target)) == "dir":
+                    raise Refused(f"{target!r} is a directory; the source has a symlink there")
+                if _lst(target) is not None:
+                    os.unlink(target)
+                os.symlink(m.linkname, target)
+            elif m.isfile():
+                part = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + PART)
+                src = tar.extractfile(m)
+                h = hashlib.sha256()
+                with open(part, "wb") as f:
+                    while True:
+                        data = src.read(CHUNK) if src is not None else b""
+                        if not data:
+                            break
+                        h.update(data)
+                        f.write(data)
+                        nbytes += len(data)
+                        if counted is not None:
+                            counted(len(data))
+                pending = (part, target, h.hexdigest(), m)
+            else:
+                raise Refused(f"unexpected member type for {m.name!r}")
+    if pending is not None:
+        os.unlink(pending[0])
+        raise Refused(f"stream ended before the checksum of {pending[1]!r}")
+    deleted = _delete_extra(dest, names) if delete and names and names["root"] == "dir" else []
+    return {"ok": True, "files": files, "bytes": nbytes, "deleted": len(deleted)}
+
+
+def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(m)
+    return f.read() if f is not None else b""
+
+
+def _delete_extra(dest: str, names: dict[str, t.Any]) -> list[str]:
+    """Remove what ``dest`` has beyond the source's entries (deepest first)."""
+    keep = set(names["entries"])
+    gone = []
+    for top, dirs, files in os.walk(dest, topdown=False):
+        for name in files + dirs:
+            full = os.path.join(top, name)
+            rel = os.path.relpath(full, dest)
+            if rel in keep:
+                continue
+            if os.path.isdir(full) and not os.path.islink(full):
+                os.rmdir(full)  # its contents were removed first (bottom-up walk)
+            else:
+                os.unlink(full)
+            gone.append(rel)
+    return gone
+
+
+def main(argv: list[str]) -> int:
+    verb, path, *rest = argv
+    try:
+        if verb == "list":
+            json.dump(listing(path), sys.stdout)
+        elif verb == "scan":
+            json.dump({"send": scan(path, json.load(sys.stdin))}, sys.stdout)
+        elif verb == "send":
+            wanted = json.load(sys.stdin)["send"]
+            send(path, listing(path), wanted, sys.stdout.buffer)
+        elif verb == "receive":
+            json.dump(receive(path, sys.stdin.buffer, delete="--delete" in rest), sys.stdout)
+        else:
+            raise Refused(f"unknown verb {verb!r}")
+    except (Refused, OSError, tarfile.TarError, ValueError, KeyError) as exc:
+        sys.stderr.write(f"tarsync {verb}: {type(exc).__name__}: {exc}\n")
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
