@@ -31,6 +31,9 @@ class ContainerSpec(BaseModel):
     gpus: int = Field(default=0, ge=0)
     description: str | None = None
     playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
+    # multi-node runs: the interface NCCL and gloo use (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+    # and whose address the rendezvous announces; wins over the host's
+    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
 
 
 class HostSpec(BaseModel):
@@ -53,6 +56,7 @@ class HostSpec(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     containers: dict[int, ContainerSpec] = Field(default_factory=dict)
     torch_builds: dict[str, t.Any] | None = None  # per-host overrides of the builds table
+    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
 
     @field_validator("address")
     @classmethod
