@@ -27,15 +27,22 @@ from opsctl.cli.app import json_option, target_options
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
 @click.option("--force", "force_gpus", is_flag=True,
               help="Launch although GPUs the job needs are in use by something else (named).")
+@click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
+              help="One run across these containers (node 0 first) through torchrun; "
+                   "instead of --host/--ct.")
 @json_option
 def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str | None,
            replace: bool, no_wait: bool, poll_s: float, force_payload: bool, force_gpus: bool,
-           as_json: bool) -> None:
+           nodes_text: str | None, as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl.cli import render
     from opsctl.ops import deploy as deploy_ops
     from opsctl.ops import jobs
 
+    if nodes_text is not None:
+        _deploy_nodes(nodes_text, host, ctid, accept_new_host_key, playbook_path, replace, no_wait,
+                      poll_s, force_payload, force_gpus, as_json)
+        return
     if host is None:
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
     if playbook_path is None and ctid is None:
@@ -57,6 +64,53 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     out = render.console()
     render.status(out, report.target, report.status)
     out.print(render.deploy_verdict(report.job_id, report.outcome, report.status, report.elapsed_s))
+
+
+def _deploy_nodes(nodes_text: str, host: str | None, ctid: int | None, accept_new_host_key: bool,
+                  playbook_path: str | None, replace: bool, no_wait: bool, poll_s: float,
+                  force_payload: bool, force_gpus: bool, as_json: bool) -> None:
+    """``deploy --nodes``: one run across containers (opsctl.ops.multinode)."""
+    from opsctl.cli import render
+    from opsctl.config.nodes import parse_nodes
+    from opsctl.ops import multinode
+
+    if host is not None or ctid is not None:
+        raise errors.ConfigError("deploy: give either --nodes or --host/--ct, not both")
+    refs = parse_nodes(nodes_text)
+    err = render.console(stderr=True)
+    seen: dict[str, t.Any] = {"key": None}
+
+    def on_step(name: str) -> None:
+        if not as_json and not name.endswith("-done"):
+            err.print(render.plain(f"{render.now_stamp()} {name}…"))
+
+    def on_poll(rows: list[t.Any], elapsed: float) -> None:
+        key = [(r.status.state, r.status.phase) if r.status else r.error for r in rows]
+        if not as_json and key != seen["key"]:
+            seen["key"] = key
+            err.print(render.plain(f"{render.now_stamp()} " + "  ".join(
+                f"node {r.index}: {r.status.state.value if r.status else 'no answer'}"
+                f"{' ' + r.status.phase if r.status and r.status.phase else ''}" for r in rows)))
+
+    try:
+        report = multinode.deploy(refs, playbook_path, replace=replace, wait=not no_wait,
+                                  poll_s=poll_s, on_step=on_step, on_poll=on_poll,
+                                  force_payload=force_payload, force_gpus=force_gpus,
+                                  accept_new_host_key=accept_new_host_key)
+    except errors.DeployOutcomeError as exc:
+        if exc.report is not None and as_json:
+            render.print_json({**exc.report.to_dict(), "ok": False, "error": exc.to_dict()})
+            click.get_current_context().meta["opsctl_json_done"] = True
+        elif exc.report is not None:
+            render.run_table(err, exc.report)
+        raise
+    if as_json:
+        render.print_json({"ok": True, **report.to_dict()})
+        return
+    out = render.console()
+    render.run_table(out, report)
+    out.print(render.plain(f"{report.job_id}: {report.outcome} on {len(report.nodes)} nodes after "
+                           f"{render.duration(report.elapsed_s)}", style="bold green"))
 
 
 class _Progress:
@@ -121,12 +175,32 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True, help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
 @click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True)
+@click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
+              help="Every node of a multi-node run (default, without --host/--ct: the last "
+                   "`deploy --nodes`).")
 @json_option
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
-           lines: int, follow: bool, poll_s: float, as_json: bool) -> None:
+           lines: int, follow: bool, poll_s: float, nodes_text: str | None, as_json: bool) -> None:
     """Job state, pane tail, metrics, GPUs and a diagnosis of known failures."""
     from opsctl.ops import jobs, watch
 
+    run = _run_nodes(host, ctid, nodes_text, job_id)
+    if run is not None:
+        if follow:
+            raise errors.ConfigError("status --follow follows one container: pass --host and --ct "
+                                     "(one node of the run)")
+        from opsctl.ops import multinode
+
+        report = multinode.status(run[0], run[1], lines=lines, accept_new_host_key=accept_new_host_key)
+        if as_json:
+            from opsctl.cli.jsonout import print_json
+
+            print_json({"ok": True, **report.to_dict()})
+        else:
+            from opsctl.cli import render
+
+            render.run_table(render.console(), report)
+        return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if follow:
             from opsctl.cli import render
@@ -187,14 +261,31 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 @click.option("--job", "job_id", type=clitypes.JOB_ID, default=None)
 @click.option("--grace", "grace_s", type=clitypes.SECONDS_OR_ZERO, default=30.0, show_default=True,
               help="Seconds after SIGINT before SIGTERM, then SIGKILL.")
+@click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
+              help="Every node of a multi-node run (default, without --host/--ct: the last "
+                   "`deploy --nodes`).")
 @json_option
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
-         grace_s: float, as_json: bool) -> None:
+         grace_s: float, nodes_text: str | None, as_json: bool) -> None:
     """Stop the job: SIGINT, then SIGTERM, then SIGKILL to all its processes (its group and
-    detached children); exit 25 when one survives SIGKILL (its pids are shown)."""
+    detached children); exit 25 when one survives SIGKILL (its pids are shown). A multi-node
+    run is stopped on every node at once."""
     from opsctl.cli import render
     from opsctl.ops import jobs
 
+    run = _run_nodes(host, ctid, nodes_text, job_id)
+    if run is not None:
+        from opsctl.ops import multinode
+
+        report = multinode.stop(run[0], run[1], grace_s, accept_new_host_key=accept_new_host_key)
+        failed = any(r.error or (r.stop and r.stop.remaining_pids) for r in report.nodes)
+        if as_json:
+            render.print_json({"ok": not failed, **report.to_dict()})
+        else:
+            render.run_stop_lines(render.console(), report)
+        if failed:
+            sys.exit(errors.REMOTE_FAILED)
+        return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         res = jobs.stop(tgt, job_id, grace_s)
     if as_json:
@@ -204,6 +295,26 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
                                                 res.remaining_pids))
     if res.remaining_pids:
         sys.exit(errors.REMOTE_FAILED)
+
+
+def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
+               job_id: str | None) -> t.Any:
+    """(nodes, job id) when the command addresses a multi-node run, else None.
+
+    A single container's status never imports the multi-node code (``status --json`` speed)."""
+    if nodes_text is not None and (host is not None or ctid is not None):
+        raise errors.ConfigError("give either --nodes or --host/--ct, not both")
+    if host is not None or ctid is not None:
+        return None
+    if nodes_text is None:
+        from opsctl.config import last_target
+
+        last = last_target.load()
+        if last is None or not last.nodes:
+            return None
+    from opsctl.ops import multinode
+
+    return multinode.remembered_run(nodes_text, job_id)
 
 
 # --- exec / hosts ------------------------------------------------------------------------

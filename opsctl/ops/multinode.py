@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from opsctl.config import last_target as target_mod
 from opsctl.config.nodes import NodeRef, parse_nodes
-from opsctl.config.playbook import Playbook
 from opsctl.errors import (
     ConfigError,
     Interrupted,
@@ -42,10 +41,12 @@ from opsctl.errors import (
     OpsctlError,
     RemoteCommandFailed,
 )
-from opsctl.ops import deploy as deploy_ops
 from opsctl.ops import jobs, torchrun, watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.models import JobStatus, StopResult
+
+if t.TYPE_CHECKING:  # deploy (playbooks, payload) is imported by deploy only: status stays light
+    from opsctl.config.playbook import Playbook
 
 R = t.TypeVar("R")
 Progress = t.Callable[[str], None]
@@ -98,7 +99,7 @@ class RunReport:
     outcome: str = ""  # deploy: healthy | terminal | timeout | launched; status: the run state
     rendezvous: str | None = None  # host:port
     elapsed_s: float = 0.0
-    failed_node: int | None = None
+    failed_node: int | None = None  # the node whose job ended unsuccessfully first
     summary: str = ""
     steps: list[dict[str, t.Any]] = field(default_factory=list)
 
@@ -189,11 +190,14 @@ def remembered_run(nodes_text: str | None,
 
 
 def run_state(rows: t.Sequence[NodeRow]) -> str:
-    """FAILED when any node's job failed (or was cancelled, or lost); SUCCEEDED when all did;
-    UNKNOWN when a node could not be asked; else the least advanced live state."""
+    """FAILED when any node's job failed or was lost; CANCELLED when the unsuccessful ones were
+    all stopped (``opsctl stop``); SUCCEEDED when all succeeded; UNKNOWN when a node could not
+    be asked; else the least advanced live state."""
     states = [r.status.state.value if r.status else None for r in rows]
-    if any(s in ("FAILED", "CANCELLED", "LOST") for s in states):
+    if any(s in ("FAILED", "LOST") for s in states):
         return "FAILED"
+    if "CANCELLED" in states:
+        return "CANCELLED"
     if None in states:
         return "UNKNOWN"
     if all(s == "SUCCEEDED" for s in states):
@@ -231,6 +235,9 @@ def _verdict(report: RunReport) -> None:
     bad = first_failure(report.nodes)
     if bad is not None:
         report.failed_node = bad.index
+    if bad is not None and report.state == "CANCELLED":
+        report.summary = f"run {report.job_id} was stopped"
+    elif bad is not None:
         others = [r for r in report.nodes if r is not bad]
         tail = "; ".join(f"node {r.index}: {r.status.state.value if r.status else r.error}"
                          for r in others)
@@ -313,6 +320,8 @@ def deploy(refs: t.Sequence[NodeRef], playbook_name: str | None, *, replace: boo
         Interrupted: Ctrl-C; says which nodes were launched.
         (and transport/container/agent errors from the steps, naming the node)
     """
+    from opsctl.ops import deploy as deploy_ops
+
     if not refs:
         raise ConfigError("--nodes: no nodes given")
     start = time.monotonic()
@@ -384,6 +393,8 @@ def _ifname(node: Node) -> str | None:
 def _prepare(node: Node, book: Playbook, step: t.Callable[..., None],
              steps: list[dict[str, t.Any]], *, replace: bool, force_payload: bool) -> None:
     """What a single-node deploy does before its launch: refusal, payload, torch build."""
+    from opsctl.ops import deploy as deploy_ops
+
     tgt = node.target
     if not replace:
         step("check", node=node.index)
