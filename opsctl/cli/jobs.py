@@ -38,15 +38,22 @@ from opsctl.cli.app import confirm, interactive, job_argument, json_option, targ
               help="Launch although GPUs the job needs are in use by something else (named).")
 @click.option("--env-file", "env_file", default=None, metavar="FILE",
               help="NAME=value lines with the playbook's secrets (else the environment).")
+@click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
+              help="One run across these containers (node 0 first) through torchrun; "
+                   "instead of --host/--ct.")
 @json_option
 def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str | None,
            replace: bool, yes: bool, no_wait: bool, poll_s: float, force_payload: bool,
-           force_gpus: bool, env_file: str | None, as_json: bool) -> None:
+           force_gpus: bool, env_file: str | None, nodes_text: str | None, as_json: bool) -> None:
     """Push the payload, prepare torch + cache, launch the job in tmux, watch until healthy."""
     from opsctl.cli import render
     from opsctl.ops import deploy as deploy_ops
     from opsctl.ops import jobs
 
+    if nodes_text is not None:
+        _deploy_nodes(nodes_text, host, ctid, accept_new_host_key, playbook_path, replace, no_wait,
+                      poll_s, force_payload, force_gpus, as_json)
+        return
     if host is None:
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
     if playbook_path is None and ctid is None:
@@ -90,6 +97,51 @@ def _confirm_replacing(tgt: t.Any) -> None:
 
 def _step_text(step: dict[str, t.Any] | None) -> str:
     return f"step {step.get('step')}" if step and step.get("step") is not None else "no step yet"
+def _deploy_nodes(nodes_text: str, host: str | None, ctid: int | None, accept_new_host_key: bool,
+                  playbook_path: str | None, replace: bool, no_wait: bool, poll_s: float,
+                  force_payload: bool, force_gpus: bool, as_json: bool) -> None:
+    """``deploy --nodes``: one run across containers (opsctl.ops.multinode)."""
+    from opsctl.cli import render
+    from opsctl.config.nodes import parse_nodes
+    from opsctl.ops import multinode
+
+    if host is not None or ctid is not None:
+        raise errors.ConfigError("deploy: give either --nodes or --host/--ct, not both")
+    refs = parse_nodes(nodes_text)
+    err = render.console(stderr=True)
+    seen: dict[str, t.Any] = {"key": None}
+
+    def on_step(name: str) -> None:
+        if not as_json and not name.endswith("-done"):
+            err.print(render.plain(f"{render.now_stamp()} {name}…"))
+
+    def on_poll(rows: list[t.Any], elapsed: float) -> None:
+        key = [(r.status.state, r.status.phase) if r.status else r.error for r in rows]
+        if not as_json and key != seen["key"]:
+            seen["key"] = key
+            err.print(render.plain(f"{render.now_stamp()} " + "  ".join(
+                f"node {r.index}: {r.status.state.value if r.status else 'no answer'}"
+                f"{' ' + r.status.phase if r.status and r.status.phase else ''}" for r in rows)))
+
+    try:
+        report = multinode.deploy(refs, playbook_path, replace=replace, wait=not no_wait,
+                                  poll_s=poll_s, on_step=on_step, on_poll=on_poll,
+                                  force_payload=force_payload, force_gpus=force_gpus,
+                                  accept_new_host_key=accept_new_host_key)
+    except errors.DeployOutcomeError as exc:
+        if exc.report is not None and as_json:
+            render.print_json({**exc.report.to_dict(), "ok": False, "error": exc.to_dict()})
+            click.get_current_context().meta["opsctl_json_done"] = True
+        elif exc.report is not None:
+            render.run_table(err, exc.report)
+        raise
+    if as_json:
+        render.print_json({"ok": True, **report.to_dict()})
+        return
+    out = render.console()
+    render.run_table(out, report)
+    out.print(render.plain(f"{report.job_id}: {report.outcome} on {len(report.nodes)} nodes after "
+                           f"{render.duration(report.elapsed_s)}", style="bold green"))
 
 
 class _Progress:
@@ -160,22 +212,43 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
               help="With --all: seconds each host has to answer before its rows are errors.")
 @click.option("--parallel", "max_parallel", type=click.IntRange(min=1), default=16, show_default=True,
               help="With --all: hosts (and containers of one host) queried at once.")
+@click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
+              help="Every node of a multi-node run (default, without --host/--ct: the last "
+                   "`deploy --nodes`).")
 @json_option
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            lines: int, follow: bool, poll_s: float, all_hosts: bool, deadline_s: float,
-           max_parallel: int, as_json: bool) -> None:
+           max_parallel: int, nodes_text: str | None, as_json: bool) -> None:
     """Job state, pane tail, metrics, GPUs and a diagnosis of known failures.
 
     With --all: one row per container of the fleet; exit 27 when some rows are errors.
+    With --nodes (or after `deploy --nodes`): one row per node of the run.
     """
     if all_hosts:
-        if follow or job_id is not None:
+        if follow or job_id is not None or nodes_text is not None:
             raise errors.ConfigError("status --all shows each container's current job: "
-                                     "--follow and --job need a single --host/--ct")
+                                     "--follow, --job and --nodes need a single target")
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
         return
     from opsctl.ops import jobs, watch
 
+    run = _run_nodes(host, ctid, nodes_text, job_id)
+    if run is not None:
+        if follow:
+            raise errors.ConfigError("status --follow follows one container: pass --host and --ct "
+                                     "(one node of the run)")
+        from opsctl.ops import multinode
+
+        report = multinode.status(run[0], run[1], lines=lines, accept_new_host_key=accept_new_host_key)
+        if as_json:
+            from opsctl.cli.jsonout import print_json
+
+            print_json({"ok": True, **report.to_dict()})
+        else:
+            from opsctl.cli import render
+
+            render.run_table(render.console(), report)
+        return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if follow:
             from opsctl.cli import render
@@ -287,16 +360,33 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 @yes_option
 @click.option("--grace", "grace_s", type=clitypes.SECONDS_OR_ZERO, default=30.0, show_default=True,
               help="Seconds after SIGINT before SIGTERM, then SIGKILL.")
+@click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
+              help="Every node of a multi-node run (default, without --host/--ct: the last "
+                   "`deploy --nodes`).")
 @json_option
 def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
-         yes: bool, grace_s: float, as_json: bool) -> None:
+         yes: bool, grace_s: float, nodes_text: str | None, as_json: bool) -> None:
     """Stop the job: SIGINT, then SIGTERM, then SIGKILL to all its processes (its group and
-    detached children); exit 25 when one survives SIGKILL (its pids are shown).
+    detached children); exit 25 when one survives SIGKILL (its pids are shown). A multi-node
+    run is stopped on every node at once.
 
     On a terminal it first says which job and asks (-y skips); never asks otherwise."""
     from opsctl.cli import render
     from opsctl.ops import jobs, watch
 
+    run = _run_nodes(host, ctid, nodes_text, job_id)
+    if run is not None:
+        from opsctl.ops import multinode
+
+        report = multinode.stop(run[0], run[1], grace_s, accept_new_host_key=accept_new_host_key)
+        failed = any(r.error or (r.stop and r.stop.remaining_pids) for r in report.nodes)
+        if as_json:
+            render.print_json({"ok": not failed, **report.to_dict()})
+        else:
+            render.run_stop_lines(render.console(), report)
+        if failed:
+            sys.exit(errors.REMOTE_FAILED)
+        return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if not yes and interactive():
             st = watch.fetch_status(tgt.agent, job_id, lines=0)
@@ -334,6 +424,24 @@ def jobs_cmd(host: str | None, ctid: int | None, accept_new_host_key: bool, all_
     from opsctl.cli import render
 
     render.jobs_table(render.console(), tgt.label, listed)
+def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
+               job_id: str | None) -> t.Any:
+    """(nodes, job id) when the command addresses a multi-node run, else None.
+
+    A single container's status never imports the multi-node code (``status --json`` speed)."""
+    if nodes_text is not None and (host is not None or ctid is not None):
+        raise errors.ConfigError("give either --nodes or --host/--ct, not both")
+    if host is not None or ctid is not None:
+        return None
+    if nodes_text is None:
+        from opsctl.config import last_target
+
+        last = last_target.load()
+        if last is None or not last.nodes:
+            return None
+    from opsctl.ops import multinode
+
+    return multinode.remembered_run(nodes_text, job_id)
 
 
 # --- exec / hosts ------------------------------------------------------------------------

@@ -486,3 +486,48 @@ def fleet(con: Console, report: t.Any) -> None:
     errs = f", [red]{report.errors} errors[/]" if report.errors else ""
     con.print(f"{len(report.rows)} containers on {len(report.hosts)} hosts in "
               f"{report.took_s:.2f} s{errs}")
+def run_table(con: Console, report: t.Any) -> None:
+    """A multi-node run (``opsctl.ops.multinode.RunReport``): one row per node, the verdict.
+
+    ``status`` of a run shows each node's state, phase, last step and its diagnosis headline;
+    a node that could not be asked shows its error in place of a state.
+    """
+    head = Text.assemble(("run ", "dim"), (safe(report.job_id), "bold"),
+                         (f"  on {len(report.nodes)} nodes  state ", "dim"))
+    try:
+        head.append_text(state_text(JobState(report.state)))
+    except ValueError:  # UNKNOWN: a node could not be asked
+        head.append(safe(report.state), style="yellow")
+    if report.rendezvous:
+        head.append(f"  rendezvous {safe(report.rendezvous)}", style="dim")
+    con.print(head)
+    table = Table(box=None, pad_edge=False)
+    for col in ("node", "container", "state", "phase", "step", "loss", "tok/s", "diagnosis"):
+        table.add_column(col)
+    for row in report.nodes:
+        st = row.status
+        if st is None:
+            table.add_row(str(row.index), plain(row.label), Text("-", style="dim"), "", "", "", "",
+                          plain(row.error or "", style="yellow"))
+            continue
+        step = st.last_step or {}
+        first = st.diagnosis[0].summary if st.diagnosis else ""
+        table.add_row(str(row.index), plain(row.label), state_text(st.state), plain(st.phase or ""),
+                      safe(step.get("step", "")), safe(step.get("loss", "")),
+                      safe(step.get("tok_s", "")), plain(first[:100]))
+    con.print(table)
+    if report.summary:
+        con.print(plain(report.summary, style="bold red" if report.state == "FAILED" else "yellow"))
+
+
+def run_stop_lines(con: Console, report: t.Any) -> None:
+    """``stop`` of a multi-node run: one line per node."""
+    for row in report.nodes:
+        prefix = f"node {row.index} ({row.label}): "
+        if row.stop is None:
+            con.print(plain(prefix + (row.error or "no answer"), style="yellow"))
+            continue
+        line = plain(prefix)
+        line.append_text(stop_line(row.stop.job_id, row.stop.state, row.stop.signals_sent,
+                                   row.stop.remaining_pids))
+        con.print(line)

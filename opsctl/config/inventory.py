@@ -37,6 +37,9 @@ class ContainerSpec(BaseModel):
     @classmethod
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
+    # multi-node runs: the interface NCCL and gloo use (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+    # and whose address the rendezvous announces; wins over the host's
+    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
 
 
 class HostSpec(BaseModel):
@@ -65,6 +68,7 @@ class HostSpec(BaseModel):
     @classmethod
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
+    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
 
     @field_validator("address")
     @classmethod

@@ -1,4 +1,9 @@
-"""Remember the last target (host, container, job) so `opsctl status` needs no flags."""
+"""Remember the last target (host, container, job) so `opsctl status` needs no flags.
+
+A multi-node deploy (``--nodes``) also records its node list (``HOST:CT`` strings, node 0
+first; ``host``/``ctid`` are node 0's), so ``status`` and ``stop`` without flags address every
+node of that run.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ class LastTarget:
     host: str
     ctid: int
     job_id: str | None = None
+    nodes: tuple[str, ...] = ()  # a multi-node run's HOST:CT list, node 0 first
 
 
 def _path() -> Path:
@@ -32,7 +38,9 @@ def save(target: LastTarget) -> None:
 def load() -> LastTarget | None:
     try:
         data = json.loads(_path().read_text(encoding="utf-8"))
-        return LastTarget(host=str(data["host"]), ctid=int(data["ctid"]), job_id=data.get("job_id"))
+        nodes = data.get("nodes") or ()
+        return LastTarget(host=str(data["host"]), ctid=int(data["ctid"]), job_id=data.get("job_id"),
+                          nodes=tuple(str(n) for n in nodes))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -51,5 +59,6 @@ def resolve(host: str | None, ctid: int | None) -> LastTarget:
     if host is None or ctid is None:
         raise ConfigError("no target: pass --host and --ct (nothing remembered from a deploy yet)",
                           hint="e.g. opsctl status --host sandbox --ct 200")
-    job = last.job_id if last is not None and (last.host, last.ctid) == (host, ctid) else None
+    job = last.job_id if last is not None and ((last.host, last.ctid) == (host, ctid)
+                                               or f"{host}:{ctid}" in last.nodes) else None
     return LastTarget(host=host, ctid=ctid, job_id=job)

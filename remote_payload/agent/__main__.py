@@ -37,6 +37,8 @@ VERBS: dict[str, str] = {
     "cache-seed": "remote_payload.agent.verbs.torch",
     # compile-race probe
     "probe": "remote_payload.agent.verbs.probe",
+    # multi-node runs: address, network namespace and a free port for the rendezvous
+    "net": "remote_payload.agent.verbs.net",
 }
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,9 @@
 """Output: one JSON event per line (``remote_payload.wire.format_event``) plus human lines.
 
-Only rank 0 speaks, except errors, which every rank reports (a crash on rank 5 must not be
+Rank 0 speaks, and so does local rank 0 of every other node of a multi-node run (torchrun's
+``LOCAL_RANK``): each node's agent watches its own job, so each needs the phase and step
+events (the same, global numbers: they come after the all-reduce every drafter joins). On one
+node that is rank 0 alone. Errors are reported by every rank (a crash on rank 5 must not be
 silent). Every line is flushed, so a pane or pipe shows it at once.
 """
 
@@ -14,14 +17,15 @@ from ..wire import format_event
 
 
 class Log:
-    def __init__(self, rank: int = 0, stream: t.TextIO | None = None):
+    def __init__(self, rank: int = 0, stream: t.TextIO | None = None, local_rank: int | None = None):
         self.rank = rank
+        self.local_rank = rank if local_rank is None else local_rank
         self.gpu: str | None = None  # the physical GPU, once known: an error names it
         self.stream = stream or sys.stdout
 
     @property
     def enabled(self) -> bool:
-        return self.rank == 0
+        return self.rank == 0 or self.local_rank == 0
 
     def _write(self, line: str) -> None:
         self.stream.write(line + "\n")

@@ -286,12 +286,20 @@ class Trainer:
         threading.Event().wait()
 
     def _target_loop(self, start: int) -> int:
+        logged = start // self.args.log_every
         for j in self.topo.target_items(start, self.args.steps):
             self._maybe_fault(j // self.topo.n_drafters)
             batch = self.source.batch(j).to(self.device)
             feats = self._features(batch.input_ids)
             if not dist.serve_features(j % self.topo.n_drafters, feats):
                 break
+            step = j // self.topo.n_drafters + 1
+            if step // self.args.log_every > logged:
+                # a node whose ranks all run the target (split across nodes) still tells its
+                # agent it makes progress; the numbers are rank 0's (a drafter's) to give
+                logged = step // self.args.log_every
+                self.log.event(wire.EVENT_STEP, step=step, role="target",
+                               **{wire.FIELD_BUDGET: COMPILE_BUDGET_S})
         return 0
 
     def _drafter_loop(self, start: int) -> int:
@@ -445,7 +453,7 @@ def run(args: TrainArgs) -> int:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _StopFlag.handler)
     rank = int(os.environ.get("RANK", "0"))
-    log = Log(rank)
+    log = Log(rank, local_rank=int(os.environ.get("LOCAL_RANK", str(rank))))
     topo: dist.Topo | None = None
     try:
         log.event(wire.EVENT_PHASE, phase="loading", preset=args.preset, topology=args.topology,
@@ -459,7 +467,7 @@ def run(args: TrainArgs) -> int:
         log.gpu = dist.gpu_label(device)
         wire.announce_process(rank=rank, role="starting", gpu=log.gpu)
         topo = dist.init(args, device)
-        log.rank = topo.rank
+        log.rank, log.local_rank = topo.rank, topo.local_rank
         log.event(wire.EVENT_PHASE, phase="loading", detail="process groups ready", world=topo.world,
                   budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         wire.announce_process(rank=topo.rank, local_rank=topo.local_rank, world=topo.world,
