@@ -99,6 +99,12 @@ EVENT_CACHE_ARTIFACTS_LOADED = "cache_artifacts_loaded"  # a mega-cache loaded b
 EVENT_REPLICAS = "replicas"  # drafter replicas agree on their weights (digests per rank)
 EVENT_PROBE_REPORT = "probe_report"  # the compile-race probe's final report
 EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child -> probe)
+# {"event":"acceptance","tau":float,"tau_untrained":float|None,"per_position":[float],...}:
+# speculative decoding of the drafter against the target (``trainer eval``); tau is the mean
+# tokens produced per target forward, per_position the share of blocks accepting position k
+EVENT_ACCEPTANCE = "acceptance"
+# {"event":"regenerate","records":int,"tokens":int,"tok_s":float,...}: ``trainer regenerate``
+EVENT_REGENERATE = "regenerate"
 # Any object with a string "event" is an event; these are the ones opsctl's own code writes.
 
 # Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no

@@ -136,6 +136,8 @@ def preset(name: str, **overrides: t.Any) -> DrafterConfig:
     base = dataclasses.asdict(PRESETS[name])
     if any(overrides.get(k) is not None for k in ("feature_layers", "target_layers")):
         base["target_layer_ids"] = ()  # re-spread for the new layer counts
+    if overrides.get("vocab_size") is not None and overrides.get("mask_token_id") is None:
+        base["mask_token_id"] = -1  # the preset's default MASK id belongs to its own vocabulary
     base.update({k: v for k, v in overrides.items() if v is not None})
     return DrafterConfig(**base)
 
