@@ -138,7 +138,7 @@ class RecordSource(_Base):
                                      len(buckets) - 1)
         counts = np.bincount(self._bucket_of, minlength=len(buckets))
         self.per_epoch = int(sum(c // rows_for(s, self.budget, self.max_batch)
-                                 for c, s in zip(counts.tolist(), self.buckets)))
+                                 for c, s in zip(counts.tolist(), self.buckets, strict=True)))
         if not self.per_epoch:
             raise TrainerConfigError(
                 f"{where}: {len(table)} usable records make no full batch; lower "

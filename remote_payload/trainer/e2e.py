@@ -83,7 +83,7 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--size", choices=sorted(SIZES), default="tiny")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     p.add_argument("--min-margin", type=float, default=0.0,
-                   help="exit 1 unless tau exceeds the untrained drafter's by this much")
+                   help="fail (exit 2) unless tau exceeds the untrained drafter's by this much")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

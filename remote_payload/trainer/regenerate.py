@@ -187,7 +187,7 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
             for b in range(len(done), len(chunk), a.batch_size):
                 batch = chunk[b:b + a.batch_size]
                 answers = engine.generate([p for _, p in batch], a.max_new_tokens)  # type: ignore[union-attr]
-                for (msgs, p_ids), ans in zip(batch, answers):
+                for (msgs, p_ids), ans in zip(batch, answers, strict=True):
                     text = tok.decode([x for x in ans if x != tok.eos_token_id],
                                       skip_special_tokens=True)
                     rec = {"messages": [*msgs, {"role": "assistant", "content": text}],
@@ -202,7 +202,8 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
         os.replace(part, out / f"shard-{k:06d}.jsonl")
     secs = time.perf_counter() - t0
     summary = {"engine": engine.name if engine else "none", "rank": rank, "world": world,
-               "shards": len(mine), "skipped_shards": len(assigned) - len(mine), "records": records, "tokens": new_tokens,
+               "shards": len(mine), "skipped_shards": len(assigned) - len(mine),
+               "records": records, "tokens": new_tokens,
                "seconds": round(secs, 3), "tok_s": round(new_tokens / secs, 1) if secs > 0 else 0.0}
     log.event(EVENT, done=True, **summary)
     log.say(f"regenerate: {records} records, {new_tokens} new tokens in {secs:.1f}s "
