@@ -4,7 +4,6 @@ acceptance length, proven end to end on CPU (toy target -> regenerate -> drafter
 from __future__ import annotations
 
 import json
-import pathlib
 import time
 
 import pytest
