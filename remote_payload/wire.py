@@ -105,6 +105,12 @@ EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child 
 # written by the job's wrapper itself (not printed by the job):
 EVENT_RESTART = "restart"  # {"event":"restart","attempt":int,"reason":str}: attempt N starts
 EVENT_TIME_LIMIT = "time_limit"  # {"event":"time_limit","max_duration_s":float,"attempt":int}
+# {"event":"acceptance","tau":float,"tau_untrained":float|None,"per_position":[float],...}:
+# speculative decoding of the drafter against the target (``trainer eval``); tau is the mean
+# tokens produced per target forward, per_position the share of blocks accepting position k
+EVENT_ACCEPTANCE = "acceptance"
+# {"event":"regenerate","records":int,"tokens":int,"tok_s":float,...}: ``trainer regenerate``
+EVENT_REGENERATE = "regenerate"
 # Any object with a string "event" is an event; these are the ones opsctl's own code writes.
 
 # Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no

@@ -80,7 +80,8 @@ def test_bundled_playbooks_and_inventory_are_found_from_any_directory(installed,
     home = tmp_path / "home"
     listed = json.loads(opsctl(installed, "playbooks", "--json", cwd=tmp_path, home=home).stdout)
     origins = {p["name"]: p["origin"] for p in listed["playbooks"]}
-    assert origins == {"dflash-8gpu": "bundled", "dflash-cpu-smoke": "bundled"}
+    assert origins == {"dflash-8gpu": "bundled", "dflash-cpu-smoke": "bundled",
+                       "dflash-cpu-e2e": "bundled"}
     # the shipped example host is listed, never contacted (no --check)
     hosts = json.loads(opsctl(installed, "hosts", "--json", cwd=tmp_path, home=home).stdout)
     assert [h["name"] for h in hosts["hosts"]] == ["pve1"]

@@ -13,7 +13,12 @@ from remote_payload.trainer.config import (  # noqa: E402
     preset,
     spread_layer_ids,
 )
-from remote_payload.trainer.data import SyntheticSource, block_inputs, sample_anchors  # noqa: E402
+from remote_payload.trainer.data import (  # noqa: E402
+    Batch,
+    SyntheticSource,
+    block_inputs,
+    sample_anchors,
+)
 from remote_payload.trainer.model import (  # noqa: E402
     Drafter,
     _ce_chunk,
@@ -63,7 +68,7 @@ def test_flex_and_sdpa_drafters_agree_on_the_forward_pass():
     b = src.batch(0)
     b.valid[1, -3:] = False  # exercise the keep-mask
     ids, pos, _, _ = block_inputs(b, cfg.block_size, cfg.mask_token_id)
-    feats = torch.randn(2, 48, cfg.draft_layers * cfg.hidden_size)
+    feats = torch.randn(2, 48, cfg.feature_width)
     emb = torch.randn(*ids.shape, cfg.hidden_size)
     with torch.no_grad():  # compiled flex_attention has no CPU backward
         o_flex = torch.compile(fx, dynamic=False)(feats, emb, pos,
@@ -102,13 +107,36 @@ def test_chunked_cross_entropy_matches_the_dense_reference_in_value_and_gradient
     _ = _ce_chunk  # the per-chunk kernel is what torch.compile fuses on GPU
 
 
-def test_anchors_leave_room_for_a_full_block_inside_the_loss_mask():
+def test_an_anchor_needs_the_loss_mask_at_itself_and_the_next_position_only():
     lm = torch.ones(1, 20, dtype=torch.bool)
     lm[0, :6] = False  # prompt
     anchors, valid = sample_anchors(lm, [20], 50, 4, torch.Generator().manual_seed(0))
     got = anchors[0][valid[0]].tolist()
-    assert got == list(range(5, 17)), got  # a+1..a+3 inside the mask, a+4 <= 20
-    assert valid[0].sum().item() == 12, valid
+    assert got == list(range(6, 19)), got  # lm[a] and lm[a+1], a+1 < 20; the block may run past
+    assert valid[0].sum().item() == 13, valid
+
+
+def test_a_short_answer_is_trained_and_block_positions_past_it_get_weight_zero():
+    # prompt of 5 tokens, a 3-token answer (the last is the end-of-turn token), padding after
+    ids = torch.arange(1, 13).view(1, 12)
+    lm = torch.zeros(1, 12, dtype=torch.bool)
+    lm[0, 5:8] = True
+    anchors, valid = sample_anchors(lm, [8], 4, 4, torch.Generator().manual_seed(0))
+    assert anchors[0][valid[0]].tolist() == [5, 6], anchors  # not disqualified by block 4 > 3
+    b = Batch(ids, lm, anchors, valid, 8)
+    _, _, tgt, blm = block_inputs(b, 4, 255)
+    w = loss_weights(valid, blm, 4, 7.0).view(4, 4)
+    assert (w[0] > 0).tolist() == [False, True, True, False], w  # predicts 6, 7 (end of turn)
+    assert (w[1] > 0).tolist() == [False, True, False, False], w
+    assert tgt.view(4, 4)[0, 2].item() == 8, tgt  # the end-of-turn token is a target
+
+
+def test_block_positions_past_the_padded_length_get_weight_zero():
+    ids = torch.arange(1, 7).view(1, 6)
+    lm = torch.ones(1, 6, dtype=torch.bool)
+    b = Batch(ids, lm, torch.tensor([[4]]), torch.tensor([[True]]), 6)
+    _, _, _, blm = block_inputs(b, 4, 255)
+    assert blm[0].tolist() == [True, True, False, False], blm  # positions 6, 7 do not exist
 
 
 def test_block_inputs_put_the_anchor_token_first_and_mask_tokens_after():
@@ -129,7 +157,7 @@ def test_feature_layers_spread_from_1_to_t_minus_3_and_t_half_for_one_layer():
 
 
 def test_an_unknown_preset_is_an_error_that_lists_the_choices():
-    with pytest.raises(TrainerConfigError, match=r"qwen3-0\.6b, qwen3-8b, tiny"):
+    with pytest.raises(TrainerConfigError, match=r"paper, qwen3-0\.6b, qwen3-8b, tiny"):
         preset("qwen3")
     with pytest.raises(TrainerConfigError, match="choices"):
         parse_args(["--preset", "qwen3-8"])

@@ -29,7 +29,7 @@ from rich.text import Text
 from opsctl.cli.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.errors import OpsctlError
 from opsctl.remote.models import DiagnosisItem, GpuRow, JobList, JobStatus, RestartFields
-from remote_payload.wire import JobState, parse_event
+from remote_payload.wire import EVENT_ACCEPTANCE, JobState, parse_event
 
 STATE_COLOR: dict[JobState, str] = {
     JobState.PENDING: "grey50",
@@ -174,7 +174,40 @@ def metrics_line(step: dict[str, t.Any] | None) -> Bits:
                 bits.append(label.format(float(v) / (fmt or 1.0)))
         except (TypeError, ValueError):  # a job's event is data, not trusted to be numeric
             bits.append(f"{key} {safe(v)}")
+    mfu = mfu_text(step)
+    if mfu:
+        bits.append(mfu)
     return Bits("metrics: ", bits, style="bold")
+
+
+def mfu_text(step: dict[str, t.Any]) -> str | None:
+    """"MFU 41.2% of 989 datasheet (51.6% of 790 measured matmul)": the first figure
+    divides by the GPU's datasheet dense bf16 peak, the second by the measured matmul rate."""
+    try:
+        mfu, peak = float(step["mfu"]), float(step.get("peak_tflops", 989.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    text = f"MFU {100 * mfu:.1f}% of {peak:g} datasheet"
+    try:
+        text += (f" ({100 * float(step['mfu_matmul']):.1f}% of "
+                 f"{float(step.get('matmul_tflops', 790.0)):g} measured matmul)")
+    except (KeyError, TypeError, ValueError):
+        pass
+    return text
+
+
+def acceptance_line(events: list[dict[str, t.Any]]) -> Text | None:
+    """"τ 3.20 (untrained 1.00)" from the newest ``acceptance`` event (``trainer eval``)."""
+    ev = next((e for e in reversed(events) if e.get("event") == EVENT_ACCEPTANCE), None)
+    if ev is None:
+        return None
+    try:
+        line = f"τ {float(ev['tau']):.2f}"
+        if ev.get("tau_untrained") is not None:
+            line += f" (untrained {float(ev['tau_untrained']):.2f})"
+    except (KeyError, TypeError, ValueError):
+        return plain(f"acceptance: {ev}", style="yellow")
+    return Text(line, style="bold")
 
 
 def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) -> None:
@@ -192,6 +225,9 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
     for line in restart_lines(st):
         con.print(line)
     con.print(metrics_line(st.last_step))
+    tau = acceptance_line(st.events_tail)
+    if tau is not None:
+        con.print(tau)
     sparklines(con, st)
     for e in st.evidence:
         con.print(plain(f"evidence: {e}", style="yellow"))

@@ -1,10 +1,11 @@
-"""``python -m remote_payload.trainer ...``: see ``remote_payload.trainer`` for launch commands."""
+"""``python -m remote_payload.trainer [COMMAND] ...``: see ``remote_payload.trainer`` and
+``commands`` for launch commands."""
 
 from __future__ import annotations
 
 import sys
 
-from .train import main
+from .commands import main
 
 if __name__ == "__main__":
     sys.exit(main())

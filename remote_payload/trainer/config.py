@@ -32,12 +32,14 @@ class DrafterConfig:
     rms_eps: float = 1e-6  # RMSNorm epsilon
     tie_embeddings: bool = False  # LM head shares the embedding matrix (Qwen3-0.6B does)
     # --- drafter ---
-    draft_layers: int = 2  # L: drafter decoder layers; also how many target layers feed it
+    draft_layers: int = 2  # L: drafter decoder layers
+    feature_layers: int = 0  # F: target layers whose outputs feed the drafter's fc; 0 = L
     target_layer_ids: tuple[int, ...] = ()  # target layers (0-based outputs) used as context; () = spread
     block_size: int = 4  # tokens per draft block: [anchor token, MASK x (block_size - 1)]
     max_anchors: int = 8  # N: anchors sampled per sequence (fixed, so shapes stay static)
     gamma: float = 7.0  # loss decay: weight of block position k is exp(-(k - 1) / gamma)
-    mask_token_id: int = -1  # token id used for MASK positions; -1 = vocab_size - 1
+    mask_token_id: int = -1  # token id used for MASK positions; -1 = vocab_size - 1 (the trainer
+    # replaces it with the tokenizer's, see tokenizer_mask_id, when a tokenizer is given)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "target_layers", "num_heads", "num_kv_heads",
@@ -57,15 +59,26 @@ class DrafterConfig:
             self.mask_token_id = self.vocab_size - 1
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise TrainerConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary")
-        self.target_layer_ids = tuple(self.target_layer_ids) or spread_layer_ids(
-            self.target_layers, self.draft_layers)
-        if len(self.target_layer_ids) != self.draft_layers:
+        if self.feature_layers < 0:
+            raise TrainerConfigError(f"feature_layers must be >= 0, got {self.feature_layers}")
+        if self.target_layer_ids:
+            self.target_layer_ids = tuple(self.target_layer_ids)
+            self.feature_layers = self.feature_layers or len(self.target_layer_ids)
+        else:
+            self.feature_layers = self.feature_layers or self.draft_layers
+            self.target_layer_ids = spread_layer_ids(self.target_layers, self.feature_layers)
+        if len(self.target_layer_ids) != self.feature_layers:
             raise TrainerConfigError(
                 f"target_layer_ids has {len(self.target_layer_ids)} entries, "
-                f"expected draft_layers={self.draft_layers}")
+                f"expected feature_layers={self.feature_layers}")
         bad = [i for i in self.target_layer_ids if not 0 <= i < self.target_layers]
         if bad:
             raise TrainerConfigError(f"target_layer_ids {bad} outside 0..{self.target_layers - 1}")
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the concatenated target features the drafter's fc reads: F * H."""
+        return len(self.target_layer_ids) * self.hidden_size
 
     @property
     def target_layers_run(self) -> int:
@@ -94,6 +107,13 @@ PRESETS: dict[str, DrafterConfig] = {
         preset="qwen3-8b", vocab_size=151936, hidden_size=4096, target_layers=36, num_heads=32,
         num_kv_heads=8, head_dim=128, intermediate_size=12288, rope_theta=1e6,
         draft_layers=5, block_size=32, max_anchors=64),
+    # The paper's training shape (arXiv 2602.06036, SpecForge's DFlash defaults): block 16,
+    # 512 anchors per sequence, gamma 7, an 8-layer drafter reading 5 target layers; the
+    # user's block 32 / 64 anchors stay the playbooks' choice (dflash-8gpu.yaml).
+    "paper": DrafterConfig(
+        preset="paper", vocab_size=151936, hidden_size=4096, target_layers=36, num_heads=32,
+        num_kv_heads=8, head_dim=128, intermediate_size=12288, rope_theta=1e6,
+        draft_layers=8, feature_layers=5, block_size=16, max_anchors=512, gamma=7.0),
 }
 
 #: Default sequence-length buckets per preset (every batch is padded to one of these).
@@ -101,6 +121,7 @@ DEFAULT_BUCKETS: dict[str, tuple[int, ...]] = {
     "tiny": (48, 96),
     "qwen3-0.6b": (1024, 2048, 3072, 4096),
     "qwen3-8b": (1024, 2048, 3072, 4096),
+    "paper": (1024, 2048, 3072, 4096),
 }
 
 
@@ -113,8 +134,10 @@ def preset(name: str, **overrides: t.Any) -> DrafterConfig:
     if name not in PRESETS:
         raise TrainerConfigError(f"unknown preset {name!r}; choices: {', '.join(sorted(PRESETS))}")
     base = dataclasses.asdict(PRESETS[name])
-    if "draft_layers" in overrides or "target_layers" in overrides:
+    if any(overrides.get(k) is not None for k in ("feature_layers", "target_layers")):
         base["target_layer_ids"] = ()  # re-spread for the new layer counts
+    if overrides.get("vocab_size") is not None and overrides.get("mask_token_id") is None:
+        base["mask_token_id"] = -1  # the preset's default MASK id belongs to its own vocabulary
     base.update({k: v for k, v in overrides.items() if v is not None})
     return DrafterConfig(**base)
 
@@ -129,21 +152,28 @@ class TrainArgs:
     target_path: str | None = field(default=None, metadata=_h(
         "local HF checkpoint dir of the target (config.json + safetensors); default: random weights"))
     draft_layers: int | None = field(default=None, metadata=_h("override the preset's drafter depth"))
+    feature_layers: int | None = field(default=None, metadata=_h(
+        "override how many target layers feed the drafter (independent of its depth)"))
     block_size: int | None = field(default=None, metadata=_h("override the preset's block size"))
     max_anchors: int | None = field(default=None, metadata=_h("override the preset's anchors/seq"))
     gamma: float | None = field(default=None, metadata=_h("override the loss decay gamma"))
     tokenizer: str | None = field(default=None, metadata=_h(
-        "local tokenizer dir, needed only for JSONL records with 'text'"))
+        "local tokenizer dir: renders 'messages'/'text' records and names the MASK token"))
     data: str = field(default="synthetic", metadata=_h(
-        "'synthetic' or a JSONL file of {input_ids: [...], loss_mask: [...]}"))
+        "'synthetic', a JSONL file or a directory of *.jsonl shards ({input_ids, loss_mask} | "
+        "{messages} | {text}), or a token store made by 'pack' (memory-mapped)"))
     seq_buckets: str = field(default="", metadata=_h(
         "comma-separated sequence-length buckets (default: the preset's)"))
     token_budget: int = field(default=49152, metadata=_h("max padded tokens per batch per rank"))
     max_batch: int = field(default=64, metadata=_h("max sequences per batch"))
     steps: int = field(default=100, metadata=_h("optimizer steps to run (total, also after resume)"))
+    epochs: float = field(default=0.0, metadata=_h(
+        "train this many passes over --data instead of --steps (0 = use --steps)"))
     lr: float = field(default=6e-4, metadata=_h("peak learning rate"))
-    min_lr_ratio: float = field(default=0.1, metadata=_h("cosine floor as a fraction of lr"))
+    min_lr_ratio: float = field(default=0.0, metadata=_h("cosine floor as a fraction of lr"))
     warmup_steps: int = field(default=10, metadata=_h("linear warm-up steps"))
+    warmup_ratio: float = field(default=0.0, metadata=_h(
+        "warm-up as a fraction of all steps (the paper: 0.04); wins over --warmup-steps when > 0"))
     weight_decay: float = field(default=0.01, metadata=_h("AdamW weight decay"))
     grad_clip: float = field(default=1.0, metadata=_h("global grad-norm clip (0 = off)"))
     seed: int = field(default=0, metadata=_h("seed for weights, data and anchors"))
@@ -170,7 +200,10 @@ class TrainArgs:
         "(default: $OPSCTL_CACHE_ARTIFACTS unless --save-cache-artifacts is given)"))
     check_replicas: bool = field(default=False, metadata=_h(
         "at exit, verify all drafter replicas hold identical weights (event 'replicas')"))
-    peak_tflops: float = field(default=790.0, metadata=_h("bf16 dense peak per GPU for the mfu field"))
+    peak_tflops: float = field(default=989.0, metadata=_h(
+        "datasheet dense bf16 peak per GPU (H200: 989) for the step event's 'mfu'"))
+    matmul_tflops: float = field(default=790.0, metadata=_h(
+        "measured bf16 matmul rate per GPU (H200: 790) for the step event's 'mfu_matmul'"))
     pg_timeout: float = field(default=900.0, metadata=_h(
         "seconds a rendezvous or collective may wait before the job fails with an error naming "
         "the rank (longer than one bucket's cold compile, which the other ranks wait through)"))
@@ -197,6 +230,12 @@ class TrainArgs:
         if min(self.steps, self.warmup_steps, self.ckpt_every, self.stop_at_step) < 0:
             raise TrainerConfigError(
                 "--steps, --warmup-steps, --ckpt-every and --stop-at-step must be >= 0")
+        if not 0 <= self.warmup_ratio < 1:
+            raise TrainerConfigError("--warmup-ratio must be in [0, 1)")
+        if not self.epochs >= 0:
+            raise TrainerConfigError("--epochs must be >= 0")
+        if self.epochs and self.data == "synthetic":
+            raise TrainerConfigError("--epochs needs --data (synthetic data has no epochs)")
         if not self.pg_timeout > 0:  # also refuses nan
             raise TrainerConfigError("--pg-timeout must be > 0 seconds")
         if self.topology == "split" and self.target_ranks < 1:
@@ -216,7 +255,8 @@ class TrainArgs:
         return out
 
     def model_config(self) -> DrafterConfig:
-        return preset(self.preset, draft_layers=self.draft_layers, block_size=self.block_size,
+        return preset(self.preset, draft_layers=self.draft_layers,
+                      feature_layers=self.feature_layers, block_size=self.block_size,
                       max_anchors=self.max_anchors, gamma=self.gamma)
 
 

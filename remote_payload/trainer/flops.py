@@ -33,7 +33,7 @@ def step_flops(cfg: DrafterConfig, rows: int, seq_len: int, anchors: torch.Tenso
     pairs = float((valid.long() * k * (anchors + k)).sum())  # visible (q, kv) pairs
     out = {
         "target": target_flops_per_token(cfg, seq_len) * ctx_tokens,
-        "drafter_fc": 2 * 2 * nl * h * h * ctx_tokens,  # no input grad: features are frozen
+        "drafter_fc": 2 * 2 * cfg.feature_width * h * ctx_tokens,  # no input grad: frozen features
         "drafter_ctx_kv": 3 * 2 * nl * 2 * h * dkv * ctx_tokens,
         "drafter_block_linear": 3 * 2 * nl * (2 * h * dq + 2 * h * dkv + 3 * h * cfg.intermediate_size)
         * q_tokens,
@@ -42,3 +42,18 @@ def step_flops(cfg: DrafterConfig, rows: int, seq_len: int, anchors: torch.Tenso
     }
     out["total"] = sum(out.values())
     return out
+
+
+#: H200 SXM datasheet dense bf16 peak (no sparsity), TFLOP/s per GPU: the ``mfu`` denominator.
+H200_DATASHEET_BF16_TFLOPS = 989.0
+#: What a large bf16 matmul actually sustains on an H200 (measured), TFLOP/s: ``mfu_matmul``.
+H200_MEASURED_MATMUL_TFLOPS = 790.0
+
+
+def mfu_fields(flops_per_s_per_gpu: float, datasheet_tflops: float,
+               matmul_tflops: float) -> dict[str, float]:
+    """``mfu`` against the datasheet peak (the honest, comparable figure) and ``mfu_matmul``
+    against the measured matmul rate (how close to what the hardware really sustains)."""
+    return {"mfu": round(flops_per_s_per_gpu / (datasheet_tflops * 1e12), 4),
+            "mfu_matmul": round(flops_per_s_per_gpu / (matmul_tflops * 1e12), 4),
+            "peak_tflops": datasheet_tflops, "matmul_tflops": matmul_tflops}

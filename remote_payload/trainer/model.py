@@ -158,7 +158,7 @@ class Drafter(nn.Module):
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
-        self.fc = nn.Linear(cfg.draft_layers * h, h, bias=False)
+        self.fc = nn.Linear(cfg.feature_width, h, bias=False)  # F*H -> H
         self.ctx_norm = RMSNorm(h, cfg.rms_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg, attn) for _ in range(cfg.draft_layers))
         self.norm = RMSNorm(h, cfg.rms_eps)
@@ -174,7 +174,7 @@ class Drafter(nn.Module):
 
     def forward(self, feats: torch.Tensor, block_emb: torch.Tensor, block_pos: torch.Tensor,
                 mask: t.Any) -> torch.Tensor:
-        """feats (B, S, L*H) target features; block_emb (B, Q, H); block_pos (B, Q).
+        """feats (B, S, F*H) target features; block_emb (B, Q, H); block_pos (B, Q).
         Returns normed hidden states (B, Q, H) for the LM head."""
         seq_len = feats.shape[1]
         ctx = self.ctx_norm(self.fc(feats))  # (B, S, H), shared by all layers

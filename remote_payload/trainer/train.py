@@ -11,6 +11,7 @@ Launch (see the package docstring for more)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import signal
@@ -24,13 +25,13 @@ import torch
 
 from .. import wire
 from ..compile_guard import serialized_compile
-from . import checkpoint, dist
+from . import checkpoint, dist, schedule
 from .checkpoint import CheckpointError
 from .config import DrafterConfig, TrainArgs, TrainerConfigError, parse_args
 from .data import Batch, Source, SyntheticSource, make_source
 from .engine import Engine, lr_at
 from .events import Log
-from .flops import step_flops
+from .flops import mfu_fields, step_flops
 from .target import Target, build_target, config_from_dir
 
 # How long each phase may stay silent (``budget_s`` on its events; the agent calls a silence
@@ -107,12 +108,18 @@ def cache_counters() -> dict[str, int]:
 
 def _model_config(args: TrainArgs) -> DrafterConfig:
     cfg = args.model_config()
-    if args.target_path:
-        from .config import preset
+    from .config import preset
 
+    if args.target_path:
         over = config_from_dir(args.target_path, cfg)
-        cfg = preset(args.preset, draft_layers=cfg.draft_layers, block_size=cfg.block_size,
-                     max_anchors=cfg.max_anchors, gamma=cfg.gamma, **over)
+        cfg = preset(args.preset, draft_layers=cfg.draft_layers, feature_layers=cfg.feature_layers,
+                     block_size=cfg.block_size, max_anchors=cfg.max_anchors, gamma=cfg.gamma,
+                     **over)
+    if args.tokenizer:  # MASK is the id the target's tokenizer defines (chat_data.mask_token_id)
+        from .chat_data import load_tokenizer, mask_token_id
+
+        mask = mask_token_id(load_tokenizer(args.tokenizer), cfg.vocab_size)
+        cfg = dataclasses.replace(cfg, mask_token_id=mask)
     return cfg
 
 
@@ -128,6 +135,7 @@ class Trainer:
             args.data, self.cfg.vocab_size, args.tokenizer, buckets=buckets, token_budget=args.token_budget,
             max_batch=args.max_batch, n_anchors=self.cfg.max_anchors,
             block_size=self.cfg.block_size, seed=args.seed)
+        self.args = args = schedule.apply(args, self.source, topo.n_drafters)
         # Split drafter ranks only need the target's embedding and LM head.
         body = not (topo.split and topo.is_drafter)
         self.target: Target = build_target(self.cfg, self.device, self.tdtype, args.target_path,
@@ -174,7 +182,7 @@ class Trainer:
         if not self.topo.split:
             return self._features(batch.input_ids)
         rows, seq_len = batch.input_ids.shape
-        width = self.cfg.draft_layers * self.cfg.hidden_size
+        width = self.cfg.feature_width
         with window.waiting():
             return dist.request_features(self.topo, j, (rows, seq_len, width), self.tdtype,
                                          self.device)
@@ -242,7 +250,7 @@ class Trainer:
                 ids = torch.randint(0, self.cfg.vocab_size, (rows, seq_len), device=self.device)
                 self._features(ids)
         if self.engine is not None:
-            width = self.cfg.draft_layers * self.cfg.hidden_size
+            width = self.cfg.feature_width
             for rows, seq_len in self.source.shapes():
                 src = SyntheticSource(self.cfg.vocab_size, buckets=[seq_len],
                                       token_budget=self.args.token_budget,
@@ -366,8 +374,8 @@ class Trainer:
                                     "tok_s": round(tok_s, 1), "eta_s": round(eta, 1),
                                     "lr": float(f"{lr:.4g}")}
         if flops_all and elapsed > 0:
-            peak = self.args.peak_tflops * 1e12 * self.topo.world
-            fields["mfu"] = round(flops_all / elapsed / peak, 4)
+            fields.update(mfu_fields(flops_all / elapsed / self.topo.world, self.args.peak_tflops,
+                                     self.args.matmul_tflops))
         if self.topo.split and elapsed > 0:
             # share of the drafters' time spent waiting for the targets' features: above half,
             # the targets are the bottleneck (more target ranks, or colocated, would be faster)

@@ -1,0 +1,216 @@
+"""``python -m remote_payload.trainer eval``: acceptance length of a drafter against its target.
+
+Block-parallel speculative decoding, greedy, one prompt at a time, as the reference's
+``dflash_generate`` does it: the drafter fills a block [last token, MASK x (K-1)] from the
+target's features of everything before it; one target forward verifies the K-1 drafts,
+accepts the longest prefix that equals the target's own greedy choice and adds the target's
+next token. tau = tokens produced per verifying forward (1 means the drafter never helped;
+K is the ceiling). The output is exactly the target's greedy output (tested).
+
+Without a KV cache (each verify re-runs the target over the whole sequence): simple and
+exact, fine for held-out sets of a few hundred short prompts; a serving engine measures
+speed, this measures the drafter.
+
+Launch::
+
+    python -m remote_payload.trainer eval --ckpt runs/dflash --target-path /models/Qwen3-8B \\
+        --prompts heldout.jsonl --limit 200 --compare-untrained
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import wire
+from . import checkpoint
+from .chat_data import iter_json, load_tokenizer, prompt_messages, render_prompt
+from .config import DrafterConfig, TrainerConfigError
+from .events import Log
+from .model import Drafter, dense_mask
+
+
+@dataclass
+class Acceptance:
+    blocks: int = 0  # verifying target forwards
+    produced: int = 0  # tokens they produced (accepted drafts + the target's own token)
+    accepted_at: list[int] = field(default_factory=list)  # [k-1]: blocks accepting position k
+
+    @property
+    def tau(self) -> float:
+        return self.produced / self.blocks if self.blocks else 0.0
+
+    def per_position(self) -> list[float]:
+        return [round(c / self.blocks, 4) if self.blocks else 0.0 for c in self.accepted_at]
+
+
+class FeatureTarget:
+    """A causal LM whose feature layers' outputs are captured on every forward."""
+
+    def __init__(self, model: t.Any, layer_ids: t.Sequence[int]):
+        self.model, self.layer_ids = model, tuple(layer_ids)
+        self._out: dict[int, torch.Tensor] = {}
+        for i in set(self.layer_ids):
+            model.model.layers[i].register_forward_hook(self._hook(i))
+
+    def _hook(self, i: int) -> t.Callable[..., None]:
+        def hook(_m: t.Any, _a: t.Any, out: t.Any) -> None:
+            self._out[i] = out[0] if isinstance(out, tuple) else out
+        return hook
+
+    @torch.no_grad()
+    def __call__(self, ids: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy next token at every position (L,) and the features (L, F*H)."""
+        x = torch.tensor([ids], device=device)
+        logits = self.model(input_ids=x, use_cache=False).logits[0]
+        feats = torch.cat([self._out[i][0] for i in self.layer_ids], dim=-1)
+        self._out.clear()
+        return logits.argmax(-1), feats
+
+
+@torch.no_grad()
+def speculative_decode(target: FeatureTarget, drafter: Drafter, cfg: DrafterConfig,
+                       prompt: list[int], max_new: int, eos: int | None,
+                       stats: Acceptance, device: torch.device) -> list[int]:
+    """Greedy block-parallel speculative decoding of one prompt; returns the new tokens."""
+    k = cfg.block_size
+    if len(stats.accepted_at) < k - 1:
+        stats.accepted_at.extend([0] * (k - 1 - len(stats.accepted_at)))
+    embed = target.model.get_input_embeddings()
+    head = target.model.get_output_embeddings().weight
+    greedy, feats = target(prompt, device)
+    seq = [*prompt, int(greedy[-1])]
+    ctx = feats  # features of every position before the anchor
+    while len(seq) - len(prompt) < max_new and seq[-1] != eos:
+        a = len(seq) - 1  # anchor: the newest token, whose features the target has not made
+        block = torch.tensor([[seq[a]] + [cfg.mask_token_id] * (k - 1)], device=device)
+        pos = torch.arange(a, a + k, device=device).unsqueeze(0)
+        anchors, valid = torch.tensor([[a]], device=device), torch.ones(1, 1, dtype=torch.bool,
+                                                                         device=device)
+        dense = dense_mask(anchors, valid, a, k)
+        h = drafter(ctx[:a].unsqueeze(0), embed(block), pos, (dense, dense.any(-1, keepdim=True)))
+        drafts = (h[0, 1:] @ head.t()).argmax(-1).tolist()
+        greedy, feats = target(seq + drafts, device)
+        truth = greedy[a:a + k].tolist()  # truth[i]: the target's token at a + i + 1
+        n = 0
+        while n < k - 1 and drafts[n] == truth[n]:
+            stats.accepted_at[n] += 1
+            n += 1
+        new = [*drafts[:n], truth[n]]
+        if eos is not None and eos in new:
+            new = new[: new.index(eos) + 1]
+        new = new[: max_new - (len(seq) - len(prompt))]
+        stats.blocks += 1
+        stats.produced += len(new)
+        seq += new
+        ctx = feats[: a + n + 1]  # positions up to a + n hold accepted tokens only
+    return seq[len(prompt):]
+
+
+def load_drafter(ckpt: str, device: torch.device) -> tuple[Drafter, DrafterConfig, pathlib.Path]:
+    """The raw drafter of a checkpoint directory, or of an out-dir's latest checkpoint.
+
+    Raises:
+        CheckpointError: nothing loadable there.
+    """
+    path = checkpoint.resolve(ckpt, ckpt) if (pathlib.Path(ckpt) / "meta.json").is_file() \
+        else checkpoint.resolve("auto", ckpt)
+    if path is None:
+        raise checkpoint.CheckpointError(f"{ckpt}: no checkpoint there (no meta.json, no latest)")
+    meta = checkpoint.read_meta(path)
+    cfg = config_from_meta(meta)
+    drafter = Drafter(cfg, "sdpa").to(device)
+    checkpoint.load(path, drafter, None, device)
+    return drafter.eval(), cfg, path
+
+
+def config_from_meta(meta: dict[str, t.Any]) -> DrafterConfig:
+    c = dict(meta["cfg"])
+    c["target_layer_ids"] = tuple(c.get("target_layer_ids") or ())
+    return DrafterConfig(**c)
+
+
+def parse(argv: t.Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m remote_payload.trainer eval",
+                                description="Acceptance length of a drafter (greedy).")
+    p.add_argument("--ckpt", required=True, help="checkpoint dir, or a run's --out-dir (latest)")
+    p.add_argument("--target-path", required=True, help="local HF checkpoint dir of the target")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --target-path)")
+    p.add_argument("--prompts", required=True, help="held-out JSONL (messages | prompt)")
+    p.add_argument("--limit", type=int, default=64, help="prompts to decode (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--compare-untrained", action="store_true",
+                   help="also measure a freshly initialised drafter (tau_untrained)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--json-out", default=None, help="also write the result document here")
+    return p.parse_args(argv)
+
+
+def measure(target: FeatureTarget, drafter: Drafter, cfg: DrafterConfig,
+            prompts: list[list[int]], max_new: int, eos: int | None,
+            device: torch.device) -> Acceptance:
+    stats = Acceptance()
+    for p in prompts:
+        speculative_decode(target, drafter, cfg, p, max_new, eos, stats, device)
+    return stats
+
+
+def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
+    """Measure tau (and tau of an untrained drafter); emits and returns the result.
+
+    Raises:
+        TrainerConfigError, CheckpointError: bad flags, paths or checkpoint.
+    """
+    from transformers import AutoModelForCausalLM
+
+    a = parse(argv)
+    log = log or Log()
+    cuda = torch.cuda.is_available() and a.device != "cpu"
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise TrainerConfigError("--device cuda but torch.cuda.is_available() is False")
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    log.event(wire.EVENT_PHASE, phase="loading", detail="eval", budget_s=300.0)
+    tok = load_tokenizer(a.tokenizer or a.target_path)
+    drafter, cfg, path = load_drafter(a.ckpt, device)
+    model = AutoModelForCausalLM.from_pretrained(a.target_path, dtype=dtype, local_files_only=True,
+                                                 attn_implementation="sdpa").to(device).eval()
+    target = FeatureTarget(model, cfg.target_layer_ids)
+    prompts = []
+    for where, rec in iter_json(a.prompts):
+        try:
+            prompts.append(render_prompt(tok, prompt_messages(rec)))
+        except TrainerConfigError as e:
+            raise TrainerConfigError(f"{where}: {e}") from None
+        if a.limit and len(prompts) >= a.limit:
+            break
+    log.event(wire.EVENT_PHASE, phase="training", detail="eval", prompts=len(prompts),
+              budget_s=600.0)
+    t0 = time.perf_counter()
+    trained = measure(target, drafter.to(dtype), cfg, prompts, a.max_new_tokens,
+                      tok.eos_token_id, device)
+    result: dict[str, t.Any] = {
+        "tau": round(trained.tau, 4), "tau_untrained": None,
+        "per_position": trained.per_position(), "block_size": cfg.block_size,
+        "blocks": trained.blocks, "new_tokens": trained.produced, "prompts": len(prompts),
+        "ckpt": str(path), "seconds": round(time.perf_counter() - t0, 3)}
+    if a.compare_untrained:
+        torch.manual_seed(0)
+        fresh = Drafter(cfg, "sdpa").to(device=device, dtype=dtype).eval()
+        base = measure(target, fresh, cfg, prompts, a.max_new_tokens, tok.eos_token_id, device)
+        result["tau_untrained"] = round(base.tau, 4)
+        result["per_position_untrained"] = base.per_position()
+    log.event(wire.EVENT_ACCEPTANCE, **result)
+    untrained = f" (untrained {result['tau_untrained']:.2f})" if a.compare_untrained else ""
+    log.say(f"eval: tau {result['tau']:.2f}{untrained} over {trained.blocks} blocks of "
+            f"{len(prompts)} prompts; accepted per block position "
+            + " ".join(f"{x:.2f}" for x in result["per_position"]))
+    if a.json_out:
+        pathlib.Path(a.json_out).write_text(json.dumps(result, indent=1))
+    return result

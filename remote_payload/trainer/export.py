@@ -1,0 +1,114 @@
+"""``python -m remote_payload.trainer export CKPT OUT``: the drafter in the reference's format.
+
+What SGLang, vLLM and z-lab/dflash's benchmark load (z-lab/dflash ``DFlashDraftModel``):
+``OUT/config.json``, a Qwen3 config of the *drafter* (``num_hidden_layers`` = drafter depth,
+``num_target_layers`` = the target's) with ``architectures: ["DFlashDraftModel"]`` and a
+``dflash_config`` holding ``block_size``, ``mask_token_id`` and ``target_layer_ids``; and
+``OUT/model.safetensors`` with the reference's parameter names. The embedding and LM head
+are the target's and are not exported (the reference borrows them too).
+
+Name map (ours -> reference), one rule per module so it cannot drift from ``model.py``:
+``fc`` -> ``fc``, ``ctx_norm`` -> ``hidden_norm``, ``norm`` -> ``norm``, and per layer
+``input_norm`` -> ``input_layernorm``, ``post_norm`` -> ``post_attention_layernorm``,
+``{q,k,v,o}_proj``/``{q,k}_norm`` -> ``self_attn.*``, ``gate/up/down`` -> ``mlp.*_proj``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import typing as t
+
+import torch
+
+from .config import DrafterConfig, TrainerConfigError
+
+_LAYER_MAP = {
+    "input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+}
+_TOP_MAP = {"fc": "fc", "ctx_norm": "hidden_norm", "norm": "norm"}
+_LAYER_RE = re.compile(r"^layers\.(\d+)\.([a-z_]+)\.weight$")
+
+
+def reference_name(ours: str) -> str:
+    """The z-lab/dflash name of one of our drafter parameters.
+
+    Raises:
+        TrainerConfigError: a parameter the map does not know (the model grew a module).
+    """
+    m = _LAYER_RE.match(ours)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.weight"
+    top = ours.removesuffix(".weight")
+    if ours.endswith(".weight") and top in _TOP_MAP:
+        return f"{_TOP_MAP[top]}.weight"
+    raise TrainerConfigError(f"export: no reference name for parameter {ours!r}")
+
+
+def reference_config(cfg: DrafterConfig, dtype: str) -> dict[str, t.Any]:
+    """config.json of the exported drafter (a Qwen3 config plus ``dflash_config``)."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.draft_layers,
+        "num_target_layers": cfg.target_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "layer_types": ["full_attention"] * cfg.draft_layers,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": cfg.vocab_size,
+        "dtype": dtype,
+        "block_size": cfg.block_size,
+        "dflash_config": {"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+                          "target_layer_ids": list(cfg.target_layer_ids)},
+    }
+
+
+def export(ckpt: str, out: str, dtype: str = "bfloat16") -> dict[str, t.Any]:
+    """Write ``out/config.json`` and ``out/model.safetensors``; returns a summary.
+
+    Raises:
+        TrainerConfigError: unknown dtype or parameter. CheckpointError: unreadable ckpt.
+    """
+    from safetensors.torch import save_file
+
+    from .evaluate import load_drafter
+
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype)
+    if dt is None:
+        raise TrainerConfigError(f"--dtype {dtype!r}; choices: bfloat16, float16, float32")
+    drafter, cfg, path = load_drafter(ckpt, torch.device("cpu"))
+    state = {reference_name(k): v.detach().to(dt).contiguous()
+             for k, v in drafter.state_dict().items()}
+    dst = pathlib.Path(out)
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(reference_config(cfg, dtype), indent=2) + "\n")
+    return {"ckpt": str(path), "out": str(dst), "tensors": len(state), "dtype": dtype,
+            "mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
+
+
+def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
+    p = argparse.ArgumentParser(prog="python -m remote_payload.trainer export",
+                                description="Export a drafter checkpoint in z-lab/dflash's format.")
+    p.add_argument("ckpt", help="checkpoint dir, or a run's --out-dir (its latest checkpoint)")
+    p.add_argument("out", help="output directory (config.json + model.safetensors)")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 | float16 | float32")
+    a = p.parse_args(argv)
+    return export(a.ckpt, a.out, a.dtype)
