@@ -32,6 +32,8 @@ def closed_port() -> int:
 def fleet_inventory(sandbox, home: Path, up: list[str], down: list[str]) -> None:
     doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
     base = doc["hosts"]["sandbox"]
+    # one container per host, whatever else other tests brought up in this sandbox
+    base["containers"] = {200: base["containers"][200]}
     hosts = {name: copy.deepcopy(base) for name in up}
     for name in down:
         hosts[name] = {**copy.deepcopy(base), "port": closed_port()}
