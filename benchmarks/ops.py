@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from opsctl import sandbox  # noqa: E402
+from opsctl.sandbox import host as sandbox  # noqa: E402
 
 CRASH_JOB = """
 import sys, time
