@@ -1,9 +1,14 @@
 """Operational speed of opsctl on the sandbox, side by side in one run (issue 2 targets).
 
-    python3 benchmarks/ops.py [--runs 10] [--json out.json]
+    python3 benchmarks/ops.py [--runs 10] [--json out.json] [--opsctl PATH] [--status-only]
+
+``--opsctl``: the ``opsctl`` to measure (default: the console script beside this python, so a
+pyenv shim's own start-up is never counted). The README's numbers are for a normal install
+(``python3 -m venv V && V/bin/pip install .``, then ``V/bin/python benchmarks/ops.py``): an
+editable install adds its import finder (~25 ms) to every start.
 
 1. ``opsctl status --json`` wall time vs a raw ``ssh … pct exec 200 -- true`` on the same
-   sshd (target ratio ≤ 1.5);
+   sshd (target ratio ≤ 0.9 with the multiplexer warm, ≤ 1.3 for the first command);
 2. crash detection: from the job printing its traceback to ``opsctl status --follow``
    reporting FAILED (target ≤ 3 s at default settings);
 3. re-deploy of an unchanged payload, launch included, no waiting (target ≤ 2 s).
@@ -33,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from opsctl import sandbox  # noqa: E402
+from opsctl.sandbox import host as sandbox  # noqa: E402
 
 CRASH_JOB = """
 import sys, time
@@ -73,6 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--json", dest="json_out")
+    ap.add_argument("--opsctl", default=None, help="the opsctl program to measure")
+    ap.add_argument("--status-only", action="store_true", help="only the status round trips")
     args = ap.parse_args()
 
     info = sandbox.up()
@@ -80,10 +87,9 @@ def main() -> None:
     (home / "inventory").mkdir()
     shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
     env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
-    opsctl = [sys.executable, "-m", "opsctl"]
-    exe = shutil.which("opsctl")
-    if exe:
-        opsctl = [exe]
+    beside = Path(sys.executable).parent / "opsctl"
+    opsctl = [args.opsctl] if args.opsctl else [str(beside)] if beside.is_file() else \
+        [sys.executable, "-m", "opsctl"]
     target = ["--host", "sandbox", "--ct", str(info.containers[0])]
 
     def book(name: str, script: str, **extra: object) -> str:
@@ -97,6 +103,7 @@ def main() -> None:
            "--no-wait"], env)
 
     wait_for_mux(home, env)
+    timed([*opsctl, "status", "--json"], env)  # builds the reply shape cache (once per OPSCTL_HOME)
     results["load_avg_1m_start"] = os.getloadavg()[0]
     raw_argv = [*info.ssh_argv(), "pct", "exec", str(info.containers[0]), "--", "true"]
     cold_env = {**env, "OPSCTL_MUX": "0"}
@@ -110,6 +117,14 @@ def main() -> None:
     results["status_ratio"] = results["opsctl_status_json_s"] / results["raw_ssh_pct_exec_true_s"]
     results["opsctl_status_json_cold_s"] = statistics.median(cold)
     results["status_cold_ratio"] = results["opsctl_status_json_cold_s"] / results["raw_ssh_pct_exec_true_s"]
+
+    if args.status_only:
+        timed([*opsctl, "stop", "--grace", "1"], env, check=False)
+        timed([*opsctl, "mux", "stop"], env, check=False)
+        results["load_avg_1m_end"] = os.getloadavg()[0]
+        _report(results, args.json_out)
+        shutil.rmtree(home, ignore_errors=True)
+        return
 
     redeploy = [timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB),
                        "--replace", "--no-wait", "--json"], env)[0] for _ in range(max(3, args.runs // 2))]
@@ -132,14 +147,19 @@ def main() -> None:
     timed([*opsctl, "mux", "stop"], env, check=False)
     results["load_avg_1m_end"] = os.getloadavg()[0]
 
-    targets = {"status_ratio": 1.5, "crash_detection_s": 3.0, "redeploy_unchanged_payload_s": 2.0}
+    _report(results, args.json_out)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _report(results: dict[str, object], json_out: str | None) -> None:
+    targets = {"status_ratio": 0.9, "status_cold_ratio": 1.3, "crash_detection_s": 3.0,
+               "redeploy_unchanged_payload_s": 2.0}
     for key, value in results.items():
         goal = targets.get(key)
         mark = "" if goal is None else (" ✓" if float(value) <= goal else f" ✗ (target ≤ {goal})")  # type: ignore[arg-type]
         print(f"{key:34s} {float(value):8.3f}{mark}")  # type: ignore[arg-type]
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2))
-    shutil.rmtree(home, ignore_errors=True)
+    if json_out:
+        Path(json_out).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -230,6 +230,10 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
                                      "--follow, --job and --nodes need a single target")
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
         return
+    if not follow:
+        _status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        return
+    from opsctl.cli import render
     from opsctl.ops import jobs, watch
 
     run = _run_nodes(host, ctid, nodes_text, job_id)
@@ -250,34 +254,50 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
             render.run_table(render.console(), report)
         return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        if follow:
-            from opsctl.cli import render
+        err = render.console(stderr=True)
+        seen: dict[str, t.Any] = {"key": None}
 
-            err = render.console(stderr=True)
-            seen: dict[str, t.Any] = {"key": None}
+        def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
+            key = (st.state, st.phase, (st.last_step or {}).get("step")) if st else None
+            if not as_json and (problem or key != seen["key"]):
+                seen["key"] = key
+                err.print(render.progress_line(st, elapsed, problem))
 
-            def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
-                key = (st.state, st.phase, (st.last_step or {}).get("step")) if st else None
-                if not as_json and (problem or key != seen["key"]):
-                    seen["key"] = key
-                    err.print(render.progress_line(st, elapsed, problem))
+        st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
+                        on_update=on_update, lines=lines).status
+        if not as_json:  # the job followed is the one it started with, whatever came after
+            err.print(render.plain(f"followed job {st.job_id} to its end: {st.state.value}"))
+    if as_json:
+        render.print_json(st.model_dump(mode="json"))
+    else:
+        render.status(render.console(), tgt.label, st, pane_lines=lines)
+    if st.state.value != "SUCCEEDED":
+        sys.exit(errors.JOB_FAILED)
 
-            st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
-                            on_update=on_update, lines=lines).status
-            if not as_json:  # the job followed is the one it started with, whatever came after
-                err.print(render.plain(f"followed job {st.job_id} to its end: {st.state.value}"))
-        else:
-            st = watch.fetch_status(tgt.agent, job_id, lines)
+
+def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
+                 job_id: str | None, lines: int, as_json: bool) -> None:
+    """One status: through a live mux without pydantic or YAML where it can (opsctl/ops/
+    quickstatus.py), else the full path; the same document and view either way."""
+    from opsctl.ops import quickstatus
+
+    answer = quickstatus.fetch(host, ctid, job_id, lines, model=not as_json,
+                               accept_new_host_key=accept_new_host_key)
+    if answer is None:
+        from opsctl.ops import jobs, watch
+
+        with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+            answer = quickstatus.Answer(tgt.label, status=watch.fetch_status(tgt.agent, job_id, lines))
     if as_json:  # no rich on this path: `status --json` is polled by scripts (README, Speed)
         from opsctl.cli.jsonout import print_json
 
-        print_json(st.model_dump(mode="json"))
-    else:
-        from opsctl.cli import render
+        print_json(answer.document())
+        return
+    from opsctl.cli import render
 
-        render.status(render.console(), tgt.label, st, pane_lines=lines)
-    if follow and st.state.value != "SUCCEEDED":
-        sys.exit(errors.JOB_FAILED)
+    if answer.status is None:  # pragma: no cover - model=True always gives the model
+        raise ValueError("no status model")
+    render.status(render.console(), answer.label, answer.status, pane_lines=lines)
 
 
 def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,

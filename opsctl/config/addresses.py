@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from opsctl.errors import ConfigError
 
@@ -40,3 +41,14 @@ def check_address(address: str, *, what: str) -> str:
         raise ConfigError(f"{what}: {address!r} is not a valid host name "
                           "(dot-separated labels of letters, digits, '_' and '-')")
     return bare
+
+
+def known_hosts_path(known_hosts: str | None) -> Path:
+    """The known_hosts file a host's key is checked against: its own, else ``~/.ssh/known_hosts``."""
+    return Path(known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+
+
+def ssh_label(user: str, address: str, port: int) -> str:
+    """``user@address[:port]`` as messages show it (IPv6 in brackets, port 22 left out)."""
+    shown = f"[{address}]" if ":" in address else address
+    return f"{user}@{shown}{'' if port == 22 else f':{port}'}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsctl.config import paths, sshconfig, yamlfile
+from opsctl.config import addresses, paths, sshconfig, yamlfile
 from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
 from remote_payload import wire
@@ -84,7 +84,7 @@ class HostSpec(BaseModel):
 
     def known_hosts_path(self) -> Path:
         """The known_hosts file this host's key is checked against (direct and mux alike)."""
-        return Path(self.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+        return addresses.known_hosts_path(self.known_hosts)
 
     def notify_urls(self, ctid: int) -> list[str]:
         """Webhooks for a job in container ``ctid``: the container's, then the host's."""
@@ -92,9 +92,7 @@ class HostSpec(BaseModel):
         return list(dict.fromkeys([*(ct.notify if ct else []), *self.notify]))
 
     def ssh_label(self) -> str:
-        port = "" if self.port == 22 else f":{self.port}"
-        address = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{self.user}@{address}{port}"
+        return addresses.ssh_label(self.user, self.address, self.port)
 
 
 class InventoryFile(BaseModel):

@@ -11,6 +11,7 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import TransportError
+from opsctl.ops import quickstatus
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobStatus
 
@@ -31,10 +32,9 @@ class WatchOutcome:
 
 
 def fetch_status(agent: Agent, job_id: str | None, lines: int = 20) -> JobStatus:
-    args = ["--lines", str(lines)]
-    if job_id:
-        args += ["--job", job_id]
-    return JobStatus.model_validate(agent.call("status", *args, timeout=30))
+    """One ``status`` call (``opsctl status`` without --follow takes :mod:`.quickstatus` first)."""
+    return JobStatus.model_validate(agent.call("status", *quickstatus.status_args(job_id, lines),
+                                               timeout=quickstatus.STATUS_TIMEOUT_S))
 
 
 def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | None,

@@ -7,13 +7,13 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-import pydantic
-
 from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError, UnknownJob
-from opsctl.remote.models import AgentReply
 from opsctl.remote.transport import CommandResult, Remote, missing_in_container, save_log
 from remote_payload import wire
 from remote_payload.wire import ErrorType
+
+if t.TYPE_CHECKING:
+    from opsctl.remote.models import AgentReply
 
 
 class TorchAgentError(AgentError, TorchEnvError):
@@ -72,8 +72,7 @@ class Agent:
     python: str = "python3"
 
     def argv(self, verb: str, *args: str) -> list[str]:
-        return ["env", f"PYTHONPATH={self.root}/payload", self.python, "-m", "remote_payload.agent",
-                "--root", self.root, verb, *args, "--json"]
+        return agent_argv(self.root, verb, *args, python=self.python)
 
     def call(self, verb: str, *args: str, timeout: float = 60,
              on_stderr: t.Callable[[bytes], None] | None = None,
@@ -86,9 +85,17 @@ class Agent:
             RemoteCommandFailed: no valid reply (output saved, path in the error).
             ContainerMissing/ContainerNotRunning/TransportError: from the transport.
         """
-        step = f"agent {verb}"
-        result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout, step=step,
-                                      on_stderr=on_stderr, stdin=stdin)
+        result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout,
+                                      step=agent_step(verb), on_stderr=on_stderr, stdin=stdin)
+        return self.answer(verb, result)
+
+    def answer(self, verb: str, result: CommandResult) -> t.Any:
+        """The ``data`` of a verb's finished command (:meth:`call` after the remote part).
+
+        Raises:
+            as :meth:`call`, except the transport's errors.
+        """
+        step = agent_step(verb)
         reply = parse_reply(self.remote.host.label, self.ctid, step, result)
         if reply.ok:
             return reply.data
@@ -153,12 +160,27 @@ class Agent:
                              time.monotonic() - start)
 
 
+def agent_argv(root: str, verb: str, *args: str, python: str = "python3") -> list[str]:
+    """The container command that runs one agent verb (its one JSON reply on stdout)."""
+    return ["env", f"PYTHONPATH={root}/payload", python, "-m", "remote_payload.agent",
+            "--root", root, verb, *args, "--json"]
+
+
+def agent_step(verb: str) -> str:
+    """A verb's step name in errors and saved logs."""
+    return f"agent {verb}"
+
+
 def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> AgentReply:
     """Exactly one JSON document, or a clear error with the output saved.
 
     Raises:
         RemoteCommandFailed: the output is not an agent reply.
     """
+    import pydantic  # here, not at import: `opsctl status` usually never gets here
+
+    from opsctl.remote.models import AgentReply
+
     text = result.stdout.decode("utf-8", "replace").strip()
     try:
         return AgentReply.model_validate_json(text.splitlines()[-1] if text else "")

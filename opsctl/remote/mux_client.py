@@ -61,6 +61,27 @@ from opsctl.errors import DeadlineExceeded, TransportError
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
 
+
+class MuxHost(t.Protocol):
+    """What a call through the mux needs of its host: a :class:`~opsctl.config.inventory.HostSpec`,
+    or the pydantic-free :class:`~opsctl.config.targetcache.CachedHost` of ``status``'s fast path."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def identity_file(self) -> str | None: ...
+    @property
+    def host_key_fingerprint(self) -> str | None: ...
+    @property
+    def proxy_jump(self) -> str | None: ...
+    def known_hosts_path(self) -> Path: ...
+
 ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
 ENV_IDLE = "OPSCTL_MUX_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
@@ -104,7 +125,7 @@ def mux_dir(create: bool = True) -> Path | None:
     return d
 
 
-def key(spec: HostSpec) -> str:
+def key(spec: MuxHost) -> str:
     """What a mux connection is bound to: identity and the trust state it verified."""
     kh = spec.known_hosts_path()
     try:  # its content, not its stat: a `touch` must not start a second mux
@@ -116,7 +137,7 @@ def key(spec: HostSpec) -> str:
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
 
 
-def socket_path(spec: HostSpec, create: bool = True) -> Path | None:
+def socket_path(spec: MuxHost, create: bool = True) -> Path | None:
     d = mux_dir(create)
     if d is None:
         return None
@@ -220,7 +241,7 @@ def connect(sock_path: Path | None) -> socket.socket | None:
         return None
 
 
-def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
+def call(spec: MuxHost, command: str, *, stdin: bytes | t.BinaryIO | None,
          on_stdout: Output | None, on_stderr: Output | None, local_deadline: float | None,
          argv: list[str], what: str) -> Reply | None:
     """Run ``command`` through a live mux; None when there is none (caller goes direct).

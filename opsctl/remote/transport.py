@@ -344,18 +344,24 @@ class Remote:
             TransportError: the connection failed or dropped.
             DeadlineExceeded: the deadline fired (the remote group was killed).
         """
-        argv = [str(a) for a in argv]
-        command = host_command(argv, timeout=timeout, sudo=self.host.sudo,
-                               pct_path=self.host.pct_path)
-        check_command(self.host.label, step or argv[0], argv, command)
-        local_deadline = None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
-        result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline, step)
+        argv, command = prepare(self.host, argv, timeout=timeout, step=step)
+        result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline(timeout), step)
+        return self.check_deadline(result, timeout=timeout, step=step)
+
+    def check_deadline(self, result: CommandResult, *, timeout: float | None,
+                       step: str = "") -> CommandResult:
+        """``result`` unless the remote deadline fired (the second half of :meth:`run`).
+
+        Raises:
+            DeadlineExceeded: ``timeout`` fired (the remote group was killed).
+        """
         if timeout is not None and result.rc in TIMEOUT_RCS and result.elapsed_s >= timeout:
             path = save_log(step or "remote-command", result)
             raise DeadlineExceeded(
-                f"{self.host.label}: {step or argv[0]} ran past its {timeout:g} s deadline; "
+                f"{self.host.label}: {step or result.argv[0]} ran past its {timeout:g} s deadline; "
                 "its remote process group was killed",
-                argv=argv, rc=result.rc, stderr_tail=result.stderr_tail(), log_path=str(path))
+                argv=list(result.argv), rc=result.rc, stderr_tail=result.stderr_tail(),
+                log_path=str(path))
         return result
 
     def pct_exec(self, ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
@@ -371,6 +377,15 @@ class Remote:
         pct = pct_argv(ctid, argv, timeout=timeout, keep_env=keep_env)
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step)
+        return self.check_pct_result(ctid, result, step=step, check_container=check_container)
+
+    def check_pct_result(self, ctid: int, result: CommandResult, *, step: str = "",
+                         check_container: bool = True) -> CommandResult:
+        """``result`` unless pct itself failed (the second half of :meth:`pct_exec`).
+
+        Raises:
+            ContainerMissing / ContainerNotRunning, HostSetupError, PctTooOld: pct said so.
+        """
         if check_container and result.rc != 0:
             try:
                 classify_pct_failure(self.host, ctid, result, step)
@@ -453,6 +468,34 @@ class Remote:
             rc = 255
         return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
                              time.monotonic() - start)
+
+
+def local_deadline(timeout: float | None) -> float | None:
+    """How long the client waits for a command with remote deadline ``timeout``."""
+    return None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
+
+
+class _CommandHost(t.Protocol):
+    @property
+    def label(self) -> str: ...
+    @property
+    def sudo(self) -> bool: ...
+    @property
+    def pct_path(self) -> str: ...
+
+
+def prepare(host: _CommandHost, argv: t.Sequence[t.Any], *, timeout: float | None,
+            step: str = "") -> tuple[list[str], str]:
+    """``argv`` as strings and the one command string sent for it (the first half of
+    :meth:`Remote.run`; the multiplexed fast path of ``status`` sends the same).
+
+    Raises:
+        ConfigError: as :func:`check_command`.
+    """
+    args = [str(a) for a in argv]
+    command = host_command(args, timeout=timeout, sudo=host.sudo, pct_path=host.pct_path)
+    check_command(host.label, step or args[0], args, command)
+    return args, command
 
 
 #: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
