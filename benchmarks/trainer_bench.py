@@ -486,7 +486,7 @@ class Bench:
             fx = Drafter(cfg, "flex").to(self.dev, dt)
             sd = Drafter(cfg, "sdpa").to(self.dev, dt)
             sd.load_state_dict(fx.state_dict())
-            feats = torch.randn(2, seq, cfg.draft_layers * cfg.hidden_size, device=self.dev, dtype=dt)
+            feats = torch.randn(2, seq, cfg.feature_width, device=self.dev, dtype=dt)
             emb = torch.randn(*ids.shape, cfg.hidden_size, device=self.dev, dtype=dt)
             gout = torch.randn(*ids.shape, cfg.hidden_size, device=self.dev, dtype=dt)
             cf = torch.compile(fx, dynamic=False)
