@@ -138,12 +138,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         (and transport/container/agent errors from the steps)
     """
     start = time.monotonic()
-    steps: list[dict[str, t.Any]] = []
-
-    def step(name: str, **info: t.Any) -> None:
-        steps.append({"step": name, "t": round(time.monotonic() - start, 3), **info})
-        if on_step is not None:
-            on_step(name)
+    steps, step = step_recorder(on_step)
 
     def ship(force: bool) -> PayloadResult:
         step("payload")
@@ -247,6 +242,21 @@ def refuse_if_running(tgt: Target) -> None:
                          "--replace", remote_type=ErrorType.JobAlreadyRunning,
                          fields={"job_id": current, "state": state},
                          hint="stop it first (`opsctl stop`) or deploy with --replace")
+
+
+def step_recorder(on_step: t.Callable[[str], None] | None
+                  ) -> tuple[list[dict[str, t.Any]], t.Callable[..., None]]:
+    """A deploy's step list (each ``{"step", "t", ...}``, seconds from now) and the function
+    that appends to it and tells ``on_step`` (progress lines). Shared with ``deploy --nodes``."""
+    start = time.monotonic()
+    steps: list[dict[str, t.Any]] = []
+
+    def step(name: str, **info: t.Any) -> None:
+        steps.append({"step": name, "t": round(time.monotonic() - start, 3), **info})
+        if on_step is not None:
+            on_step(name)
+
+    return steps, step
 
 
 def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) -> Interrupted:

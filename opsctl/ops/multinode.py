@@ -274,28 +274,25 @@ def stop(refs: t.Sequence[NodeRef], job_id: str | None, grace_s: float, *,
         ConfigError: an unknown host in the node list.
     """
     with opened(refs, accept_new_host_key=accept_new_host_key) as nodes:
-        results = fan_out(nodes, lambda n: jobs.stop(n.target, job_id, grace_s))
-    rows = []
-    for node, res in zip(nodes, results, strict=True):
-        row = NodeRow(node.index, str(node.ref), node.target.label)
-        if isinstance(res, OpsctlError):
-            row.error = res.message
-        else:
-            row.stop = res
-        rows.append(row)
+        rows = _rows(nodes, fan_out(nodes, lambda n: jobs.stop(n.target, job_id, grace_s)), "stop")
     return RunReport(job_id or next((r.stop.job_id for r in rows if r.stop), ""), rows,
                      outcome="stopped")
 
 
 def _poll(nodes: t.Sequence[Node], job_id: str | None, lines: int) -> list[NodeRow]:
-    results = fan_out(nodes, lambda n: watch.fetch_status(n.target.agent, job_id, lines))
+    return _rows(nodes, fan_out(nodes, lambda n: watch.fetch_status(n.target.agent, job_id, lines)),
+                 "status")
+
+
+def _rows(nodes: t.Sequence[Node], results: t.Sequence[t.Any], field: str) -> list[NodeRow]:
+    """One row per node: the fan-out's answer in ``field`` (``status``/``stop``), or its error."""
     rows = []
     for node, res in zip(nodes, results, strict=True):
         row = NodeRow(node.index, str(node.ref), node.target.label)
         if isinstance(res, OpsctlError):
             row.error = res.message
         else:
-            row.status = res
+            setattr(row, field, res)
         rows.append(row)
     return rows
 
@@ -325,12 +322,7 @@ def deploy(refs: t.Sequence[NodeRef], playbook_name: str | None, *, replace: boo
     if not refs:
         raise ConfigError("--nodes: no nodes given")
     start = time.monotonic()
-    steps: list[dict[str, t.Any]] = []
-
-    def step(name: str, **info: t.Any) -> None:
-        steps.append({"step": name, "t": round(time.monotonic() - start, 3), **info})
-        if on_step is not None:
-            on_step(name)
+    steps, step = deploy_ops.step_recorder(on_step)
 
     with opened(refs, accept_new_host_key=accept_new_host_key) as nodes:
         book = deploy_ops.load_playbook(nodes[0].target, playbook_name)
