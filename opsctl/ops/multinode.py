@@ -342,7 +342,7 @@ def deploy(refs: t.Sequence[NodeRef], playbook_name: str | None, *, replace: boo
                 spec = _node_spec(node, book, job_id, rdzv, addresses[node.index], nproc, replace)
                 step("launch", node=node.index, job_id=job_id)
                 try:
-                    deploy_ops._launch(node.target, spec, replace, force_gpus)
+                    deploy_ops._launch(node.target, spec, replace, force_gpus, secrets={})
                 except OpsctlError:
                     _stop_quietly(launched, job_id)
                     raise
