@@ -55,7 +55,7 @@ class _Tee(io.TextIOBase):
     """stdout that also keeps the events it saw (the step events' tok/s and MFU)."""
 
     def __init__(self, out: t.TextIO):
-        self.out, self.events = out, []  # type: ignore[var-annotated]
+        self.out, self.events = out, []  # type: ignore[var-annotated,unused-ignore]
 
     def write(self, s: str) -> int:
         for line in s.splitlines():
@@ -127,7 +127,7 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
 
     t0 = time.perf_counter()
     tee = _Tee(sys.stdout)
-    with contextlib.redirect_stdout(tee):  # type: ignore[type-var]
+    with contextlib.redirect_stdout(tee):  # type: ignore[type-var,unused-ignore]
         rc = train_main(["--preset", "tiny", *common, "--tokenizer", str(target_dir),
                          "--data", str(out / "regen"), "--out-dir", str(out / "drafter"),
                          "--seed", str(a.seed), *size["drafter"]])

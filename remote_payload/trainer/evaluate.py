@@ -180,7 +180,7 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     tok = load_tokenizer(a.tokenizer or a.target_path)
     drafter, cfg, path = load_drafter(a.ckpt, device)
     model = AutoModelForCausalLM.from_pretrained(a.target_path, dtype=dtype, local_files_only=True,
-                                                 attn_implementation="sdpa").to(device).eval()
+                                                 attn_implementation="sdpa").to(device).eval()  # type: ignore[arg-type,unused-ignore]  # transformers' stubs vary by version
     target = FeatureTarget(model, cfg.target_layer_ids)
     prompts = []
     for where, rec in iter_json(a.prompts):

@@ -82,7 +82,7 @@ class HfEngine:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True, attn_implementation="sdpa").to(device).eval()
+            path, dtype=dtype, local_files_only=True, attn_implementation="sdpa").to(device).eval()  # type: ignore[arg-type,unused-ignore]  # transformers' stubs vary by version
         self.device = device
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.eos = tok.eos_token_id
@@ -115,13 +115,13 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, path: str, tok: t.Any):
-        from vllm import LLM  # type: ignore[import-not-found]
+        from vllm import LLM  # type: ignore[import-not-found,unused-ignore]
 
         self.llm = LLM(model=path, tokenizer=path, tensor_parallel_size=1, enforce_eager=False)
         self.eos = tok.eos_token_id
 
     def generate(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-        from vllm import SamplingParams  # type: ignore[import-not-found]
+        from vllm import SamplingParams  # type: ignore[import-not-found,unused-ignore]
 
         sp = SamplingParams(temperature=0.0, max_tokens=max_new)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
@@ -131,7 +131,7 @@ class VllmEngine:
 def _engine(a: argparse.Namespace, device: torch.device, dtype: torch.dtype, tok: t.Any) -> t.Any:
     if a.engine in ("auto", "vllm") and device.type == "cuda":
         try:
-            import vllm  # type: ignore[import-not-found]  # noqa: F401
+            import vllm  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
         except ImportError:
             if a.engine == "vllm":
                 raise TrainerConfigError("--engine vllm: vllm is not importable here") from None
@@ -186,7 +186,7 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
         with part.open("a") as fh:
             for b in range(len(done), len(chunk), a.batch_size):
                 batch = chunk[b:b + a.batch_size]
-                answers = engine.generate([p for _, p in batch], a.max_new_tokens)  # type: ignore[union-attr]
+                answers = engine.generate([p for _, p in batch], a.max_new_tokens)  # type: ignore[union-attr,unused-ignore]
                 for (msgs, p_ids), ans in zip(batch, answers, strict=True):
                     text = tok.decode([x for x in ans if x != tok.eos_token_id],
                                       skip_special_tokens=True)

@@ -93,7 +93,7 @@ def fused_layer_forward(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     nh, nkv, hd = heads
     b, s, _ = h.shape
     qkv = F.linear(_rms(h, in_norm, eps), qkv_w)
-    q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+    q, k, v = qkv[..., :nh * hd], qkv[..., nh * hd:(nh + nkv) * hd], qkv[..., (nh + nkv) * hd:]
     q = _rms(q.view(b, s, nh, hd), q_norm, eps).transpose(1, 2)  # (B, nh, S, hd)
     k = _rms(k.view(b, s, nkv, hd), k_norm, eps).transpose(1, 2)  # (B, nkv, S, hd)
     v = v.view(b, s, nkv, hd).transpose(1, 2)
@@ -166,7 +166,7 @@ class Target(nn.Module):
         for i in set(self.layer_ids):
             layers[i].register_forward_hook(self._hook(i, stop=i == last))
 
-    def compile(self, **kwargs: t.Any) -> None:  # type: ignore[override]
+    def compile(self, **kwargs: t.Any) -> None:
         """Compile the per-layer function (``dynamic=False``: one graph per bucket shape).
 
         The first :meth:`features` call of each shape compiles; callers run it under

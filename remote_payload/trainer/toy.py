@@ -49,7 +49,7 @@ def make_tokenizer(lang: Language, out_dir: str) -> t.Any:
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",  # type: ignore[no-untyped-call,unused-ignore]  # transformers' stubs vary by version
                                   mask_token="<mask>", eos_token="<eot>")
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out_dir)
@@ -79,7 +79,7 @@ def train_target(tok: t.Any, lang: Language, out_dir: str, *, hidden: int = 64, 
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       bos_token_id=None)
     cfg._attn_implementation = "sdpa"
-    model = Qwen3ForCausalLM(cfg).to(device)
+    model = Qwen3ForCausalLM(cfg).to(device)  # type: ignore[arg-type,unused-ignore]  # transformers' stubs vary by version
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     rng = random.Random(seed)
     loss_v, acc = float("nan"), 0.0
