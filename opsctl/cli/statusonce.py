@@ -14,7 +14,6 @@ and exit code, :func:`opsctl.cli.app.report_error`).
 from __future__ import annotations
 
 import sys
-import typing as t
 
 from opsctl.config import trace
 from opsctl.errors import OpsctlError
@@ -110,11 +109,10 @@ def run(argv: list[str]) -> bool:
         from opsctl.cli.app import report_interrupt
 
         sys.exit(report_interrupt())
-    except BrokenPipeError:  # `opsctl status --json | head -1`: as click's main ends it
-        from click.utils import PacifyFlushWrapper
+    except BrokenPipeError:  # `opsctl status --json | head -1`: exit 1 quietly, as click's main
+        import os
 
-        sys.stdout = t.cast(t.TextIO, PacifyFlushWrapper(sys.stdout))
-        sys.stderr = t.cast(t.TextIO, PacifyFlushWrapper(sys.stderr))
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
         sys.exit(1)
     finally:
         trace.dump()

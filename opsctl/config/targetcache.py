@@ -102,9 +102,11 @@ def lookup(name: str) -> CachedHost | None:
     if not isinstance(entry, dict) or entry.get("stamp") != stamp():
         return None
     spec = entry.get("spec")
+    if not isinstance(spec, dict):
+        return None
     try:
-        return CachedHost(**{f: spec[f] for f in CachedHost.__dataclass_fields__  # type: ignore[index]
-                             if f != "dump"}, dump=spec)
+        return CachedHost(**{f: spec[f] for f in CachedHost.__dataclass_fields__ if f != "dump"},
+                          dump=spec)
     except (TypeError, KeyError):
         return None
 
