@@ -3,24 +3,55 @@
 The group is assembled here, explicitly, from each family's ``COMMANDS`` (nothing registers
 itself as a side effect of an import). Adding a command: write it in its family's module and
 list it in that module's ``COMMANDS``; its use case goes in ``opsctl/ops/``. A new family is
-one more entry in :data:`FAMILIES`. ``tests/test_cli_commands.py`` fails for a command that is
-defined but not listed.
+one more entry in :data:`FAMILY_MODULES`. ``tests/test_cli_commands.py`` fails for a command
+that is defined but not listed.
+
+The group (``cli``) and ``FAMILIES`` are built on first use, not on import: :func:`main` first
+offers the command line to :func:`opsctl.cli.statusonce.run`, which serves a plain
+``status [--json] [--host H] [--ct N]`` without importing click or any family.
 """
 
 from __future__ import annotations
 
-from opsctl.cli import complete, diag, files, hosts, interactive, jobs, sandbox, torch, view
-from opsctl.cli.app import cli
+import importlib
+import typing as t
 
-FAMILIES = (sandbox, jobs, interactive, files, diag, torch, hosts, view, complete)
+#: The command families, in the order their commands are added.
+FAMILY_MODULES = ("sandbox", "jobs", "interactive", "files", "diag", "torch", "hosts", "view",
+                  "complete")
 
-for family in FAMILIES:
-    for command in family.COMMANDS:
-        cli.add_command(command)
+
+def _assemble() -> tuple[t.Any, tuple[t.Any, ...]]:
+    from opsctl.cli.app import cli
+
+    families = tuple(importlib.import_module(f"opsctl.cli.{name}") for name in FAMILY_MODULES)
+    if not cli.commands:
+        for family in families:
+            for command in family.COMMANDS:
+                cli.add_command(command)
+    return cli, families
+
+
+def __getattr__(name: str) -> t.Any:
+    if name in ("cli", "FAMILIES"):
+        cli, families = _assemble()
+        globals().update(cli=cli, FAMILIES=families)
+        return cli if name == "cli" else families
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
+    import sys
+
+    from opsctl.config import trace
+
+    trace.mark("start-up")
+    from opsctl.cli import statusonce
+
+    if statusonce.run(sys.argv[1:]):  # pragma: no cover - run() exits when it took the command
+        return
+    cli, _ = _assemble()
     cli(prog_name="opsctl")
 
 
-__all__ = ["FAMILIES", "cli", "main"]
+__all__ = ["FAMILIES", "FAMILY_MODULES", "cli", "main"]

@@ -38,8 +38,7 @@ class OpsctlGroup(click.Group):
                 exc._json_done = True  # type: ignore[attr-defined]  # nested groups print once
             raise
         except KeyboardInterrupt:
-            click.echo("interrupted (the remote job, if any, keeps running)", err=True)
-            ctx.exit(errors.INTERRUPTED)
+            ctx.exit(report_interrupt())
 
 
 def _json_requested(args: t.Sequence[str]) -> bool:
@@ -49,11 +48,22 @@ def _json_requested(args: t.Sequence[str]) -> bool:
 
 
 def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
+    report_error(exc, as_json=bool(ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done")))
+
+
+def report_error(exc: OpsctlError, *, as_json: bool) -> None:
+    """An error's end: its document on stdout (``as_json``) and its one line on stderr."""
     from opsctl.cli import render
 
-    if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
+    if as_json:
         render.print_json({"ok": False, "error": exc.to_dict()})
     render.error(render.console(stderr=True), exc)
+
+
+def report_interrupt() -> int:
+    """Ctrl-C: say what keeps running; returns the exit code."""
+    click.echo("interrupted (the remote job, if any, keeps running)", err=True)
+    return errors.INTERRUPTED
 
 
 def json_option(f: F) -> F:

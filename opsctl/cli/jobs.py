@@ -17,6 +17,7 @@ from opsctl import errors
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
+from opsctl.cli.statusonce import DEFAULT_LINES, status_once
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
@@ -202,7 +203,8 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.command()
 @job_argument
 @target_options
-@click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True, help="Pane lines to show.")
+@click.option("--lines", "-n", type=clitypes.COUNT, default=DEFAULT_LINES, show_default=True,
+              help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
 @click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True)
 @click.option("--all", "all_hosts", is_flag=True,
@@ -231,7 +233,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
         return
     if not follow:
-        _status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
         return
     from opsctl.cli import render
     from opsctl.ops import jobs, watch
@@ -273,31 +275,6 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
-
-
-def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
-                 job_id: str | None, lines: int, as_json: bool) -> None:
-    """One status: through a live mux without pydantic or YAML where it can (opsctl/ops/
-    quickstatus.py), else the full path; the same document and view either way."""
-    from opsctl.ops import quickstatus
-
-    answer = quickstatus.fetch(host, ctid, job_id, lines, model=not as_json,
-                               accept_new_host_key=accept_new_host_key)
-    if answer is None:
-        from opsctl.ops import jobs, watch
-
-        with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-            answer = quickstatus.Answer(tgt.label, status=watch.fetch_status(tgt.agent, job_id, lines))
-    if as_json:  # no rich on this path: `status --json` is polled by scripts (README, Speed)
-        from opsctl.cli.jsonout import print_json
-
-        print_json(answer.document())
-        return
-    from opsctl.cli import render
-
-    if answer.status is None:  # pragma: no cover - model=True always gives the model
-        raise ValueError("no status model")
-    render.status(render.console(), answer.label, answer.status, pane_lines=lines)
 
 
 def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.config import addresses, paths, sshconfig
@@ -48,6 +48,9 @@ class CachedHost:
     sudo: bool
     pct_path: str
     root: str
+    connect_timeout_s: float
+    #: the whole stored ``HostSpec.model_dump(mode="json")`` (what a mux is started with)
+    dump: dict[str, t.Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -58,6 +61,10 @@ class CachedHost:
 
     def ssh_label(self) -> str:
         return addresses.ssh_label(self.user, self.address, self.port)
+
+    def model_dump_json(self) -> str:
+        """As ``HostSpec.model_dump_json()`` (:func:`opsctl.remote.mux_client.spawn` sends it)."""
+        return json.dumps(self.dump)
 
 
 def _path() -> Path:
@@ -95,8 +102,11 @@ def lookup(name: str) -> CachedHost | None:
     if not isinstance(entry, dict) or entry.get("stamp") != stamp():
         return None
     spec = entry.get("spec")
+    if not isinstance(spec, dict):
+        return None
     try:
-        return CachedHost(**{f: spec[f] for f in CachedHost.__dataclass_fields__})  # type: ignore[index]
+        return CachedHost(**{f: spec[f] for f in CachedHost.__dataclass_fields__ if f != "dump"},
+                          dump=spec)
     except (TypeError, KeyError):
         return None
 

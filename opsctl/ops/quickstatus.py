@@ -1,18 +1,24 @@
-"""One ``status`` call through a live multiplexer, with no YAML, pydantic or paramiko on the way.
+"""One ``status`` call with no YAML, pydantic or paramiko on the way: through a live mux, or
+for the first command of a session, through the OpenSSH client.
 
-Why: `opsctl status` is what people and scripts poll; with the mux warm the remote part is a
-``pct exec`` that opsctl cannot make faster, so the rest had to shrink: the inventory
-(PyYAML + pydantic, ~60 ms) and the reply models (pydantic, ~50 ms) made `status --json` 1.10×
-a bare ``ssh … pct exec 200 -- true`` instead of beating it (README, Speed).
+Why: `opsctl status` is what people and scripts poll; the remote part is a ``pct exec`` that
+opsctl cannot make faster, so the rest had to shrink: the inventory (PyYAML + pydantic,
+~60 ms) and the reply models (pydantic, ~50 ms) made `status --json` 1.10× a bare
+``ssh … pct exec 200 -- true``, and without a mux the paramiko import and key exchange made
+it 2.2× (README, Speed).
 
-The fast lane opens only when the target resolves from :mod:`opsctl.config.targetcache` and a
-mux for the host answers; it sends exactly the command the full path sends
-(:func:`opsctl.remote.transport.prepare`, :func:`opsctl.remote.agent_client.agent_argv`), so
-the remote deadlines and the mux's host-key binding are the same. Nothing sent yet (no cache
-entry, no mux, ``OPSCTL_MUX=0``): :func:`fetch` returns None and the caller takes the full path.
-Once the command ran, any answer but a plain successful reply is finished by the full path's
-own code on the *same* result (:func:`_finish`): errors, exit codes and saved logs are the
-full path's, and nothing runs twice.
+The fast lane opens only when the target resolves from :mod:`opsctl.config.targetcache`;
+it sends exactly the command the full path sends (:func:`opsctl.remote.transport.prepare`,
+:func:`opsctl.remote.agent_client.agent_argv`), so the remote deadlines are the same. It
+goes through a live mux (bound to the verified host key), else (no mux, ``OPSCTL_MUX=0``)
+through ``ssh`` (:mod:`opsctl.remote.sshcall`, which trusts only the keys the full path
+would accept) and then starts a mux for the next command, as the full path does after a
+direct connection. Nothing sent, or ssh itself failed (unknown or changed host key, auth,
+network, a ProxyJump): :func:`fetch` returns None and the caller takes the full path, whose
+errors say why (a changed key still exits 12 with its message). Once the command ran, any
+answer but a plain successful reply is finished by the full path's own code on the *same*
+result (:func:`_finish`): errors, exit codes and saved logs are the full path's, and
+nothing runs twice.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from opsctl.config import last_target, targetcache
+from opsctl.config import last_target, targetcache, trace
 from opsctl.remote import leanreply, transport
 from opsctl.remote import mux_client as mux
 from opsctl.remote.agent_client import agent_argv, agent_step
@@ -57,7 +63,8 @@ class Answer:
 
 def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
           model: bool = False, accept_new_host_key: bool = False) -> Answer | None:
-    """The job's status through a live mux; None when the fast lane is closed (nothing sent).
+    """The job's status through a live mux or ``ssh``; None when the fast lane is closed
+    (nothing sent, or ssh itself failed: the full path then connects and says why).
 
     ``model``: return the validated :class:`JobStatus` (the human view) instead of the
     ``--json`` document.
@@ -66,7 +73,7 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
         as the full path (``ops.jobs.open_target`` + ``watch.fetch_status``).
     """
     last = last_target.resolve(host, ctid)
-    if last.ctid < 100 or not mux.enabled():
+    if last.ctid < 100:
         return None
     spec = targetcache.lookup(last.host)
     if spec is None:
@@ -75,13 +82,26 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
     pct = transport.pct_argv(last.ctid, agent_argv(spec.root, "status", *status_args(job_id, lines)),
                              timeout=STATUS_TIMEOUT_S)
     argv, command = transport.prepare(spec, pct, timeout=STATUS_TIMEOUT_S, step=step)
-    start = time.monotonic()
-    reply = mux.call(spec, command, stdin=None, on_stdout=None, on_stderr=None,
-                     local_deadline=transport.local_deadline(STATUS_TIMEOUT_S), argv=argv, what=step)
-    if reply is None:
-        return None
-    result = transport.CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
-                                     time.monotonic() - start, via="mux")
+    trace.mark("target")
+    deadline = transport.local_deadline(STATUS_TIMEOUT_S)
+    result = None
+    if mux.enabled():
+        start = time.monotonic()
+        reply = mux.call(spec, command, stdin=None, on_stdout=None, on_stderr=None,
+                         local_deadline=deadline, argv=argv, what=step)
+        if reply is not None:
+            result = transport.CommandResult(tuple(argv), command, reply.rc, reply.stdout,
+                                             reply.stderr, time.monotonic() - start, via="mux")
+            trace.mark("mux round trip")
+    if result is None:
+        from opsctl.remote import sshcall  # not on the warm path: subprocess, hmac, ssh argv
+
+        result = sshcall.run(spec, command, argv, local_deadline=deadline, what=step)
+        if result is None:
+            return None
+        trace.mark("ssh round trip")
+        mux.spawn(spec)  # for the next command (a no-op with OPSCTL_MUX=0)
+        trace.mark("mux spawn")
     label = f"{spec.label} ct {last.ctid}"
     if result.rc == 0:
         try:
@@ -90,7 +110,9 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
                 from opsctl.remote.models import JobStatus
 
                 return Answer(label, status=JobStatus.model_validate(data))
-            return Answer(label, doc=leanreply.normalize(data, leanreply.cached_shape("JobStatus")))
+            doc = leanreply.normalize(data, leanreply.cached_shape("JobStatus"))
+            trace.mark("parse")
+            return Answer(label, doc=doc)
         except leanreply.Unsure:
             pass
     return _finish(last.host, last.ctid, result, accept_new_host_key=accept_new_host_key)

@@ -160,9 +160,16 @@ class Agent:
                              time.monotonic() - start)
 
 
+#: Verbs that need nothing but the standard library and the payload: their python starts with
+#: ``-S`` (no ``site``: no site-packages scan, no ``.pth`` files, no Debian sitecustomize), a
+#: few ms of every ``status`` poll. The payload comes from PYTHONPATH, which ``-S`` keeps.
+STDLIB_ONLY_VERBS = frozenset({"status"})
+
+
 def agent_argv(root: str, verb: str, *args: str, python: str = "python3") -> list[str]:
     """The container command that runs one agent verb (its one JSON reply on stdout)."""
-    return ["env", f"PYTHONPATH={root}/payload", python, "-m", "remote_payload.agent",
+    flags = ["-S"] if verb in STDLIB_ONLY_VERBS else []
+    return ["env", f"PYTHONPATH={root}/payload", python, *flags, "-m", "remote_payload.agent",
             "--root", root, verb, *args, "--json"]
 
 

@@ -82,6 +82,13 @@ class MuxHost(t.Protocol):
     def proxy_jump(self) -> str | None: ...
     def known_hosts_path(self) -> Path: ...
 
+
+class SpawnHost(MuxHost, t.Protocol):
+    """What starting a mux needs: the host as ``HostSpec`` JSON (the server validates it)."""
+
+    def model_dump_json(self) -> str: ...
+
+
 ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
 ENV_IDLE = "OPSCTL_MUX_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
@@ -403,7 +410,7 @@ def prune_stale(d: Path, *, keep: Path | None = None, now: float | None = None) 
     return removed
 
 
-def spawn(spec: HostSpec) -> None:
+def spawn(spec: SpawnHost) -> None:
     """Start a detached mux for ``spec`` unless one is live (never raises, never waits)."""
     if not enabled():
         return

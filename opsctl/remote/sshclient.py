@@ -2,8 +2,9 @@
 
 Why OpenSSH and not paramiko here: an interactive session needs the local terminal in raw
 mode, window-size changes forwarded and the remote PTY's job control; ``ssh -t`` does all of
-it and is well kept. A port forward is ``ssh -N -L``. Everything else in opsctl stays on
-paramiko (fabric) and the mux, which need no terminal.
+it and is well kept. A port forward is ``ssh -N -L``. The first ``status`` of a session also
+runs over ssh (:mod:`.sshcall`, with a private known_hosts from :mod:`.hostkeys`); everything
+else stays on paramiko (fabric) and the mux, which need no terminal.
 
 Host keys stay opsctl's decision: the caller first connects through :class:`Remote` (its
 policy: ``known_hosts``, a pinned fingerprint, ``--accept-new-host-key``) and this module

@@ -15,13 +15,11 @@ Finding shape (docs/contracts.md, status document ``diagnosis``)::
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import signal as _signal
 import typing as t
 
 from remote_payload import wire
-from remote_payload.probes import stackdump
 
 # Seconds without output or events before an alive job counts as hung, unless the job
 # announced a longer budget for its current phase (``budget_s`` on its events) or the
@@ -45,8 +43,11 @@ FX_RACE_FIXES = (
     "A warm compile cache only hides the race; `opsctl probe compile-race` checks a build cold.")
 
 
-@dataclasses.dataclass(frozen=True)
-class Finding:
+# NamedTuples, not dataclasses: `dataclasses` imports `inspect`, ~10 ms of every `status`
+# (the agent's start is on the path of every poll; README, Speed).
+
+
+class Finding(t.NamedTuple):
     cause: str
     severity: str
     summary: str
@@ -54,11 +55,10 @@ class Finding:
     hint: str
 
     def to_dict(self) -> dict[str, t.Any]:
-        return dataclasses.asdict(self)
+        return {**self._asdict(), "evidence": list(self.evidence)}
 
 
-@dataclasses.dataclass(frozen=True)
-class Match:
+class Match(t.NamedTuple):
     """What a predicate found; ``severity``/``hint`` override the table row when set."""
 
     summary: str
@@ -67,8 +67,7 @@ class Match:
     hint: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Context:
+class Context(t.NamedTuple):
     lines: list[str]  # output tail plus error-event messages, oldest first
     events: list[dict[str, t.Any]]
     status: dict[str, t.Any]
@@ -79,8 +78,7 @@ class Context:
         return [ln for ln in self.lines if any(n in ln for n in needles)]
 
 
-@dataclasses.dataclass(frozen=True)
-class Signature:
+class Signature(t.NamedTuple):
     cause: str
     severity: str
     hint: str
@@ -122,9 +120,16 @@ def _fx_race(ctx: Context) -> Match | None:
 
 
 _STEP_EVENT = re.compile(r'"event"\s*:\s*"step"')
+#: In both dump-header patterns of probes/stackdump.py (tests/test_status_fast.py checks it).
+_DUMP_HEADER = "(most recent call first):"
 
 
 def _compile_hang_stacks(ctx: Context) -> Match | None:
+    # every dump header has this text: the parser (and its regexes) load only for a dump
+    if not any(_DUMP_HEADER in ln for ln in ctx.lines):
+        return None
+    from remote_payload.probes import stackdump
+
     if not stackdump.looks_like_dump(ctx.lines):
         return None
     last_header = max(i for i, ln in enumerate(ctx.lines) if stackdump.looks_like_dump([ln]))
@@ -630,7 +635,7 @@ def diagnose(*, output_tail: list[str], events: list[dict[str, t.Any]], status: 
         found = [f for f in found if f.cause != "python_exception"]  # a named cause says more
     slow = [c for c in _SLOW_PATH_CAUSES if c in causes]
     if slow:
-        found = [dataclasses.replace(f, summary=f"{f.summary}; likely cause: {', '.join(slow)}")
+        found = [f._replace(summary=f"{f.summary}; likely cause: {', '.join(slow)}")
                  if f.cause == "throughput_regression" else f for f in found]
     found.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return [f.to_dict() for f in found]
