@@ -22,8 +22,10 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from tests.wheel_index import build_fake_torches, closed_port_url, serve_index, write_simple_index
+from tests.xdist_plugin import REAL_TORCH_GROUP
 
-pytestmark = pytest.mark.sandbox
+# with tests/test_distributed_sandbox.py in one worker: one real torch install in /opt/opsctl
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(REAL_TORCH_GROUP)]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -162,7 +164,8 @@ def test_a_new_build_is_verified_before_a_running_job_is_replaced(torch_target, 
 
 @pytest.mark.slow
 def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: Path):
-    """The README demo: wheelhouse install of torch 2.13.0 (once), then the DFlash smoke job."""
+    """The README demo: wheelhouse install of torch 2.13.0 (once: a no-op when this sandbox has
+    it already, e.g. from tests/test_distributed_sandbox.py), then the DFlash smoke job."""
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")

@@ -1,0 +1,67 @@
+"""pytest plugin: how ``./scripts/test`` spreads the suite over pytest-xdist workers.
+
+Why: most of the suite waits rather than computes (ssh round trips, jobs reaching a state,
+grace periods, polls), so on the 2 cores CI has, three workers finish the suite in far less
+wall time than one; the measured table is in the README's Tests section. ``./scripts/test``
+runs ``pytest -n 3 --dist loadgroup`` (``OPSCTL_TEST_WORKERS=0`` runs it in one process);
+a plain ``python3 -m pytest tests/test_x.py`` is unaffected by this plugin.
+
+What may run at the same time, and what may not:
+
+- Each worker has its own sandbox (``tests/sandbox_plugin.py``: own sshd, own containers), so
+  tests of different workers never share a container, a job root or a tmux server there.
+- The unit of work is one test module (``--dist loadgroup`` with every module its own group,
+  added here): its module-scoped fixtures (a deployed job, a wheel index, an installed torch)
+  are made once and its tests run in file order in one worker, as in a plain run. A module
+  that sets ``pytest.mark.xdist_group(NAME)`` itself shares a worker with every other module
+  of that group, in collection order (see :data:`REAL_TORCH_GROUP`).
+- Units start longest first (:data:`LONGEST_FIRST`, measured with ``--durations=0``) so that
+  no long module starts last and runs alone; everything else keeps collection order.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Modules that deploy the real CPU torch build into container 200's default root: in one
+# worker they install it once (the first deploy installs, the others find it current)
+# instead of once per worker. A new module that needs real torch in the container joins it.
+REAL_TORCH_GROUP = "real-torch-ct200"
+
+# Work units measured longest (seconds, one process, warm sandbox); order only, not a limit.
+LONGEST_FIRST = (
+    REAL_TORCH_GROUP,
+    "test_hardening_sandbox",
+    "test_torch_real",
+    "test_probe",
+    "test_agent_jobs",
+    "test_cli_sandbox",
+    "test_trainer_run",
+)
+
+
+def _group_of(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # registered here too, so --strict-markers accepts it where xdist is not installed
+    config.addinivalue_line("markers", "xdist_group(name): run in the same xdist worker as the group")
+    if config.getoption("dist", "no") == "loadgroup":
+        # xdist would otherwise start the units with the most tests first, not the longest
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the mark into the node id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group_of(item)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    # sort is stable: within a group, and among unranked groups, collection order stays
+    items.sort(key=lambda item: rank.get(_group_of(item), len(rank)))
