@@ -28,15 +28,17 @@ import pytest
 # instead of once per worker. A new module that needs real torch in the container joins it.
 REAL_TORCH_GROUP = "real-torch-ct200"
 
-# Work units measured longest (seconds, one process, warm sandbox); order only, not a limit.
+# Work units measured longest (``--durations=0`` of a 3-worker run: seconds per unit, under
+# load); order only, not a limit. The rest keep collection order.
 LONGEST_FIRST = (
-    REAL_TORCH_GROUP,
-    "test_hardening_sandbox",
-    "test_torch_real",
-    "test_probe",
-    "test_agent_jobs",
-    "test_cli_sandbox",
-    "test_trainer_run",
+    REAL_TORCH_GROUP,  # ~480 s: one real install, two-rank jobs, the demo training, a cache seed
+    "test_trainer_run",  # ~410 s: gloo ranks training on CPU
+    "test_torch_real",  # ~210 s: real torch into a host root, a real compile cold and seeded
+    "test_probe",  # ~210 s: a real flex-attention compile
+    "test_hardening_sandbox",  # ~200 s
+    "test_cli_sandbox",  # ~150 s
+    "test_dashboard_browser",  # ~100 s
+    "test_torch_sandbox",  # ~90 s: its fake-build tests
 )
 
 
