@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.sandbox_plugin"]
+pytest_plugins = ["tests.sandbox_plugin", "tests.xdist_plugin"]
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,13 @@ sandbox``, or ``$OPSCTL_TEST_SANDBOX_HOME``), so the containers are made once an
 fixture get the ``sandbox`` marker automatically (``-m "not sandbox"`` deselects them) and are
 skipped, naming exactly what is missing, when the machine cannot run it — except when
 ``$CI`` or ``$OPSCTL_REQUIRE_SANDBOX`` is set, where a missing prerequisite fails the run.
+
+Parallel runs (``./scripts/test`` runs ``pytest -n 3``, see ``tests/xdist_plugin.py``): every
+xdist worker past the first has a sandbox of its own under the home, ``<home>/workers/gwN``
+(own sshd port, own containers 200/201, own sudo user), so each worker is exactly one plain
+session and tests never share a container with a test running at the same time. A worker
+makes its sandbox on first use (the Debian rootfs comes from LXC's cache, so a worker's cold
+start is about a minute); ``.ci/run`` destroys them with the home.
 """
 
 from __future__ import annotations
@@ -24,7 +31,15 @@ MISSING_CT = 999  # never created
 
 
 def sandbox_home() -> Path:
-    return Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME)
+    """This session's sandbox home: the shared one, or an xdist worker's own below it."""
+    home = Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # set by xdist in each worker
+    return home if worker == "gw0" else worker_homes_dir(home) / worker
+
+
+def worker_homes_dir(home: Path) -> Path:
+    """Where xdist workers past the first keep their sandboxes (``.ci/run`` destroys them)."""
+    return home / "workers"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

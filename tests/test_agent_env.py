@@ -61,8 +61,10 @@ def test_the_vendored_libtmux_wheel_imports_from_the_zip_without_site_packages()
 
 
 def _run_with_hook(tmp_path: Path, code: str, *extra_path: Path) -> subprocess.CompletedProcess:
+    # hook dir first, then the payload, as the wrapper sets a job's PYTHONPATH (wrapper.py); the
+    # payload entry keeps the hook's own imports from depending on an installed opsctl
     env = {"PATH": os.environ.get("PATH", ""),
-           "PYTHONPATH": os.pathsep.join([str(HOOK), *map(str, extra_path)])}
+           "PYTHONPATH": os.pathsep.join([str(HOOK), str(REPO), *map(str, extra_path)])}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=30, check=False, cwd=tmp_path)
 

@@ -106,6 +106,7 @@ def run(*args: str) -> t.Any:
 
 def test_the_page_follows_the_sandbox_job_from_running_to_succeeded_without_a_reload(
         target, served, browser, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -129,7 +130,10 @@ def test_the_page_follows_the_sandbox_job_from_running_to_succeeded_without_a_re
     browser.execute_script("window.opsctlSameDocument = 17")  # lost if the page reloads
 
     assert run("exec", "--host", "sandbox", "--ct", "200", "--", "touch", go).exit_code == 0
-    WebDriverWait(browser, 60, poll_frequency=0.25).until(
+    # the page re-renders the row in place: an element found just before a re-render is stale,
+    # so the wait looks it up again (seen under load, with the suite in parallel workers)
+    WebDriverWait(browser, 60, poll_frequency=0.25,
+                  ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda d: d.find_element(By.CSS_SELECTOR, state).text == "SUCCEEDED")
     assert browser.execute_script("return window.opsctlSameDocument") == 17
     assert browser.find_element(By.ID, "live").text == "live"  # the script's fetches did it

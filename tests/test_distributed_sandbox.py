@@ -3,17 +3,18 @@
 The never-silent contract for multi-process jobs: a deadlock is named as a hang by
 ``status --json`` with every rank's stacks, taken by the agent itself (nobody ran ``stacks``);
 ``stacks --json`` returns each process's whole dump; a rank that raises takes the other down
-and the job ends FAILED with that rank's error. The torch build is installed once per module
-under a private opsctl root in container 200 (about a minute), exactly as ``deploy`` does it.
+and the job ends FAILED with that rank's error. The real CPU torch build goes into container
+200's default opsctl root, exactly as ``deploy`` does it: this module and the README demo in
+``tests/test_torch_sandbox.py`` share it (one xdist group, so one worker's sandbox), so the
+first deploy of the session installs it (about a minute) and the next ones find it current.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import time
 import typing as t
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,9 @@ import yaml
 from click.testing import CliRunner
 
 from opsctl.cli import cli
-from tests.sandbox_plugin import use_private_root
+from tests.xdist_plugin import REAL_TORCH_GROUP
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.xdist_group(REAL_TORCH_GROUP)]
 
 SMOKE = Path(__file__).resolve().parents[1] / "opsctl" / "bundled" / "playbooks" / "dflash-cpu-smoke.yaml"
 TWO_RANKS = ["python3", "-m", "remote_payload.trainer", "--preset", "tiny", "--device", "cpu",
@@ -36,16 +37,11 @@ def run(*args: str) -> t.Any:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-@pytest.fixture(scope="module")
-def private_root(sandbox) -> t.Iterator[str]:
-    root = f"/opt/opsctl-test-dist-{uuid.uuid4().hex[:8]}"
-    yield root
-    os.system(f"lxc-attach -P {sandbox.lxc_path} -n 200 -- rm -rf {root}")
-
-
 @pytest.fixture
-def target(sandbox, isolated_env: Path, private_root: str) -> t.Iterator[str]:
-    use_private_root(sandbox, isolated_env, private_root)
+def target(sandbox, isolated_env: Path) -> t.Iterator[str]:
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
     yield "sandbox"
     run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
 

@@ -353,8 +353,11 @@ def test_ctrl_c_on_deploy_replace_never_launches_the_new_job_later(root, tmp_pat
     assert proc.returncode == errors.INTERRUPTED, text
     assert "was not launched and will not be" in text, text
     assert f"job {job_a} had already been sent the stop signal" in text, text
-    # the launch in the container finishes its stop (30 s grace, then SIGTERM) and then refuses
-    time.sleep(40)
+    # the launch in the container finishes its stop (30 s grace, then SIGTERM) and then refuses:
+    # wait for that launch process to end (not a fixed 40 s), then nothing may have been made
+    launch = f"remote_payload[.]agent --root {root} launch"  # [.]: never matches this shell
+    wait_for(lambda: cexec("sh", "-c", f"pgrep -f '{launch}' || echo gone").strip() == "gone",
+             timeout=60, what="the interrupted launch to end in the container")
     names = [n for n in cexec("ls", f"{root}/jobs").split() if not n.startswith(".")]
     assert names == [job_a] or sorted(names) == sorted([job_a, "current"]), names
     assert status()["job_id"] == job_a

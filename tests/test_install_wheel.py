@@ -71,7 +71,8 @@ def test_the_installed_opsctl_is_the_wheel_not_the_checkout(installed, tmp_path)
     python = installed / "python"
     where = subprocess.run([str(python), "-c", "import opsctl, remote_payload; "
                             "print(opsctl.__file__); print(remote_payload.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+                           cwd=tmp_path, capture_output=True, text=True, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout.split()
     for path in where:
         assert Path(path).is_relative_to(installed.parent), where
 

@@ -22,8 +22,12 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from tests.wheel_index import build_fake_torches, closed_port_url, serve_index, write_simple_index
+from tests.xdist_plugin import REAL_TORCH_GROUP
 
 pytestmark = pytest.mark.sandbox
+# the tests on /opt/opsctl's real CPU build run in one worker with tests/test_distributed_sandbox.py
+# (one real torch install); the fake-build tests above them, on a private root, run anywhere
+real_torch = pytest.mark.xdist_group(REAL_TORCH_GROUP)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -161,8 +165,10 @@ def test_a_new_build_is_verified_before_a_running_job_is_replaced(torch_target, 
 
 
 @pytest.mark.slow
+@real_torch
 def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: Path):
-    """The README demo: wheelhouse install of torch 2.13.0 (once), then the DFlash smoke job."""
+    """The README demo: wheelhouse install of torch 2.13.0 (once: a no-op when this sandbox has
+    it already, e.g. from tests/test_distributed_sandbox.py), then the DFlash smoke job."""
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
@@ -180,6 +186,7 @@ def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: P
 
 
 @pytest.mark.slow
+@real_torch
 def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isolated_env: Path,
                                                                     tmp_path: Path):
     """Runs after the demo test installed the real CPU build as /opt/opsctl's current one."""
@@ -204,6 +211,7 @@ def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isola
 
 
 @pytest.mark.slow
+@real_torch
 def test_redeploying_over_a_running_job_leaves_a_current_build_alone(sandbox, isolated_env: Path,
                                                                      tmp_path: Path):
     """After the demo: the cpu build is current, so --replace only replaces the job."""

@@ -1,0 +1,77 @@
+"""pytest plugin: how ``./scripts/test`` spreads the suite over pytest-xdist workers.
+
+Why: most of the suite waits rather than computes (ssh round trips, jobs reaching a state,
+grace periods, polls), so on the 2 cores CI has, three workers finish the suite in far less
+wall time than one; the measured table is in the README's Tests section. ``./scripts/test``
+runs ``pytest -n 3 --dist loadgroup`` (``OPSCTL_TEST_WORKERS=0`` runs it in one process);
+a plain ``python3 -m pytest tests/test_x.py`` is unaffected by this plugin.
+
+What may run at the same time, and what may not:
+
+- Each worker has its own sandbox (``tests/sandbox_plugin.py``: own sshd, own containers), so
+  tests of different workers never share a container, a job root or a tmux server there.
+- The unit of work is one test module (``--dist loadgroup`` with every module its own group,
+  added here): its module-scoped fixtures (a deployed job, a wheel index, an installed torch)
+  are made once and its tests run in file order in one worker, as in a plain run. A module
+  that sets ``pytest.mark.xdist_group(NAME)`` itself shares a worker with every other module
+  of that group, in collection order (see :data:`REAL_TORCH_GROUP`).
+- Units start longest first (:data:`LONGEST_FIRST`, measured with ``--durations=0``) so that
+  no long module starts last and runs alone; everything else keeps collection order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Modules that deploy the real CPU torch build into container 200's default root: in one
+# worker they install it once (the first deploy installs, the others find it current)
+# instead of once per worker. A new module that needs real torch in the container joins it.
+REAL_TORCH_GROUP = "real-torch-ct200"
+
+# Work units measured longest (``--durations=0`` of a 3-worker run: seconds per unit, under
+# load); order only, not a limit. The rest keep collection order.
+LONGEST_FIRST = (
+    REAL_TORCH_GROUP,  # ~480 s: one real install, two-rank jobs, the demo training, a cache seed
+    "test_trainer_run",  # ~410 s: gloo ranks training on CPU
+    "test_torch_real",  # ~210 s: real torch into a host root, a real compile cold and seeded
+    "test_probe",  # ~210 s: a real flex-attention compile
+    "test_hardening_sandbox",  # ~200 s
+    "test_cli_sandbox",  # ~150 s
+    "test_dashboard_browser",  # ~100 s
+    "test_torch_sandbox",  # ~90 s: its fake-build tests
+)
+
+
+def _group_of(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else item.nodeid
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker, before any test imports torch
+        # 3 workers share 2 cores: one intra-op thread per in-process torch (the spawned
+        # trainers already get OMP_NUM_THREADS=1) instead of OpenMP threads spinning against
+        # each other; measured on tests/test_trainer_run.py in 3 workers: 74 s -> 60 s
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # registered here too, so --strict-markers accepts it where xdist is not installed
+    config.addinivalue_line("markers", "xdist_group(name): run in the same xdist worker as the group")
+    if config.getoption("dist", "no") == "loadgroup":
+        # xdist would otherwise start the units with the most tests first, not the longest
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the mark into the node id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # only workers collect for the scheduler; xdist sets their "dist" to "no" and "loadgroup"
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group_of(item)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    # sort is stable: within a group, and among unranked groups, collection order stays
+    items.sort(key=lambda item: rank.get(_group_of(item), len(rank)))
