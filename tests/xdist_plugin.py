@@ -34,6 +34,7 @@ REAL_TORCH_GROUP = "real-torch-ct200"
 # load); order only, not a limit. The rest keep collection order.
 LONGEST_FIRST = (
     REAL_TORCH_GROUP,  # ~480 s: one real install, two-rank jobs, the demo training, a cache seed
+    "test_multinode_sandbox",  # ~300 s under load: its own CPU torch install, two torchrun nodes
     "test_trainer_run",  # ~410 s: gloo ranks training on CPU
     "test_torch_real",  # ~210 s: real torch into a host root, a real compile cold and seeded
     "test_probe",  # ~210 s: a real flex-attention compile
@@ -41,6 +42,9 @@ LONGEST_FIRST = (
     "test_cli_sandbox",  # ~150 s
     "test_dashboard_browser",  # ~100 s
     "test_torch_sandbox",  # ~90 s: its fake-build tests
+    "test_babysitting_sandbox",  # ~55 s
+    "test_files_sandbox",  # ~55 s
+    "test_dflash_recipe",  # ~45 s: the CPU end-to-end recipe
 )
 
 
