@@ -232,13 +232,13 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
                                      "--follow, --job and --nodes need a single target")
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
         return
-    if not follow:
+    run = _run_nodes(host, ctid, nodes_text, job_id)
+    if run is None and not follow:
         status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
         return
     from opsctl.cli import render
     from opsctl.ops import jobs, watch
 
-    run = _run_nodes(host, ctid, nodes_text, job_id)
     if run is not None:
         if follow:
             raise errors.ConfigError("status --follow follows one container: pass --host and --ct "
