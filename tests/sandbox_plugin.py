@@ -17,6 +17,7 @@ start is about a minute); ``.ci/run`` destroys them with the home.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,17 @@ def use_private_root(sandbox: sandbox_mod.SandboxInfo, home: Path, root: str) ->
     doc = yaml.safe_load(Path(sandbox.inventory_file).read_text())
     doc["hosts"]["sandbox"]["root"] = root
     (inv / "sandbox.yaml").write_text(yaml.safe_dump(doc))
+
+
+@contextlib.contextmanager
+def private_home(sandbox: sandbox_mod.SandboxInfo, home: Path, root: str,
+                 mux: bool = False) -> Iterator[Path]:
+    """A module's own ``OPSCTL_HOME`` (inventory only from it) and opsctl ``root`` in the
+    container, for a module-scoped fixture (``monkeypatch`` is function-scoped)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPSCTL_HOME", str(home))
+        mp.setenv("OPSCTL_INVENTORY_DIRS", str(home / "inventory"))
+        if not mux:
+            mp.setenv("OPSCTL_MUX", "0")
+        use_private_root(sandbox, home, root)
+        yield home

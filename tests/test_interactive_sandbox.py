@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from opsctl import errors
 from opsctl.cli import cli
-from tests.sandbox_plugin import use_private_root
+from tests.sandbox_plugin import private_home, use_private_root
 
 pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.sandbox
@@ -47,11 +47,7 @@ def opsctl_pty(*args: str) -> pexpect.spawn:
 def job(sandbox, tmp_path_factory: pytest.TempPathFactory):
     """One running job for the module, in a private root."""
     home = tmp_path_factory.mktemp("interactive-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OPSCTL_HOME", str(home))
-        mp.setenv("OPSCTL_INVENTORY_DIRS", str(home / "inventory"))
-        mp.setenv("OPSCTL_MUX", "0")
-        use_private_root(sandbox, home, ROOT)
+    with private_home(sandbox, home, ROOT):
         book = home / "tick.json"
         book.write_text(json.dumps({"name": "tick", "command": ["python3", "-u", "-c", TICK],
                                     "timeout_s": 60, "healthy_when": {"started": True}}))

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
-from tests.sandbox_plugin import sandbox_home, use_private_root
+from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
 from tests.second_sshd import sshd_serving
 
 pytestmark = pytest.mark.sandbox
@@ -54,11 +54,7 @@ def book(directory: Path, name: str, script: str, **extra: object) -> str:
 def history(sandbox, tmp_path_factory: pytest.TempPathFactory):
     """Four deploys in one container: SUCCEEDED twice, FAILED, and one still RUNNING (newest)."""
     home = tmp_path_factory.mktemp("jobs-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OPSCTL_HOME", str(home))
-        mp.setenv("OPSCTL_INVENTORY_DIRS", str(home / "inventory"))
-        mp.setenv("OPSCTL_MUX", "0")
-        use_private_root(sandbox, home, ROOT)
+    with private_home(sandbox, home, ROOT):
         run("exec", *T, "--", "rm", "-rf", ROOT)
         ids = {}
         for key, name, script, extra in (
