@@ -1,14 +1,14 @@
 """One training run across two containers: ``deploy --nodes``, torchrun, a c10d rendezvous.
 
-``opsctl sandbox up --ct 200 --ct 202`` brings both containers up; they share the host's
+``opsctl sandbox up --ct 200 --ct 201`` brings both containers up; they share the host's
 network, so opsctl's rendezvous is 127.0.0.1 (it sees both in one network namespace). Each
 node runs one CPU/gloo rank of the tiny trainer, under torchrun: one world of two ranks.
 
 Set-up, once for the module: the CPU torch build is installed under a private opsctl root in
 ct 200 (``swap-torch``, ~50 s on an idle machine: the slow part), then that root's ``envs/``
-is copied into ct 202's rootfs with hard links (``cp -al`` on the host, ~1 s), so the deploy
-finds the same build current in both and installs nothing. 202, not 201: the sandbox plugin
-keeps 201 stopped for its own tests.
+is copied into ct 201's rootfs with hard links (``cp -al`` on the host, ~1 s), so the deploy
+finds the same build current in both and installs nothing. The sandbox plugin keeps 201
+stopped for its own tests (``stopped_ct``): the module stops it again when it is done.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from opsctl.cli import cli
-from tests.sandbox_plugin import sandbox_home, use_private_root
+from opsctl.sandbox import host as sandbox_mod
+from tests.sandbox_plugin import STOPPED_CT, sandbox_home, use_private_root
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
-SECOND_CT = 202
+SECOND_CT = 201  # the issue's pair: ct 200 and ct 201
 NODES = f"sandbox:200,sandbox:{SECOND_CT}"
 TORCH = ["cpu", "--version", "2.13.0", "--requirement", "transformers==5.24.0",
          "--requirement", "safetensors==0.8.0"]
@@ -69,6 +70,7 @@ def two_containers(sandbox, tmp_path_factory) -> t.Iterator[str]:
     for ct in (200, SECOND_CT):
         subprocess.run(["lxc-attach", "-P", str(sandbox.lxc_path), "-n", str(ct), "--",
                         "rm", "-rf", root], check=False)
+    sandbox_mod.ensure_container(STOPPED_CT, running=False, home=sandbox_home())  # as found
 
 
 @pytest.fixture
