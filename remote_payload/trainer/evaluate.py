@@ -34,6 +34,7 @@ from .chat_data import iter_json, load_tokenizer, prompt_messages, render_prompt
 from .config import DrafterConfig, TrainerConfigError
 from .events import Log
 from .model import Drafter, dense_mask
+from .target import add_target_args, inference_device, load_causal_lm
 
 
 @dataclass
@@ -140,14 +141,12 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m remote_payload.trainer eval",
                                 description="Acceptance length of a drafter (greedy).")
     p.add_argument("--ckpt", required=True, help="checkpoint dir, or a run's --out-dir (latest)")
-    p.add_argument("--target-path", required=True, help="local HF checkpoint dir of the target")
-    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --target-path)")
+    add_target_args(p)
     p.add_argument("--prompts", required=True, help="held-out JSONL (messages | prompt)")
     p.add_argument("--limit", type=int, default=64, help="prompts to decode (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--compare-untrained", action="store_true",
                    help="also measure a freshly initialised drafter (tau_untrained)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--json-out", default=None, help="also write the result document here")
     return p.parse_args(argv)
 
@@ -167,20 +166,15 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     Raises:
         TrainerConfigError, CheckpointError: bad flags, paths or checkpoint.
     """
-    from transformers import AutoModelForCausalLM
 
     a = parse(argv)
     log = log or Log()
-    cuda = torch.cuda.is_available() and a.device != "cpu"
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise TrainerConfigError("--device cuda but torch.cuda.is_available() is False")
-    device = torch.device("cuda") if cuda else torch.device("cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    device = inference_device(a.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     log.event(wire.EVENT_PHASE, phase="loading", detail="eval", budget_s=300.0)
     tok = load_tokenizer(a.tokenizer or a.target_path)
     drafter, cfg, path = load_drafter(a.ckpt, device)
-    model = AutoModelForCausalLM.from_pretrained(a.target_path, dtype=dtype, local_files_only=True,
-                                                 attn_implementation="sdpa").to(device).eval()  # type: ignore[arg-type,unused-ignore]  # transformers' stubs vary by version
+    model = load_causal_lm(a.target_path, device, dtype)
     target = FeatureTarget(model, cfg.target_layer_ids)
     prompts = []
     for where, rec in iter_json(a.prompts):

@@ -36,6 +36,7 @@ from .. import wire
 from .chat_data import iter_json, load_tokenizer, prompt_messages, render_prompt
 from .config import TrainerConfigError
 from .events import Log
+from .target import add_target_args, inference_device, load_causal_lm
 
 EVENT = wire.EVENT_REGENERATE
 
@@ -43,8 +44,7 @@ EVENT = wire.EVENT_REGENERATE
 def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m remote_payload.trainer regenerate",
                                 description="Write the target's own answers to the prompts.")
-    p.add_argument("--target-path", required=True, help="local HF checkpoint dir of the target")
-    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --target-path)")
+    add_target_args(p)
     p.add_argument("--prompts", required=True, help="JSONL file or directory of prompt records")
     p.add_argument("--out", required=True, help="output directory of shard-<k>.jsonl files")
     p.add_argument("--max-new-tokens", type=int, default=1024)
@@ -52,7 +52,6 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--shard-size", type=int, default=1024, help="prompts per output shard")
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts (0 = all)")
     p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto")
     a = p.parse_args(argv)
     if min(a.max_new_tokens, a.batch_size, a.shard_size) < 1:
@@ -79,10 +78,7 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, path: str, device: torch.device, dtype: torch.dtype, tok: t.Any):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True, attn_implementation="sdpa").to(device).eval()  # type: ignore[arg-type,unused-ignore]  # transformers' stubs vary by version
+        self.model = load_causal_lm(path, device, dtype)
         self.device = device
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.eos = tok.eos_token_id
@@ -158,10 +154,8 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     a = parse(argv)
     log = log or Log(int(os.environ.get("RANK", "0")))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available() and a.device != "cpu"
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise TrainerConfigError("--device cuda but torch.cuda.is_available() is False")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    device = inference_device(a.device, int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = device.type == "cuda"
     dtype = torch.bfloat16 if (a.dtype == "bf16" or (a.dtype == "auto" and cuda)) else torch.float32
     log.event(wire.EVENT_PHASE, phase="loading", detail="regenerate", budget_s=300.0)
     tok = load_tokenizer(a.tokenizer or a.target_path)

@@ -273,3 +273,35 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
         if head.data_ptr() != emb.data_ptr():
             head.normal_(0.0, std, generator=g)
     return Target(model.to(dtype), cfg.target_layer_ids if body else (), fused)
+
+
+# --- the target for inference (``regenerate``, ``eval``): one set of flags, one loader ----------
+
+
+def add_target_args(p: t.Any) -> None:
+    """``--target-path``, ``--tokenizer``, ``--device`` of the inference commands (argparse)."""
+    p.add_argument("--target-path", required=True, help="local HF checkpoint dir of the target")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: --target-path)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def inference_device(choice: str, index: int = 0) -> torch.device:
+    """``--device``: CUDA (GPU ``index``) when asked or, for ``auto``, when there is one.
+
+    Raises:
+        TrainerConfigError: ``cuda`` asked for and not available.
+    """
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise TrainerConfigError("--device cuda but torch.cuda.is_available() is False")
+    if choice != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype) -> t.Any:
+    """The whole target (with its LM head) from a local checkpoint, in eval mode, on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    model: t.Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True,
+                                                        attn_implementation="sdpa")
+    return model.to(device).eval()
