@@ -201,9 +201,6 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
     if live:
         doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
-    for key in RESTART_KEYS:  # the restart policy's record, where the wrapper keeps one
-        if key not in doc and key in st:
-            doc[key] = st[key]
     return doc
 
 
@@ -639,8 +636,8 @@ def abort(root: str, job_id: str) -> dict[str, t.Any]:
 
 # --- jobs ---------------------------------------------------------------------
 
-#: What the restart policy records in ``status.json`` (where the wrapper keeps it); passed
-#: through to ``status`` and ``jobs`` so the CLI can show attempts and restart decisions.
+#: The restart policy's fields of a ``status`` document (:func:`_babysitting` fills them),
+#: copied into each ``jobs`` row so the list shows attempts and restart decisions.
 RESTART_KEYS = ("attempt", "max_restarts", "restarts", "end_reason", "max_duration_s")
 SUMMARY = "summary.json"  # a terminal job's row of the jobs list, cached (it never changes)
 
