@@ -17,6 +17,7 @@ from opsctl import errors
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
+from opsctl.cli.jsonout import print_failure
 from opsctl.cli.statusonce import DEFAULT_LINES, status_once
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
@@ -131,8 +132,7 @@ def _deploy_nodes(nodes_text: str, host: str | None, ctid: int | None, accept_ne
                                   accept_new_host_key=accept_new_host_key)
     except errors.DeployOutcomeError as exc:
         if exc.report is not None and as_json:
-            render.print_json({**exc.report.to_dict(), "ok": False, "error": exc.to_dict()})
-            click.get_current_context().meta["opsctl_json_done"] = True
+            print_failure(exc.report.to_dict(), exc.to_dict())
         elif exc.report is not None:
             render.run_table(err, exc.report)
         raise
@@ -194,8 +194,7 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
     if report is None:
         return
     if as_json:
-        render.print_json({**report.to_dict(), "ok": False, "error": exc.to_dict()})
-        click.get_current_context().meta["opsctl_json_done"] = True  # one document only
+        print_failure(report.to_dict(), exc.to_dict())
     else:
         render.status(render.console(stderr=True), report.target, report.status)
 
@@ -286,10 +285,7 @@ def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_pa
                                     deadline_s=deadline_s, max_parallel=max_parallel)
     except errors.FleetIncomplete as exc:
         if as_json:
-            from opsctl.cli.jsonout import print_json
-
-            print_json({**exc.report.to_dict(), "ok": False, "error": exc.to_dict()})
-            click.get_current_context().meta["opsctl_json_done"] = True  # one document only
+            print_failure(exc.report.to_dict(), exc.to_dict())
         else:
             from opsctl.cli import render
 

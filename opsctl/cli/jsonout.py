@@ -23,3 +23,12 @@ def print_json(doc: t.Mapping[str, t.Any]) -> None:
     out = {"ok": doc.get("ok", True), **{k: v for k, v in doc.items() if k != "ok"}}
     sys.stdout.write(json.dumps(out, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def print_failure(report: t.Mapping[str, t.Any], error: t.Mapping[str, t.Any]) -> None:
+    """A failed command's one document: what it got (``report``) with ``ok: false`` and its
+    ``error``; the click context is told, so the error handler adds no second document."""
+    import click
+
+    print_json({**report, "ok": False, "error": dict(error)})
+    click.get_current_context().meta["opsctl_json_done"] = True
