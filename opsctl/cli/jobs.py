@@ -429,8 +429,7 @@ def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
     if nodes_text is None:
         from opsctl.config import last_target
 
-        last = last_target.load()
-        if last is None or not last.nodes:
+        if not last_target.remembers_run():
             return None
     from opsctl.ops import multinode
 

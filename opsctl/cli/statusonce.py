@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from opsctl.config import trace
+from opsctl.config import last_target, trace
 from opsctl.errors import OpsctlError
 
 DEFAULT_LINES = 20  # the click command's --lines default (opsctl/cli/jobs.py)
@@ -89,17 +89,6 @@ def parse(argv: list[str]) -> dict[str, object] | None:
             "lines": DEFAULT_LINES, "as_json": bool(got.get("--json"))}
 
 
-def _last_was_a_run() -> bool:
-    """The remembered target is a ``deploy --nodes`` run (then no single container's status)."""
-    from opsctl.config import last_target
-
-    try:
-        last = last_target.load()
-    except OpsctlError:
-        return False  # the click path reports a broken record
-    return bool(last is not None and last.nodes)
-
-
 def run(argv: list[str]) -> bool:
     """Run ``argv`` if it is a plain ``status`` (then exit as click would); False otherwise.
 
@@ -107,7 +96,8 @@ def run(argv: list[str]) -> bool:
         SystemExit: the command's exit code (0 after success).
     """
     kwargs = parse(argv)
-    if kwargs is None or (kwargs["host"] is None and kwargs["ctid"] is None and _last_was_a_run()):
+    if kwargs is None or (kwargs["host"] is None and kwargs["ctid"] is None
+                          and last_target.remembers_run()):
         return False  # click's `status` (a multi-node run's status is one row per node)
     try:
         status_once(**kwargs)  # type: ignore[arg-type]

@@ -45,6 +45,13 @@ def load() -> LastTarget | None:
         return None
 
 
+def remembers_run() -> bool:
+    """The last deploy was a multi-node run (``deploy --nodes``): a command given no target
+    addresses the whole run, not one container."""
+    last = load()
+    return last is not None and bool(last.nodes)
+
+
 def resolve(host: str | None, ctid: int | None) -> LastTarget:
     """Explicit flags win; otherwise the last deploy's target.
 
