@@ -60,7 +60,8 @@ def split(a: argparse.Namespace) -> list[str]:
 def trainer_args(a: argparse.Namespace) -> list[str]:
     return ["--preset", a.preset, "--nproc", str(a.nproc), "--seq-buckets", a.seq, "--data", "synthetic",
             "--block-size", "32", "--max-anchors", "64", "--token-budget", str(a.token_budget),
-            "--max-batch", "64", "--log-every", str(a.log_every), "--warmup-steps", "2"]
+            "--max-batch", "64", "--log-every", str(a.log_every), "--warmup-steps", "2",
+            *a.extra.split()]
 
 
 class Run:
@@ -228,6 +229,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma list of run names")
     p.add_argument("--hang-budget", type=float, default=30.0)
     p.add_argument("--hang-timeout", type=float, default=150.0)
+    p.add_argument("--extra", default="", help="more trainer flags for every run (one string)")
     p.add_argument("--out", default="multigpu.json")
     p.add_argument("--cache-dir", default=None,
                    help="compile caches here (kept between calls on a warm machine)")
@@ -268,7 +270,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
                      "--stop-at-step", str(a.stop_at), "--out-dir", ckpt], 150)
     simple("split-resume", [*split(a), "--steps", str(a.steps),
                             "--resume", "auto", "--out-dir", ckpt], 150)
-    simple("colocated", ["--steps", str(a.steps), "--out-dir", str(base / "ckpt-colo")], 150)
+    simple("colocated", ["--steps", str(a.steps), "--out-dir", str(base / "ckpt-colo")], 240)
     if want("split-sigint"):
         r = trainer_run(a, "split-sigint", [*split(a),
                                             "--steps", "1000", "--out-dir", str(base / "ckpt-int")],

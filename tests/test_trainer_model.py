@@ -107,6 +107,58 @@ def test_chunked_cross_entropy_matches_the_dense_reference_in_value_and_gradient
     _ = _ce_chunk  # the per-chunk kernel is what torch.compile fuses on GPU
 
 
+def test_the_step_skips_each_blocks_anchor_in_the_lm_head_and_keeps_the_same_loss_and_grads():
+    from remote_payload.trainer.engine import Engine
+
+    cfg = preset("tiny", draft_layers=1)
+    src = SyntheticSource(cfg.vocab_size, buckets=[48], token_budget=96, max_batch=2,
+                          n_anchors=cfg.max_anchors, block_size=cfg.block_size, seed=1)
+    b = src.batch(0)
+    b.valid[1, -3:] = False
+    embed = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    feats = torch.randn(2, 48, cfg.feature_width)
+
+    def engine() -> Engine:
+        return Engine(cfg, attn="sdpa", device=torch.device("cpu"), autocast_dtype=None,
+                      compile_model=False, embed=embed, head_weight=head, lr=1e-3,
+                      weight_decay=0.0, grad_clip=0.0, ce_chunk=7, seed=3)
+
+    skipped = engine()
+    loss, correct, counted = skipped.forward_loss(feats, b)
+    loss.backward()
+    # the reference: the LM head over every block position, the anchors' weight 0 included
+    full = engine()
+    ids, pos, targets, lm = block_inputs(b, cfg.block_size, cfg.mask_token_id)
+    d = dense_mask(b.anchors, b.valid, 48, cfg.block_size)
+    h = full.model(feats, embed(ids).detach(), pos, (d, d.any(-1, keepdim=True)))
+    w = loss_weights(b.valid, lm, cfg.block_size, cfg.gamma)
+    ref, ref_correct, ref_counted = lm_head_loss(h.reshape(-1, cfg.hidden_size), head,
+                                                 targets.reshape(-1), w.reshape(-1), 7)
+    ref.backward()
+    # equal up to fp32 summation order (the chunks hold other rows)
+    assert abs(loss.item() - ref.item()) < 1e-6 * ref.item(), (loss, ref)
+    assert (correct.item(), counted.item()) == (ref_correct.item(), ref_counted.item())
+    for (name, p), q in zip(skipped.raw.named_parameters(), full.raw.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7), name
+
+
+def test_rope_tables_given_to_the_drafter_give_what_it_computes_itself():
+    cfg = preset("tiny", draft_layers=1)
+    torch.manual_seed(0)
+    model = Drafter(cfg, "sdpa")
+    src = SyntheticSource(cfg.vocab_size, buckets=[48], token_budget=96, max_batch=2,
+                          n_anchors=cfg.max_anchors, block_size=cfg.block_size, seed=2)
+    b = src.batch(0)
+    ids, pos, _, _ = block_inputs(b, cfg.block_size, cfg.mask_token_id)
+    feats, emb = torch.randn(2, 48, cfg.feature_width), torch.randn(*ids.shape, cfg.hidden_size)
+    d = dense_mask(b.anchors, b.valid, 48, cfg.block_size)
+    mask = (d, d.any(-1, keepdim=True))
+    with torch.no_grad():
+        assert torch.equal(model(feats, emb, pos, mask), model(feats, emb, pos, mask,
+                                                               model.rope(pos, 48)))
+
+
 def test_an_anchor_needs_the_loss_mask_at_itself_and_the_next_position_only():
     lm = torch.ones(1, 20, dtype=torch.bool)
     lm[0, :6] = False  # prompt
@@ -170,6 +222,8 @@ def test_config_validation_rejects_bad_shapes():
         preset("tiny", block_size=1)
     with pytest.raises(TrainerConfigError, match="target-ranks"):
         parse_args(["--topology", "split"])
+    with pytest.raises(TrainerConfigError, match="ddp-bucket-mb"):
+        parse_args(["--ddp-bucket-mb", "0"])
 
 
 def test_the_fused_target_gives_transformers_own_features_and_frees_its_layers():

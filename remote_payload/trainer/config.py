@@ -182,6 +182,11 @@ class TrainArgs:
     compile: str = field(default="auto", metadata=_h("auto | on | off (auto: on for cuda)"))
     dtype: str = field(default="auto", metadata=_h("auto | bf16 | fp32 autocast (auto: bf16 on cuda)"))
     ce_chunk: int = field(default=4096, metadata=_h("block tokens per LM-head cross-entropy chunk"))
+    ddp_bucket_mb: int = field(default=512, metadata=_h(
+        "DDP gradient bucket size in MiB among drafter ranks (torch's bucket_cap_mb, default 25 "
+        "there). Compiled, the drafter's graph is split at every bucket boundary so that each "
+        "all-reduce overlaps backward: 512 MiB makes ~8 pieces of the 8B drafter instead of ~30 "
+        "(2 H200s: 1.98x one GPU vs 1.97x, 3 GiB less memory, first step 13 s sooner)"))
     topology: str = field(default="colocated", metadata=_h("colocated | split"))
     target_ranks: int = field(default=0, metadata=_h("split: how many ranks run the target"))
     nproc: int = field(default=1, metadata=_h("spawn this many local ranks (ignored under torchrun)"))
@@ -224,7 +229,7 @@ class TrainArgs:
         if self.preset not in PRESETS:
             raise TrainerConfigError(
                 f"unknown preset {self.preset!r}; choices: {', '.join(sorted(PRESETS))}")
-        for name in ("token_budget", "max_batch", "ce_chunk", "nproc", "log_every"):
+        for name in ("token_budget", "max_batch", "ce_chunk", "nproc", "log_every", "ddp_bucket_mb"):
             if getattr(self, name) < 1:
                 raise TrainerConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if min(self.steps, self.warmup_steps, self.ckpt_every, self.stop_at_step) < 0:

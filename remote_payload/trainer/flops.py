@@ -38,7 +38,8 @@ def step_flops(cfg: DrafterConfig, rows: int, seq_len: int, anchors: torch.Tenso
         "drafter_block_linear": 3 * 2 * nl * (2 * h * dq + 2 * h * dkv + 3 * h * cfg.intermediate_size)
         * q_tokens,
         "drafter_attention": 3 * 4 * nl * dq * pairs,
-        "lm_head": 2 * 2 * cfg.vocab_size * h * q_tokens,
+        # each block's anchor position carries no loss: the LM head skips it (engine.forward_loss)
+        "lm_head": 2 * 2 * cfg.vocab_size * h * q_tokens * (k - 1) // k,
     }
     out["total"] = sum(out.values())
     return out

@@ -67,6 +67,9 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
                              _compile=compile_mask)
 
 
+#: (cos, sin) of the block queries, (cos, sin) of [context ; block] keys: :meth:`Drafter.rope`
+Rope = tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
 # --- layers --------------------------------------------------------------------
 
 
@@ -172,17 +175,26 @@ class Drafter(nn.Module):
                                                                                "down.weight")) else 1
                 nn.init.normal_(p, std=std * scale)
 
-    def forward(self, feats: torch.Tensor, block_emb: torch.Tensor, block_pos: torch.Tensor,
-                mask: t.Any) -> torch.Tensor:
-        """feats (B, S, F*H) target features; block_emb (B, Q, H); block_pos (B, Q).
-        Returns normed hidden states (B, Q, H) for the LM head."""
-        seq_len = feats.shape[1]
-        ctx = self.ctx_norm(self.fc(feats))  # (B, S, H), shared by all layers
-        ctx_pos = torch.arange(seq_len, device=feats.device).unsqueeze(0).expand(
+    def rope(self, block_pos: torch.Tensor, seq_len: int) -> Rope:
+        """RoPE tables of the block queries and of [context ; block] keys, fp32.
+
+        The trainer computes them before the compiled forward and passes them in: computed
+        inside the graph, inductor fused the sin/cos (and the ``theta ** x``) into every
+        consumer, once per head, forward and again in backward (~11 ms of an H200 step)."""
+        ctx_pos = torch.arange(seq_len, device=block_pos.device).unsqueeze(0).expand(
             block_pos.shape[0], -1)
         rope_q = rope_cos_sin(block_pos, self.cfg.head_dim, self.cfg.rope_theta)
         rope_kv = rope_cos_sin(torch.cat([ctx_pos, block_pos], dim=1), self.cfg.head_dim,
                                self.cfg.rope_theta)
+        return rope_q, rope_kv
+
+    def forward(self, feats: torch.Tensor, block_emb: torch.Tensor, block_pos: torch.Tensor,
+                mask: t.Any, rope: Rope | None = None) -> torch.Tensor:
+        """feats (B, S, F*H) target features; block_emb (B, Q, H); block_pos (B, Q);
+        ``rope`` = :meth:`rope` of these positions (computed here when not given).
+        Returns normed hidden states (B, Q, H) for the LM head."""
+        ctx = self.ctx_norm(self.fc(feats))  # (B, S, H), shared by all layers
+        rope_q, rope_kv = rope if rope is not None else self.rope(block_pos, feats.shape[1])
         x = block_emb
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_kv, mask)

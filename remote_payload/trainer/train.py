@@ -150,7 +150,7 @@ class Trainer:
                 compile_model=self.compile_on, embed=self.target.embed,
                 head_weight=self.target.head_weight, lr=args.lr, weight_decay=args.weight_decay,
                 grad_clip=args.grad_clip, ce_chunk=args.ce_chunk, ddp_group=topo.drafter_group,
-                seed=args.seed)
+                ddp_bucket_mb=args.ddp_bucket_mb, seed=args.seed)
         self.seen_shapes: set[tuple[int, int]] = set()
 
     # --- helpers ---------------------------------------------------------------
