@@ -7,6 +7,7 @@ The shipped inventory names a real 10.x host; tests must never contact it, so
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -27,3 +28,18 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.delenv("TMUX", raising=False)
     monkeypatch.delenv("TMUX_PANE", raising=False)
     return home
+
+
+#: What a test starts with for the signals a job, a trainer or Ctrl-C is about.
+_SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
+@pytest.fixture(autouse=True)
+def default_signal_handlers():
+    """Every test starts with Python's own SIGINT/SIGTERM handling. Code run in-process (the
+    trainer's ``main`` installs its stop flag) may leave another handler behind, and an
+    ignored signal is inherited by every child: a terminal's Ctrl-C would not reach an
+    ``opsctl forward`` a later test spawns in the same worker."""
+    for sig, handler in _SIGNALS.items():
+        signal.signal(sig, handler)
+    yield

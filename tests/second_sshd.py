@@ -72,14 +72,23 @@ def second_sshd(sandbox: sandbox_mod.SandboxInfo, workdir: Path,
             pass
 
 
-def sshd_serving(pid: int) -> int:
-    """The sshd process at the other end of process ``pid``'s SSH connection (via ss)."""
-    table = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
-    mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
-    assert mine, f"no TCP connection of pid {pid} in ss output"
-    peer = re.search(rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),', table)
-    assert peer, f"no sshd peer for local port {mine[1]}"
-    return int(peer[1])
+def sshd_serving(pid: int, timeout_s: float = 15.0) -> int:
+    """The sshd process at the other end of process ``pid``'s SSH connection (via ss).
+
+    Polled: on a loaded machine the connection (or sshd's per-connection child) can appear
+    a moment after the process printed its first output."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        table = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
+        mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
+        peer = mine and re.search(rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),',
+                                  table)
+        if peer:
+            return int(peer[1])
+        if time.monotonic() > deadline:
+            assert mine, f"no TCP connection of pid {pid} in ss output"
+            raise AssertionError(f"no sshd peer for local port {mine[1]}")
+        time.sleep(0.1)
 
 
 class SwitchingProxy:

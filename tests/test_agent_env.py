@@ -101,5 +101,12 @@ def test_a_broken_chained_sitecustomize_never_breaks_the_job(tmp_path: Path) -> 
 
 
 def test_catches_signal_reads_the_handler_mask_of_a_live_process() -> None:
-    assert jobs.catches_signal(os.getpid(), signal.SIGINT) is True  # python's KeyboardInterrupt
-    assert jobs.catches_signal(os.getpid(), signal.SIGUSR2) is False
+    # set both here: a test runner (or an earlier test in this worker) may have changed them
+    old = signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(
+        signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        assert jobs.catches_signal(os.getpid(), signal.SIGINT) is True  # KeyboardInterrupt
+        assert jobs.catches_signal(os.getpid(), signal.SIGUSR2) is False
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGUSR2, old[1])

@@ -78,6 +78,25 @@ def test_a_different_installed_payload_is_replaced_before_the_launch(private_roo
 
 
 @pytest.mark.sandbox
+def test_an_installed_payload_that_no_longer_imports_is_replaced_and_the_job_launches(
+        private_root, tmp_path):
+    first = deploy(tmp_path)
+    # what a payload shipped from a half-edited tree looks like: another digest, and an agent
+    # that dies at import, before it can answer anything
+    broken = f"{private_root}/payload/remote_payload/agent/__main__.py"
+    manifest = f"{private_root}/payload/MANIFEST.json"
+    res = run("exec", "--host", "sandbox", "--ct", "200", "--", "sh", "-c",
+              f"echo 'def broken(:' > {broken} && "
+              f"sed -i 's/\"digest\": \"[0-9a-f]*\"/\"digest\": \"0000\"/' {manifest}")
+    assert res.exit_code == 0, res.output
+    again = deploy(tmp_path)
+    assert again["payload"]["sent"] is True
+    assert steps(again)[:3] == ["launch", "payload", "payload-done"]
+    assert again["payload"]["digest"] == first["payload"]["digest"]
+    assert again["status"]["state"] in ("SETTING_UP", "RUNNING")
+
+
+@pytest.mark.sandbox
 def test_a_playbook_with_a_cache_policy_still_runs_the_prepare_step(private_root, tmp_path):
     deploy(tmp_path)
     book = tmp_path / "clear.yaml"

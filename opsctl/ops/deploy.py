@@ -8,7 +8,8 @@ One path, decided by the playbook alone:
    playbook's ``files:`` (:mod:`.files`; rsync sends only what changed);
 3. launch. When the payload was not shipped in step 1 the launch carries its digest and
    the agent refuses a different installed payload, so an unchanged re-deploy is one round
-   trip; a refusal ships the payload and launches again (nothing was touched).
+   trip; a refusal ships the payload and launches again (nothing was touched), and so does
+   an installed agent of another digest that cannot answer at all (it no longer imports).
 4. watch until healthy (or terminal, or the playbook's ``timeout_s``).
 """
 
@@ -30,6 +31,7 @@ from opsctl.errors import (
     JobFailed,
     JobUnhealthy,
     OpsctlError,
+    RemoteCommandFailed,
 )
 from opsctl.ops import torch as torch_ops
 from opsctl.ops import watch
@@ -215,13 +217,36 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
         except AgentError as exc:
             # PayloadMismatch: nothing was touched (a live job without --replace is refused
             # before the digest check); UsageError: an older agent without the flag
-            if exc.remote_type not in (ErrorType.PayloadMismatch, ErrorType.UsageError):
+            if exc.remote_type == ErrorType.AgentCrashed:
+                pay = _reship_damaged(tgt, manifest.digest, exc, ship)
+            elif exc.remote_type in (ErrorType.PayloadMismatch, ErrorType.UsageError):
+                pay = ship(exc.remote_type == ErrorType.PayloadMismatch)
+            else:
                 raise
-            pay = ship(exc.remote_type == ErrorType.PayloadMismatch)
+        except RemoteCommandFailed as exc:
+            if type(exc) is not RemoteCommandFailed:  # a deadline, not a reply that never came
+                raise
+            pay = _reship_damaged(tgt, manifest.digest, exc, ship)
     if status is None:
         step("launch", job_id=job_id)
         status = _launch(tgt, spec, replace, force_gpus, secrets)
     return status, pay
+
+
+def _reship_damaged(tgt: Target, digest: str, exc: RemoteCommandFailed,
+                    ship: t.Callable[[bool], PayloadResult]) -> PayloadResult:
+    """The installed agent could not answer ``launch`` (it crashed, or it no longer imports:
+    e.g. a payload shipped from a half-edited tree). Nothing was launched. When it is not
+    this opsctl's payload, ship this one (the caller launches again); when it is, shipping
+    the same files would not help: the error stands, with what repairs a damaged copy.
+
+    Raises:
+        RemoteCommandFailed: ``exc``, when the installed payload is this very digest.
+    """
+    if tgt.agent.remote_digest() != digest:
+        return ship(True)
+    exc.hint = exc.hint or "if the installed copy is damaged: opsctl deploy --force-payload"
+    raise exc
 
 
 def refuse_if_running(tgt: Target) -> None:
