@@ -239,6 +239,31 @@ class TestDashboardHtml:
         assert snap.error and not snap.hosts
         assert 'class="err"' in dashboard.render_fragment(snap)
 
+    def test_a_container_that_never_answers_gets_a_row_saying_so_and_the_page_still_renders(
+            self, isolated_env, monkeypatch):
+        inv = isolated_env / "inventory"
+        inv.mkdir(parents=True, exist_ok=True)
+        (inv / "h.yaml").write_text("hosts: {pve1: {address: 127.0.0.1, containers: {120: {}, 121: {}}}}\n")
+        release = threading.Event()
+
+        def container(_fleet, host, ctid):  # pure logic: the fan-out, not the transport
+            if ctid == 121:
+                release.wait(30)  # a stuck pct exec
+            return dashboard.ContainerView(host, ctid, note="no job launched here yet")
+
+        monkeypatch.setattr(dashboard.Fleet, "container", container)
+        monkeypatch.setattr(dashboard, "CONTAINER_DEADLINE_S", 0.5)
+        try:
+            start = time.monotonic()
+            snap = dashboard.Fleet().snapshot()
+            assert time.monotonic() - start < 5
+        finally:
+            release.set()
+        views = {v.ctid: v for v in snap.hosts[0].containers}
+        assert views[120].note == "no job launched here yet" and views[120].error is None
+        assert views[121].error == "pve1 ct 121: no answer within 0.5 s"
+        assert "no answer within 0.5 s" in dashboard.render_fragment(snap)
+
     def test_the_page_is_read_only_and_answers_only_loopback_names(self):
         server = dashboard.serve(port=0, refresh_s=1.0)  # the test's inventory has no hosts
         thread = threading.Thread(target=server.serve_forever, daemon=True)

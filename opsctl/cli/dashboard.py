@@ -27,7 +27,6 @@ import json
 import threading
 import time
 import typing as t
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -35,13 +34,15 @@ from opsctl.cli import plots
 from opsctl.cli.render import safe
 from opsctl.config import inventory
 from opsctl.errors import AgentError, OpsctlError, TransportError
-from opsctl.ops import jobs, watch
+from opsctl.ops import fanout, jobs, watch
 from opsctl.remote.agent_client import NoPayload
 from opsctl.remote.models import JobStatus
 from remote_payload.wire import parse_event
 
 BIND = "127.0.0.1"  # loopback only: the reason the page needs no login (module docstring)
 MAX_WORKERS = 8
+#: How long one container's refresh may take before its row says it did not answer.
+CONTAINER_DEADLINE_S = 30.0
 
 
 @dataclass
@@ -123,11 +124,16 @@ class Fleet:
                 hv.error = "no containers listed in the inventory"
             hosts.append(hv)
             work.extend((hv, ctid) for ctid in sorted(spec.containers))
-        if work:
-            with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(work))) as pool:
-                views = list(pool.map(lambda w: self.container(w[0].name, w[1]), work))
-            for (hv, _), view in zip(work, views, strict=True):
-                hv.containers.append(view)
+        by_key = {(hv.name, ctid): hv for hv, ctid in work}
+        # the fleet's one fan-out: a container that hangs (a stuck pct, a black-holed host)
+        # gets a row saying so after CONTAINER_DEADLINE_S instead of stalling the page
+        results = fanout.run_all(by_key, lambda key: self.container(*key),
+                                 max_parallel=MAX_WORKERS, deadline_s=CONTAINER_DEADLINE_S)
+        for key, value in results.items():
+            if isinstance(value, BaseException):  # fanout.Abandoned: container() catches the rest
+                self._drop(*key)  # its connection may be what hangs: a fresh one next time
+                value = ContainerView(*key, error=f"{key[0]} ct {key[1]}: {value}")
+            by_key[key].containers.append(value)
         return Snapshot(hosts, time.time(), time.monotonic() - start)
 
     def close(self) -> None:
