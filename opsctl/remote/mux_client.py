@@ -52,7 +52,6 @@ import sys
 import threading
 import time
 import typing as t
-from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.config import paths
@@ -201,8 +200,7 @@ class Frames:
 # --- client --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(t.NamedTuple):  # not a dataclass (imports `inspect`): `status` waits on this
     rc: int
     stdout: bytes
     stderr: bytes

@@ -14,6 +14,10 @@ returns None and the caller takes the paramiko path, which builds opsctl's own e
 (a changed key: exit 12 and its message). A remote command can also exit 255; that case
 then runs twice, which is fine for the read-only calls this serves. Hosts behind a
 ProxyJump never come here: ssh would check the jump hosts its own way.
+
+The call is started (:func:`start`) as soon as the command is known and collected later
+(:meth:`SshCall.result`): what the caller needs to read and print the reply loads while the
+handshake runs, and nothing loads before ``ssh`` starts that only the reply needs.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import typing as t
 
 from opsctl.errors import DeadlineExceeded
 from opsctl.remote import hostkeys
-from opsctl.remote.transport import CommandResult, known_hosts_name
+from opsctl.remote.command import CommandResult, known_hosts_name
 
 if t.TYPE_CHECKING:
     from opsctl.remote.mux_client import MuxHost
@@ -41,15 +45,54 @@ class SshHost(t.Protocol):
     def connect_timeout_s(self) -> float: ...
 
 
-def run(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
-        what: str) -> CommandResult | None:
-    """``command`` on the host through ``ssh``; None when this lane cannot say (nothing
-    known to have run: the caller takes the paramiko path).
+class SshCall:
+    """One ``ssh`` started by :func:`start`; :meth:`result` waits for it. As a context, it
+    leaves no ``ssh`` behind when the caller fails before collecting it."""
 
-    Raises:
-        DeadlineExceeded: no answer within ``local_deadline`` plus the connect timeout
-            (ssh is killed, which closes the channel; the remote deadlines fire on their own).
-    """
+    def __init__(self, proc: subprocess.Popen[bytes], label: str, command: str, argv: list[str],
+                 limit: float | None, what: str):
+        self.proc = proc
+        self.label = label
+        self.command = command
+        self.argv = argv
+        self.limit = limit
+        self.what = what
+        self.started = time.monotonic()
+
+    def __enter__(self) -> SshCall:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.returncode is None:  # not collected: an error or Ctrl-C on our side
+            self.proc.kill()
+            self.proc.communicate()
+
+    def result(self) -> CommandResult | None:
+        """What the command did; None when ssh itself failed (exit 255: the caller takes the
+        paramiko path, which says why).
+
+        Raises:
+            DeadlineExceeded: no answer within the local deadline plus the connect timeout
+                (ssh is killed, which closes the channel; the remote deadlines fire on their own).
+        """
+        left = None if self.limit is None else max(0.0, self.limit - (time.monotonic() - self.started))
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise DeadlineExceeded(f"{self.label}: {self.what} did not answer within "
+                                   f"{self.limit:g} s; connection to it closed", argv=self.argv) from None
+        if self.proc.returncode == SSH_FAILED_RC:
+            return None
+        return CommandResult(tuple(self.argv), self.command, self.proc.returncode, out, err,
+                             time.monotonic() - self.started, via="openssh")
+
+
+def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
+          what: str) -> SshCall | None:
+    """``command`` on the host through ``ssh``, started now; None when this lane cannot take
+    it (a ProxyJump, no ``ssh``, no key the paramiko path would accept: nothing was started)."""
     from opsctl.remote import sshclient
 
     if spec.proxy_jump or shutil.which("ssh") is None:
@@ -62,15 +105,23 @@ def run(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float |
     ssh = sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
                              command=command)
     limit = None if local_deadline is None else local_deadline + connect_s
-    start = time.monotonic()
     try:
-        proc = subprocess.run(ssh, stdin=subprocess.DEVNULL, capture_output=True, timeout=limit)
-    except subprocess.TimeoutExpired:
-        raise DeadlineExceeded(f"{spec.label}: {what} did not answer within {limit:g} s; "
-                               "connection to it closed", argv=argv) from None
+        proc = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
     except OSError:
         return None
-    if proc.returncode == SSH_FAILED_RC:
+    return SshCall(proc, spec.label, command, argv, limit, what)
+
+
+def run(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
+        what: str) -> CommandResult | None:
+    """:func:`start` and :meth:`SshCall.result` in one; None when this lane cannot say.
+
+    Raises:
+        DeadlineExceeded: as :meth:`SshCall.result`.
+    """
+    call = start(spec, command, argv, local_deadline=local_deadline, what=what)
+    if call is None:
         return None
-    return CommandResult(tuple(argv), command, proc.returncode, proc.stdout, proc.stderr,
-                         time.monotonic() - start, via="openssh")
+    with call:
+        return call.result()

@@ -14,7 +14,7 @@ gives ssh a private known_hosts file holding exactly the key that connection ver
 (``opsctl/config/sshconfig.py``). Jump hosts (``ProxyJump``) are checked by ssh itself
 against the user's own known_hosts (ssh starts the jump with its defaults).
 
-The remote command is the same one string :func:`transport.host_command` builds for every
+The remote command is the same one string :func:`.command.host_command` builds for every
 other call (argv joined once by ``shlex``), so sudo-for-pct and the locale apply unchanged.
 """
 
@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import typing as t
 from pathlib import Path
 
 from opsctl.errors import ConfigError
-from opsctl.remote.transport import Remote, host_command, known_hosts_name, pct_argv
+from opsctl.remote.command import host_command, known_hosts_name, pct_argv
 
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
+    from opsctl.remote.transport import Remote
 
 
 def ssh_binary() -> str:
@@ -50,6 +50,8 @@ class VerifiedKey:
     """A private known_hosts file with the one host key ``remote`` verified; removed on exit."""
 
     def __init__(self, remote: Remote):
+        import tempfile  # not at import: the first `status` builds its ssh argv here (sshcall)
+
         key = remote.server_key()
         spec = remote.host
         self._dir = tempfile.mkdtemp(prefix="opsctl-ssh-")
