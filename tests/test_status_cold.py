@@ -126,12 +126,12 @@ SPY = r"""
 import json, sys
 from opsctl.remote import sshcall
 results = []
-real = sshcall.run
-def spy(*a, **k):
-    r = real(*a, **k)
+real = sshcall.SshCall.result
+def spy(self):
+    r = real(self)
     results.append(None if r is None else {"rc": r.rc, "stdout": r.stdout.decode()})
     return r
-sshcall.run = spy
+sshcall.SshCall.result = spy
 from opsctl.cli import main
 sys.argv = ["opsctl", *sys.argv[1:]]
 try:

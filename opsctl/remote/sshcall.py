@@ -28,7 +28,7 @@ import time
 import typing as t
 
 from opsctl.errors import DeadlineExceeded
-from opsctl.remote import hostkeys
+from opsctl.remote import hostkeys, sshclient
 from opsctl.remote.command import CommandResult, known_hosts_name
 
 if t.TYPE_CHECKING:
@@ -93,8 +93,6 @@ def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float
           what: str) -> SshCall | None:
     """``command`` on the host through ``ssh``, started now; None when this lane cannot take
     it (a ProxyJump, no ``ssh``, no key the paramiko path would accept: nothing was started)."""
-    from opsctl.remote import sshclient
-
     if spec.proxy_jump or shutil.which("ssh") is None:
         return None
     name = known_hosts_name(spec.address, spec.port)
@@ -112,16 +110,3 @@ def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float
         return None
     return SshCall(proc, spec.label, command, argv, limit, what)
 
-
-def run(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
-        what: str) -> CommandResult | None:
-    """:func:`start` and :meth:`SshCall.result` in one; None when this lane cannot say.
-
-    Raises:
-        DeadlineExceeded: as :meth:`SshCall.result`.
-    """
-    call = start(spec, command, argv, local_deadline=local_deadline, what=what)
-    if call is None:
-        return None
-    with call:
-        return call.result()
