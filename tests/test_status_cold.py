@@ -123,7 +123,14 @@ def test_anything_else_is_parsed_by_click(argv):
 # --- through the sandbox --------------------------------------------------------------------
 
 SPY = r"""
-import json, sys
+import json, os, sys
+reply_only = ("dataclasses", "inspect", "opsctl.remote.transport", "opsctl.remote.leanreply",
+              "opsctl.cli.jsonout", "remote_payload.wire")
+before_ssh = []
+def on_popen(event, args):
+    if event == "subprocess.Popen" and os.path.basename(str(args[0])) == "ssh" and not before_ssh:
+        before_ssh.append([m for m in reply_only if m in sys.modules])
+sys.addaudithook(on_popen)
 from opsctl.remote import sshcall
 results = []
 real = sshcall.SshCall.result
@@ -140,7 +147,8 @@ except SystemExit as exc:
     code = exc.code
 heavy = ("pydantic", "yaml", "paramiko", "fabric", "rich", "click")
 sys.stderr.write("\nSPY " + json.dumps({
-    "code": code, "loaded": [m for m in heavy if m in sys.modules], "ssh": results}) + "\n")
+    "code": code, "loaded": [m for m in heavy if m in sys.modules], "ssh": results,
+    "before_ssh": before_ssh}) + "\n")
 """
 
 
@@ -169,12 +177,13 @@ def deployed(sandbox, isolated_env: Path, tmp_path: Path):
     CliRunner().invoke(cli, ["stop", "--grace", "1"])
 
 
-def test_the_first_status_goes_over_openssh_with_no_heavy_import_and_prints_the_full_paths_document(
+def test_the_first_status_goes_over_openssh_at_once_with_no_heavy_import_and_prints_the_full_paths_document(
         deployed, capsys):
     _spied("status", "--json")  # builds the reply shape cache (pydantic, once per OPSCTL_HOME)
     out, _, spy = _spied("status", "--json")
     assert spy["code"] == 0, out
     assert spy["loaded"] == [], f"the first status imported {spy['loaded']}"
+    assert spy["before_ssh"] == [[]], "ssh starts before what only the reply needs is loaded"
     (result,) = spy["ssh"]
     assert result is not None and result["rc"] == 0, "it went over ssh"
     data = json.loads(result["stdout"].strip().splitlines()[-1])["data"]

@@ -80,8 +80,8 @@ def plain_status(argv: list[str]) -> types.SimpleNamespace | None:
     lines = values.get("--lines", str(DEFAULT_LINES))
     if not verb_seen or not (lines.isascii() and lines.isdigit()):
         return None
-    return types.SimpleNamespace(
-        verb="status", json="--json" in flags, job=values.get("--job"), lines=int(lines),
+    return types.SimpleNamespace(  # json: False, as argparse leaves the verb's own --json
+        verb="status", json=False, job=values.get("--job"), lines=int(lines),
         root=values.get("--root", os.environ.get(wire.ENV_ROOT, wire.DEFAULT_ROOT)),
         tmux_socket=values.get("--tmux-socket",
                                os.environ.get(wire.ENV_TMUX_SOCKET, wire.DEFAULT_TMUX_SOCKET)))
