@@ -32,6 +32,7 @@ import typing as t
 
 from opsctl.config import last_target, targetcache, trace
 from opsctl.remote import command as cmd
+from opsctl.remote import mux_socket
 
 if t.TYPE_CHECKING:
     from opsctl.config.targetcache import CachedHost
@@ -92,11 +93,11 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
     argv, command = cmd.prepare(spec, pct, timeout=STATUS_TIMEOUT_S, step=step)
     deadline = cmd.local_deadline(STATUS_TIMEOUT_S)
     trace.mark("target")
-    from opsctl.remote import mux_client as mux
-
     result = None
     shape: Shape | None = None
-    if mux.enabled():
+    if mux_socket.maybe_live(spec):
+        from opsctl.remote import mux_client as mux
+
         start = time.monotonic()
         reply = mux.call(spec, command, stdin=None, on_stdout=None, on_stderr=None,
                          local_deadline=deadline, argv=argv, what=step)
@@ -163,7 +164,7 @@ def _prepare_reading(model: bool, meanwhile: t.Callable[[], object] | None) -> S
 def keep_warm(answer: Answer) -> None:
     """Start a mux for the host ``answer`` reached over ssh, for the next command (a no-op
     when it came through a mux, or with ``OPSCTL_MUX=0``); call it once the answer is out."""
-    if answer.cold_host is not None:
+    if answer.cold_host is not None and mux_socket.enabled():
         from opsctl.remote import mux_client as mux
 
         mux.spawn(answer.cold_host)

@@ -22,7 +22,6 @@ handshake runs, and nothing loads before ``ssh`` starts that only the reply need
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 import typing as t
@@ -32,7 +31,7 @@ from opsctl.remote import hostkeys, sshclient
 from opsctl.remote.command import CommandResult, known_hosts_name
 
 if t.TYPE_CHECKING:
-    from opsctl.remote.mux_client import MuxHost
+    from opsctl.remote.mux_socket import MuxHost
 
 #: What ssh exits with when ssh itself failed (and what a remote command rarely does).
 SSH_FAILED_RC = 255
@@ -92,8 +91,9 @@ class SshCall:
 def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
           what: str) -> SshCall | None:
     """``command`` on the host through ``ssh``, started now; None when this lane cannot take
-    it (a ProxyJump, no ``ssh``, no key the paramiko path would accept: nothing was started)."""
-    if spec.proxy_jump or shutil.which("ssh") is None:
+    it (a ProxyJump, no ``ssh`` on PATH, no key the paramiko path would accept: nothing was
+    started)."""
+    if spec.proxy_jump:
         return None
     name = known_hosts_name(spec.address, spec.port)
     known = hostkeys.private_file(spec.known_hosts_path(), name, spec.host_key_fingerprint)
@@ -101,12 +101,12 @@ def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float
         return None
     connect_s = float(t.cast(SshHost, spec).connect_timeout_s)
     ssh = sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
-                             command=command)
+                             command=command, program="ssh")
     limit = None if local_deadline is None else local_deadline + connect_s
     try:
         proc = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
-    except OSError:
+    except OSError:  # no ssh on PATH (or not runnable)
         return None
     return SshCall(proc, spec.label, command, argv, limit, what)
 

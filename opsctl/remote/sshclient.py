@@ -21,7 +21,6 @@ other call (argv joined once by ``shlex``), so sudo-for-pct and the locale apply
 from __future__ import annotations
 
 import os
-import shutil
 import typing as t
 from pathlib import Path
 
@@ -39,6 +38,8 @@ def ssh_binary() -> str:
     Raises:
         ConfigError: no ``ssh`` on PATH.
     """
+    import shutil  # here and in VerifiedKey: the first `status` builds its argv (sshcall) without it
+
     found = shutil.which("ssh")
     if found is None:
         raise ConfigError("no `ssh` (OpenSSH client) on PATH; attach, shell and forward need it",
@@ -50,7 +51,7 @@ class VerifiedKey:
     """A private known_hosts file with the one host key ``remote`` verified; removed on exit."""
 
     def __init__(self, remote: Remote):
-        import tempfile  # not at import: the first `status` builds its ssh argv here (sshcall)
+        import tempfile
 
         key = remote.server_key()
         spec = remote.host
@@ -63,14 +64,24 @@ class VerifiedKey:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        import shutil
+
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def ssh_argv(spec: HostSpec, known_hosts: Path, *, tty: bool = False,
-             options: t.Sequence[str] = (), command: str | None = None) -> list[str]:
+             options: t.Sequence[str] = (), command: str | None = None,
+             program: str | None = None) -> list[str]:
     """``ssh`` with the target's user, port, identity and jump hosts, host keys pinned to
-    ``known_hosts``; ``options`` go before the destination, ``command`` after it."""
-    argv = [ssh_binary(), "-F", "none", "-p", str(spec.port), "-l", spec.user,
+    ``known_hosts``; ``options`` go before the destination, ``command`` after it.
+
+    ``program``: the client to run (default: :func:`ssh_binary`, which says so when there is
+    none; ``sshcall`` passes ``ssh`` and lets the spawn find it).
+
+    Raises:
+        ConfigError: no ``program`` given and no ``ssh`` on PATH.
+    """
+    argv = [program or ssh_binary(), "-F", "none", "-p", str(spec.port), "-l", spec.user,
             "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", "UpdateHostKeys=no",
             "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",
