@@ -191,17 +191,19 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         "now": now,
         **_babysitting(rec),
     }
-    if pane is not None:
-        doc["pane_tail"] = pane.result()
-        doc["tmux"]["error"] = pane.error
     if gpu_query is not None:
         doc["gpus"], doc["gpu_error"] = gpu_query.result()
     elif sample is not None:
         doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
+    # while tmux captures the pane (a process start, the slowest part of a status): diagnosis
+    # and history, which do not read the pane
     doc["hang_threshold_s"] = _hang_threshold(doc)
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
     if live:
         doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
+    if pane is not None:
+        doc["pane_tail"] = pane.result()
+        doc["tmux"]["error"] = pane.error
     return doc
 
 
