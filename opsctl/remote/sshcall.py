@@ -17,12 +17,17 @@ ProxyJump never come here: ssh would check the jump hosts its own way.
 
 The call is started (:func:`start`) as soon as the command is known and collected later
 (:meth:`SshCall.result`): what the caller needs to read and print the reply loads while the
-handshake runs, and nothing loads before ``ssh`` starts that only the reply needs.
+handshake runs, and nothing loads before ``ssh`` starts that only the reply needs. That is
+also why ``ssh`` is started with ``os.posix_spawnp`` and read by :meth:`SshCall.result`'s
+short poll loop rather than through ``subprocess``: importing subprocess (threading,
+locale, signal, selectors) before the spawn cost ~10-15 ms of a first `status` on the
+sandbox with cold caches, and this needs none of its features (no shell, no text mode, no
+input: ssh gets /dev/null).
 """
 
 from __future__ import annotations
 
-import subprocess
+import os
 import time
 import typing as t
 
@@ -35,6 +40,7 @@ if t.TYPE_CHECKING:
 
 #: What ssh exits with when ssh itself failed (and what a remote command rarely does).
 SSH_FAILED_RC = 255
+_READ_SIZE = 65536
 
 
 class SshHost(t.Protocol):
@@ -45,12 +51,17 @@ class SshHost(t.Protocol):
 
 
 class SshCall:
-    """One ``ssh`` started by :func:`start`; :meth:`result` waits for it. As a context, it
-    leaves no ``ssh`` behind when the caller fails before collecting it."""
+    """One ``ssh`` started by :func:`start`: its pid and the read ends of its stdout and
+    stderr; :meth:`result` waits for it. As a context, it leaves no ``ssh`` behind when the
+    caller fails before collecting it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], label: str, command: str, argv: list[str],
-                 limit: float | None, what: str):
-        self.proc = proc
+    def __init__(self, pid: int, stdout: int, stderr: int, label: str, command: str,
+                 argv: list[str], limit: float | None, what: str):
+        self.pid = pid
+        self.got = {stdout: bytearray(), stderr: bytearray()}  # fd -> what was read
+        self.open_fds = set(self.got)
+        self.out, self.err = stdout, stderr
+        self.rc: int | None = None
         self.label = label
         self.command = command
         self.argv = argv
@@ -62,9 +73,23 @@ class SshCall:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.returncode is None:  # not collected: an error or Ctrl-C on our side
-            self.proc.kill()
-            self.proc.communicate()
+        if self.rc is None:  # not collected: an error or Ctrl-C on our side
+            self._kill()
+
+    def _kill(self) -> None:
+        import signal
+
+        self._close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # closes the channel; the remote deadlines fire
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        self.rc = -signal.SIGKILL
+
+    def _close(self) -> None:
+        while self.open_fds:
+            os.close(self.open_fds.pop())
 
     def result(self) -> CommandResult | None:
         """What the command did; None when ssh itself failed (exit 255: the caller takes the
@@ -74,18 +99,32 @@ class SshCall:
             DeadlineExceeded: no answer within the local deadline plus the connect timeout
                 (ssh is killed, which closes the channel; the remote deadlines fire on their own).
         """
-        left = None if self.limit is None else max(0.0, self.limit - (time.monotonic() - self.started))
-        try:
-            out, err = self.proc.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            raise DeadlineExceeded(f"{self.label}: {self.what} did not answer within "
-                                   f"{self.limit:g} s; connection to it closed", argv=self.argv) from None
-        if self.proc.returncode == SSH_FAILED_RC:
+        import select
+
+        poller = select.poll()
+        for fd in self.got:
+            poller.register(fd, select.POLLIN)
+        reading = set(self.got)
+        while reading:
+            left = None if self.limit is None else self.limit - (time.monotonic() - self.started)
+            if left is not None and left <= 0:
+                self._kill()
+                raise DeadlineExceeded(f"{self.label}: {self.what} did not answer within "
+                                       f"{self.limit:g} s; connection to it closed", argv=self.argv)
+            for fd, _ in poller.poll(None if left is None else max(1, int(left * 1000))):
+                data = os.read(fd, _READ_SIZE)
+                if data:
+                    self.got[fd] += data
+                else:  # EOF: ssh closed it (at its exit)
+                    poller.unregister(fd)
+                    reading.discard(fd)
+        self._close()
+        self.rc = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        if self.rc == SSH_FAILED_RC:
             return None
-        return CommandResult(tuple(self.argv), self.command, self.proc.returncode, out, err,
-                             time.monotonic() - self.started, via="openssh")
+        return CommandResult(tuple(self.argv), self.command, self.rc, bytes(self.got[self.out]),
+                             bytes(self.got[self.err]), time.monotonic() - self.started,
+                             via="openssh")
 
 
 def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
@@ -103,10 +142,18 @@ def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float
     ssh = sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
                              command=command, program="ssh")
     limit = None if local_deadline is None else local_deadline + connect_s
+    out_r, out_w = os.pipe()  # both ends close-on-exec; dup2 onto 1 and 2 clears it there
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        proc = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        pid = os.posix_spawnp(ssh[0], ssh, os.environ, file_actions=[
+            (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2)])
     except OSError:  # no ssh on PATH (or not runnable)
+        os.close(out_r)
+        os.close(err_r)
         return None
-    return SshCall(proc, spec.label, command, argv, limit, what)
-
+    finally:
+        for fd in (out_w, err_w, null):
+            os.close(fd)
+    return SshCall(pid, out_r, err_r, spec.label, command, argv, limit, what)
