@@ -1,9 +1,13 @@
 """Operational speed of opsctl on the sandbox, side by side in one run (issue 2 targets).
 
     python3 benchmarks/ops.py [--runs 10] [--json out.json] [--opsctl PATH] [--status-only]
+                              [--baseline PATH]
 
 ``--opsctl``: the ``opsctl`` to measure (default: the console script beside this python, so a
-pyenv shim's own start-up is never counted). The README's numbers are for a normal install
+pyenv shim's own start-up is never counted). ``--baseline``: a second ``opsctl`` (e.g. a normal
+install of main) whose ``status`` rows are measured in the same interleaved runs, with its own
+``OPSCTL_HOME`` and container root (``/opt/opsctl-baseline``, so each runs its own payload): a
+before/after pair that one load spike cannot split. The README's numbers are for a normal install
 (``python3 -m venv V && V/bin/pip install .``, then ``V/bin/python benchmarks/ops.py``): an
 editable install adds its import finder (~25 ms) to every start.
 
@@ -80,6 +84,8 @@ def main() -> None:
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--opsctl", default=None, help="the opsctl program to measure")
     ap.add_argument("--status-only", action="store_true", help="only the status round trips")
+    ap.add_argument("--baseline", default=None,
+                    help="another opsctl whose status is measured in the same runs (own home and root)")
     args = ap.parse_args()
 
     info = sandbox.up()
@@ -104,20 +110,32 @@ def main() -> None:
 
     wait_for_mux(home, env)
     timed([*opsctl, "status", "--json"], env)  # builds the reply shape cache (once per OPSCTL_HOME)
+    # (program, its environment) of every opsctl measured: ours, and the --baseline one
+    measured = [(opsctl, env)]
+    if args.baseline:
+        measured.append(([args.baseline], _baseline_env(info, book("bench-long", LONG_JOB), target,
+                                                        args.baseline)))
     results["load_avg_1m_start"] = os.getloadavg()[0]
     raw_argv = [*info.ssh_argv(), "pct", "exec", str(info.containers[0]), "--", "true"]
-    cold_env = {**env, "OPSCTL_MUX": "0"}
-    raw, ours, cold = [], [], []
-    for _ in range(args.runs):  # interleaved: a load spike hits all three alike
+    raw: list[float] = []
+    warm: list[list[float]] = [[] for _ in measured]
+    cold: list[list[float]] = [[] for _ in measured]
+    for _ in range(args.runs):  # interleaved: a load spike hits all of them alike
         raw.append(timed(raw_argv, env)[0])
-        ours.append(timed([*opsctl, "status", "--json"], env)[0])
-        cold.append(timed([*opsctl, "status", "--json"], cold_env)[0])
-    results["raw_ssh_pct_exec_true_s"] = statistics.median(raw)
-    results["opsctl_status_json_s"] = statistics.median(ours)
-    results["status_ratio"] = results["opsctl_status_json_s"] / results["raw_ssh_pct_exec_true_s"]
-    results["opsctl_status_json_cold_s"] = statistics.median(cold)
-    results["status_cold_ratio"] = results["opsctl_status_json_cold_s"] / results["raw_ssh_pct_exec_true_s"]
+        for i, (prog, penv) in enumerate(measured):
+            warm[i].append(timed([*prog, "status", "--json"], penv)[0])
+            cold[i].append(timed([*prog, "status", "--json"], {**penv, "OPSCTL_MUX": "0"})[0])
+    raw_s = results["raw_ssh_pct_exec_true_s"] = statistics.median(raw)
+    for i, (name, ratio) in enumerate([("opsctl", ""), ("baseline", "baseline_")][:len(measured)]):
+        results[f"{name}_status_json_s"] = statistics.median(warm[i])
+        results[f"{ratio}status_ratio"] = statistics.median(warm[i]) / raw_s
+        results[f"{name}_status_json_cold_s"] = statistics.median(cold[i])
+        results[f"{ratio}status_cold_ratio"] = statistics.median(cold[i]) / raw_s
 
+    for prog, penv in measured[1:]:
+        timed([*prog, "stop", "--grace", "1"], penv, check=False)
+        timed([*prog, "mux", "stop"], penv, check=False)
+        shutil.rmtree(penv["OPSCTL_HOME"], ignore_errors=True)
     if args.status_only:
         timed([*opsctl, "stop", "--grace", "1"], env, check=False)
         timed([*opsctl, "mux", "stop"], env, check=False)
@@ -149,6 +167,23 @@ def main() -> None:
 
     _report(results, args.json_out)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def _baseline_env(info: sandbox.SandboxInfo, playbook: str, target: list[str],
+                  program: str) -> dict[str, str]:
+    """A home and container root of the baseline's own, its job deployed and its mux warm."""
+    import yaml
+
+    home = Path(tempfile.mkdtemp(prefix="opsctl-bench-baseline-"))
+    (home / "inventory").mkdir()
+    inv = yaml.safe_load(Path(info.inventory_file).read_text())
+    inv["hosts"]["sandbox"]["root"] = "/opt/opsctl-baseline"
+    (home / "inventory" / "sandbox.yaml").write_text(yaml.safe_dump(inv))
+    env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
+    timed([program, "deploy", *target, "--playbook", playbook, "--replace", "--no-wait"], env)
+    wait_for_mux(home, env)
+    timed([program, "status", "--json"], env)  # its reply shape cache
+    return env
 
 
 def _report(results: dict[str, object], json_out: str | None) -> None:

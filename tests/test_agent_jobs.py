@@ -130,6 +130,20 @@ def test_a_python_traceback_is_FAILED_in_the_first_status_after_the_crash(agent:
     assert first["output_tail"][-1] == "ZeroDivisionError: division by zero"
 
 
+def test_the_plain_status_line_gets_the_reply_the_argparse_path_gives(agent: Agent) -> None:
+    """opsctl's own status line skips argparse (agent/__main__.py, plain_status); an ``=``
+    form of the same options goes through argparse: one reply, both ways."""
+    doc = agent.launch("print('ready', flush=True)\n1/0")
+    agent.wait_state(doc["job_id"], "FAILED")
+    plain = agent.data("status", "--job", doc["job_id"], "--lines", "5")
+    parsed = agent.data("status", f"--job={doc['job_id']}", "--lines=5")
+    for reply in (plain, parsed):
+        for field in ("now", "gpus_at"):  # the moment of asking
+            reply.pop(field)
+    assert plain == parsed
+    assert plain["diagnosis"] and plain["output_tail"][-1] == "ZeroDivisionError: division by zero"
+
+
 def test_a_job_killed_by_SIGKILL_is_FAILED_with_the_signal(agent: Agent) -> None:
     doc = agent.launch("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
     end = agent.wait_state(doc["job_id"], "FAILED")

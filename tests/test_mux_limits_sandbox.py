@@ -19,6 +19,7 @@ from opsctl import errors
 from opsctl.cli import cli
 from opsctl.config import inventory
 from opsctl.remote import mux_client as mux
+from opsctl.remote import mux_socket
 from opsctl.remote.transport import Remote
 from tests.second_sshd import second_sshd
 
@@ -47,7 +48,7 @@ def spec(sandbox, isolated_env, tmp_path, monkeypatch):
 
 
 def mux_info(spec) -> dict:
-    path = mux.socket_path(spec, create=False)
+    path = mux_socket.socket_path(spec, create=False)
     info = mux.query(path, "ping") if path is not None else None
     assert info is not None, "the mux is gone"
     return info

@@ -20,6 +20,7 @@ from opsctl import errors
 from opsctl.cli import cli
 from opsctl.config import inventory
 from opsctl.remote import mux_client as mux
+from opsctl.remote import mux_socket
 from opsctl.remote.transport import Remote
 from tests.second_sshd import sshd_serving
 
@@ -100,7 +101,7 @@ def test_an_idle_mux_exits_and_removes_its_socket(spec, monkeypatch):
     monkeypatch.setenv("OPSCTL_MUX_IDLE_S", "1")
     start_mux(spec)
     [row] = mux.list_muxes()
-    path = mux.socket_path(spec)
+    path = mux_socket.socket_path(spec)
     assert wait_for(lambda: not pid_alive(row["pid"]), 10), "mux still running after its idle time"
     assert not path.exists()
 
@@ -116,7 +117,7 @@ def test_mux_stop_ends_it_and_the_next_call_connects_directly(spec):
 
 
 def test_a_stale_socket_is_removed_and_replaced(spec):
-    path = mux.socket_path(spec)
+    path = mux_socket.socket_path(spec)
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(os.fspath(path))  # bound, never listening: what a killed mux leaves
     dead.close()
@@ -205,7 +206,7 @@ def test_a_mux_whose_connection_drops_exits_and_the_next_call_connects_directly(
     [row] = mux.list_muxes()
     os.kill(sshd_serving(row["pid"]), signal.SIGKILL)  # the session our mux opened, nothing else
     assert wait_for(lambda: not pid_alive(row["pid"]), 10), "mux survived its connection"
-    assert not mux.socket_path(spec).exists()
+    assert not mux_socket.socket_path(spec).exists()
     with Remote(spec) as r:
         res = r.pct_exec(200, ["echo", "back"], timeout=30)
     assert (res.via, res.stdout) == ("ssh", b"back\n")

@@ -12,7 +12,8 @@ import pytest
 from opsctl import errors
 from opsctl.config.inventory import HostSpec
 from opsctl.remote.agent_client import Agent
-from opsctl.remote.transport import Remote, classify_pct_failure, pct_argv
+from opsctl.remote.command import pct_argv
+from opsctl.remote.transport import Remote, classify_pct_failure
 from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import sandbox_home
 

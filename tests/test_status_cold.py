@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli, statusonce
 from opsctl.cli.jsonout import print_json
-from opsctl.remote import hostkeys, models
+from opsctl.remote import hostkeys, models, sshcall
 from remote_payload.agent import diagnosis
 from remote_payload.probes import stackdump
 
@@ -120,18 +120,66 @@ def test_anything_else_is_parsed_by_click(argv):
     assert statusonce.parse(argv) is None
 
 
+# --- the ssh call's own reader (os.posix_spawnp, no subprocess) --------------------------------
+
+def _spawned(script: str, limit: float | None = 10.0) -> sshcall.SshCall:
+    """An SshCall around ``sh -c script``, spawned as :func:`sshcall.start` spawns ssh."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.posix_spawnp("sh", ["sh", "-c", script], os.environ, file_actions=[
+        (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    os.close(out_w)
+    os.close(err_w)
+    return sshcall.SshCall(pid, out_r, err_r, "h", "cmd", ["pct", "exec"], limit, "agent status")
+
+
+def test_the_call_collects_both_streams_and_the_exit_status():
+    with _spawned("head -c 200000 /dev/zero; printf err >&2; exit 3") as call:
+        result = call.result()
+    assert result is not None
+    assert (result.rc, len(result.stdout), result.stderr, result.via) == (3, 200000, b"err", "openssh")
+
+
+def test_ssh_failing_itself_is_no_answer():
+    with _spawned("exit 255") as call:
+        assert call.result() is None
+
+
+def test_no_answer_by_the_deadline_kills_ssh_and_says_so():
+    call = _spawned("sleep 30", limit=0.3)
+    with pytest.raises(errors.DeadlineExceeded, match=r"did not answer within 0\.3 s"), call:
+        call.result()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(call.pid, os.WNOHANG)  # killed and reaped
+
+
+def test_a_call_left_uncollected_is_killed():
+    with _spawned("sleep 30") as call:
+        pass
+    with pytest.raises(ChildProcessError):
+        os.waitpid(call.pid, os.WNOHANG)
+
+
 # --- through the sandbox --------------------------------------------------------------------
 
 SPY = r"""
-import json, sys
+import json, os, sys
+reply_only = ("dataclasses", "inspect", "subprocess", "opsctl.remote.transport",
+              "opsctl.remote.leanreply", "opsctl.cli.jsonout", "remote_payload.wire")
+before_ssh = []
+def on_spawn(event, args):
+    if event in ("os.posix_spawn", "subprocess.Popen") and not before_ssh \
+            and os.path.basename(os.fsdecode(args[0])) == "ssh":
+        before_ssh.append([m for m in reply_only if m in sys.modules])
+sys.addaudithook(on_spawn)
 from opsctl.remote import sshcall
 results = []
-real = sshcall.run
-def spy(*a, **k):
-    r = real(*a, **k)
+real = sshcall.SshCall.result
+def spy(self):
+    r = real(self)
     results.append(None if r is None else {"rc": r.rc, "stdout": r.stdout.decode()})
     return r
-sshcall.run = spy
+sshcall.SshCall.result = spy
 from opsctl.cli import main
 sys.argv = ["opsctl", *sys.argv[1:]]
 try:
@@ -140,7 +188,8 @@ except SystemExit as exc:
     code = exc.code
 heavy = ("pydantic", "yaml", "paramiko", "fabric", "rich", "click")
 sys.stderr.write("\nSPY " + json.dumps({
-    "code": code, "loaded": [m for m in heavy if m in sys.modules], "ssh": results}) + "\n")
+    "code": code, "loaded": [m for m in heavy if m in sys.modules], "ssh": results,
+    "before_ssh": before_ssh}) + "\n")
 """
 
 
@@ -169,12 +218,13 @@ def deployed(sandbox, isolated_env: Path, tmp_path: Path):
     CliRunner().invoke(cli, ["stop", "--grace", "1"])
 
 
-def test_the_first_status_goes_over_openssh_with_no_heavy_import_and_prints_the_full_paths_document(
+def test_the_first_status_goes_over_openssh_at_once_with_no_heavy_import_and_prints_the_full_paths_document(
         deployed, capsys):
     _spied("status", "--json")  # builds the reply shape cache (pydantic, once per OPSCTL_HOME)
     out, _, spy = _spied("status", "--json")
     assert spy["code"] == 0, out
     assert spy["loaded"] == [], f"the first status imported {spy['loaded']}"
+    assert spy["before_ssh"] == [[]], "ssh starts before what only the reply needs is loaded"
     (result,) = spy["ssh"]
     assert result is not None and result["rc"] == 0, "it went over ssh"
     data = json.loads(result["stdout"].strip().splitlines()[-1])["data"]

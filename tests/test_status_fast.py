@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from opsctl.cli import cli
 from opsctl.cli.jsonout import print_json
 from opsctl.config import inventory, targetcache
-from opsctl.remote import leanreply, models
+from opsctl.remote import leanreply, models, mux_socket
 from opsctl.remote import mux_client as mux
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +107,7 @@ def test_the_cached_target_is_dropped_when_an_inventory_file_changes_or_appears(
     hit = targetcache.lookup("pve1")
     assert hit is not None and (hit.label, hit.ssh_label(), hit.known_hosts_path()) == \
         (spec.label, spec.ssh_label(), spec.known_hosts_path())
-    assert mux.key(hit) == mux.key(spec), "the same mux serves both paths"
+    assert mux_socket.key(hit) == mux_socket.key(spec), "the same mux serves both paths"
     (inv / "a.yaml").write_text("hosts:\n  pve1:\n    address: 10.0.0.2\n    port: 2222\n")
     assert targetcache.lookup("pve1") is None
     targetcache.store("pve1", inventory.load().resolve("pve1"))

@@ -10,7 +10,8 @@ import pytest
 
 from opsctl import errors
 from opsctl.config.inventory import HostSpec
-from opsctl.remote.transport import CommandResult, classify_pct_failure, host_command, pct_argv
+from opsctl.remote.command import CommandResult, host_command, pct_argv
+from opsctl.remote.transport import classify_pct_failure
 
 HOST = HostSpec(name="pve1", address="10.1.2.6")
 ADMIN = HostSpec(name="pve1", address="10.1.2.6", user="admin", sudo=True)

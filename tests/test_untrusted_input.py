@@ -18,7 +18,8 @@ from opsctl.cli import cli
 from opsctl.config import inventory, playbook, yamlfile
 from opsctl.config.inventory import HostSpec
 from opsctl.errors import ConfigError
-from opsctl.remote.transport import MAX_COMMAND_BYTES, Remote, load_known_hosts
+from opsctl.remote.command import MAX_COMMAND_BYTES
+from opsctl.remote.transport import Remote, load_known_hosts
 
 # Port 9 on loopback has nothing behind it; these tests must fail before any connect anyway.
 UNREACHABLE = "127.0.0.1:9"

@@ -13,7 +13,6 @@ offers the command line to :func:`opsctl.cli.statusonce.run`, which serves a pla
 
 from __future__ import annotations
 
-import importlib
 import typing as t
 
 #: The command families, in the order their commands are added.
@@ -22,6 +21,8 @@ FAMILY_MODULES = ("sandbox", "jobs", "interactive", "files", "diag", "torch", "h
 
 
 def _assemble() -> tuple[t.Any, tuple[t.Any, ...]]:
+    import importlib
+
     from opsctl.cli.app import cli
 
     families = tuple(importlib.import_module(f"opsctl.cli.{name}") for name in FAMILY_MODULES)

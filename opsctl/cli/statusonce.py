@@ -29,7 +29,8 @@ def status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
 
     trace.mark("imports")
     answer = quickstatus.fetch(host, ctid, job_id, lines, model=not as_json,
-                               accept_new_host_key=accept_new_host_key)
+                               accept_new_host_key=accept_new_host_key,
+                               meanwhile=_load_json_output if as_json else _load_view)
     if answer is None:
         from opsctl.ops import jobs, watch
 
@@ -41,13 +42,25 @@ def status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
 
         print_json(answer.document())
         trace.mark("print")
-        return
-    from opsctl.cli import render
+    else:
+        from opsctl.cli import render
 
-    if answer.status is None:  # pragma: no cover - model=True always gives the model
-        raise ValueError("no status model")
-    render.status(render.console(), answer.label, answer.status, pane_lines=lines)
-    trace.mark("render")
+        if answer.status is None:  # pragma: no cover - model=True always gives the model
+            raise ValueError("no status model")
+        render.status(render.console(), answer.label, answer.status, pane_lines=lines)
+        trace.mark("render")
+    quickstatus.keep_warm(answer)  # after the output: a new mux takes no CPU from this one
+    trace.mark("mux spawn")
+
+
+# What the output needs, loaded while the first command's ssh waits for its reply
+# (quickstatus.fetch's ``meanwhile``).
+def _load_json_output() -> None:
+    from opsctl.cli import jsonout  # noqa: F401
+
+
+def _load_view() -> None:
+    from opsctl.cli import render  # noqa: F401
 
 
 def parse(argv: list[str]) -> dict[str, object] | None:

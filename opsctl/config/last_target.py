@@ -8,15 +8,16 @@ node of that run.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import typing as t
 from pathlib import Path
 
 from opsctl.config import paths
 from opsctl.errors import ConfigError
 
 
-@dataclass(frozen=True)
-class LastTarget:
+# A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, and every `status` starts
+# here (README, Speed).
+class LastTarget(t.NamedTuple):
     host: str
     ctid: int
     job_id: str | None = None
@@ -31,7 +32,7 @@ def save(target: LastTarget) -> None:
     p = _path()
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(target)), encoding="utf-8")
+    tmp.write_text(json.dumps(target._asdict()), encoding="utf-8")
     tmp.replace(p)
 
 

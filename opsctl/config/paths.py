@@ -16,7 +16,7 @@ so that the shipped example host (a real 10.x address) is never contacted.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import typing as t
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent  # opsctl/
@@ -24,8 +24,7 @@ REPO_ROOT = PACKAGE.parent  # the checkout, or site-packages when installed
 BUNDLED = PACKAGE / "bundled"
 
 
-@dataclass(frozen=True)
-class SearchDir:
+class SearchDir(t.NamedTuple):  # not a dataclass: `status` reads paths before its ssh starts
     """One directory of a lookup order, and what it is (shown as a name's origin)."""
 
     path: Path

@@ -27,7 +27,7 @@ from remote_payload import wire
 #: What a POSIX shell and ``os.execve`` accept as an environment variable name.
 ENV_NAME_RE = re.compile(wire.ENV_NAME_PATTERN)
 #: The launch spec travels as JSON on the agent's command line, which is capped at
-#: ``transport.MAX_COMMAND_BYTES`` (100 KiB); leave room for JSON escaping and the rest.
+#: ``MAX_COMMAND_BYTES`` (100 KiB, opsctl/remote/command.py); leave room for JSON escaping and the rest.
 MAX_SPEC_TEXT_BYTES = 48 * 1024
 
 MAX_REGEX_LEN = 1000

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import typing as t
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.config import addresses, paths, sshconfig
@@ -33,9 +32,12 @@ _VERSION = 1
 _UNSTAMPED = re.compile(r"^\s*(include|match)\b", re.I | re.M)
 
 
-@dataclass(frozen=True)
-class CachedHost:
-    """The fields of a :class:`~opsctl.config.inventory.HostSpec` that a multiplexed call uses."""
+class CachedHost(t.NamedTuple):
+    """The fields of a :class:`~opsctl.config.inventory.HostSpec` that a multiplexed call uses.
+
+    A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, which the first `status`
+    would load before its ssh starts (README, Speed).
+    """
 
     name: str
     address: str
@@ -50,7 +52,7 @@ class CachedHost:
     root: str
     connect_timeout_s: float
     #: the whole stored ``HostSpec.model_dump(mode="json")`` (what a mux is started with)
-    dump: dict[str, t.Any] = field(default_factory=dict, compare=False, repr=False)
+    dump: dict[str, t.Any]
 
     @property
     def label(self) -> str:
@@ -105,8 +107,7 @@ def lookup(name: str) -> CachedHost | None:
     if not isinstance(spec, dict):
         return None
     try:
-        return CachedHost(**{f: spec[f] for f in CachedHost.__dataclass_fields__ if f != "dump"},
-                          dump=spec)
+        return CachedHost(**{f: spec[f] for f in CachedHost._fields if f != "dump"}, dump=spec)
     except (TypeError, KeyError):
         return None
 

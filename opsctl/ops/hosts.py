@@ -9,7 +9,8 @@ from pathlib import Path
 
 from opsctl.config import inventory
 from opsctl.errors import HostKeyError, OpsctlError, TransportError
-from opsctl.remote.transport import Remote, fingerprint, known_hosts_name, load_known_hosts
+from opsctl.remote.command import known_hosts_name
+from opsctl.remote.transport import Remote, fingerprint, load_known_hosts
 
 
 @dataclass

@@ -8,14 +8,18 @@ opsctl cannot make faster, so the rest had to shrink: the inventory (PyYAML + py
 it 2.2× (README, Speed).
 
 The fast lane opens only when the target resolves from :mod:`opsctl.config.targetcache`;
-it sends exactly the command the full path sends (:func:`opsctl.remote.transport.prepare`,
-:func:`opsctl.remote.agent_client.agent_argv`), so the remote deadlines are the same. It
+it sends exactly the command the full path sends (:func:`opsctl.remote.command.prepare`,
+:func:`opsctl.remote.command.agent_argv`), so the remote deadlines are the same. It
 goes through a live mux (bound to the verified host key), else (no mux, ``OPSCTL_MUX=0``)
 through ``ssh`` (:mod:`opsctl.remote.sshcall`, which trusts only the keys the full path
-would accept) and then starts a mux for the next command, as the full path does after a
-direct connection. Nothing sent, or ssh itself failed (unknown or changed host key, auth,
-network, a ProxyJump): :func:`fetch` returns None and the caller takes the full path, whose
-errors say why (a changed key still exits 12 with its message). Once the command ran, any
+would accept); the caller then starts a mux for the next command (:func:`keep_warm`, once the
+answer is printed, so it takes no CPU from the handshake), as the full path does after a
+direct connection. ``ssh`` starts as soon as the command is spelled: what reading the reply
+needs (and the caller's ``meanwhile``, e.g. its output modules) loads while it runs.
+
+Nothing sent, or ssh itself failed (unknown or changed host key, auth, network, a
+ProxyJump): :func:`fetch` returns None and the caller takes the full path, whose errors say
+why (a changed key still exits 12 with its message). Once the command ran, any
 answer but a plain successful reply is finished by the full path's own code on the *same*
 result (:func:`_finish`): errors, exit codes and saved logs are the full path's, and
 nothing runs twice.
@@ -25,14 +29,14 @@ from __future__ import annotations
 
 import time
 import typing as t
-from dataclasses import dataclass
 
 from opsctl.config import last_target, targetcache, trace
-from opsctl.remote import leanreply, transport
-from opsctl.remote import mux_client as mux
-from opsctl.remote.agent_client import agent_argv, agent_step
+from opsctl.remote import command as cmd
+from opsctl.remote import mux_socket
 
 if t.TYPE_CHECKING:
+    from opsctl.config.targetcache import CachedHost
+    from opsctl.remote.leanreply import Shape
     from opsctl.remote.models import JobStatus
 
 #: The remote deadline of one ``status`` call (the full path's too: :func:`.watch.fetch_status`).
@@ -44,13 +48,16 @@ def status_args(job_id: str | None, lines: int) -> list[str]:
     return ["--lines", str(lines), *(["--job", job_id] if job_id else [])]
 
 
-@dataclass(frozen=True)
-class Answer:
+# A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, which the first `status`
+# would load before its ssh starts (README, Speed).
+class Answer(t.NamedTuple):
     """A status from the fast lane: the ``--json`` document, or (``model=True``) the model."""
 
     label: str  # "<host> ct <ctid>", as Target.label
     doc: dict[str, t.Any] | None = None
     status: JobStatus | None = None
+    #: the host reached over ssh, which has no mux yet: :func:`keep_warm` starts one
+    cold_host: CachedHost | None = None
 
     def document(self) -> dict[str, t.Any]:
         """``JobStatus.model_dump(mode="json")``, whichever way it was read."""
@@ -62,12 +69,14 @@ class Answer:
 
 
 def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
-          model: bool = False, accept_new_host_key: bool = False) -> Answer | None:
+          model: bool = False, accept_new_host_key: bool = False,
+          meanwhile: t.Callable[[], object] | None = None) -> Answer | None:
     """The job's status through a live mux or ``ssh``; None when the fast lane is closed
     (nothing sent, or ssh itself failed: the full path then connects and says why).
 
     ``model``: return the validated :class:`JobStatus` (the human view) instead of the
-    ``--json`` document.
+    ``--json`` document. ``meanwhile``: run while ``ssh`` waits for the reply (the caller's
+    imports); with a mux, before the call.
 
     Raises:
         as the full path (``ops.jobs.open_target`` + ``watch.fetch_status``).
@@ -78,53 +87,96 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
     spec = targetcache.lookup(last.host)
     if spec is None:
         return None
-    step = agent_step("status")
-    pct = transport.pct_argv(last.ctid, agent_argv(spec.root, "status", *status_args(job_id, lines)),
-                             timeout=STATUS_TIMEOUT_S)
-    argv, command = transport.prepare(spec, pct, timeout=STATUS_TIMEOUT_S, step=step)
+    step = cmd.agent_step("status")
+    pct = cmd.pct_argv(last.ctid, cmd.agent_argv(spec.root, "status", *status_args(job_id, lines)),
+                       timeout=STATUS_TIMEOUT_S)
+    argv, command = cmd.prepare(spec, pct, timeout=STATUS_TIMEOUT_S, step=step)
+    deadline = cmd.local_deadline(STATUS_TIMEOUT_S)
     trace.mark("target")
-    deadline = transport.local_deadline(STATUS_TIMEOUT_S)
     result = None
-    if mux.enabled():
+    shape: Shape | None = None
+    if mux_socket.maybe_live(spec):
+        from opsctl.remote import mux_client as mux
+
         start = time.monotonic()
         reply = mux.call(spec, command, stdin=None, on_stdout=None, on_stderr=None,
                          local_deadline=deadline, argv=argv, what=step)
         if reply is not None:
-            result = transport.CommandResult(tuple(argv), command, reply.rc, reply.stdout,
-                                             reply.stderr, time.monotonic() - start, via="mux")
+            result = cmd.CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
+                                       time.monotonic() - start, via="mux")
             trace.mark("mux round trip")
+            shape = _prepare_reading(model, meanwhile)
+    cold_host = None
     if result is None:
         from opsctl.remote import sshcall  # not on the warm path: subprocess, hmac, ssh argv
 
-        result = sshcall.run(spec, command, argv, local_deadline=deadline, what=step)
+        call = sshcall.start(spec, command, argv, local_deadline=deadline, what=step)
+        if call is None:
+            return None
+        with call:
+            trace.mark("ssh start")
+            shape = _prepare_reading(model, meanwhile)
+            trace.mark("imports while ssh runs")
+            result = call.result()
         if result is None:
             return None
-        trace.mark("ssh round trip")
-        mux.spawn(spec)  # for the next command (a no-op with OPSCTL_MUX=0)
-        trace.mark("mux spawn")
+        trace.mark("ssh wait")
+        cold_host = spec
     label = f"{spec.label} ct {last.ctid}"
     if result.rc == 0:
+        from opsctl.remote import leanreply
+
         try:
             data = leanreply.reply_data(result.stdout)
             if model:
                 from opsctl.remote.models import JobStatus
 
-                return Answer(label, status=JobStatus.model_validate(data))
-            doc = leanreply.normalize(data, leanreply.cached_shape("JobStatus"))
+                return Answer(label, status=JobStatus.model_validate(data), cold_host=cold_host)
+            if shape is None:
+                raise leanreply.Unsure("JobStatus has no shape")
+            doc = leanreply.normalize(data, shape)
             trace.mark("parse")
-            return Answer(label, doc=doc)
+            return Answer(label, doc=doc, cold_host=cold_host)
         except leanreply.Unsure:
             pass
     return _finish(last.host, last.ctid, result, accept_new_host_key=accept_new_host_key)
 
 
-def _finish(host: str, ctid: int, result: transport.CommandResult, *,
+def _prepare_reading(model: bool, meanwhile: t.Callable[[], object] | None) -> Shape | None:
+    """Load what reading the reply needs, then run the caller's ``meanwhile``; the
+    ``JobStatus`` shape for the ``--json`` document (None: ``model``, or no shape).
+    """
+    shape = None
+    if model:
+        from opsctl.remote import models  # noqa: F401  (pydantic: the human view validates)
+    else:
+        from opsctl.remote import leanreply
+
+        try:
+            shape = leanreply.cached_shape("JobStatus")
+        except leanreply.Unsure:
+            shape = None
+    if meanwhile is not None:
+        meanwhile()
+    return shape
+
+
+def keep_warm(answer: Answer) -> None:
+    """Start a mux for the host ``answer`` reached over ssh, for the next command (a no-op
+    when it came through a mux, or with ``OPSCTL_MUX=0``); call it once the answer is out."""
+    if answer.cold_host is not None and mux_socket.enabled():
+        from opsctl.remote import mux_client as mux
+
+        mux.spawn(answer.cold_host)
+
+
+def _finish(host: str, ctid: int, result: cmd.CommandResult, *,
             accept_new_host_key: bool) -> Answer:
     """The full path's reading of a status command that already ran."""
     from opsctl.ops import jobs
     from opsctl.remote.models import JobStatus
 
-    step = agent_step("status")
+    step = cmd.agent_step("status")
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         checked = tgt.remote.check_deadline(result, timeout=STATUS_TIMEOUT_S, step=step)
         checked = tgt.remote.check_pct_result(ctid, checked, step=step)

@@ -8,7 +8,8 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError, UnknownJob
-from opsctl.remote.transport import CommandResult, Remote, missing_in_container, save_log
+from opsctl.remote.command import CommandResult, agent_argv, agent_step
+from opsctl.remote.transport import Remote, missing_in_container, save_log
 from remote_payload import wire
 from remote_payload.wire import ErrorType
 
@@ -158,24 +159,6 @@ class Agent:
                 argv=r.argv, rc=r.rc, stderr_tail=r.stderr_tail(), log_path=str(path))
         return PayloadResult(True, manifest.digest, len(manifest.files), len(data),
                              time.monotonic() - start)
-
-
-#: Verbs that need nothing but the standard library and the payload: their python starts with
-#: ``-S`` (no ``site``: no site-packages scan, no ``.pth`` files, no Debian sitecustomize), a
-#: few ms of every ``status`` poll. The payload comes from PYTHONPATH, which ``-S`` keeps.
-STDLIB_ONLY_VERBS = frozenset({"status"})
-
-
-def agent_argv(root: str, verb: str, *args: str, python: str = "python3") -> list[str]:
-    """The container command that runs one agent verb (its one JSON reply on stdout)."""
-    flags = ["-S"] if verb in STDLIB_ONLY_VERBS else []
-    return ["env", f"PYTHONPATH={root}/payload", python, *flags, "-m", "remote_payload.agent",
-            "--root", root, verb, *args, "--json"]
-
-
-def agent_step(verb: str) -> str:
-    """A verb's step name in errors and saved logs."""
-    return f"agent {verb}"
 
 
 def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> AgentReply:

@@ -42,7 +42,6 @@ unavailable (nothing ran: the client connects directly), ``o``/``e`` output,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import select
@@ -52,35 +51,14 @@ import sys
 import threading
 import time
 import typing as t
-from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.config import paths
 from opsctl.errors import DeadlineExceeded, TransportError
+from opsctl.remote.mux_socket import MuxHost, enabled, lock_path, mux_dir, socket_path
 
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
-
-
-class MuxHost(t.Protocol):
-    """What a call through the mux needs of its host: a :class:`~opsctl.config.inventory.HostSpec`,
-    or the pydantic-free :class:`~opsctl.config.targetcache.CachedHost` of ``status``'s fast path."""
-
-    @property
-    def label(self) -> str: ...
-    @property
-    def user(self) -> str: ...
-    @property
-    def address(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def identity_file(self) -> str | None: ...
-    @property
-    def host_key_fingerprint(self) -> str | None: ...
-    @property
-    def proxy_jump(self) -> str | None: ...
-    def known_hosts_path(self) -> Path: ...
 
 
 class SpawnHost(MuxHost, t.Protocol):
@@ -89,9 +67,6 @@ class SpawnHost(MuxHost, t.Protocol):
     def model_dump_json(self) -> str: ...
 
 
-ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
-ENV_IDLE = "OPSCTL_MUX_IDLE_S"
-DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
 #: How long a client waits for the mux to start the command before going direct.
 START_TIMEOUT_S = 10.0
 #: How long a call waits for a free SSH session on the shared connection before the mux
@@ -102,54 +77,8 @@ QUEUE_WAIT_S = 4.0
 MAX_CONNECTIONS = 4
 EXTRA_IDLE_S = 5.0
 _HDR = struct.Struct("!cI")
-_MAX_SUN_PATH = 100  # AF_UNIX path limit is 108 bytes on Linux; keep a margin
 
 Output = t.Callable[[bytes], None]
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_ENABLE, "1").strip().lower() not in ("0", "no", "false", "off")
-
-
-def idle_s() -> float:
-    try:
-        return max(1.0, float(os.environ.get(ENV_IDLE, DEFAULT_IDLE_S)))
-    except ValueError:
-        return DEFAULT_IDLE_S
-
-
-def mux_dir(create: bool = True) -> Path | None:
-    """``$OPSCTL_HOME/mux`` if it is private to us (0700, ours); else None (go direct)."""
-    d = paths.home() / "mux"
-    try:
-        if create:
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = d.stat()
-    except OSError:
-        return None
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return d
-
-
-def key(spec: MuxHost) -> str:
-    """What a mux connection is bound to: identity and the trust state it verified."""
-    kh = spec.known_hosts_path()
-    try:  # its content, not its stat: a `touch` must not start a second mux
-        kh_state: str | None = hashlib.sha256(kh.read_bytes()).hexdigest()
-    except OSError:
-        kh_state = None
-    ident = [spec.user, spec.address, spec.port, spec.identity_file, spec.host_key_fingerprint,
-             str(kh), kh_state, spec.proxy_jump]
-    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
-
-
-def socket_path(spec: MuxHost, create: bool = True) -> Path | None:
-    d = mux_dir(create)
-    if d is None:
-        return None
-    p = d / f"{key(spec)}.sock"
-    return p if len(os.fsencode(p)) <= _MAX_SUN_PATH else None
 
 
 # --- framing -------------------------------------------------------------------------
@@ -201,15 +130,10 @@ class Frames:
 # --- client --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(t.NamedTuple):  # not a dataclass (imports `inspect`): `status` waits on this
     rc: int
     stdout: bytes
     stderr: bytes
-
-
-def lock_path(sock_path: Path) -> Path:
-    return sock_path.with_suffix(".lock")
 
 
 def _lock_free(sock_path: Path) -> bool:

@@ -22,16 +22,8 @@ from pathlib import Path
 from opsctl.config.inventory import HostSpec
 from opsctl.errors import OpsctlError, TransportError
 from opsctl.remote import channel
-from opsctl.remote.mux_client import (
-    EXTRA_IDLE_S,
-    MAX_CONNECTIONS,
-    QUEUE_WAIT_S,
-    Frames,
-    idle_s,
-    lock_path,
-    send_frame,
-    socket_path,
-)
+from opsctl.remote.mux_client import EXTRA_IDLE_S, MAX_CONNECTIONS, QUEUE_WAIT_S, Frames, send_frame
+from opsctl.remote.mux_socket import idle_s, lock_path, socket_path
 from opsctl.remote.transport import Remote
 
 

@@ -25,6 +25,7 @@ import re
 from opsctl.config.inventory import HostSpec
 from opsctl.errors import RemoteCommandFailed
 from opsctl.remote import transport
+from opsctl.remote.command import CommandResult
 from opsctl.remote.transfer import Progress, TransferStats, run_piped
 
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+(\d+)%")
@@ -90,8 +91,7 @@ def run(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool, step: s
     stderr = res.stderr.decode("utf-8", "replace")
     if res.rc != 0:
         transport.classify_openssh_failure(spec, res.rc, stderr, step)
-        result = transport.CommandResult(tuple(argv), " ".join(argv), res.rc, res.stdout,
-                                         res.stderr, 0.0)
+        result = CommandResult(tuple(argv), " ".join(argv), res.rc, res.stdout, res.stderr, 0.0)
         path = transport.save_log(step, result)
         tail = " | ".join(stderr.strip().splitlines()[-3:])
         raise RemoteCommandFailed(f"{spec.label}: container {ctid}: {step}: rsync failed "

@@ -4,7 +4,7 @@ Why: without a multiplexer, ``status`` paid the pydantic/PyYAML/paramiko imports
 paramiko key exchange (in Python) before its one ``pct exec``: 2.2× a raw
 ``ssh … pct exec 200 -- true`` (README, Speed). OpenSSH does the same handshake in C and
 is already what opsctl runs for attach/shell/forward (:mod:`.sshclient`); here it runs the
-*same* command string (:func:`opsctl.remote.transport.prepare`: argv joined once, the
+*same* command string (:func:`opsctl.remote.command.prepare`: argv joined once, the
 host- and container-side ``timeout`` deadlines inside it).
 
 Trust is unchanged: ssh may only talk to a key that opsctl's own connection accepts
@@ -14,24 +14,33 @@ returns None and the caller takes the paramiko path, which builds opsctl's own e
 (a changed key: exit 12 and its message). A remote command can also exit 255; that case
 then runs twice, which is fine for the read-only calls this serves. Hosts behind a
 ProxyJump never come here: ssh would check the jump hosts its own way.
+
+The call is started (:func:`start`) as soon as the command is known and collected later
+(:meth:`SshCall.result`): what the caller needs to read and print the reply loads while the
+handshake runs, and nothing loads before ``ssh`` starts that only the reply needs. That is
+also why ``ssh`` is started with ``os.posix_spawnp`` and read by :meth:`SshCall.result`'s
+short poll loop rather than through ``subprocess``: importing subprocess (threading,
+locale, signal, selectors) before the spawn cost ~10-15 ms of a first `status` on the
+sandbox with cold caches, and this needs none of its features (no shell, no text mode, no
+input: ssh gets /dev/null).
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import os
 import time
 import typing as t
 
 from opsctl.errors import DeadlineExceeded
-from opsctl.remote import hostkeys
-from opsctl.remote.transport import CommandResult, known_hosts_name
+from opsctl.remote import hostkeys, sshclient
+from opsctl.remote.command import CommandResult, known_hosts_name
 
 if t.TYPE_CHECKING:
-    from opsctl.remote.mux_client import MuxHost
+    from opsctl.remote.mux_socket import MuxHost
 
 #: What ssh exits with when ssh itself failed (and what a remote command rarely does).
 SSH_FAILED_RC = 255
+_READ_SIZE = 65536
 
 
 class SshHost(t.Protocol):
@@ -41,18 +50,89 @@ class SshHost(t.Protocol):
     def connect_timeout_s(self) -> float: ...
 
 
-def run(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
-        what: str) -> CommandResult | None:
-    """``command`` on the host through ``ssh``; None when this lane cannot say (nothing
-    known to have run: the caller takes the paramiko path).
+class SshCall:
+    """One ``ssh`` started by :func:`start`: its pid and the read ends of its stdout and
+    stderr; :meth:`result` waits for it. As a context, it leaves no ``ssh`` behind when the
+    caller fails before collecting it."""
 
-    Raises:
-        DeadlineExceeded: no answer within ``local_deadline`` plus the connect timeout
-            (ssh is killed, which closes the channel; the remote deadlines fire on their own).
-    """
-    from opsctl.remote import sshclient
+    def __init__(self, pid: int, stdout: int, stderr: int, label: str, command: str,
+                 argv: list[str], limit: float | None, what: str):
+        self.pid = pid
+        self.got = {stdout: bytearray(), stderr: bytearray()}  # fd -> what was read
+        self.open_fds = set(self.got)
+        self.out, self.err = stdout, stderr
+        self.rc: int | None = None
+        self.label = label
+        self.command = command
+        self.argv = argv
+        self.limit = limit
+        self.what = what
+        self.started = time.monotonic()
 
-    if spec.proxy_jump or shutil.which("ssh") is None:
+    def __enter__(self) -> SshCall:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.rc is None:  # not collected: an error or Ctrl-C on our side
+            self._kill()
+
+    def _kill(self) -> None:
+        import signal
+
+        self._close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # closes the channel; the remote deadlines fire
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        self.rc = -signal.SIGKILL
+
+    def _close(self) -> None:
+        while self.open_fds:
+            os.close(self.open_fds.pop())
+
+    def result(self) -> CommandResult | None:
+        """What the command did; None when ssh itself failed (exit 255: the caller takes the
+        paramiko path, which says why).
+
+        Raises:
+            DeadlineExceeded: no answer within the local deadline plus the connect timeout
+                (ssh is killed, which closes the channel; the remote deadlines fire on their own).
+        """
+        import select
+
+        poller = select.poll()
+        for fd in self.got:
+            poller.register(fd, select.POLLIN)
+        reading = set(self.got)
+        while reading:
+            left = None if self.limit is None else self.limit - (time.monotonic() - self.started)
+            if left is not None and left <= 0:
+                self._kill()
+                raise DeadlineExceeded(f"{self.label}: {self.what} did not answer within "
+                                       f"{self.limit:g} s; connection to it closed", argv=self.argv)
+            for fd, _ in poller.poll(None if left is None else max(1, int(left * 1000))):
+                data = os.read(fd, _READ_SIZE)
+                if data:
+                    self.got[fd] += data
+                else:  # EOF: ssh closed it (at its exit)
+                    poller.unregister(fd)
+                    reading.discard(fd)
+        self._close()
+        self.rc = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        if self.rc == SSH_FAILED_RC:
+            return None
+        return CommandResult(tuple(self.argv), self.command, self.rc, bytes(self.got[self.out]),
+                             bytes(self.got[self.err]), time.monotonic() - self.started,
+                             via="openssh")
+
+
+def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
+          what: str) -> SshCall | None:
+    """``command`` on the host through ``ssh``, started now; None when this lane cannot take
+    it (a ProxyJump, no ``ssh`` on PATH, no key the paramiko path would accept: nothing was
+    started)."""
+    if spec.proxy_jump:
         return None
     name = known_hosts_name(spec.address, spec.port)
     known = hostkeys.private_file(spec.known_hosts_path(), name, spec.host_key_fingerprint)
@@ -60,17 +140,20 @@ def run(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float |
         return None
     connect_s = float(t.cast(SshHost, spec).connect_timeout_s)
     ssh = sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
-                             command=command)
+                             command=command, program="ssh")
     limit = None if local_deadline is None else local_deadline + connect_s
-    start = time.monotonic()
+    out_r, out_w = os.pipe()  # both ends close-on-exec; dup2 onto 1 and 2 clears it there
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        proc = subprocess.run(ssh, stdin=subprocess.DEVNULL, capture_output=True, timeout=limit)
-    except subprocess.TimeoutExpired:
-        raise DeadlineExceeded(f"{spec.label}: {what} did not answer within {limit:g} s; "
-                               "connection to it closed", argv=argv) from None
-    except OSError:
+        pid = os.posix_spawnp(ssh[0], ssh, os.environ, file_actions=[
+            (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    except OSError:  # no ssh on PATH (or not runnable)
+        os.close(out_r)
+        os.close(err_r)
         return None
-    if proc.returncode == SSH_FAILED_RC:
-        return None
-    return CommandResult(tuple(argv), command, proc.returncode, proc.stdout, proc.stderr,
-                         time.monotonic() - start, via="openssh")
+    finally:
+        for fd in (out_w, err_w, null):
+            os.close(fd)
+    return SshCall(pid, out_r, err_r, spec.label, command, argv, limit, what)

@@ -14,23 +14,22 @@ gives ssh a private known_hosts file holding exactly the key that connection ver
 (``opsctl/config/sshconfig.py``). Jump hosts (``ProxyJump``) are checked by ssh itself
 against the user's own known_hosts (ssh starts the jump with its defaults).
 
-The remote command is the same one string :func:`transport.host_command` builds for every
+The remote command is the same one string :func:`.command.host_command` builds for every
 other call (argv joined once by ``shlex``), so sudo-for-pct and the locale apply unchanged.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import typing as t
 from pathlib import Path
 
 from opsctl.errors import ConfigError
-from opsctl.remote.transport import Remote, host_command, known_hosts_name, pct_argv
+from opsctl.remote.command import host_command, known_hosts_name, pct_argv
 
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
+    from opsctl.remote.transport import Remote
 
 
 def ssh_binary() -> str:
@@ -39,6 +38,8 @@ def ssh_binary() -> str:
     Raises:
         ConfigError: no ``ssh`` on PATH.
     """
+    import shutil  # here and in VerifiedKey: the first `status` builds its argv (sshcall) without it
+
     found = shutil.which("ssh")
     if found is None:
         raise ConfigError("no `ssh` (OpenSSH client) on PATH; attach, shell and forward need it",
@@ -50,6 +51,8 @@ class VerifiedKey:
     """A private known_hosts file with the one host key ``remote`` verified; removed on exit."""
 
     def __init__(self, remote: Remote):
+        import tempfile
+
         key = remote.server_key()
         spec = remote.host
         self._dir = tempfile.mkdtemp(prefix="opsctl-ssh-")
@@ -61,14 +64,24 @@ class VerifiedKey:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        import shutil
+
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def ssh_argv(spec: HostSpec, known_hosts: Path, *, tty: bool = False,
-             options: t.Sequence[str] = (), command: str | None = None) -> list[str]:
+             options: t.Sequence[str] = (), command: str | None = None,
+             program: str | None = None) -> list[str]:
     """``ssh`` with the target's user, port, identity and jump hosts, host keys pinned to
-    ``known_hosts``; ``options`` go before the destination, ``command`` after it."""
-    argv = [ssh_binary(), "-F", "none", "-p", str(spec.port), "-l", spec.user,
+    ``known_hosts``; ``options`` go before the destination, ``command`` after it.
+
+    ``program``: the client to run (default: :func:`ssh_binary`, which says so when there is
+    none; ``sshcall`` passes ``ssh`` and lets the spawn find it).
+
+    Raises:
+        ConfigError: no ``program`` given and no ``ssh`` on PATH.
+    """
+    argv = [program or ssh_binary(), "-F", "none", "-p", str(spec.port), "-l", spec.user,
             "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", "UpdateHostKeys=no",
             "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",

@@ -1,9 +1,9 @@
 """SSH to the Proxmox host and ``pct exec`` into its containers.
 
-This is the one choke point for remote commands: this module is the only code in opsctl
-that calls ``shlex.join`` (:func:`host_command` for every remote command, and
-:func:`rsync_remote_shell` for rsync's ``--rsh``). Every command is an argv list; untrusted
-text never reaches a shell unquoted.
+This is the one choke point for remote commands run over a connection of opsctl's own
+(:meth:`Remote.run`); how a command is spelled (argv joined once, its deadlines inside it)
+is :mod:`opsctl.remote.command`, shared with the mux and the OpenSSH client. Every command is
+an argv list; untrusted text never reaches a shell unquoted.
 
 Design notes
 - A fabric ``Connection`` per ``Remote``, opened lazily on first use (like fabric),
@@ -20,7 +20,6 @@ import base64
 import hashlib
 import os
 import re
-import shlex
 import socket
 import threading
 import time
@@ -41,6 +40,16 @@ from opsctl.errors import (
     TransportError,
 )
 from opsctl.remote import channel
+from opsctl.remote.command import (
+    CommandResult,
+    check_command,
+    host_command,
+    known_hosts_name,
+    local_deadline,
+    pct_argv,
+    prepare,
+    shell_line,
+)
 
 if t.TYPE_CHECKING:
     import fabric
@@ -50,42 +59,14 @@ if t.TYPE_CHECKING:
 
 #: rc of coreutils ``timeout`` when the deadline fired (124) or SIGKILL followed (137).
 TIMEOUT_RCS = frozenset({124, 137})
-#: Grace between the inner (container) and outer (host) deadline, and the local one.
-_OUTER_GRACE_S = 3
-_LOCAL_GRACE_S = 6
 
 Output = t.Callable[[bytes], None]
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What one remote command did."""
-
-    argv: tuple[str, ...]
-    command: str  # the exact string sent to the SSH server
-    rc: int
-    stdout: bytes
-    stderr: bytes
-    elapsed_s: float
-    via: str = "ssh"  # "mux" when a connection multiplexer ran it (opsctl/remote/mux_client.py)
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-    def stderr_tail(self, lines: int = 5) -> str:
-        text = self.stderr.decode("utf-8", "replace").strip().splitlines()
-        return "\n".join(text[-lines:])
 
 
 def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH-style ``SHA256:...`` fingerprint of a host key."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
 
 
 _warned_lines: set[tuple[str, int]] = set()
@@ -470,92 +451,6 @@ class Remote:
                              time.monotonic() - start)
 
 
-def local_deadline(timeout: float | None) -> float | None:
-    """How long the client waits for a command with remote deadline ``timeout``."""
-    return None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
-
-
-class _CommandHost(t.Protocol):
-    @property
-    def label(self) -> str: ...
-    @property
-    def sudo(self) -> bool: ...
-    @property
-    def pct_path(self) -> str: ...
-
-
-def prepare(host: _CommandHost, argv: t.Sequence[t.Any], *, timeout: float | None,
-            step: str = "") -> tuple[list[str], str]:
-    """``argv`` as strings and the one command string sent for it (the first half of
-    :meth:`Remote.run`; the multiplexed fast path of ``status`` sends the same).
-
-    Raises:
-        ConfigError: as :func:`check_command`.
-    """
-    args = [str(a) for a in argv]
-    command = host_command(args, timeout=timeout, sudo=host.sudo, pct_path=host.pct_path)
-    check_command(host.label, step or args[0], args, command)
-    return args, command
-
-
-#: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
-#: ONE argument of ``$SHELL -c``, and Linux caps a single argument at MAX_ARG_STRLEN = 128 KiB
-#: (32 pages); OpenSSH drops the whole connection (``Bad packet length``) when a packet exceeds
-#: 256 KiB, which kills every other command multiplexed on it. 100 KiB keeps
-#: a margin for ``sudo``/``timeout``/``pct exec`` words and the channel-request framing. Bigger
-#: inputs go on stdin.
-MAX_COMMAND_BYTES = 100 * 1024
-
-
-def check_command(host: str, what: str, argv: t.Sequence[str], command: str) -> None:
-    """Refuse, locally, what the remote side cannot take (nothing is sent).
-
-    Raises:
-        ConfigError: a NUL byte in an argument, or a command over :data:`MAX_COMMAND_BYTES`.
-    """
-    nul = [i for i, a in enumerate(argv) if "\0" in a]
-    if nul:
-        raise ConfigError(f"{host}: {what}: argument {nul[0]} contains a NUL byte, which no "
-                          "process can receive; nothing was sent")
-    size = len(command.encode("utf-8", "surrogateescape"))
-    if size > MAX_COMMAND_BYTES:
-        raise ConfigError(f"{host}: {what}: the command is {size} bytes, over the "
-                          f"{MAX_COMMAND_BYTES} bytes a remote command line may have; nothing "
-                          "was sent", hint="pass large input on stdin or in a file instead")
-
-
-def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
-             keep_env: bool = False) -> list[str]:
-    """``pct exec <ct> --keep-env 0|1 -- [timeout …] argv`` (the container-side deadline)."""
-    inner = [str(a) for a in argv]
-    if timeout is not None:
-        inner = ["timeout", "-k", "2", f"{timeout:g}", *inner]
-    return ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
-
-
-#: Real pct decodes every argument with the session's locale before it execs lxc-attach
-#: (pve-common JSONSchema.pm get_options: ``decode('locale', ...)``): under LANG=C each
-#: non-ASCII byte becomes U+FFFD. C.UTF-8 is built into glibc >= 2.35 and every Debian, so
-#: it makes the round trip byte-exact whatever locale the SSH session has.
-HOST_LOCALE = ("env", "LC_ALL=C.UTF-8")
-
-
-def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False,
-                 pct_path: str = "/usr/sbin/pct") -> str:
-    """The one string sent to sshd, joined once by shlex.
-
-    ``env LC_ALL=C.UTF-8 [timeout -k 2 T] [sudo -n <pct_path>|pct] args``: only pct runs
-    under sudo (the usual sudoers rule allows ``/usr/sbin/pct`` alone; allowing ``timeout``
-    would be allowing everything), and by the exact path such a rule names.
-    """
-    wrapped = [str(a) for a in argv]
-    if sudo and wrapped[:1] == ["pct"]:
-        wrapped = ["sudo", "-n", pct_path, *wrapped[1:]]
-    if timeout is not None:
-        wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
-    return shlex.join([*HOST_LOCALE, *wrapped])
-
-
 # --- classification of pct's own failures ---------------------------------------------
 # By pct's exact message (stdout empty), never by its exit code: pct's errors are Perl `die`s
 # whose exit code is whatever errno was left (2 for a missing container, ENOENT from the
@@ -709,7 +604,7 @@ def openssh_argv(spec: HostSpec) -> list[str]:
 
 def rsync_remote_shell(spec: HostSpec) -> str:
     """rsync's ``--rsh`` value: :func:`openssh_argv` joined once (rsync splits it again)."""
-    return shlex.join(openssh_argv(spec))
+    return shell_line(openssh_argv(spec))
 
 
 def container_command(spec: HostSpec, ctid: int, argv: t.Sequence[str], *, step: str) -> str:

@@ -1,4 +1,4 @@
-"""Small helpers every agent verb uses: the failure type and atomic file writes."""
+"""Small helpers every agent verb uses: the failure type, atomic file writes, ``which``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,17 @@ def write_json_atomic(path: str, obj: t.Any) -> None:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def which(name: str) -> str | None:
+    """The program ``name`` on PATH, as ``shutil.which`` finds it. Ours because importing
+    shutil (which loads zlib, bz2 and lzma) was ~1 ms of every ``status`` poll, which needs
+    only this (tmux, nvidia-smi)."""
+    for d in os.get_exec_path():
+        path = os.path.join(d, name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
 
 
 def read_json(path: str, default: t.Any = None) -> t.Any:

@@ -44,7 +44,9 @@ FX_RACE_FIXES = (
 
 
 # NamedTuples, not dataclasses: `dataclasses` imports `inspect`, ~10 ms of every `status`
-# (the agent's start is on the path of every poll; README, Speed).
+# (the agent's start is on the path of every poll; README, Speed). For the same reason the
+# patterns below are strings, compiled on first use by `re`'s own cache: output that passes
+# none of the substring checks compiles none of them (~1.5 ms of each poll).
 
 
 class Finding(t.NamedTuple):
@@ -119,7 +121,7 @@ def _fx_race(ctx: Context) -> Match | None:
         _ev(hits))
 
 
-_STEP_EVENT = re.compile(r'"event"\s*:\s*"step"')
+_STEP_EVENT = r'"event"\s*:\s*"step"'
 #: In both dump-header patterns of probes/stackdump.py (tests/test_status_fast.py checks it).
 _DUMP_HEADER = "(most recent call first):"
 
@@ -133,7 +135,7 @@ def _compile_hang_stacks(ctx: Context) -> Match | None:
     if not stackdump.looks_like_dump(ctx.lines):
         return None
     last_header = max(i for i, ln in enumerate(ctx.lines) if stackdump.looks_like_dump([ln]))
-    if any(_STEP_EVENT.search(ln) for ln in ctx.lines[last_header:]):
+    if any(re.search(_STEP_EVENT, ln) for ln in ctx.lines[last_header:]):
         return None  # training stepped on after the dump: it was not stuck
     dumps = stackdump.parse_dump(ctx.lines)
     if not dumps:
@@ -251,13 +253,13 @@ def _hang_stacks(st: t.Mapping[str, t.Any], quiet_since: float) -> dict[str, t.A
     return hang
 
 
-_OOM_NEW = re.compile(
+_OOM_NEW = (
     r"Tried to allocate (?P<req>[\d.]+ [KMGT]?i?B)\. GPU (?P<gpu>\d+) has a total capac?i?ty of "
     r"(?P<total>[\d.]+ [KMGT]?i?B) of which (?P<free>[\d.]+ (?:[KMGT]?i?B|bytes)) is free\."
     r"(?: Including non-PyTorch memory, this process has (?P<proc>[\d.]+ [KMGT]?i?B) memory in use\.)?"
     r"(?: Of the allocated memory (?P<alloc>[\d.]+ [KMGT]?i?B) is allocated by PyTorch, and "
     r"(?P<reserved>[\d.]+ [KMGT]?i?B) is reserved by PyTorch but unallocated\.)?")
-_OOM_OLD = re.compile(
+_OOM_OLD = (
     r"Tried to allocate (?P<req>[\d.]+ [KMGT]?i?B) \(GPU (?P<gpu>\d+); (?P<total>[\d.]+ [KMGT]?i?B) "
     r"total capacity; (?P<alloc>[\d.]+ [KMGT]?i?B) already allocated; (?P<free>[\d.]+ [KMGT]?i?B) "
     r"free; (?P<reserved>[\d.]+ [KMGT]?i?B) reserved in total by PyTorch\)")
@@ -281,7 +283,7 @@ def _cuda_oom(ctx: Context) -> Match | None:
     if not hits:
         return None
     for ln in reversed(hits):
-        m = _OOM_NEW.search(ln) or _OOM_OLD.search(ln)
+        m = re.search(_OOM_NEW, ln) or re.search(_OOM_OLD, ln)
         if m:
             g = m.groupdict()
             summary = (f"CUDA out of memory on GPU {g['gpu']}: tried to allocate {g['req']} "
@@ -309,7 +311,7 @@ def _cuda_oom(ctx: Context) -> Match | None:
     return Match("CUDA out of memory", _ev(hits))
 
 
-_NCCL_TIMEOUT = re.compile(
+_NCCL_TIMEOUT = (
     r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>.*?)\) ran for "
     r"(?P<ms>\d+) milliseconds before timing out")
 
@@ -318,7 +320,7 @@ def _nccl_timeout(ctx: Context) -> Match | None:
     hits = ctx.grep("Watchdog caught collective operation timeout", "timed out in blocking wait")
     if not hits:
         return None
-    m = next((m for ln in reversed(hits) if (m := _NCCL_TIMEOUT.search(ln))), None)
+    m = next((m for ln in reversed(hits) if (m := re.search(_NCCL_TIMEOUT, ln))), None)
     if m is None:
         return Match("NCCL collective timed out", _ev(hits))
     work = dict(kv.split("=", 1) for kv in m.group("work").split(", ") if "=" in kv)
@@ -329,7 +331,7 @@ def _nccl_timeout(ctx: Context) -> Match | None:
         _ev(hits))
 
 
-_NCCL_ERROR = re.compile(r"NCCL error in: (?P<where>\S+?),? (?P<what>[^,(]+)")
+_NCCL_ERROR = r"NCCL error in: (?P<where>\S+?),? (?P<what>[^,(]+)"
 _NCCL_CODES = ("ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
                "ncclInvalidUsage", "ncclRemoteError", "ncclInvalidArgument")
 
@@ -340,7 +342,7 @@ def _nccl_error(ctx: Context) -> Match | None:
     if not hits:
         return None
     code = next((c for ln in hits for c in _NCCL_CODES if c in ln), None)
-    m = next((m for ln in reversed(hits) if (m := _NCCL_ERROR.search(ln))), None)
+    m = next((m for ln in reversed(hits) if (m := re.search(_NCCL_ERROR, ln))), None)
     what = m.group("what").strip() if m else "error"
     return Match(f"NCCL {what}" + (f" ({code})" if code else ""), _ev(hits))
 
@@ -353,20 +355,20 @@ def _flex_uncompiled(ctx: Context) -> Match | None:
                  "matrix (the incident's 4.6 Ktok/s instead of ~20 Ktok/s)", _ev(hits))
 
 
-_RECOMPILE = re.compile(r"torch\._?dynamo hit (?:config\.)?(?P<kind>recompile_limit|cache_size_limit|"
-                        r"accumulated_recompile_limit|accumulated_cache_size_limit)"
-                        r"|hit recompilation cache limit")
-_RECOMPILE_FN = re.compile(r"function: '(?P<fn>[^']+)' \((?P<where>[^)]*)\)")
+_RECOMPILE = (r"torch\._?dynamo hit (?:config\.)?(?P<kind>recompile_limit|cache_size_limit|"
+              r"accumulated_recompile_limit|accumulated_cache_size_limit)"
+              r"|hit recompilation cache limit")
+_RECOMPILE_FN = r"function: '(?P<fn>[^']+)' \((?P<where>[^)]*)\)"
 
 
 def _recompile_limit(ctx: Context) -> Match | None:
     hits = ctx.grep("hit config.", "recompile_limit", "cache_size_limit", "recompilation cache limit")
-    hits = [ln for ln in hits if _RECOMPILE.search(ln) or "function: '" in ln
+    hits = [ln for ln in hits if re.search(_RECOMPILE, ln) or "function: '" in ln
             or "last reason:" in ln or "recompile_limit reached" in ln]
-    if not any(_RECOMPILE.search(ln) or "recompile_limit reached" in ln for ln in hits):
+    if not any(re.search(_RECOMPILE, ln) or "recompile_limit reached" in ln for ln in hits):
         return None
     more = [ln for ln in ctx.lines if "function: '" in ln or "last reason:" in ln]
-    fns = sorted({m.group("fn") for ln in more if (m := _RECOMPILE_FN.search(ln))})
+    fns = sorted({m.group("fn") for ln in more if (m := re.search(_RECOMPILE_FN, ln))})
     return Match("torch._dynamo hit its recompile limit"
                  + (f" for {', '.join(repr(f) for f in fns)}" if fns else "")
                  + ": that code now runs uncompiled (slow path)", _ev(hits + more))
@@ -398,17 +400,17 @@ def _cuda_mismatch(ctx: Context) -> Match | None:
     return Match(summary, _ev(hits))
 
 
-_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '(?P<mod>[^']+)'")
-_NO_NAME = re.compile(r"ImportError: cannot import name '(?P<name>[^']+)' from '(?P<mod>[^']+)'")
+_NO_MODULE = r"ModuleNotFoundError: No module named '(?P<mod>[^']+)'"
+_NO_NAME = r"ImportError: cannot import name '(?P<name>[^']+)' from '(?P<mod>[^']+)'"
 
 
 def _missing_module(ctx: Context) -> Match | None:
     hits = ctx.grep("ModuleNotFoundError", "ImportError: cannot import name")
     if not hits:
         return None
-    mods = [m.group("mod") for ln in hits if (m := _NO_MODULE.search(ln))]
+    mods = [m.group("mod") for ln in hits if (m := re.search(_NO_MODULE, ln))]
     names = [f"{m.group('name')} from {m.group('mod')}" for ln in hits
-             if (m := _NO_NAME.search(ln))]
+             if (m := re.search(_NO_NAME, ln))]
     if not mods and not names:
         return None
     hint = ("Install it into the job's env (envs/current, see `opsctl envs`) or fix PYTHONPATH / "
@@ -442,7 +444,7 @@ _SIGNAL_MEANING = {
 }
 
 
-_KILLED_LINE = re.compile(r"^(?:.*: line \d+: +\d+ )?Killed\b")  # bash's report of a SIGKILL
+_KILLED_LINE = r"^(?:.*: line \d+: +\d+ )?Killed\b"  # bash's report of a SIGKILL
 
 
 def _killed_by_signal(ctx: Context) -> Match | None:
@@ -457,7 +459,7 @@ def _killed_by_signal(ctx: Context) -> Match | None:
             sig = _signal.Signals(num).name
         except ValueError:
             sig = f"signal {num}"
-    killed_lines = [ln for ln in ctx.lines[-20:] if _KILLED_LINE.match(ln.strip())]
+    killed_lines = [ln for ln in ctx.lines[-20:] if re.match(_KILLED_LINE, ln.strip())]
     if not sig and killed_lines and not st.get("alive"):
         sig = "SIGKILL"
     if not sig:
@@ -539,7 +541,7 @@ def _gpus_busy_at_launch(ctx: Context) -> Match | None:
                  + (" (launched with --force)" if forced else ""), _ev(ev))
 
 
-_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<msg>.*))?$")
+_EXC_LINE = r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (?P<msg>.*))?$"
 
 
 def _python_exception(ctx: Context) -> Match | None:
@@ -547,7 +549,7 @@ def _python_exception(ctx: Context) -> Match | None:
     if st.get("state") != "FAILED":
         return None
     for ln in reversed(ctx.lines):
-        m = _EXC_LINE.match(ln.strip())
+        m = re.match(_EXC_LINE, ln.strip())
         if m:
             msg = (m.group("msg") or "").strip()
             return Match(f"The job failed with {m.group('type')}" + (f": {msg}" if msg else ""),

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
 import typing as t
+
+from remote_payload.agent.common import which
 
 QUERY_FIELDS = ("index,name,utilization.gpu,memory.used,memory.total,"
                 "temperature.gpu,power.draw")
@@ -134,7 +135,7 @@ class GpuQuery:
     def __init__(self, smi: str | None = None):
         self._done: tuple[list[Gpu], str | None] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        smi = smi or shutil.which("nvidia-smi")
+        smi = smi or which("nvidia-smi")
         if smi is None:
             self._done = (_nvml_query() or [], None)
             return
@@ -246,7 +247,7 @@ def preflight(needed: list[int] | None, own_pids: t.Collection[int] = (), smi: s
     that just died (a job stopped for --replace) frees it late. ``{"needed", "busy": [...],
     "error"}``; no nvidia-smi is no GPU, not an error.
     """
-    smi = smi or shutil.which("nvidia-smi")
+    smi = smi or which("nvidia-smi")
     deadline = time.monotonic() + settle_s
     while True:
         out = _preflight_once(needed, own_pids, smi, memory)

@@ -8,11 +8,11 @@ builder). Reading a pane is a plain ``tmux capture-pane`` subprocess because
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import typing as t
 
 from remote_payload import wire
+from remote_payload.agent.common import which
 
 DEFAULT_SOCKET = wire.DEFAULT_TMUX_SOCKET
 SESSION_PREFIX = "opsctl-"
@@ -81,7 +81,7 @@ def start_session(socket: str, session: str, argv: t.Sequence[str], cwd: str) ->
 
 def kill_session(socket: str, session: str) -> bool:
     """Kill one session; False when it did not exist."""
-    tmux = shutil.which("tmux")
+    tmux = which("tmux")
     if tmux is None:
         return False
     proc = subprocess.run([tmux, "-L", socket, "kill-session", "-t", f"={session}"],
@@ -92,7 +92,7 @@ def kill_session(socket: str, session: str) -> bool:
 
 def dead_sessions(socket: str) -> list[str]:
     """Names of opsctl sessions whose pane has exited (kept by ``remain-on-exit``)."""
-    tmux = shutil.which("tmux")
+    tmux = which("tmux")
     if tmux is None:
         return []
     proc = subprocess.run([tmux, "-L", socket, "list-panes", "-a", "-F",
@@ -114,7 +114,7 @@ class PaneCapture:
         self.lines = lines
         self.proc: subprocess.Popen[bytes] | None = None
         self.error: str | None = None
-        tmux = shutil.which("tmux")
+        tmux = which("tmux")
         if tmux is None:
             self.error = "tmux not installed"
             return
@@ -149,7 +149,7 @@ class PaneCapture:
 
 def version() -> str | None:
     """``tmux -V`` output (e.g. ``tmux 3.3a``) or None when tmux is missing."""
-    tmux = shutil.which("tmux")
+    tmux = which("tmux")
     if tmux is None:
         return None
     proc = subprocess.run([tmux, "-V"], capture_output=True, text=True, timeout=_TMUX_TIMEOUT_S)

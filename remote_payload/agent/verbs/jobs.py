@@ -8,8 +8,6 @@ imports nothing heavy (no libtmux) and overlaps its subprocesses.
 
 from __future__ import annotations
 
-import argparse
-import base64
 import json
 import os
 import sys
@@ -21,6 +19,9 @@ from remote_payload.agent import history
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
+
+if t.TYPE_CHECKING:
+    import argparse
 
 JobState = jobs.JobState
 
@@ -190,17 +191,19 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         "now": now,
         **_babysitting(rec),
     }
-    if pane is not None:
-        doc["pane_tail"] = pane.result()
-        doc["tmux"]["error"] = pane.error
     if gpu_query is not None:
         doc["gpus"], doc["gpu_error"] = gpu_query.result()
     elif sample is not None:
         doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
+    # while tmux captures the pane (a process start, the slowest part of a status): diagnosis
+    # and history, which do not read the pane
     doc["hang_threshold_s"] = _hang_threshold(doc)
     doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
     if live:
         doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
+    if pane is not None:
+        doc["pane_tail"] = pane.result()
+        doc["tmux"]["error"] = pane.error
     return doc
 
 
@@ -495,6 +498,8 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | Non
     The state is read *before* the bytes: a terminal state plus ``eof`` means
     the follower has everything.
     """
+    from base64 import b64encode  # here: `status` (every poll) never needs it
+
     from remote_payload.agent import outindex
 
     if offset < 0 or max_bytes <= 0 or (tail is not None and tail < 0):
@@ -524,7 +529,7 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | Non
         data, size = b"", 0
     next_offset = offset + len(data)
     return {"job_id": job_id, "offset": offset, "next_offset": next_offset,
-            "data_b64": base64.b64encode(data).decode("ascii"), "eof": next_offset >= size,
+            "data_b64": b64encode(data).decode("ascii"), "eof": next_offset >= size,
             "size": size, "state": rec.state.value, "terminal": rec.state.is_terminal(),
             "exit_code": (rec.exit or {}).get("exit_code", rec.status.get("exit_code")),
             "signal": (rec.exit or {}).get("signal", rec.status.get("signal")),

@@ -1,0 +1,162 @@
+"""How a remote command is spelled: an argv list, the one string sshd runs for it, and what
+it did.
+
+This is the one place in opsctl that calls ``shlex.join`` (:func:`shell_line`): every remote
+command is an argv list, joined once, with its deadlines inside it (:func:`host_command`,
+:func:`pct_argv`), whichever way it then travels (paramiko in :mod:`.transport`, a mux in
+:mod:`.mux_client`, the OpenSSH client in :mod:`.sshcall`). Untrusted text never reaches a
+shell unquoted.
+
+Why a module apart from :mod:`.transport` (the connection): the first `opsctl status` of a
+session starts its ``ssh`` as soon as it knows the command (README, Speed), and spelling it
+must not first import what a connection needs (sockets, threads, paramiko's helpers).
+"""
+
+from __future__ import annotations
+
+import shlex
+import typing as t
+
+from opsctl.errors import ConfigError
+
+#: Grace between the inner (container) and outer (host) deadline, and the local one.
+_OUTER_GRACE_S = 3
+_LOCAL_GRACE_S = 6
+
+
+class CommandResult(t.NamedTuple):
+    """What one remote command did."""
+
+    argv: tuple[str, ...]
+    command: str  # the exact string sent to the SSH server
+    rc: int
+    stdout: bytes
+    stderr: bytes
+    elapsed_s: float
+    via: str = "ssh"  # "mux" (opsctl/remote/mux_client.py) or "openssh" (opsctl/remote/sshcall.py)
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def stderr_tail(self, lines: int = 5) -> str:
+        text = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        return "\n".join(text[-lines:])
+
+
+def shell_line(argv: t.Sequence[str]) -> str:
+    """``argv`` as one shell command line (the only ``shlex.join`` in opsctl)."""
+    return shlex.join(argv)
+
+
+def local_deadline(timeout: float | None) -> float | None:
+    """How long the client waits for a command with remote deadline ``timeout``."""
+    return None if timeout is None else timeout + _OUTER_GRACE_S + _LOCAL_GRACE_S
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The host's name in a known_hosts file (``[address]:port`` off port 22)."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class CommandHost(t.Protocol):
+    """What spelling a command needs of its host (a ``HostSpec`` or a cached target)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def sudo(self) -> bool: ...
+    @property
+    def pct_path(self) -> str: ...
+
+
+def prepare(host: CommandHost, argv: t.Sequence[t.Any], *, timeout: float | None,
+            step: str = "") -> tuple[list[str], str]:
+    """``argv`` as strings and the one command string sent for it (the first half of
+    :meth:`opsctl.remote.transport.Remote.run`; ``status``'s fast lane sends the same).
+
+    Raises:
+        ConfigError: as :func:`check_command`.
+    """
+    args = [str(a) for a in argv]
+    command = host_command(args, timeout=timeout, sudo=host.sudo, pct_path=host.pct_path)
+    check_command(host.label, step or args[0], args, command)
+    return args, command
+
+
+#: Largest command string sent to sshd (bytes). The binding limits: sshd runs the command as
+#: ONE argument of ``$SHELL -c``, and Linux caps a single argument at MAX_ARG_STRLEN = 128 KiB
+#: (32 pages); OpenSSH drops the whole connection (``Bad packet length``) when a packet exceeds
+#: 256 KiB, which kills every other command multiplexed on it. 100 KiB keeps
+#: a margin for ``sudo``/``timeout``/``pct exec`` words and the channel-request framing. Bigger
+#: inputs go on stdin.
+MAX_COMMAND_BYTES = 100 * 1024
+
+
+def check_command(host: str, what: str, argv: t.Sequence[str], command: str) -> None:
+    """Refuse, locally, what the remote side cannot take (nothing is sent).
+
+    Raises:
+        ConfigError: a NUL byte in an argument, or a command over :data:`MAX_COMMAND_BYTES`.
+    """
+    nul = [i for i, a in enumerate(argv) if "\0" in a]
+    if nul:
+        raise ConfigError(f"{host}: {what}: argument {nul[0]} contains a NUL byte, which no "
+                          "process can receive; nothing was sent")
+    size = len(command.encode("utf-8", "surrogateescape"))
+    if size > MAX_COMMAND_BYTES:
+        raise ConfigError(f"{host}: {what}: the command is {size} bytes, over the "
+                          f"{MAX_COMMAND_BYTES} bytes a remote command line may have; nothing "
+                          "was sent", hint="pass large input on stdin or in a file instead")
+
+
+def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
+             keep_env: bool = False) -> list[str]:
+    """``pct exec <ct> --keep-env 0|1 -- [timeout …] argv`` (the container-side deadline)."""
+    inner = [str(a) for a in argv]
+    if timeout is not None:
+        inner = ["timeout", "-k", "2", f"{timeout:g}", *inner]
+    return ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
+
+
+#: Real pct decodes every argument with the session's locale before it execs lxc-attach
+#: (pve-common JSONSchema.pm get_options: ``decode('locale', ...)``): under LANG=C each
+#: non-ASCII byte becomes U+FFFD. C.UTF-8 is built into glibc >= 2.35 and every Debian, so
+#: it makes the round trip byte-exact whatever locale the SSH session has.
+HOST_LOCALE = ("env", "LC_ALL=C.UTF-8")
+
+
+def host_command(argv: t.Sequence[str], *, timeout: float | None = None, sudo: bool = False,
+                 pct_path: str = "/usr/sbin/pct") -> str:
+    """The one string sent to sshd, joined once by shlex.
+
+    ``env LC_ALL=C.UTF-8 [timeout -k 2 T] [sudo -n <pct_path>|pct] args``: only pct runs
+    under sudo (the usual sudoers rule allows ``/usr/sbin/pct`` alone; allowing ``timeout``
+    would be allowing everything), and by the exact path such a rule names.
+    """
+    wrapped = [str(a) for a in argv]
+    if sudo and wrapped[:1] == ["pct"]:
+        wrapped = ["sudo", "-n", pct_path, *wrapped[1:]]
+    if timeout is not None:
+        wrapped = ["timeout", "-k", "2", f"{timeout + _OUTER_GRACE_S:g}", *wrapped]
+    return shell_line([*HOST_LOCALE, *wrapped])
+
+
+# --- agent verbs ---------------------------------------------------------------------------
+
+#: Verbs that need nothing but the standard library and the payload: their python starts with
+#: ``-S`` (no ``site``: no site-packages scan, no ``.pth`` files, no Debian sitecustomize), a
+#: few ms of every ``status`` poll. The payload comes from PYTHONPATH, which ``-S`` keeps.
+STDLIB_ONLY_VERBS = frozenset({"status"})
+
+
+def agent_argv(root: str, verb: str, *args: str, python: str = "python3") -> list[str]:
+    """The container command that runs one agent verb (its one JSON reply on stdout)."""
+    flags = ["-S"] if verb in STDLIB_ONLY_VERBS else []
+    return ["env", f"PYTHONPATH={root}/payload", python, *flags, "-m", "remote_payload.agent",
+            "--root", root, verb, *args, "--json"]
+
+
+def agent_step(verb: str) -> str:
+    """A verb's step name in errors and saved logs."""
+    return f"agent {verb}"

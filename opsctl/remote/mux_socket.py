@@ -1,0 +1,102 @@
+"""Where a host's connection multiplexer listens: the ``OPSCTL_MUX`` switch, the private
+directory, and the socket's name, bound to the host's identity and trust state.
+
+Apart from :mod:`.mux_client` (the calls, over a Unix socket, with threads) so that a
+command that finds no mux to call (the first of a session, ``OPSCTL_MUX=0``) knows it
+without loading them, and its ``ssh`` starts sooner (README, Speed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import typing as t
+from pathlib import Path
+
+from opsctl.config import paths
+
+
+class MuxHost(t.Protocol):
+    """What a call through the mux needs of its host: a :class:`~opsctl.config.inventory.HostSpec`,
+    or the pydantic-free :class:`~opsctl.config.targetcache.CachedHost` of ``status``'s fast path."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def identity_file(self) -> str | None: ...
+    @property
+    def host_key_fingerprint(self) -> str | None: ...
+    @property
+    def proxy_jump(self) -> str | None: ...
+    def known_hosts_path(self) -> Path: ...
+
+
+ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
+ENV_IDLE = "OPSCTL_MUX_IDLE_S"
+DEFAULT_IDLE_S = 600.0  # like a typical ControlPersist 10m: `status` every few minutes stays warm
+_MAX_SUN_PATH = 100  # AF_UNIX path limit is 108 bytes on Linux; keep a margin
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_ENABLE, "1").strip().lower() not in ("0", "no", "false", "off")
+
+
+def idle_s() -> float:
+    try:
+        return max(1.0, float(os.environ.get(ENV_IDLE, DEFAULT_IDLE_S)))
+    except ValueError:
+        return DEFAULT_IDLE_S
+
+
+def mux_dir(create: bool = True) -> Path | None:
+    """``$OPSCTL_HOME/mux`` if it is private to us (0700, ours); else None (go direct)."""
+    d = paths.home() / "mux"
+    try:
+        if create:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = d.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return d
+
+
+def key(spec: MuxHost) -> str:
+    """What a mux connection is bound to: identity and the trust state it verified."""
+    kh = spec.known_hosts_path()
+    try:  # its content, not its stat: a `touch` must not start a second mux
+        kh_state: str | None = hashlib.sha256(kh.read_bytes()).hexdigest()
+    except OSError:
+        kh_state = None
+    ident = [spec.user, spec.address, spec.port, spec.identity_file, spec.host_key_fingerprint,
+             str(kh), kh_state, spec.proxy_jump]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
+
+
+def socket_path(spec: MuxHost, create: bool = True) -> Path | None:
+    d = mux_dir(create)
+    if d is None:
+        return None
+    p = d / f"{key(spec)}.sock"
+    return p if len(os.fsencode(p)) <= _MAX_SUN_PATH else None
+
+
+def maybe_live(spec: MuxHost) -> bool:
+    """A mux for ``spec`` may be up (its socket file is there); False: none is, go direct.
+    Only a call finds out whether it answers (:func:`.mux_client.call`)."""
+    if not enabled():
+        return False
+    p = socket_path(spec, create=False)
+    return p is not None and p.exists()
+
+
+def lock_path(sock_path: Path) -> Path:
+    return sock_path.with_suffix(".lock")
