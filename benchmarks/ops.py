@@ -1,7 +1,7 @@
 """Operational speed of opsctl on the sandbox, side by side in one run (issue 2 targets).
 
     python3 benchmarks/ops.py [--runs 10] [--json out.json] [--opsctl PATH] [--status-only]
-                              [--baseline PATH]
+                              [--baseline PATH] [--human]
 
 ``--opsctl``: the ``opsctl`` to measure (default: the console script beside this python, so a
 pyenv shim's own start-up is never counted). ``--baseline``: a second ``opsctl`` (e.g. a normal
@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--json", dest="json_out")
     ap.add_argument("--opsctl", default=None, help="the opsctl program to measure")
     ap.add_argument("--status-only", action="store_true", help="only the status round trips")
+    ap.add_argument("--human", action="store_true",
+                    help="also the human `status` (no --json), warm and cold, in the same runs")
     ap.add_argument("--baseline", default=None,
                     help="another opsctl whose status is measured in the same runs (own home and root)")
     args = ap.parse_args()
@@ -120,12 +122,20 @@ def main() -> None:
     raw: list[float] = []
     warm: list[list[float]] = [[] for _ in measured]
     cold: list[list[float]] = [[] for _ in measured]
+    human: dict[str, list[float]] = {"warm": [], "cold": []}
     for _ in range(args.runs):  # interleaved: a load spike hits all of them alike
         raw.append(timed(raw_argv, env)[0])
         for i, (prog, penv) in enumerate(measured):
             warm[i].append(timed([*prog, "status", "--json"], penv)[0])
             cold[i].append(timed([*prog, "status", "--json"], {**penv, "OPSCTL_MUX": "0"})[0])
+        if args.human:
+            human["warm"].append(timed([*opsctl, "status"], env)[0])
+            human["cold"].append(timed([*opsctl, "status"], {**env, "OPSCTL_MUX": "0"})[0])
     raw_s = results["raw_ssh_pct_exec_true_s"] = statistics.median(raw)
+    for kind, times in human.items():
+        if times:
+            results[f"opsctl_status_human_{kind}_s"] = statistics.median(times)
+            results[f"status_human_{kind}_ratio"] = statistics.median(times) / raw_s
     for i, (name, ratio) in enumerate([("opsctl", ""), ("baseline", "baseline_")][:len(measured)]):
         results[f"{name}_status_json_s"] = statistics.median(warm[i])
         results[f"{ratio}status_ratio"] = statistics.median(warm[i]) / raw_s

@@ -95,9 +95,14 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
     trace.mark("target")
     result = None
     shape: Shape | None = None
+    reading: _Meanwhile | None = None
     if mux_socket.maybe_live(spec):
         from opsctl.remote import mux_client as mux
 
+        # the human view's readers and output (pydantic, rich: ~150 ms) load in a thread while
+        # this one waits on the mux socket; the --json ones (~10 ms) after, not worth a thread
+        if model:
+            reading = _Meanwhile(lambda: _prepare_reading(model, meanwhile))
         start = time.monotonic()
         reply = mux.call(spec, command, stdin=None, on_stdout=None, on_stderr=None,
                          local_deadline=deadline, argv=argv, what=step)
@@ -105,7 +110,8 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             result = cmd.CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
                                        time.monotonic() - start, via="mux")
             trace.mark("mux round trip")
-            shape = _prepare_reading(model, meanwhile)
+            shape = reading.result() if reading else _prepare_reading(model, meanwhile)
+            trace.mark("imports" if reading is None else "imports (waited for)")
     cold_host = None
     if result is None:
         from opsctl.remote import sshcall  # not on the warm path: subprocess, hmac, ssh argv
@@ -115,7 +121,7 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             return None
         with call:
             trace.mark("ssh start")
-            shape = _prepare_reading(model, meanwhile)
+            shape = reading.result() if reading else _prepare_reading(model, meanwhile)
             trace.mark("imports while ssh runs")
             result = call.result()
         if result is None:
@@ -140,6 +146,33 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
         except leanreply.Unsure:
             pass
     return _finish(last.host, last.ctid, result, accept_new_host_key=accept_new_host_key)
+
+
+class _Meanwhile:
+    """``fn()`` in a daemon thread, started now; :meth:`result` joins it and returns what it
+    returned (or raises what it raised). Only imports run there: the GIL is free while the
+    calling thread waits on a socket, so they cost the round trip nothing on a remote host."""
+
+    def __init__(self, fn: t.Callable[[], Shape | None]):
+        import threading
+
+        self.value: Shape | None = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.value = fn()
+            except BaseException as exc:  # re-raised in the caller's thread
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, name="status-imports", daemon=True)
+        self.thread.start()
+
+    def result(self) -> Shape | None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _prepare_reading(model: bool, meanwhile: t.Callable[[], object] | None) -> Shape | None:
