@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -192,3 +193,16 @@ def test_an_unknown_job_is_the_same_error_document_through_the_fast_lane_and_wit
     assert not direct_spy["replies"]
     assert (spy["code"], json.loads(fast)) == (direct_spy["code"], json.loads(direct))
     assert spy["code"] == 26
+
+
+def test_the_human_status_through_a_warm_mux_reads_as_without_it(warm_target):
+    # its pydantic/rich imports run in a thread during the mux call: same view, same exit
+    fast, spy = _spied("status")
+    assert spy["replies"], "it went through the mux"
+    direct, direct_spy = _spied("status", mux_on=False)
+    assert spy["code"] in (0, None) and direct_spy["code"] in (0, None), (fast, direct)
+
+    def shape(text: str) -> list[str]:  # ages and durations move between the two calls
+        return [re.sub(r"\d+", "#", line) for line in text.splitlines()]
+
+    assert "fast-status" in fast and shape(fast) == shape(direct), (fast, direct)
