@@ -139,14 +139,20 @@ def test_job_ids_complete_from_the_targets_container(target):
 
 # --- logs -f across a killed sshd ---------------------------------------------------------
 
-# About 6 s of output with bytes a text pipe would mangle: invalid UTF-8, CR, no final newline.
-CHATTY = textwrap.dedent("""
-    import sys, time
+# Output with bytes a text pipe would mangle: invalid UTF-8, CR, no final newline. Halfway it
+# waits for GO to exist, so the follower is still following when the test cuts its connection
+# (on a loaded machine a job that just ran through could end before the follower connected).
+GO = "/tmp/opsctl-test-logs-f-go"
+CHATTY = textwrap.dedent(f"""
+    import os, sys, time
     out = sys.stdout.buffer
     for i in range(60):
         out.write(b"line %04d \\xff\\xfe\\r\\x1b[0m " % i + bytes(range(32, 127)) + b"\\n")
         out.flush()
-        time.sleep(0.1)
+        time.sleep(0.05)
+        deadline = time.monotonic() + 120
+        while i == 29 and not os.path.exists({GO!r}) and time.monotonic() < deadline:
+            time.sleep(0.05)
     out.write(b"the end, no newline")
     out.flush()
 """)
@@ -155,6 +161,7 @@ CHATTY = textwrap.dedent("""
 @pytest.mark.skipif(not os.path.exists("/usr/bin/ss"), reason="needs ss (iproute2)")
 def test_logs_follow_survives_a_killed_sshd_and_is_byte_exact(sandbox, isolated_env, tmp_path):
     use_private_root(sandbox, isolated_env, "/opt/opsctl-test-logs-f")
+    run("exec", *T, "--", "rm", "-f", GO)
     res = run("deploy", *T, "--playbook", book(tmp_path, "chatty", CHATTY), "--replace", "-d",
               "--json")
     job = json.loads(res.stdout)["job_id"]
@@ -167,6 +174,7 @@ def test_logs_follow_survives_a_killed_sshd_and_is_byte_exact(sandbox, isolated_
         os.kill(listener, signal.SIGTERM)  # ...and no new one is accepted
         time.sleep(1.5)  # its retries are refused meanwhile
         assert sandbox_mod.up(sandbox_home(), containers=(200,)).port == sandbox.port
+        assert run("exec", *T, "--", "touch", GO).exit_code == 0  # the job's second half
         rest, err = follower.communicate(timeout=60)
         out = first + rest
     finally:
