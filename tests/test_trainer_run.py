@@ -125,10 +125,26 @@ def test_warmup_only_reports_every_bucket_and_exits(capsys, tmp_path):
 
 
 def _spawn(*argv: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    # the job site hook arms faulthandler on SIGUSR1 in every rank, as for an opsctl job
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "remote_payload" / "sitehook"),
+                                                        str(ROOT)]),
+           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "remote_payload.trainer", *FAST, *argv],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **kw)
+                            text=True, start_new_session=True, **kw)
+
+
+def _finish(p: subprocess.Popen, timeout_s: float) -> str:
+    """The output of ``p`` once it exits; past ``timeout_s`` a hang fails the test with every
+    rank's stacks (SIGUSR1 to the process group, then SIGKILL)."""
+    try:
+        return p.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGUSR1)
+        time.sleep(2)
+        os.killpg(p.pid, signal.SIGKILL)
+        out = p.communicate()[0]
+        pytest.fail(f"no exit within {timeout_s:g} s; output and stacks:\n{out[-12000:]}")
 
 
 def test_sigint_saves_a_checkpoint_and_exits_0(tmp_path):
@@ -155,7 +171,7 @@ def test_sigint_saves_a_checkpoint_and_exits_0(tmp_path):
 def test_gloo_ranks_train_and_keep_drafter_replicas_identical(tmp_path, topology):
     p = _spawn(*topology, "--steps", "4", "--token-budget", "384", "--check-replicas",
                "--out-dir", str(tmp_path))
-    out, _ = p.communicate(timeout=120)
+    out = _finish(p, 120)
     ev = _events(out)
     assert p.returncode == 0, out[-3000:]
     assert [e["step"] for e in ev if e["event"] == "step"] == [1, 2, 3, 4], ev
