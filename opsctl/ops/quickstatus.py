@@ -96,6 +96,10 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
     result = None
     shape: Shape | None = None
     reading: _Meanwhile | None = None
+
+    def ready_to_read() -> Shape | None:  # what reading the reply needs, loaded
+        return reading.result() if reading else _prepare_reading(model, meanwhile)
+
     if mux_socket.maybe_live(spec):
         from opsctl.remote import mux_client as mux
 
@@ -110,7 +114,7 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             result = cmd.CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
                                        time.monotonic() - start, via="mux")
             trace.mark("mux round trip")
-            shape = reading.result() if reading else _prepare_reading(model, meanwhile)
+            shape = ready_to_read()
             trace.mark("imports" if reading is None else "imports (waited for)")
     cold_host = None
     if result is None:
@@ -121,7 +125,7 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             return None
         with call:
             trace.mark("ssh start")
-            shape = reading.result() if reading else _prepare_reading(model, meanwhile)
+            shape = ready_to_read()
             trace.mark("imports while ssh runs")
             result = call.result()
         if result is None:

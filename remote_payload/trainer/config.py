@@ -146,6 +146,10 @@ def _h(text: str) -> dict[str, str]:
     return {"help": text}
 
 
+#: DDP gradient bucket (MiB) among drafter ranks: ``--ddp-bucket-mb``'s default (README, Second pass).
+DDP_BUCKET_MB = 512
+
+
 @dataclass
 class TrainArgs:
     preset: str = field(default="tiny", metadata=_h("model shape: " + ", ".join(PRESETS)))
@@ -182,7 +186,7 @@ class TrainArgs:
     compile: str = field(default="auto", metadata=_h("auto | on | off (auto: on for cuda)"))
     dtype: str = field(default="auto", metadata=_h("auto | bf16 | fp32 autocast (auto: bf16 on cuda)"))
     ce_chunk: int = field(default=4096, metadata=_h("block tokens per LM-head cross-entropy chunk"))
-    ddp_bucket_mb: int = field(default=512, metadata=_h(
+    ddp_bucket_mb: int = field(default=DDP_BUCKET_MB, metadata=_h(
         "DDP gradient bucket size in MiB among drafter ranks (torch's bucket_cap_mb, default 25 "
         "there). Compiled, the drafter's graph is split at every bucket boundary so that each "
         "all-reduce overlaps backward: 512 MiB makes ~8 pieces of the 8B drafter instead of ~30 "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .config import DrafterConfig
+from .config import DDP_BUCKET_MB, DrafterConfig
 from .data import Batch, block_inputs
 from .model import Drafter, _ce_chunk, dense_mask, flex_block_mask, lm_head_loss, loss_weights
 
@@ -39,7 +39,7 @@ class Engine:
     def __init__(self, cfg: DrafterConfig, *, attn: str, device: torch.device,
                  autocast_dtype: torch.dtype | None, compile_model: bool, embed: nn.Embedding,
                  head_weight: torch.Tensor, lr: float, weight_decay: float, grad_clip: float,
-                 ce_chunk: int, ddp_group: t.Any = None, ddp_bucket_mb: int = 512, seed: int = 0):
+                 ce_chunk: int, ddp_group: t.Any = None, ddp_bucket_mb: int = DDP_BUCKET_MB, seed: int = 0):
         self.cfg, self.attn, self.device = cfg, attn, device
         self.autocast_dtype = autocast_dtype
         self.embed, self.head_weight = embed, head_weight
@@ -92,11 +92,12 @@ class Engine:
         # Each block's first token is its anchor, a given token: its weight is always 0, so
         # the LM head (a quarter of the drafter's FLOPs) skips it: the same loss, 1/K less work.
         b, k = pos.shape[0], cfg.block_size
-        def past_anchor(x: torch.Tensor) -> torch.Tensor:
+
+        def past_anchor(x: torch.Tensor) -> torch.Tensor:  # (B, N*K, ...) -> (B*N*(K-1), ...)
             return x.reshape(b, -1, k, *x.shape[2:])[:, :, 1:].reshape(-1, *x.shape[2:])
 
-        return lm_head_loss(past_anchor(h), self.head_weight, past_anchor(targets).reshape(-1),
-                            past_anchor(w).reshape(-1), self.ce_chunk, self.ce_fn)
+        return lm_head_loss(past_anchor(h), self.head_weight, past_anchor(targets),
+                            past_anchor(w), self.ce_chunk, self.ce_fn)
 
     def train_step(self, feats: torch.Tensor, batch: Batch, lr: float) -> StepOut:
         for g in self.opt.param_groups:
