@@ -8,6 +8,8 @@ One run measures, for a Qwen3-8B-shaped random target + 5-layer drafter, block 3
   transformers' eager forward runs it (the "before"), with their features' agreement;
 * the whole step with each of the two targets, side by side (``eager_target_step`` is the
   baseline), and 50 steps' losses of both at the same seed (``loss_curve``);
+* the same with the FP8 target (``--target-precision fp8``): its forward and features against
+  the bf16 ones (``target_fwd_fp8``), its whole step (``fp8_step``), its loss curve;
 * the full step with compiled flex attention: cold compile s, warm compile s (after
   ``torch._dynamo.reset()``, caches on disk), steady tok/s, MFU, peak memory, phase split;
 * side by side: compiled flex vs uncompiled flex vs SDPA dense mask (attention fwd+bwd at
@@ -161,6 +163,10 @@ class Bench:
         self.ref_target = (build_target(self.cfg, self.dev, self.dtype, fused=False)  # same seed
                            if not {"target_fwd_eager", "eager_target_step", "loss_curve"} <= self.skip
                            else None)
+        self.fp8_target = (build_target(self.cfg, self.dev, self.dtype, precision="fp8")
+                           if not {"target_fwd_fp8", "fp8_step"} <= self.skip else None)
+        if self.fp8_target is not None and self.cuda:
+            self.fp8_target.compile()
         self.sync()
         self.batches = [self.src.batch(j) for j in range(3)]
         self.gbatches = [b.to(self.dev) for b in self.batches]
@@ -200,6 +206,31 @@ class Bench:
         r["fused_vs_eager_rel"] = float((a - b).norm() / a.norm())
         r["fused_vs_eager_max_abs"] = float((a - b).abs().max())
         del a, b
+        return r
+
+    def target_fwd_fp8(self) -> dict[str, t.Any]:
+        """The FP8 target's forward, and how far its features are from the bf16 ones."""
+        r = self.target_fwd(self.fp8_target)
+        ids = self.gbatches[0].input_ids
+        q = self.fp8_target.features(ids).float()
+        for name, other in (("bf16", self.target), ("eager", self.ref_target)):
+            if other is not None:
+                a = other.features(ids).float()
+                r[f"fp8_vs_{name}_rel"] = float((a - q).norm() / a.norm())
+                del a
+        r["weights_gib"] = round(sum(b.numel() * b.element_size() for b in self.fp8_target.buffers())
+                                 / 2**30, 2)
+        r["bf16_weights_gib"] = round(sum(b.numel() * b.element_size() for b in self.target.buffers())
+                                      / 2**30, 2)
+        del q
+        return r
+
+    def fp8_step(self) -> dict[str, t.Any]:
+        """The compiled-flex step with the FP8 target."""
+        from remote_payload.trainer.train import cache_counters
+
+        r = self.step_bench("flex" if self.cuda else "sdpa", True, self.a.steps, self.fp8_target)
+        r["cache"] = cache_counters()
         return r
 
     def step_bench(self, attn: str, compiled: bool, steps: int, target: t.Any = None) -> dict[str, t.Any]:
@@ -320,14 +351,25 @@ class Bench:
                               block_size=self.cfg.block_size, seed=5)
         batches = [src.batch(j).to(self.dev) for j in range(self.a.curve_steps)]
         curves: dict[str, list[float]] = {}
-        for name, target in (("eager", self.ref_target), ("compiled", self.target)):
+        runs = [("eager", self.ref_target), ("compiled", self.target)]
+        if self.fp8_target is not None:
+            runs.append(("compiled_fp8", self.fp8_target))
+        for name, target in runs:
             self._last_engine = None
             self.torch.manual_seed(0)
             eng = self.engine("flex" if self.cuda else "sdpa", True)
             curves[name] = [float(eng.train_step(target.features(b.input_ids), b, 1e-4).loss)
                             for b in batches]
         diffs = [abs(a - b) for a, b in zip(curves["eager"], curves["compiled"], strict=True)]
-        return {"seq": seq, "steps": len(batches), "eager": [round(x, 4) for x in curves["eager"]],
+        fp8 = {}
+        if "compiled_fp8" in curves:
+            d8 = [abs(a - b) / max(abs(a), 1e-9)
+                  for a, b in zip(curves["eager"], curves["compiled_fp8"], strict=True)]
+            fp8 = {"compiled_fp8": [round(x, 4) for x in curves["compiled_fp8"]],
+                   "fp8_max_rel_diff": round(max(d8), 4),
+                   "first_last_fp8": [round(curves["compiled_fp8"][0], 4),
+                                      round(curves["compiled_fp8"][-1], 4)]}
+        return {**fp8, "seq": seq, "steps": len(batches), "eager": [round(x, 4) for x in curves["eager"]],
                 "compiled": [round(x, 4) for x in curves["compiled"]],
                 "max_abs_diff": round(max(diffs), 4),
                 "max_rel_diff": round(max(d / max(abs(a), 1e-9)
@@ -551,6 +593,8 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     b.section("target_fwd", b.target_fwd)
     b.section("target_fwd_eager", b.target_fwd_eager)
     b.section("compiled_flex", b.compiled_flex)
+    b.section("target_fwd_fp8", b.target_fwd_fp8)
+    b.section("fp8_step", b.fp8_step)
     b.section("overlap_step", b.overlap_step)
     b.section("eager_target_step", b.eager_target_step)
     b.section("loss_curve", b.loss_curve)
@@ -575,9 +619,12 @@ def _summary(r: dict[str, t.Any]) -> str:
     lines.append(f"target fwd alone: compiled {g('target_fwd', 'tok_s')} tok/s (first call "
                  f"{g('target_fwd', 'first_call_s')} s), eager {g('target_fwd_eager', 'tok_s')} tok/s, "
                  f"rel diff {g('target_fwd_eager', 'fused_vs_eager_rel')}")
-    lines.append(f"loss curve max rel diff {g('loss_curve', 'max_rel_diff')} over "
-                 f"{g('loss_curve', 'steps')} steps")
-    for sec in ("compiled_flex", "eager_target_step", "sdpa_step", "eager_flex_step"):
+    lines.append(f"target fwd alone, fp8: {g('target_fwd_fp8', 'tok_s')} tok/s (first call "
+                 f"{g('target_fwd_fp8', 'first_call_s')} s), rel diff to bf16 "
+                 f"{g('target_fwd_fp8', 'fp8_vs_bf16_rel')}")
+    lines.append(f"loss curve max rel diff {g('loss_curve', 'max_rel_diff')} (fp8: "
+                 f"{g('loss_curve', 'fp8_max_rel_diff')}) over {g('loss_curve', 'steps')} steps")
+    for sec in ("compiled_flex", "fp8_step", "eager_target_step", "sdpa_step", "eager_flex_step"):
         lines.append(f"{sec:16s} step {g(sec, 'step_s')} s  tok/s {g(sec, 'tok_s')}  mfu {g(sec, 'mfu')}  "
                      f"target {g(sec, 'target_s')} s drafter {g(sec, 'drafter_s')} s  peak "
                      f"{g(sec, 'peak_mem_gib')} GiB")

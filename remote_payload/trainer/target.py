@@ -9,7 +9,9 @@ adds). So the target runs through :class:`FusedLayer`: the same arithmetic as
 written as one pure function of (hidden, weights) so that ``torch.compile`` traces it once
 per shape and every layer reuses that graph (a 36-layer unrolled graph would compile
 ~30x longer for the same kernels). transformers' own forward stays the reference
-(``fused=False``) and the equality test's yardstick.
+(``fused=False``) and the equality test's yardstick. ``precision="fp8"`` (opt-in) stores the
+four matmul weights as row-scaled e4m3 (:mod:`.fp8`): the same layer, about twice the GEMM
+rate, features within FP8 rounding of the bf16 ones.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DrafterConfig, TrainerConfigError
+from . import fp8
+from .config import TARGET_PRECISIONS, DrafterConfig, TrainerConfigError
+
+#: a matmul weight of :class:`FusedLayer`: the bf16 tensor, or its FP8 codes and scales
+Weight = torch.Tensor | fp8.Fp8Weight
+
+_MATMULS = ("qkv", "o", "gate_up", "down")  # the weights --target-precision applies to
 
 
 class _Stop(Exception):
@@ -83,16 +91,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rot * sin
 
 
+def _linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    return fp8.linear(x, w) if isinstance(w, fp8.Fp8Weight) else F.linear(x, w)
+
+
 def fused_layer_forward(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        w: tuple[torch.Tensor, ...], heads: tuple[int, int, int],
+                        w: tuple[t.Any, ...], heads: tuple[int, int, int],
                         eps: float) -> torch.Tensor:
     """One Qwen3 decoder layer, causal, no cache. h (B, S, H); cos/sin (B, S, hd);
     ``w`` = (in_norm, qkv, q_norm, k_norm, o, post_norm, gate_up, down) as in
-    :class:`FusedLayer`; ``heads`` = (query heads, kv heads, head dim)."""
+    :class:`FusedLayer` (each matmul weight a tensor or an :class:`fp8.Fp8Weight`);
+    ``heads`` = (query heads, kv heads, head dim)."""
     in_norm, qkv_w, q_norm, k_norm, o_w, post_norm, gate_up_w, down_w = w
     nh, nkv, hd = heads
     b, s, _ = h.shape
-    qkv = F.linear(_rms(h, in_norm, eps), qkv_w)
+    qkv = _linear(_rms(h, in_norm, eps), qkv_w)
     q, k, v = qkv[..., :nh * hd], qkv[..., nh * hd:(nh + nkv) * hd], qkv[..., (nh + nkv) * hd:]
     q = _rms(q.view(b, s, nh, hd), q_norm, eps).transpose(1, 2)  # (B, nh, S, hd)
     k = _rms(k.view(b, s, nkv, hd), k_norm, eps).transpose(1, 2)  # (B, nkv, S, hd)
@@ -101,16 +114,18 @@ def fused_layer_forward(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q, k = _rotate(q, c, sn), _rotate(k, c, sn)
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=hd ** -0.5,
                                        enable_gqa=nh != nkv)
-    h = h + F.linear(a.transpose(1, 2).reshape(b, s, nh * hd), o_w)
-    gate, up = F.linear(_rms(h, post_norm, eps), gate_up_w).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, down_w)
+    h = h + _linear(a.transpose(1, 2).reshape(b, s, nh * hd), o_w)
+    gate, up = _linear(_rms(h, post_norm, eps), gate_up_w).chunk(2, dim=-1)
+    return h + _linear(F.silu(gate) * up, down_w)
 
 
 class FusedLayer(nn.Module):
     """A frozen ``Qwen3DecoderLayer``'s weights, q/k/v and gate/up concatenated (buffers:
-    nothing here trains). Built from the transformers layer, which can then be freed."""
+    nothing here trains). Built from the transformers layer, which can then be freed.
+    ``precision="fp8"``: the four matmul weights as e4m3 codes (``<name>``) and per-row
+    scales (``<name>_scale``)."""
 
-    def __init__(self, layer: t.Any):
+    def __init__(self, layer: t.Any, precision: str = "bf16"):
         super().__init__()
         att, mlp = layer.self_attn, layer.mlp
         if any(getattr(m, "bias", None) is not None
@@ -128,10 +143,22 @@ class FusedLayer(nn.Module):
                 ("o", att.o_proj.weight), ("post_norm", layer.post_attention_layernorm.weight),
                 ("gate_up", cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
                 ("down", mlp.down_proj.weight)):
-            self.register_buffer(name, tensor.detach().clone(), persistent=False)
+            if precision == "fp8" and name in _MATMULS:
+                codes, scale = fp8.quantize_weight(tensor.detach())
+                self.register_buffer(name, codes, persistent=False)
+                self.register_buffer(name + "_scale", scale, persistent=False)
+            else:
+                self.register_buffer(name, tensor.detach().clone(), persistent=False)
+        self.precision = precision
 
-    def weights(self) -> tuple[torch.Tensor, ...]:
-        return tuple(t.cast(torch.Tensor, getattr(self, n)) for n in
+    def weights(self) -> tuple[Weight, ...]:
+        def get(n: str) -> Weight:
+            w = t.cast(torch.Tensor, getattr(self, n))
+            if self.precision == "fp8" and n in _MATMULS:
+                return fp8.Fp8Weight(w, t.cast(torch.Tensor, getattr(self, n + "_scale")))
+            return w
+
+        return tuple(get(n) for n in
                      ("in_norm", "qkv", "q_norm", "k_norm", "o", "post_norm", "gate_up", "down"))
 
 
@@ -142,10 +169,17 @@ class Target(nn.Module):
     ``fused=True`` (the trainer's path): the layers up to the deepest feature layer are
     rebuilt as :class:`FusedLayer` and transformers' copies freed; :meth:`compile` makes the
     per-layer function a compiled one (one graph per input shape, shared by all layers).
-    ``fused=False``: transformers' own forward with hooks (the reference)."""
+    ``fused=False``: transformers' own forward with hooks (the reference).
+    ``precision``: the fused layers' matmul weights (``TARGET_PRECISIONS``)."""
 
-    def __init__(self, model: nn.Module, layer_ids: t.Sequence[int], fused: bool = True):
+    def __init__(self, model: nn.Module, layer_ids: t.Sequence[int], fused: bool = True,
+                 precision: str = "bf16"):
         super().__init__()
+        if precision not in TARGET_PRECISIONS:
+            raise TrainerConfigError(f"target precision {precision!r}; choices: "
+                                     f"{', '.join(TARGET_PRECISIONS)}")
+        if precision != "bf16" and not fused:
+            raise TrainerConfigError(f"target precision {precision} needs the fused target")
         # a transformers model: its submodules (model.layers, heads) are dynamic attributes
         self.model: t.Any = model.eval().requires_grad_(False)
         self.layer_ids = tuple(layer_ids)
@@ -160,7 +194,7 @@ class Target(nn.Module):
             self.fused = nn.ModuleList()
             for i in range(len(layers)):
                 if i <= last:
-                    self.fused.append(FusedLayer(layers[i]))
+                    self.fused.append(FusedLayer(layers[i], precision))
                 layers[i] = nn.Identity()  # free transformers' copy as we go (peak +1 layer)
             return
         for i in set(self.layer_ids):
@@ -241,7 +275,7 @@ class Target(nn.Module):
 
 def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
                  path: str | None = None, seed: int = 0, body: bool = True,
-                 fused: bool = True) -> Target:
+                 fused: bool = True, precision: str = "bf16") -> Target:
     """Random-weight target of ``cfg``'s shape, or the checkpoint at ``path``.
 
     ``body=False`` keeps only the embedding and LM head (what a split drafter rank needs).
@@ -261,7 +295,7 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
         if not body:
             del model.model.layers[cfg.target_layers_run:]  # drop what no rank here runs
             model.model.layers = nn.ModuleList(model.model.layers[:1])
-        return Target(model.to(device), cfg.target_layer_ids if body else (), fused)
+        return Target(model.to(device), cfg.target_layer_ids if body else (), fused, precision)
     hf_cfg = qwen3_config(cfg, layers=None if body else 1)
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed + 1_000_003)
@@ -276,7 +310,7 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
         head = model.get_output_embeddings().weight
         if head.data_ptr() != emb.data_ptr():
             head.normal_(0.0, std, generator=g)
-    return Target(model.to(dtype), cfg.target_layer_ids if body else (), fused)
+    return Target(model.to(dtype), cfg.target_layer_ids if body else (), fused, precision)
 
 
 # --- the target for inference (``regenerate``, ``eval``): one set of flags, one loader ----------

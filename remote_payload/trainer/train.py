@@ -25,7 +25,7 @@ import torch
 
 from .. import wire
 from ..compile_guard import serialized_compile
-from . import checkpoint, dist, schedule
+from . import checkpoint, dist, fp8, schedule
 from .checkpoint import CheckpointError
 from .config import DrafterConfig, TrainArgs, TrainerConfigError, parse_args
 from .data import Batch, Source, SyntheticSource, make_source
@@ -138,8 +138,12 @@ class Trainer:
         self.args = args = schedule.apply(args, self.source, topo.n_drafters)
         # Split drafter ranks only need the target's embedding and LM head.
         body = not (topo.split and topo.is_drafter)
+        if args.target_precision == "fp8" and not fp8.supported(self.device):
+            raise TrainerConfigError(
+                f"--target-precision fp8 needs compute capability 8.9+; {self.device} has "
+                f"{'.'.join(map(str, torch.cuda.get_device_capability(self.device)))}")
         self.target: Target = build_target(self.cfg, self.device, self.tdtype, args.target_path,
-                                           args.seed, body=body)
+                                           args.seed, body=body, precision=args.target_precision)
         if self.compile_on:
             self.target.compile()  # per bucket shape; first call of each under the compile lock
         self.target_shapes: set[tuple[int, ...]] = set()
