@@ -1,7 +1,7 @@
 """How far the FP8 target's features are from exact ones, layer by layer (one GPU, ~2 min).
 
-The reference is the fused target in fp32 (pinned to transformers' own forward by a CPU
-test) with TF32 off; against it, per feature layer, the relative L2 error of the target as
+The reference is the bf16 target's own weights run in fp32 (the fused layers, pinned to
+transformers' own forward by a CPU test; TF32 off); against it, per feature layer, the relative L2 error of the target as
 the trainer runs it in bf16 (compiled), and in FP8 (``--target-precision fp8``, compiled)
 with and without Hopper's fast accumulation; each also timed alone (forward of ``--rows``
 x ``--seq`` tokens). The random-weight target amplifies any perturbation with depth, so the
@@ -62,7 +62,8 @@ def main(argv: t.Sequence[str] | None = None) -> int:
 
     res: dict[str, t.Any] = {"preset": a.preset, "rows": a.rows, "seq": a.seq,
                              "layer_ids": list(cfg.target_layer_ids), "torch": torch.__version__}
-    exact = build_target(cfg, dev, torch.float32)
+    # the same weights as every target below (random init draws differ between dtypes)
+    exact = build_target(cfg, dev, torch.bfloat16).float()
     with torch.no_grad():
         ref = exact.features(ids).float()
     del exact
