@@ -6,6 +6,8 @@ On the CPU ``torch._scaled_mm`` runs the same quantized arithmetic slowly; the G
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -78,3 +80,6 @@ def test_a_run_with_the_fp8_target_follows_the_bf16_runs_loss_curve(capsys, tmp_
     assert curves["fp8"][-1] < curves["fp8"][0] - 0.3, curves["fp8"]  # it learns
     worst = max(abs(a - b) / b for a, b in zip(curves["fp8"], curves["bf16"], strict=True))
     assert worst < 0.02, curves
+    # the checkpoint says which target's features the drafter learned from
+    meta = json.loads((tmp_path / "fp8" / "ckpt-0000012" / "meta.json").read_text())
+    assert meta["args"]["target_precision"] == "fp8"
