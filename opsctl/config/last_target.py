@@ -24,12 +24,13 @@ class LastTarget(t.NamedTuple):
     nodes: tuple[str, ...] = ()  # a multi-node run's HOST:CT list, node 0 first
 
 
-def _path() -> Path:
+def path() -> Path:
+    """Where the last target is kept."""
     return paths.home() / "last-target.json"
 
 
 def save(target: LastTarget) -> None:
-    p = _path()
+    p = path()
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps(target._asdict()), encoding="utf-8")
@@ -38,7 +39,7 @@ def save(target: LastTarget) -> None:
 
 def load() -> LastTarget | None:
     try:
-        data = json.loads(_path().read_text(encoding="utf-8"))
+        data = json.loads(path().read_text(encoding="utf-8"))
         nodes = data.get("nodes") or ()
         return LastTarget(host=str(data["host"]), ctid=int(data["ctid"]), job_id=data.get("job_id"),
                           nodes=tuple(str(n) for n in nodes))

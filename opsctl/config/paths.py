@@ -19,6 +19,8 @@ import os
 import typing as t
 from pathlib import Path
 
+from opsctl.config import homedir
+
 PACKAGE = Path(__file__).resolve().parent.parent  # opsctl/
 REPO_ROOT = PACKAGE.parent  # the checkout, or site-packages when installed
 BUNDLED = PACKAGE / "bundled"
@@ -31,12 +33,12 @@ class SearchDir(t.NamedTuple):  # not a dataclass: `status` reads paths before i
     origin: str  # "cwd" | "home" | "env" | "bundled"
 
 
-ENV_HOME = "OPSCTL_HOME"
+ENV_HOME = homedir.ENV_HOME
 
 
 def home() -> Path:
-    """opsctl's local state: ``$OPSCTL_HOME``, else ``~/.opsctl`` (the one place this is decided)."""
-    return Path(os.environ.get(ENV_HOME) or Path.home() / ".opsctl")
+    """opsctl's local state: ``$OPSCTL_HOME``, else ``~/.opsctl`` (:func:`.homedir.home`)."""
+    return Path(homedir.home())
 
 
 def logs_dir() -> Path:

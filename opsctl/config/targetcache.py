@@ -69,7 +69,8 @@ class CachedHost(t.NamedTuple):
         return json.dumps(self.dump)
 
 
-def _path() -> Path:
+def path() -> Path:
+    """Where the resolutions are kept."""
     return paths.home() / "cache" / "targets.json"
 
 
@@ -85,14 +86,26 @@ def stamp() -> list[t.Any]:
     """What a resolution depends on, as it is now (a few ``stat`` calls, no reads)."""
     files: list[t.Any] = [str(sshconfig.config_path()), _stat(sshconfig.config_path())]
     for d in paths.inventory_dirs():
-        files.append([str(d), [[p.name, _stat(p)] for p in sorted(d.glob("*.yaml"))]
-                      if d.is_dir() else None])
+        files.append([str(d), [[p.name, _stat(p)] for p in _yaml_files(d)] if d.is_dir() else None])
     return files
+
+
+def _yaml_files(d: Path) -> list[Path]:
+    return sorted(d.glob("*.yaml"))
+
+
+def stamp_paths() -> list[Path]:
+    """The paths :func:`stamp` looks at: ``~/.ssh/config``, each inventory directory (an
+    added or removed file changes its mtime) and each of its ``*.yaml`` files."""
+    found = [sshconfig.config_path()]
+    for d in paths.inventory_dirs():
+        found += [d, *(_yaml_files(d) if d.is_dir() else ())]
+    return found
 
 
 def _read() -> dict[str, t.Any]:
     try:
-        doc = json.loads(_path().read_text(encoding="utf-8"))
+        doc = json.loads(path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return doc.get("hosts", {}) if isinstance(doc, dict) and doc.get("version") == _VERSION else {}
@@ -125,9 +138,9 @@ def store(name: str, spec: HostSpec) -> None:
     if hosts.get(name) == json.loads(json.dumps(entry)):
         return
     hosts[name] = entry
-    path = _path()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    target = path()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with contextlib.suppress(OSError):  # a cache: failing to write it costs speed, nothing else
-        path.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps({"version": _VERSION, "hosts": hosts}), encoding="utf-8")
-        tmp.replace(path)
+        tmp.replace(target)

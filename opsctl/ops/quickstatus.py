@@ -36,6 +36,7 @@ from opsctl.remote import mux_socket
 
 if t.TYPE_CHECKING:
     from opsctl.config.targetcache import CachedHost
+    from opsctl.remote.launchrecord import Launched
     from opsctl.remote.leanreply import Shape
     from opsctl.remote.models import JobStatus
 
@@ -58,6 +59,8 @@ class Answer(t.NamedTuple):
     status: JobStatus | None = None
     #: the host reached over ssh, which has no mux yet: :func:`keep_warm` starts one
     cold_host: CachedHost | None = None
+    #: the ``ssh`` started for it when no launch record did: what :func:`remember_launch` keeps
+    ssh_argv: list[str] | None = None
 
     def document(self) -> dict[str, t.Any]:
         """``JobStatus.model_dump(mode="json")``, whichever way it was read."""
@@ -70,17 +73,30 @@ class Answer(t.NamedTuple):
 
 def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
           model: bool = False, accept_new_host_key: bool = False,
-          meanwhile: t.Callable[[], object] | None = None) -> Answer | None:
+          meanwhile: t.Callable[[], object] | None = None,
+          early: Launched | None = None) -> Answer | None:
     """The job's status through a live mux or ``ssh``; None when the fast lane is closed
     (nothing sent, or ssh itself failed: the full path then connects and says why).
 
     ``model``: return the validated :class:`JobStatus` (the human view) instead of the
     ``--json`` document. ``meanwhile``: run while ``ssh`` waits for the reply (the caller's
-    imports); with a mux, before the call.
+    imports); with a mux, before the call. ``early``: the ``ssh`` the launch record started,
+    used only where this would start the very same one (:func:`.sshcall.start`), else killed.
 
     Raises:
         as the full path (``ops.jobs.open_target`` + ``watch.fetch_status``).
     """
+    try:
+        return _fetch(host, ctid, job_id, lines, model=model,
+                      accept_new_host_key=accept_new_host_key, meanwhile=meanwhile, early=early)
+    finally:
+        if early is not None:
+            early.discard()  # not adopted (no-op when it was): a mux, a miss, an error
+
+
+def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *, model: bool,
+           accept_new_host_key: bool, meanwhile: t.Callable[[], object] | None,
+           early: Launched | None) -> Answer | None:
     last = last_target.resolve(host, ctid)
     if last.ctid < 100:
         return None
@@ -103,6 +119,8 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
     if mux_socket.maybe_live(spec):
         from opsctl.remote import mux_client as mux
 
+        if early is not None:
+            early.discard()  # a mux came up since the record was kept: it takes the call
         # the human view's readers and output (pydantic, rich: ~150 ms) load in a thread while
         # this one waits on the mux socket; the --json ones (~10 ms) after, not worth a thread
         if model:
@@ -117,14 +135,15 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             shape = ready_to_read()
             trace.mark("imports" if reading is None else "imports (waited for)")
     cold_host = None
+    ssh_argv = None
     if result is None:
         from opsctl.remote import sshcall  # not on the warm path: subprocess, hmac, ssh argv
 
-        call = sshcall.start(spec, command, argv, local_deadline=deadline, what=step)
+        call = sshcall.start(spec, command, argv, local_deadline=deadline, what=step, early=early)
         if call is None:
             return None
         with call:
-            trace.mark("ssh start")
+            trace.mark("ssh adopted" if call.adopted else "ssh start")
             shape = ready_to_read()
             trace.mark("imports while ssh runs")
             result = call.result()
@@ -132,6 +151,8 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             return None
         trace.mark("ssh wait")
         cold_host = spec
+        if not call.adopted:
+            ssh_argv = call.ssh_argv
     label = f"{spec.label} ct {last.ctid}"
     if result.rc == 0:
         from opsctl.remote import leanreply
@@ -141,12 +162,13 @@ def fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *,
             if model:
                 from opsctl.remote.models import JobStatus
 
-                return Answer(label, status=JobStatus.model_validate(data), cold_host=cold_host)
+                return Answer(label, status=JobStatus.model_validate(data), cold_host=cold_host,
+                              ssh_argv=ssh_argv)
             if shape is None:
                 raise leanreply.Unsure("JobStatus has no shape")
             doc = leanreply.normalize(data, shape)
             trace.mark("parse")
-            return Answer(label, doc=doc, cold_host=cold_host)
+            return Answer(label, doc=doc, cold_host=cold_host, ssh_argv=ssh_argv)
         except leanreply.Unsure:
             pass
     return _finish(last.host, last.ctid, result, accept_new_host_key=accept_new_host_key)
@@ -219,3 +241,23 @@ def _finish(host: str, ctid: int, result: cmd.CommandResult, *,
         checked = tgt.remote.check_pct_result(ctid, checked, step=step)
         status = JobStatus.model_validate(tgt.agent.answer("status", checked))
     return Answer(tgt.label, status=status)
+
+
+def remember_launch(words: list[str], answer: Answer) -> None:
+    """Keep the launch record of a status that started its own ``ssh`` (:mod:`.launchrecord`),
+    with what that argv was derived from; call it once the answer is out."""
+    if answer.ssh_argv is None or answer.cold_host is None:
+        return
+    import sys
+
+    from opsctl.remote import launchrecord
+
+    spec = answer.cold_host
+    known = next(a.partition("=")[2] for a in answer.ssh_argv if a.startswith("UserKnownHostsFile="))
+    code = [m.__file__ for name, m in list(sys.modules.items())
+            if (name == "opsctl" or name.startswith("opsctl.")) and getattr(m, "__file__", None)]
+    files = [str(p) for p in targetcache.stamp_paths()] + [
+        str(targetcache.path()), str(last_target.path()), str(spec.known_hosts_path()), known,
+        *t.cast(list[str], code)]
+    sock = mux_socket.socket_path(spec, create=False) if mux_socket.enabled() else None
+    launchrecord.store(words, answer.ssh_argv, files, None if sock is None else str(sock))

@@ -19,10 +19,8 @@ The call is started (:func:`start`) as soon as the command is known and collecte
 (:meth:`SshCall.result`): what the caller needs to read and print the reply loads while the
 handshake runs, and nothing loads before ``ssh`` starts that only the reply needs. That is
 also why ``ssh`` is started with ``os.posix_spawnp`` and read by :meth:`SshCall.result`'s
-short poll loop rather than through ``subprocess``: importing subprocess (threading,
-locale, signal, selectors) before the spawn cost ~10-15 ms of a first `status` on the
-sandbox with cold caches, and this needs none of its features (no shell, no text mode, no
-input: ssh gets /dev/null).
+short poll loop rather than through ``subprocess`` (:mod:`.sshspawn` says why). When the
+launch record already started the same ``ssh`` (:mod:`.launchrecord`), :func:`start` adopts it.
 """
 
 from __future__ import annotations
@@ -32,10 +30,11 @@ import time
 import typing as t
 
 from opsctl.errors import DeadlineExceeded
-from opsctl.remote import hostkeys, sshclient
+from opsctl.remote import hostkeys, sshclient, sshspawn
 from opsctl.remote.command import CommandResult, known_hosts_name
 
 if t.TYPE_CHECKING:
+    from opsctl.remote.launchrecord import Launched
     from opsctl.remote.mux_socket import MuxHost
 
 #: What ssh exits with when ssh itself failed (and what a remote command rarely does).
@@ -56,7 +55,9 @@ class SshCall:
     caller fails before collecting it."""
 
     def __init__(self, pid: int, stdout: int, stderr: int, label: str, command: str,
-                 argv: list[str], limit: float | None, what: str):
+                 argv: list[str], limit: float | None, what: str, *,
+                 ssh_argv: list[str] | None = None, started: float | None = None,
+                 adopted: bool = False):
         self.pid = pid
         self.got = {stdout: bytearray(), stderr: bytearray()}  # fd -> what was read
         self.open_fds = set(self.got)
@@ -67,7 +68,9 @@ class SshCall:
         self.argv = argv
         self.limit = limit
         self.what = what
-        self.started = time.monotonic()
+        self.ssh_argv = ssh_argv  # what was spawned (the launch record keeps it)
+        self.adopted = adopted  # started from the launch record
+        self.started = time.monotonic() if started is None else started
 
     def __enter__(self) -> SshCall:
         return self
@@ -127,33 +130,41 @@ class SshCall:
                              via="openssh")
 
 
-def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
-          what: str) -> SshCall | None:
-    """``command`` on the host through ``ssh``, started now; None when this lane cannot take
-    it (a ProxyJump, no ``ssh`` on PATH, no key the paramiko path would accept: nothing was
-    started)."""
+def ssh_command(spec: MuxHost, command: str) -> list[str] | None:
+    """The ``ssh`` argv that runs ``command`` on the host; None when this lane cannot take it
+    (a ProxyJump, no key the paramiko path would accept)."""
     if spec.proxy_jump:
         return None
     name = known_hosts_name(spec.address, spec.port)
     known = hostkeys.private_file(spec.known_hosts_path(), name, spec.host_key_fingerprint)
     if known is None:
         return None
-    connect_s = float(t.cast(SshHost, spec).connect_timeout_s)
-    ssh = sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
-                             command=command, program="ssh")
-    limit = None if local_deadline is None else local_deadline + connect_s
-    out_r, out_w = os.pipe()  # both ends close-on-exec; dup2 onto 1 and 2 clears it there
-    err_r, err_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        pid = os.posix_spawnp(ssh[0], ssh, os.environ, file_actions=[
-            (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2)])
-    except OSError:  # no ssh on PATH (or not runnable)
-        os.close(out_r)
-        os.close(err_r)
+    return sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
+                              command=command, program="ssh")
+
+
+def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
+          what: str, early: Launched | None = None) -> SshCall | None:
+    """``command`` on the host through ``ssh``, started now; None when this lane cannot take
+    it (a ProxyJump, no ``ssh`` on PATH, no key the paramiko path would accept: nothing was
+    started).
+
+    ``early``: the ``ssh`` the launch record started (:mod:`.launchrecord`), adopted when its
+    argv is exactly the one this would start (its deadline counts from its own start), else
+    killed.
+    """
+    ssh = ssh_command(spec, command)
+    if ssh is None:
         return None
-    finally:
-        for fd in (out_w, err_w, null):
-            os.close(fd)
-    return SshCall(pid, out_r, err_r, spec.label, command, argv, limit, what)
+    connect_s = float(t.cast(SshHost, spec).connect_timeout_s)
+    limit = None if local_deadline is None else local_deadline + connect_s
+    if early is not None and early.ssh_argv == ssh:
+        pid, out_r, err_r, started = early.adopt()
+        return SshCall(pid, out_r, err_r, spec.label, command, argv, limit, what, ssh_argv=ssh,
+                       started=started, adopted=True)
+    if early is not None:
+        early.discard()
+    got = sshspawn.spawn(ssh)
+    if got is None:  # no ssh on PATH (or not runnable)
+        return None
+    return SshCall(*got, spec.label, command, argv, limit, what, ssh_argv=ssh)

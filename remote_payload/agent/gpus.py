@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import threading
 import time
 import typing as t
 
+from remote_payload.agent.childproc import Child
 from remote_payload.agent.common import which
+
+if t.TYPE_CHECKING:
+    import threading
 
 QUERY_FIELDS = ("index,name,utilization.gpu,memory.used,memory.total,"
                 "temperature.gpu,power.draw")
@@ -134,14 +136,13 @@ class GpuQuery:
 
     def __init__(self, smi: str | None = None):
         self._done: tuple[list[Gpu], str | None] | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Child | None = None
         smi = smi or which("nvidia-smi")
         if smi is None:
             self._done = (_nvml_query() or [], None)
             return
         try:
-            self._proc = subprocess.Popen([smi, *SMI_ARGS], stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            self._proc = Child([smi, *SMI_ARGS])
         except OSError as exc:
             self._done = ([], f"nvidia-smi: {exc}")
 
@@ -152,15 +153,13 @@ class GpuQuery:
         if proc is None:  # unreachable: __init__ sets one of the two
             return [], "no GPU query started"
         try:
-            out, err = proc.communicate(timeout=SMI_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+            rc, out, err = proc.result(SMI_TIMEOUT_S)
+        except TimeoutError:
             self._done = ([], f"nvidia-smi timed out after {SMI_TIMEOUT_S:g}s")
             return self._done
-        if proc.returncode != 0:
+        if rc != 0:
             text = (err or out).decode("utf-8", "replace").strip()
-            self._done = ([], f"nvidia-smi exited {proc.returncode}: {text[-500:]}")
+            self._done = ([], f"nvidia-smi exited {rc}: {text[-500:]}")
             return self._done
         try:
             self._done = (parse_smi_csv(out.decode("utf-8", "replace")), None)
@@ -261,6 +260,8 @@ def _preflight_once(needed: list[int] | None, own_pids: t.Collection[int], smi: 
     out: dict[str, t.Any] = {"needed": needed, "busy": [], "error": None}
     if smi is None:
         return out
+    import subprocess  # here: `status` never needs it (agent/childproc.py says why)
+
     try:
         ids = _smi_rows(smi, _IDS_ARGS, 3)
         apps = _smi_rows(smi, _APPS_ARGS, 4)
@@ -290,6 +291,8 @@ def _preflight_once(needed: list[int] | None, own_pids: t.Collection[int], smi: 
 
 
 def _smi_rows(smi: str, args: t.Sequence[str], width: int) -> list[list[str]]:
+    import subprocess
+
     proc = subprocess.run([smi, *args], capture_output=True, timeout=SMI_TIMEOUT_S,
                           stdin=subprocess.DEVNULL, check=False)
     if proc.returncode != 0:

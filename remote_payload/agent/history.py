@@ -22,9 +22,11 @@ import contextlib
 import json
 import math
 import os
-import threading
 import time
 import typing as t
+
+if t.TYPE_CHECKING:
+    import threading
 
 FILE = "history.json"
 FORMAT = 1
@@ -261,6 +263,8 @@ class Recorder:
     def __init__(self, job_path: str, history: History | None = None):
         self.path = os.path.join(job_path, FILE)
         self.history = history or History()
+        import threading  # here: `status` reads history without it (~1 ms of its start)
+
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()  # the flush thread and the wrapper's final flush
         self.dirty = False

@@ -1,17 +1,19 @@
 """The agent's tmux calls: one socket, one session per job, argv only.
 
 Starting a session goes through libtmux (``Server.cmd`` is its single argv
-builder). Reading a pane is a plain ``tmux capture-pane`` subprocess because
-``status`` must stay fast and importing libtmux costs ~120 ms.
+builder). Reading a pane is a plain ``tmux capture-pane`` child because ``status`` must
+stay fast and importing libtmux costs ~120 ms (and ``subprocess`` ~3 ms: it is started with
+:class:`~remote_payload.agent.childproc.Child`; the calls off the ``status`` path import
+``subprocess`` where they run).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import typing as t
 
 from remote_payload import wire
+from remote_payload.agent.childproc import Child
 from remote_payload.agent.common import which
 
 DEFAULT_SOCKET = wire.DEFAULT_TMUX_SOCKET
@@ -84,6 +86,8 @@ def kill_session(socket: str, session: str) -> bool:
     tmux = which("tmux")
     if tmux is None:
         return False
+    import subprocess
+
     proc = subprocess.run([tmux, "-L", socket, "kill-session", "-t", f"={session}"],
                           capture_output=True, text=True, env=_clean_env(),
                           timeout=_TMUX_TIMEOUT_S)
@@ -95,6 +99,8 @@ def dead_sessions(socket: str) -> list[str]:
     tmux = which("tmux")
     if tmux is None:
         return []
+    import subprocess
+
     proc = subprocess.run([tmux, "-L", socket, "list-panes", "-a", "-F",
                            "#{session_name} #{pane_dead}"],
                           capture_output=True, text=True, env=_clean_env(),
@@ -112,7 +118,7 @@ class PaneCapture:
 
     def __init__(self, socket: str, session: str, lines: int):
         self.lines = lines
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self.error: str | None = None
         tmux = which("tmux")
         if tmux is None:
@@ -120,21 +126,18 @@ class PaneCapture:
             return
         argv = [tmux, "-L", socket, "capture-pane", "-p", "-J", "-t", f"={session}:",
                 "-S", f"-{max(lines, 1)}"]  # N history rows plus the visible ones
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, env=_clean_env())
+        self.proc = Child(argv, env=_clean_env())
 
     def result(self) -> list[str]:
         """Last ``lines`` non-blank-trailing lines; [] (with ``error`` set) when unavailable."""
         if self.proc is None:
             return []
         try:
-            out, err = self.proc.communicate(timeout=_TMUX_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
+            rc, out, err = self.proc.result(_TMUX_TIMEOUT_S)
+        except TimeoutError:
             self.error = "tmux capture-pane timed out"
             return []
-        if self.proc.returncode != 0:
+        if rc != 0:
             self.error = err.decode("utf-8", "replace").strip() or "capture-pane failed"
             return []
         rows: list[str] = []
@@ -152,5 +155,7 @@ def version() -> str | None:
     tmux = which("tmux")
     if tmux is None:
         return None
+    import subprocess
+
     proc = subprocess.run([tmux, "-V"], capture_output=True, text=True, timeout=_TMUX_TIMEOUT_S)
     return proc.stdout.strip() or None
