@@ -1,11 +1,12 @@
 """How far the FP8 target's features are from exact ones, layer by layer (one GPU, ~2 min).
 
 The reference is the bf16 target's own weights run in fp32 (the fused layers, pinned to
-transformers' own forward by a CPU test; TF32 off); against it, per feature layer, the relative L2 error of the target as
-the trainer runs it in bf16 (compiled), and in FP8 (``--target-precision fp8``, compiled)
-with and without Hopper's fast accumulation; each also timed alone (forward of ``--rows``
-x ``--seq`` tokens). The random-weight target amplifies any perturbation with depth, so the
-bf16 row is the yardstick for the FP8 rows, not zero::
+transformers' own forward by a CPU test; TF32 off); against it, per feature layer, the
+relative L2 error of the target as the trainer runs it in bf16 (compiled), and in FP8
+(``--target-precision fp8``, compiled) with and without Hopper's fast accumulation; each
+also timed alone (forward of ``--rows`` x ``--seq`` tokens). The random-weight target
+amplifies any perturbation with depth, so the bf16 row is the yardstick for the FP8 rows,
+not zero::
 
     PYTHONUNBUFFERED=1 python3 benchmarks/fp8_fidelity.py --out $OUT/fp8_fidelity.json
 """
