@@ -168,8 +168,9 @@ class TrainArgs:
     target_precision: str = field(default="bf16", metadata=_h(
         "the frozen target's matmuls: bf16 (the run's dtype: features as the bf16 model gives them) "
         "or fp8 (e4m3 weights per output channel and activations per token, fp32 scales; needs "
-        "compute capability 8.9+, e.g. H100/H200: the step ~1.2x faster, features within FP8 "
-        "rounding; for a target served in FP8, or when speed matters more than bit-exact features)"))
+        "compute capability 8.9+, e.g. H100/H200: the step ~1.35x faster on an H200, the features "
+        "carry FP8 rounding; for a target served in FP8, or when speed matters more than faithful "
+        "features: check the drafter's acceptance with eval before a real run switches)"))
     tokenizer: str | None = field(default=None, metadata=_h(
         "local tokenizer dir: renders 'messages'/'text' records and names the MASK token"))
     data: str = field(default="synthetic", metadata=_h(
