@@ -59,8 +59,10 @@ class Answer(t.NamedTuple):
     status: JobStatus | None = None
     #: the host reached over ssh, which has no mux yet: :func:`keep_warm` starts one
     cold_host: CachedHost | None = None
-    #: the ``ssh`` started for it when no launch record did: what :func:`remember_launch` keeps
+    #: the ``ssh`` started for it when no launch record did, and the private known_hosts it
+    #: names: what :func:`remember_launch` keeps
     ssh_argv: list[str] | None = None
+    known_hosts: str | None = None
 
     def document(self) -> dict[str, t.Any]:
         """``JobStatus.model_dump(mode="json")``, whichever way it was read."""
@@ -135,7 +137,7 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
             shape = ready_to_read()
             trace.mark("imports" if reading is None else "imports (waited for)")
     cold_host = None
-    ssh_argv = None
+    ssh_argv = known_hosts = None
     if result is None:
         from opsctl.remote import sshcall  # not on the warm path: subprocess, hmac, ssh argv
 
@@ -152,7 +154,7 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
         trace.mark("ssh wait")
         cold_host = spec
         if not call.adopted:
-            ssh_argv = call.ssh_argv
+            ssh_argv, known_hosts = call.ssh_argv, call.known_hosts
     label = f"{spec.label} ct {last.ctid}"
     if result.rc == 0:
         from opsctl.remote import leanreply
@@ -163,12 +165,13 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
                 from opsctl.remote.models import JobStatus
 
                 return Answer(label, status=JobStatus.model_validate(data), cold_host=cold_host,
-                              ssh_argv=ssh_argv)
+                              ssh_argv=ssh_argv, known_hosts=known_hosts)
             if shape is None:
                 raise leanreply.Unsure("JobStatus has no shape")
             doc = leanreply.normalize(data, shape)
             trace.mark("parse")
-            return Answer(label, doc=doc, cold_host=cold_host, ssh_argv=ssh_argv)
+            return Answer(label, doc=doc, cold_host=cold_host, ssh_argv=ssh_argv,
+                          known_hosts=known_hosts)
         except leanreply.Unsure:
             pass
     return _finish(last.host, last.ctid, result, accept_new_host_key=accept_new_host_key)
@@ -246,18 +249,17 @@ def _finish(host: str, ctid: int, result: cmd.CommandResult, *,
 def remember_launch(words: list[str], answer: Answer) -> None:
     """Keep the launch record of a status that started its own ``ssh`` (:mod:`.launchrecord`),
     with what that argv was derived from; call it once the answer is out."""
-    if answer.ssh_argv is None or answer.cold_host is None:
+    if answer.ssh_argv is None or answer.known_hosts is None or answer.cold_host is None:
         return
     import sys
 
     from opsctl.remote import launchrecord
 
     spec = answer.cold_host
-    known = next(a.partition("=")[2] for a in answer.ssh_argv if a.startswith("UserKnownHostsFile="))
     code = [m.__file__ for name, m in list(sys.modules.items())
             if (name == "opsctl" or name.startswith("opsctl.")) and getattr(m, "__file__", None)]
     files = [str(p) for p in targetcache.stamp_paths()] + [
-        str(targetcache.path()), str(last_target.path()), str(spec.known_hosts_path()), known,
-        *t.cast(list[str], code)]
+        str(targetcache.path()), str(last_target.path()), str(spec.known_hosts_path()),
+        answer.known_hosts, *t.cast(list[str], code)]
     sock = mux_socket.socket_path(spec, create=False) if mux_socket.enabled() else None
     launchrecord.store(words, answer.ssh_argv, files, None if sock is None else str(sock))

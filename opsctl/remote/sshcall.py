@@ -56,8 +56,8 @@ class SshCall:
 
     def __init__(self, pid: int, stdout: int, stderr: int, label: str, command: str,
                  argv: list[str], limit: float | None, what: str, *,
-                 ssh_argv: list[str] | None = None, started: float | None = None,
-                 adopted: bool = False):
+                 ssh_argv: list[str] | None = None, known_hosts: str | None = None,
+                 started: float | None = None, adopted: bool = False):
         self.pid = pid
         self.got = {stdout: bytearray(), stderr: bytearray()}  # fd -> what was read
         self.open_fds = set(self.got)
@@ -69,6 +69,7 @@ class SshCall:
         self.limit = limit
         self.what = what
         self.ssh_argv = ssh_argv  # what was spawned (the launch record keeps it)
+        self.known_hosts = known_hosts  # the private known_hosts in that argv (and its stat)
         self.adopted = adopted  # started from the launch record
         self.started = time.monotonic() if started is None else started
 
@@ -130,9 +131,10 @@ class SshCall:
                              via="openssh")
 
 
-def ssh_command(spec: MuxHost, command: str) -> list[str] | None:
-    """The ``ssh`` argv that runs ``command`` on the host; None when this lane cannot take it
-    (a ProxyJump, no key the paramiko path would accept)."""
+def ssh_command(spec: MuxHost, command: str) -> tuple[list[str], str] | None:
+    """The ``ssh`` argv that runs ``command`` on the host, and the private known_hosts file it
+    names; None when this lane cannot take it (a ProxyJump, no key the paramiko path would
+    accept)."""
     if spec.proxy_jump:
         return None
     name = known_hosts_name(spec.address, spec.port)
@@ -140,7 +142,7 @@ def ssh_command(spec: MuxHost, command: str) -> list[str] | None:
     if known is None:
         return None
     return sshclient.ssh_argv(spec, known, options=["-o", "BatchMode=yes"],  # type: ignore[arg-type]
-                              command=command, program="ssh")
+                              command=command, program="ssh"), str(known)
 
 
 def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float | None,
@@ -153,18 +155,19 @@ def start(spec: MuxHost, command: str, argv: list[str], *, local_deadline: float
     argv is exactly the one this would start (its deadline counts from its own start), else
     killed.
     """
-    ssh = ssh_command(spec, command)
-    if ssh is None:
+    spelled = ssh_command(spec, command)
+    if spelled is None:
         return None
+    ssh, known = spelled
     connect_s = float(t.cast(SshHost, spec).connect_timeout_s)
     limit = None if local_deadline is None else local_deadline + connect_s
     if early is not None and early.ssh_argv == ssh:
         pid, out_r, err_r, started = early.adopt()
         return SshCall(pid, out_r, err_r, spec.label, command, argv, limit, what, ssh_argv=ssh,
-                       started=started, adopted=True)
+                       known_hosts=known, started=started, adopted=True)
     if early is not None:
         early.discard()
     got = sshspawn.spawn(ssh)
     if got is None:  # no ssh on PATH (or not runnable)
         return None
-    return SshCall(*got, spec.label, command, argv, limit, what, ssh_argv=ssh)
+    return SshCall(*got, spec.label, command, argv, limit, what, ssh_argv=ssh, known_hosts=known)
