@@ -342,3 +342,30 @@ def check_notify_urls(urls: list[str]) -> list[str]:
     if bad:
         raise ValueError(f"not an http(s) URL: {', '.join(repr(u) for u in bad)}")
     return urls
+
+
+# --- multi-node runs ----------------------------------------------------------
+
+#: A job spec's (and its status's) membership in a multi-node run (``deploy --nodes``):
+#: ``{"id": RUN_ID, "node": INDEX, "nodes": COUNT}``. Every node's job of one run carries the
+#: same id; ``status``/``stop --nodes`` act only on jobs that carry it, and refuse a node list
+#: whose current jobs are not one run. A single-container job has none (null).
+RUN_FIELD = "run"
+#: The most nodes one run may have (``--nodes``): far above any Proxmox cluster's GPU
+#: containers; a typo guard, not a limit.
+MAX_RUN_NODES = 64
+
+
+def validate_run(raw: t.Any) -> dict[str, t.Any] | None:
+    """A spec's ``run`` as the agent keeps it, or None; ``ValueError`` names the problem."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"id", "node", "nodes"}:
+        raise ValueError("run must be an object {id, node, nodes}")
+    run_id, node, nodes = raw["id"], raw["node"], raw["nodes"]
+    if not isinstance(run_id, str) or not re.fullmatch(JOB_ID_PATTERN, run_id):
+        raise ValueError(f"run.id {run_id!r} is not a job-id-shaped name")
+    ints = [x for x in (node, nodes) if isinstance(x, int) and not isinstance(x, bool)]
+    if len(ints) != 2 or not 1 <= nodes <= MAX_RUN_NODES or not 0 <= node < nodes:
+        raise ValueError(f"run.node must be 0..nodes-1 and run.nodes 1..{MAX_RUN_NODES}")
+    return {"id": run_id, "node": node, "nodes": nodes}

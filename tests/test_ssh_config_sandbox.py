@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from opsctl.config import inventory
+from opsctl.errors import ConfigError
 from tests.second_sshd import SwitchingProxy
 
 
@@ -65,7 +66,15 @@ class TestPrecedence:
     def test_a_wildcard_host_block_applies_too(self, home):
         ssh_config(home, "Host *.lab !skip.lab\n  User labber\n")
         assert inventory.load([]).resolve("a.lab").user == "labber"
-        assert inventory.load([]).resolve("skip.lab").user == "root"
+        # excluded from the block, in no inventory, not an address: never looked up (class 9)
+        with pytest.raises(ConfigError, match="unknown host 'skip.lab'"):
+            inventory.load([]).resolve("skip.lab")
+
+    def test_a_catch_all_host_block_configures_no_name(self, home):
+        ssh_config(home, "Host *\n  User everyone\n")
+        with pytest.raises(ConfigError, match="unknown host 'nosuch'"):
+            inventory.load([]).resolve("nosuch")
+        assert inventory.load([]).resolve("127.0.0.1").user == "everyone"
 
 
 @pytest.mark.sandbox

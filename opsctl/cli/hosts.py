@@ -10,15 +10,37 @@ from opsctl.cli.app import OpsctlGroup, json_option
 
 @click.command()
 @click.option("--check", is_flag=True, help="Also connect to each host and list its containers.")
+@click.option("--example", is_flag=True,
+              help="Print the example inventory file shipped with opsctl (never read as hosts); "
+                   "copy it to ~/.opsctl/inventory/hosts.yaml and edit it.")
 @json_option
-def hosts(check: bool, as_json: bool) -> None:
-    """Hosts and containers in the inventory (reachability with --check)."""
+def hosts(check: bool, example: bool, as_json: bool) -> None:
+    """Hosts and containers in the inventory (reachability with --check).
+
+    Hosts come from $OPSCTL_INVENTORY, ./inventory/ and ~/.opsctl/inventory/ only: a fresh
+    install has none and contacts nothing."""
     from opsctl.cli import render
+
+    if example:
+        if check or as_json:
+            raise errors.ConfigError("hosts --example prints a file: no --check or --json")
+        from opsctl.config import paths
+
+        click.echo(paths.EXAMPLE_INVENTORY.read_text(encoding="utf-8"), nl=False)
+        return
+    from opsctl.config import paths
     from opsctl.ops import hosts as hosts_ops
 
     rows = hosts_ops.list_hosts(check=check)
     if as_json:
-        render.print_json({"hosts": [r.to_dict() for r in rows]})
+        render.print_json({"hosts": [r.to_dict() for r in rows],
+                           "search_path": [{"origin": d.origin, "path": str(d.path)}
+                                           for d in paths.inventory_search()]})
+        return
+    if not rows:
+        searched = ", ".join(str(d.path) for d in paths.inventory_search()) or "(none)"
+        click.echo(f"no hosts: no inventory file defines one (searched {searched}); "
+                   "`opsctl hosts --example` shows the format")
         return
     render.hosts(render.console(), rows)
 

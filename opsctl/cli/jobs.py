@@ -244,15 +244,13 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
                                      "(one node of the run)")
         from opsctl.ops import multinode
 
-        report = multinode.status(run[0], run[1], lines=lines, accept_new_host_key=accept_new_host_key)
-        if as_json:
-            from opsctl.cli.jsonout import print_json
-
-            print_json({"ok": True, **report.to_dict()})
-        else:
-            from opsctl.cli import render
-
-            render.run_table(render.console(), report)
+        try:
+            report = multinode.status(run[0], run[1], lines=lines,
+                                      accept_new_host_key=accept_new_host_key)
+        except errors.FleetIncomplete as exc:  # a node not asked: every row shown, never "ok"
+            _show_run(exc.report, as_json, render.run_table, exc)
+            raise
+        _show_run(report, as_json, render.run_table)
         return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         err = render.console(stderr=True)
@@ -371,13 +369,17 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
     if run is not None:
         from opsctl.ops import multinode
 
-        report = multinode.stop(run[0], run[1], grace_s, accept_new_host_key=accept_new_host_key)
-        failed = any(r.error or (r.stop and r.stop.remaining_pids) for r in report.nodes)
+        try:
+            report = multinode.stop(run[0], run[1], grace_s, accept_new_host_key=accept_new_host_key)
+        except errors.FleetIncomplete as exc:  # the nodes reached were stopped; not "ok"
+            _show_run(exc.report, as_json, render.run_stop_lines, exc)
+            raise
+        survivors = any(r.stop and r.stop.remaining_pids for r in report.nodes)
         if as_json:
-            render.print_json({"ok": not failed, **report.to_dict()})
+            render.print_json({"ok": not survivors, **report.to_dict()})
         else:
             render.run_stop_lines(render.console(), report)
-        if failed:
+        if survivors:
             sys.exit(errors.REMOTE_FAILED)
         return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
@@ -417,6 +419,20 @@ def jobs_cmd(host: str | None, ctid: int | None, accept_new_host_key: bool, all_
     from opsctl.cli import render
 
     render.jobs_table(render.console(), tgt.label, listed)
+def _show_run(report: t.Any, as_json: bool, show: t.Callable[[t.Any, t.Any], None],
+              exc: errors.OpsctlError | None = None) -> None:
+    """A multi-node run's report: one document with ``ok`` (false with the error when a
+    node could not be asked), or the per-node lines (the error follows on stderr)."""
+    from opsctl.cli import render
+
+    if not as_json:
+        show(render.console(), report)
+    elif exc is not None:
+        print_failure(report.to_dict(), exc.to_dict())
+    else:
+        render.print_json({"ok": True, **report.to_dict()})
+
+
 def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
                job_id: str | None) -> t.Any:
     """(nodes, job id) when the command addresses a multi-node run, else None.

@@ -1,12 +1,15 @@
 """Hosts and containers from ``inventory/*.yaml`` (pydantic at the boundary).
 
-Files are read from ``$OPSCTL_INVENTORY``, the current directory's ``inventory/``,
-``$OPSCTL_HOME/inventory/`` (where ``opsctl sandbox up`` writes ``sandbox.yaml``), then the
-bundled one (``opsctl/config/paths.py``); the first definition of a host name (or of a torch
-build's field) wins. ``--host`` also takes a bare address (``10.1.2.6``,
-``root@10.1.2.6:2222``, ``[::1]:2222``) with defaults user=root, port 22. A host name that is
-an alias in ``~/.ssh/config`` gets its HostName, User, Port, IdentityFile and ProxyJump unless
-the inventory or ``--host`` sets them (opsctl/config/sshconfig.py).
+Files are read from ``$OPSCTL_INVENTORY``, the current directory's ``inventory/`` and
+``$OPSCTL_HOME/inventory/`` (where ``opsctl sandbox up`` writes ``sandbox.yaml``)
+(``opsctl/config/paths.py``); the first definition of a host name (or of a torch build's
+field) wins. The package's own inventory is an example only (``opsctl hosts --example``).
+``--host`` also takes a bare address (``10.1.2.6``, ``root@10.1.2.6:2222``, ``[::1]:2222``)
+with defaults user=root, port 22. A host name that is an alias in ``~/.ssh/config`` gets its
+HostName, User, Port, IdentityFile and ProxyJump unless the inventory or ``--host`` sets them
+(opsctl/config/sshconfig.py). Any other name (in no inventory, named by no ``~/.ssh/config``
+``Host`` line, not an IP address, not ``localhost``) is an error before any lookup: opsctl
+never asks DNS about a name nobody configured (issue 23, class 9).
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class Inventory:
     torch_builds: dict[str, t.Any]
     origins: dict[str, str] = field(default_factory=dict)  # host name -> the file defining it
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> host names
+    searched: tuple[str, ...] = ()  # the directories read, in lookup order (for errors)
 
     def select(self, pattern: str | None) -> list[str]:
         """Host names for a fleet command: every host, a group's members, or a glob on names.
@@ -138,24 +142,33 @@ class Inventory:
                                    f"{', '.join(sorted(self.groups)) or '(none)'}")
         return names
 
-    def resolve(self, host: str) -> HostSpec:
+    def resolve(self, host: str, *, configured: bool = False) -> HostSpec:
         """An inventory name, or a bare ``[user@]address[:port]``.
 
+        A name that is not an IP address must be configured somewhere: an inventory host's
+        name or ``address``, or an ``~/.ssh/config`` ``Host`` (:func:`.sshconfig.configures`),
+        or ``localhost``. Nothing is looked up in DNS here, and an unknown name never reaches
+        ssh (which would). ``configured``: the text itself comes from a configuration (a
+        ProxyJump hop the inventory or ``~/.ssh/config`` names), so any host name is fine.
+
         Raises:
-            ConfigError: neither a known name nor something that looks like an address.
+            ConfigError: neither a known name nor an address; the message names the
+                inventory directories searched.
         """
         if host in self.hosts:
             spec = self.hosts[host]
             return _with_ssh_config(spec, spec.model_fields_set)
         m = _BARE.fullmatch(host)
         if m is None:
-            known = ", ".join(sorted(self.hosts)) or "(none)"
-            raise ConfigError(f"unknown host {host!r}: not in the inventory and not an address",
-                              hint=f"known hosts: {known}; or pass an address like 10.1.2.6")
+            raise self._unknown(host)
         address = check_address(m["bracketed"] or m["address"], what=f"--host {host!r}")
         port = None if m["port"] is None else check_port(m["port"], what=f"--host {host!r}")
         by_address = [h for h in self.hosts.values()
                       if h.address == address and (port is None or port == h.port)]
+        if not (configured or by_address or _is_ip(address) or address == "localhost"
+                or any(h.address == address for h in self.hosts.values())
+                or sshconfig.configures(address)):
+            raise self._unknown(host)
         if by_address and m["user"] is None:
             return _with_ssh_config(by_address[0], by_address[0].model_fields_set)
         given: dict[str, t.Any] = {"name": host, "address": address}
@@ -164,6 +177,25 @@ class Inventory:
         if port is not None:
             given["port"] = port
         return _with_ssh_config(HostSpec(**given), given)
+
+
+    def _unknown(self, host: str) -> ConfigError:
+        searched = ", ".join(self.searched) or "(no inventory directory)"
+        known = ", ".join(sorted(self.hosts)) or "(none)"
+        return ConfigError(f"unknown host {host!r}: in no inventory (searched {searched}), not in "
+                           "~/.ssh/config and not an IP address; nothing was looked up",
+                           hint=f"known hosts: {known}; add it to ~/.opsctl/inventory/hosts.yaml "
+                                "(`opsctl hosts --example`) or pass an address like 10.1.2.6")
+
+
+def _is_ip(address: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 # [user@]address[:port]; address is a host name, an IPv4 address, or a bracketed IPv6/IPv4
@@ -189,8 +221,8 @@ def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
     origins: dict[str, str] = {}
     builds: dict[str, t.Any] = {}
     groups: dict[str, tuple[str, ...]] = {}
-    files = [path for d in (dirs if dirs is not None else paths.inventory_dirs()) if d.is_dir()
-             for path in sorted(d.glob("*.yaml"))]
+    searched = list(dirs if dirs is not None else paths.inventory_dirs())
+    files = [path for d in searched if d.is_dir() for path in sorted(d.glob("*.yaml"))]
     for path in reversed(files):  # read last first, so that the first definition wins
         data, lines = yamlfile.load(path)
         parsed = yamlfile.validate(InventoryFile, data or {}, path, lines)
@@ -204,4 +236,4 @@ def load(dirs: t.Sequence[Path] | None = None) -> Inventory:
             else:
                 builds[variant] = row
     return Inventory(hosts=hosts, sources=tuple(str(p) for p in files), torch_builds=builds,
-                     origins=origins, groups=groups)
+                     origins=origins, groups=groups, searched=tuple(map(str, searched)))

@@ -3,6 +3,11 @@
 A multi-node deploy (``--nodes``) also records its node list (``HOST:CT`` strings, node 0
 first; ``host``/``ctid`` are node 0's), so ``status`` and ``stop`` without flags address every
 node of that run.
+
+The name is remembered with what it resolved to (``user@address[:port]``, and each node's):
+a later ``./inventory`` (or ``~/.ssh/config``) that defines the same name elsewhere does not
+silently redirect a flagless ``status``/``stop``: :func:`check_address` refuses, naming both,
+and the user says which with ``--host``/``--ct`` (issue 23, class 10).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ class LastTarget(t.NamedTuple):
     ctid: int
     job_id: str | None = None
     nodes: tuple[str, ...] = ()  # a multi-node run's HOST:CT list, node 0 first
+    #: what ``host`` resolved to at the deploy (``user@address[:port]``); None: not known
+    address: str | None = None
+    node_addresses: tuple[str, ...] = ()  # the same, per node of ``nodes``
 
 
 def path() -> Path:
@@ -41,8 +49,11 @@ def load() -> LastTarget | None:
     try:
         data = json.loads(path().read_text(encoding="utf-8"))
         nodes = data.get("nodes") or ()
+        address = data.get("address")
         return LastTarget(host=str(data["host"]), ctid=int(data["ctid"]), job_id=data.get("job_id"),
-                          nodes=tuple(str(n) for n in nodes))
+                          nodes=tuple(str(n) for n in nodes),
+                          address=None if address is None else str(address),
+                          node_addresses=tuple(str(a) for a in data.get("node_addresses") or ()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -55,14 +66,16 @@ def remembers_run() -> bool:
 
 
 def resolve(host: str | None, ctid: int | None) -> LastTarget:
-    """Explicit flags win; otherwise the last deploy's target.
+    """Explicit flags win; otherwise the last deploy's target. A host taken from memory comes
+    with the address it resolved to then (``address``), for :func:`check_address`.
 
     Raises:
         ConfigError: nothing given and nothing remembered.
     """
     last = load()
+    remembered = None
     if host is None and last is not None:
-        host = last.host
+        host, remembered = last.host, last.address
     if ctid is None and last is not None and host == last.host:
         ctid = last.ctid
     if host is None or ctid is None:
@@ -70,4 +83,20 @@ def resolve(host: str | None, ctid: int | None) -> LastTarget:
                           hint="e.g. opsctl status --host sandbox --ct 200")
     job = last.job_id if last is not None and ((last.host, last.ctid) == (host, ctid)
                                                or f"{host}:{ctid}" in last.nodes) else None
-    return LastTarget(host=host, ctid=ctid, job_id=job)
+    return LastTarget(host=host, ctid=ctid, job_id=job, address=remembered)
+
+
+def check_address(name: str, remembered: str | None, now: str, origin: str | None = None) -> None:
+    """Refuse a remembered target whose name now resolves somewhere else.
+
+    Raises:
+        ConfigError: ``remembered`` (what ``name`` resolved to at the deploy) differs from
+            ``now``; nothing was contacted.
+    """
+    if remembered is None or remembered == now:
+        return
+    where = f" ({origin})" if origin else ""
+    raise ConfigError(f"the remembered target {name!r} was {remembered} at the last deploy, but "
+                      f"{name!r} now resolves to {now}{where}; not following the new definition "
+                      "silently", hint=f"say which: --host {name} (as defined now) or --host "
+                                       f"{remembered}, with --ct")

@@ -6,11 +6,14 @@ Lookup order, first match wins (a name found earlier shadows the same name later
 1. the current directory's ``playbooks/`` / ``inventory/`` (a project checkout),
 2. ``$OPSCTL_HOME/playbooks/`` / ``$OPSCTL_HOME/inventory/`` (``~/.opsctl/…``; ``opsctl sandbox
    up`` writes ``inventory/sandbox.yaml`` there),
-3. the ones bundled inside the installed package (``opsctl/bundled/``).
+3. playbooks only: the ones bundled inside the installed package (``opsctl/bundled/``).
 
-Inventory also reads ``$OPSCTL_INVENTORY`` (a directory) before all of these, and
-``OPSCTL_INVENTORY_DIRS`` (os.pathsep-separated) replaces the whole inventory list; tests use it
-so that the shipped example host (a real 10.x address) is never contacted.
+Hosts come only from the user's directories: the package carries its inventory as an
+example (:data:`EXAMPLE_INVENTORY`, ``opsctl hosts --example``), never as an entry, so a
+fresh install dials no host nobody configured (issue 23, class 9). Inventory also reads
+``$OPSCTL_INVENTORY`` (a directory) before all of these, and ``OPSCTL_INVENTORY_DIRS``
+(os.pathsep-separated) replaces the whole inventory list; tests use it so that they read only
+their own inventory.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from opsctl.config import homedir
 PACKAGE = Path(__file__).resolve().parent.parent  # opsctl/
 REPO_ROOT = PACKAGE.parent  # the checkout, or site-packages when installed
 BUNDLED = PACKAGE / "bundled"
+#: The example inventory shipped with the package: shown, copied, never read as hosts.
+EXAMPLE_INVENTORY = BUNDLED / "examples" / "hosts.yaml"
 
 
 class SearchDir(t.NamedTuple):  # not a dataclass: `status` reads paths before its ssh starts
@@ -85,7 +90,7 @@ def playbook_dirs() -> list[SearchDir]:
 
 
 def inventory_search() -> list[SearchDir]:
-    """``$OPSCTL_INVENTORY``, ``./inventory``, ``$OPSCTL_HOME/inventory``, bundled (first wins).
+    """``$OPSCTL_INVENTORY``, ``./inventory``, ``$OPSCTL_HOME/inventory`` (first wins).
 
     ``OPSCTL_INVENTORY_DIRS`` replaces the whole list (in its order).
     """
@@ -96,8 +101,7 @@ def inventory_search() -> list[SearchDir]:
     extra = os.environ.get("OPSCTL_INVENTORY")
     if extra:
         dirs.append(SearchDir(Path(extra), "env"))
-    dirs += [SearchDir(Path.cwd() / "inventory", "cwd"), SearchDir(home() / "inventory", "home"),
-             SearchDir(BUNDLED / "inventory", "bundled")]
+    dirs += [SearchDir(Path.cwd() / "inventory", "cwd"), SearchDir(home() / "inventory", "home")]
     return _dedup(dirs)
 
 

@@ -54,6 +54,38 @@ def _may_apply(text: str, alias: str) -> bool:
     return False
 
 
+def configures(alias: str) -> bool:
+    """Whether ``~/.ssh/config`` names ``alias``: a ``Host`` line with a pattern other than a
+    bare ``*`` matches it (and no ``!pattern`` excludes it). A config with ``Include`` or
+    ``Match`` names it when paramiko's lookup applies anything to it. A catch-all ``Host *``
+    names nothing: it would make every typo a configured host (issue 23, class 9).
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    path = config_path()
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    for line in text.splitlines():
+        m = _SCAN.match(line)
+        if m is None or line.lstrip().startswith("#"):
+            continue
+        word, patterns = m[1].lower(), m[2].split()
+        if word in ("match", "include") or (word == "host" and '"' in m[2]):
+            return bool(lookup(alias))
+        if word != "host" or any(p.startswith("!") and fnmatch.fnmatchcase(alias, p[1:])
+                                 for p in patterns):
+            continue
+        if any(p != "*" and not p.startswith("!") and fnmatch.fnmatchcase(alias, p)
+               for p in patterns):
+            return True
+    return False
+
+
 def lookup(alias: str) -> dict[str, t.Any]:
     """The applied keywords ``~/.ssh/config`` gives ``alias`` (empty when none or no file).
 

@@ -2,7 +2,7 @@
 
 A build is a variant (``cpu``, ``cu128``, ``cu130``, ...) plus a torch release; the variant
 is the wheel's local tag, so the exact pin is ``torch==<version>+<variant>``. Defaults ship
-in ``inventory/torch-builds.yaml``; any inventory file's ``torch_builds:`` and a host's
+in ``opsctl/bundled/torch-builds.yaml``; any inventory file's ``torch_builds:`` and a host's
 ``torch_builds:`` override them field by field, so a mirror or an air-gapped host changes
 one line, not the table.
 
@@ -28,7 +28,7 @@ from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError, TorchEnvError
 from remote_payload import wire
 
-DEFAULTS_PATH = paths.BUNDLED / "inventory" / "torch-builds.yaml"
+DEFAULTS_PATH = paths.BUNDLED / "torch-builds.yaml"
 DEFAULT_INDEX = "https://download.pytorch.org/whl/{variant}"
 _SAVED_RE = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S.*\S)\s*$")
 

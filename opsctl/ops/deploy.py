@@ -160,7 +160,8 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
                                        force_gpus=force_gpus, secrets=secrets)
     except KeyboardInterrupt:
         raise interrupted_deploy(tgt, job_id, steps) from None
-    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id))
+    target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id,
+                                          address=tgt.host.ssh_label()))
     outcome = "launched"
     if wait:
         step("watch")

@@ -54,6 +54,7 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     last = target_mod.resolve(host, ctid)
     inv = inventory_mod.load()
     spec = inv.resolve(last.host)
+    target_mod.check_address(last.host, last.address, spec.ssh_label(), inv.origins.get(last.host))
     targetcache.store(last.host, spec)  # so the next `status` reads no YAML (opsctl/ops/quickstatus.py)
     if last.ctid < 100:
         raise ConfigError(f"container id {last.ctid} is not valid: Proxmox ids start at 100")

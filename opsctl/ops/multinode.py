@@ -1,7 +1,13 @@
 """``opsctl deploy --nodes``: one training run across containers (and hosts), through torchrun.
 
 A run is one agent job per node, all with the same job id, each running torchrun with the
-same c10d rendezvous (:mod:`opsctl.ops.torchrun`). opsctl schedules nothing itself: torchrun
+same c10d rendezvous (:mod:`opsctl.ops.torchrun`). Every node's job spec carries the run's
+membership (``wire.RUN_FIELD``: the run id, the node's index, the node count), so
+``status``/``stop --nodes`` act only on that run's jobs and refuse (exit 2) a node list whose
+jobs are not one run; a node that could not be asked makes the answer incomplete (``"ok":
+false``, exit 27), never a run that "was stopped". Before anything is contacted every node is
+resolved to the container it names (address, port, jump host, ct): the same container named
+two ways (``127.0.0.1:2222:201`` and ``sandbox:201``) is refused (exit 2). opsctl schedules nothing itself: torchrun
 starts and numbers the ranks, and when one node's agent or rank dies the others' rendezvous
 or collectives fail, so their jobs end too. opsctl's part:
 
@@ -35,15 +41,18 @@ from opsctl.config import last_target as target_mod
 from opsctl.config.nodes import NodeRef, parse_nodes
 from opsctl.errors import (
     ConfigError,
+    FleetIncomplete,
     Interrupted,
     JobFailed,
     JobUnhealthy,
     OpsctlError,
     RemoteCommandFailed,
+    UnknownJob,
 )
 from opsctl.ops import jobs, torchrun, watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.models import JobStatus, StopResult
+from remote_payload import wire
 
 if t.TYPE_CHECKING:  # deploy (playbooks, payload) is imported by deploy only: status stays light
     from opsctl.config.playbook import Playbook
@@ -80,11 +89,13 @@ class NodeRow:
     status: JobStatus | None = None
     stop: StopResult | None = None
     error: str | None = None
+    error_exit_code: int | None = None  # the error's exit code (26: the node has no such job)
     address: str | None = None  # what it announced to the rendezvous (deploy only)
 
     def to_dict(self) -> dict[str, t.Any]:
         return {"index": self.index, "node": self.node, "label": self.label,
                 "address": self.address, "error": self.error,
+                "error_exit_code": self.error_exit_code,
                 "status": self.status.model_dump(mode="json") if self.status else None,
                 "stop": self.stop.model_dump(mode="json") if self.stop else None}
 
@@ -107,8 +118,14 @@ class RunReport:
     def state(self) -> str:
         return run_state(self.nodes)
 
+    @property
+    def complete(self) -> bool:
+        """Every node answered (a run is never "ok" while a node could not be asked)."""
+        return not any(r.error for r in self.nodes)
+
     def to_dict(self) -> dict[str, t.Any]:
         return {"job_id": self.job_id, "playbook": self.playbook, "state": self.state,
+                "complete": self.complete,
                 "outcome": self.outcome, "rendezvous": self.rendezvous,
                 "elapsed_s": round(self.elapsed_s, 3), "failed_node": self.failed_node,
                 "summary": self.summary, "nodes": [n.to_dict() for n in self.nodes],
@@ -147,10 +164,36 @@ def open_nodes(refs: t.Sequence[NodeRef], *, accept_new_host_key: bool = False) 
         for i, ref in enumerate(refs):
             out.append(Node(i, ref, jobs.open_target(ref.host, ref.ctid,
                                                      accept_new_host_key=accept_new_host_key)))
+        refuse_duplicates(out)
     except BaseException:
         close_nodes(out)
         raise
     return out
+
+
+def container_key(node: Node) -> tuple[str, int, str | None, int]:
+    """What identifies the container a node names, however it was written: the host's
+    resolved address and port, the jump host it is reached through, and the ct.
+
+    The user is left out on purpose: ``root@H:200`` and ``admin@H:200`` are one container.
+    """
+    host = node.target.host
+    return host.address, host.port, host.proxy_jump, node.target.ctid
+
+
+def refuse_duplicates(nodes: t.Sequence[Node]) -> None:
+    """Refuse a node list that names one container twice (nothing was contacted yet).
+
+    Raises:
+        ConfigError: two items resolve to the same container; the message names both.
+    """
+    seen: dict[tuple[str, int, str | None, int], Node] = {}
+    for node in nodes:
+        first = seen.setdefault(container_key(node), node)
+        if first is not node:
+            raise ConfigError(f"--nodes: {first.ref} and {node.ref} are the same container "
+                              f"({node.target.host.ssh_label()} ct {node.target.ctid}): one job "
+                              "per container", hint="list each container once")
 
 
 def close_nodes(nodes: t.Iterable[Node]) -> None:
@@ -235,8 +278,11 @@ def _verdict(report: RunReport) -> None:
     bad = first_failure(report.nodes)
     if bad is not None:
         report.failed_node = bad.index
+    unreached = "; ".join(f"node {r.index} ({r.label}) not reached: {r.error}"
+                          for r in report.nodes if r.error)
     if bad is not None and report.state == "CANCELLED":
-        report.summary = f"run {report.job_id} was stopped"
+        report.summary = (f"run {report.job_id} was stopped" if not unreached else
+                          f"run {report.job_id} was stopped on the nodes reached; {unreached}")
     elif bad is not None:
         others = [r for r in report.nodes if r is not bad]
         tail = "; ".join(f"node {r.index}: {r.status.state.value if r.status else r.error}"
@@ -253,16 +299,20 @@ def _verdict(report: RunReport) -> None:
 
 def status(refs: t.Sequence[NodeRef], job_id: str | None, *, lines: int = 20,
            accept_new_host_key: bool = False) -> RunReport:
-    """Every node's job, asked in parallel; a node that cannot be asked is a row with its error.
+    """Every node's job of one run, asked in parallel.
 
     Raises:
-        ConfigError: an unknown host in the node list.
+        ConfigError: an unknown host or a duplicate container in the node list, or the
+            nodes' jobs are not one run (:func:`one_run`).
+        FleetIncomplete: a node could not be asked; ``report`` holds every row (exit 27).
     """
     with opened(refs, accept_new_host_key=accept_new_host_key) as nodes:
+        _check_remembered(nodes)
         rows = _poll(nodes, job_id, lines)
-    report = RunReport(job_id or _job_of(rows), rows, outcome="")
+    report = RunReport(one_run(rows, job_id) or job_id or "", rows, outcome="")
     report.outcome = report.state
     _verdict(report)
+    _refuse_incomplete(report, "status")
     return report
 
 
@@ -270,13 +320,88 @@ def stop(refs: t.Sequence[NodeRef], job_id: str | None, grace_s: float, *,
          accept_new_host_key: bool = False) -> RunReport:
     """Stop the run's job on every node at once (their grace periods overlap).
 
+    Each node's job is looked up first and checked to be one of the run's (:func:`one_run`);
+    then exactly those jobs are stopped, by their ids. A node that could not be asked keeps
+    its error row: the nodes reached are stopped, and the report is incomplete.
+
     Raises:
-        ConfigError: an unknown host in the node list.
+        ConfigError: an unknown host or a duplicate container in the node list, or the
+            nodes' jobs are not one run (nothing was stopped).
+        FleetIncomplete: a node could not be reached; ``report`` holds every row (exit 27).
     """
     with opened(refs, accept_new_host_key=accept_new_host_key) as nodes:
-        rows = _rows(nodes, fan_out(nodes, lambda n: jobs.stop(n.target, job_id, grace_s)), "stop")
-    return RunReport(job_id or next((r.stop.job_id for r in rows if r.stop), ""), rows,
-                     outcome="stopped")
+        _check_remembered(nodes)
+        found = _poll(nodes, job_id, 0)
+        run_id = one_run(found, job_id)
+        ids = {r.index: r.status.job_id for r in found if r.status is not None}
+        reached = [n for n in nodes if n.index in ids]
+        stopped = _rows(reached, fan_out(reached, lambda n: jobs.stop(n.target, ids[n.index],
+                                                                      grace_s)), "stop")
+    by_index = {r.index: r for r in stopped}
+    rows = [by_index.get(r.index, r) for r in found]
+    report = RunReport(run_id or job_id or "", rows, outcome="stopped")
+    if not report.complete:
+        report.summary = "; ".join(f"node {r.index} ({r.label}) not reached: {r.error}"
+                                   for r in rows if r.error)
+    _refuse_incomplete(report, "stop")
+    return report
+
+
+def _check_remembered(nodes: t.Sequence[Node]) -> None:
+    """The remembered run's node list (the same ``HOST:CT`` text) must still resolve where
+    its deploy went: a redefined name is refused, not followed (nothing contacted yet).
+
+    Raises:
+        ConfigError: a node's name now resolves to another address than at the deploy.
+    """
+    last = target_mod.load()
+    if last is None or last.nodes != tuple(str(n.ref) for n in nodes):
+        return
+    for node, then in zip(nodes, last.node_addresses, strict=False):
+        target_mod.check_address(node.ref.host, then, node.target.host.ssh_label(),
+                                 node.target.inventory.origins.get(node.ref.host))
+
+
+def one_run(rows: t.Sequence[NodeRow], job_id: str | None) -> str | None:
+    """The run id every answering node's job carries, or None when no node answered.
+
+    The nodes' jobs are one run when each answering node's job carries the same run
+    membership (``wire.RUN_FIELD``), the run has exactly as many nodes as the list, and no
+    node index appears twice. A node that answered "no such job" (exit 26) is not the run's.
+
+    Raises:
+        ConfigError: the nodes' jobs are not one run; the message shows each node's job.
+    """
+    answered = [r for r in rows if r.status is not None]
+    missing = [r for r in rows if r.error_exit_code == UnknownJob.exit_code]
+    runs = {r.status.run.id if r.status and r.status.run else None for r in answered}
+    counts = {r.status.run.nodes for r in answered if r.status and r.status.run}
+    indices = [r.status.run.node for r in answered if r.status and r.status.run]
+    if not missing and len(runs) <= 1 and None not in runs and counts <= {len(rows)} \
+            and len(set(indices)) == len(indices):
+        return next(iter(runs), None)
+
+    def shown(r: NodeRow) -> str:
+        if r.status is None:
+            return f"node {r.index} ({r.node}): {r.error}"
+        run = r.status.run
+        member = (f"node {run.node} of {run.nodes} of run {run.id}" if run else
+                  "not part of a multi-node run")
+        return f"node {r.index} ({r.node}): job {r.status.job_id}, {member}"
+
+    which = f"job {job_id}" if job_id else "current jobs"
+    raise ConfigError(f"--nodes: the nodes' {which} are not one run (nothing was changed): "
+                      + "; ".join(shown(r) for r in rows),
+                      hint="name the run's nodes (as `deploy --nodes` did) and its id: "
+                           "--nodes H:CT,... --job RUN_ID")
+
+
+def _refuse_incomplete(report: RunReport, verb: str) -> None:
+    if not report.complete:
+        bad = ", ".join(f"node {r.index} ({r.node})" for r in report.nodes if r.error)
+        raise FleetIncomplete(f"{verb} --nodes: {bad} could not be asked; the answer is "
+                              "incomplete", report=report,
+                              hint="check the node (opsctl hosts --check), then run it again")
 
 
 def _poll(nodes: t.Sequence[Node], job_id: str | None, lines: int) -> list[NodeRow]:
@@ -290,15 +415,11 @@ def _rows(nodes: t.Sequence[Node], results: t.Sequence[t.Any], field: str) -> li
     for node, res in zip(nodes, results, strict=True):
         row = NodeRow(node.index, str(node.ref), node.target.label)
         if isinstance(res, OpsctlError):
-            row.error = res.message
+            row.error, row.error_exit_code = res.message, res.exit_code
         else:
             setattr(row, field, res)
         rows.append(row)
     return rows
-
-
-def _job_of(rows: t.Sequence[NodeRow]) -> str:
-    return next((r.status.job_id for r in rows if r.status), "")
 
 
 # --- deploy -------------------------------------------------------------------------------
@@ -354,8 +475,10 @@ def deploy(refs: t.Sequence[NodeRef], playbook_name: str | None, *, replace: boo
                     "stop signal") if launched else "no node was launched"
             raise Interrupted(f"deploy --nodes interrupted during {done[-1] if done else 'start'}; "
                               f"{what}", hint="opsctl status") from None
+        labels = tuple(n.target.host.ssh_label() for n in nodes)
         target_mod.save(target_mod.LastTarget(refs[0].host, refs[0].ctid, job_id,
-                                              nodes=tuple(map(str, refs))))
+                                              nodes=tuple(map(str, refs)), address=labels[0],
+                                              node_addresses=labels))
         report = RunReport(job_id, [NodeRow(n.index, str(n.ref), n.target.label,
                                             address=addresses[n.index]) for n in nodes],
                            playbook=book.name, outcome="launched", rendezvous=rdzv.endpoint,
@@ -440,6 +563,7 @@ def _rendezvous(nodes: t.Sequence[Node], job_id: str) -> tuple[torchrun.Rendezvo
 def _node_spec(node: Node, book: Playbook, job_id: str, rdzv: torchrun.Rendezvous,
                address: str, nproc: int, replace: bool) -> dict[str, t.Any]:
     spec = book.job_spec(job_id, root=node.target.host.root, replace=replace)
+    spec[wire.RUN_FIELD] = {"id": job_id, "node": node.index, "nodes": rdzv.nnodes}
     spec["command"] = torchrun.launcher_command(book.command, rdzv, node_index=node.index,
                                                 nproc=nproc, local_addr=address)
     spec["env"] = {**spec["env"], **torchrun.socket_env(_ifname(node))}

@@ -103,8 +103,8 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
     if last.ctid < 100:
         return None
     spec = targetcache.lookup(last.host)
-    if spec is None:
-        return None
+    if spec is None or (last.address is not None and spec.ssh_label() != last.address):
+        return None  # the full path resolves (and refuses a redirected remembered target)
     step = cmd.agent_step("status")
     pct = cmd.pct_argv(last.ctid, cmd.agent_argv(spec.root, "status", *status_args(job_id, lines)),
                        timeout=STATUS_TIMEOUT_S)

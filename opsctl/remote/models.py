@@ -118,6 +118,15 @@ class TmuxRef(_Wire):
     error: str | None = None
 
 
+class RunMembership(_Wire):
+    """A job's place in a multi-node run (``wire.RUN_FIELD``): the run id every node's job
+    carries, this job's node index and the run's node count."""
+
+    id: str
+    node: int
+    nodes: int
+
+
 class RestartFields(_Wire):
     """The restart policy's fields of ``status``/``jobs`` (absent from older agents)."""
 
@@ -126,6 +135,7 @@ class RestartFields(_Wire):
     restarts: list[RestartRecord] = Field(default_factory=list)
     end_reason: str | None = None
     max_duration_s: float | None = None
+    run: RunMembership | None = None  # deploy --nodes: the run this job is one node of
 
 
 class JobStatus(RestartFields):

@@ -284,7 +284,9 @@ class Remote:
         gateway: fabric.Connection | None = None
         kh = self.known_hosts
         for hop in self.host.proxy_jump.split(","):
-            spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve(hop.strip())
+            # a hop is written in the user's inventory or ~/.ssh/config: a configured name
+            spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve(
+                hop.strip(), configured=True)
             if spec.proxy_jump:
                 raise ConfigError(f"{self.host.label}: ProxyJump hop {hop!r} has its own "
                                   "ProxyJump; list every hop in one ProxyJump instead")

@@ -285,6 +285,10 @@ def _validate_babysitting(spec: dict[str, t.Any]) -> None:
     target = spec.get("target")
     if target is not None and not isinstance(target, dict):
         raise _bad("target must be an object {host, ct}", "target")
+    try:
+        spec[wire.RUN_FIELD] = wire.validate_run(spec.get(wire.RUN_FIELD))
+    except ValueError as exc:
+        raise _bad(str(exc), wire.RUN_FIELD) from None
 
 
 def _positive(x: t.Any) -> bool:

@@ -216,7 +216,8 @@ def _babysitting(rec: jobs.JobRecord) -> dict[str, t.Any]:
     return {"attempt": st.get("attempt") or 1,
             "max_restarts": (rec.spec.get("restart") or {}).get("max_restarts"),
             "restarts": st.get("restarts") or [], "end_reason": end_reason,
-            "max_duration_s": rec.spec.get("max_duration_s")}
+            "max_duration_s": rec.spec.get("max_duration_s"),
+            wire.RUN_FIELD: rec.spec.get(wire.RUN_FIELD)}  # a multi-node run's membership
 
 
 def _hang_threshold(doc: dict[str, t.Any]) -> float | None:
