@@ -47,7 +47,7 @@ class JobId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
 
     def convert(self, value: t.Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value)
-        if not JOB_ID_RE.match(text):
+        if not JOB_ID_RE.fullmatch(text):
             self.fail(f"{text!r} is not a job id (letters, digits, '.', '_', '-'; "
                       "at most 128; starts with a letter or digit)", param, ctx)
         return text

@@ -52,7 +52,8 @@ class HostSpec(BaseModel):
     name: str = ""
     address: str
     port: int = Field(default=22, ge=1, le=65535)
-    user: str = "root"
+    # as ``user@`` of ``--host`` takes it: never empty, never an ssh option (``-oProxyCommand``)
+    user: str = Field(default="root", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
     identity_file: str | None = None
     proxy_jump: str | None = None  # OpenSSH ProxyJump: [user@]host[:port][,…] (hops in order)
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
@@ -72,6 +73,17 @@ class HostSpec(BaseModel):
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
     socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
+
+    @field_validator("containers")
+    @classmethod
+    def _containers_are_proxmox_ids(cls, v: dict[int, ContainerSpec]) -> dict[int, ContainerSpec]:
+        from opsctl.config.nodes import MAX_CTID, MIN_CTID
+
+        bad = sorted(c for c in v if not MIN_CTID <= c <= MAX_CTID)
+        if bad:
+            raise ValueError(f"container id {bad[0]} is not valid: Proxmox ids are "
+                             f"{MIN_CTID}-{MAX_CTID}")
+        return v
 
     @field_validator("address")
     @classmethod

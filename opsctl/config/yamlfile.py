@@ -107,7 +107,12 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
             or a duplicate key (each with its line).
     """
     text = _decode(path, _read(path))
-    loader = _StrictLoader(text)
+    try:  # the reader checks the characters when it is built (a control character: ReaderError)
+        loader = _StrictLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line = text[:exc.position].count("\n") + 1
+        raise ConfigError(f"{path}:{line}: character #x{exc.character:04x} is not allowed in "
+                          "YAML (a control character)") from None
     lines: dict[Loc, int] = {}
     try:
         node = loader.get_single_node()

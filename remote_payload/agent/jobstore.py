@@ -64,7 +64,7 @@ def jobs_root(root: str) -> str:
 
 
 def job_dir(root: str, job_id: str) -> str:
-    if not JOB_ID_RE.match(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise AgentFailure(ErrorType.BadJobId, f"invalid job id {job_id!r}", job_id=job_id)
     return os.path.join(jobs_root(root), job_id)
 
@@ -190,7 +190,7 @@ def list_job_ids(root: str) -> list[str]:
         names = os.listdir(jobs_root(root))
     except FileNotFoundError:
         return []
-    return [n for n in names if JOB_ID_RE.match(n) and os.path.isdir(os.path.join(jobs_root(root), n))]
+    return [n for n in names if JOB_ID_RE.fullmatch(n) and os.path.isdir(os.path.join(jobs_root(root), n))]
 
 
 def new_job_id(name: str) -> str:
@@ -256,7 +256,7 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
         raise _bad("name must be a string", "name")
     spec["name"] = name
     job_id = spec.get("job_id") or new_job_id(name)
-    if not (isinstance(job_id, str) and JOB_ID_RE.match(job_id)):
+    if not (isinstance(job_id, str) and JOB_ID_RE.fullmatch(job_id)):
         raise _bad(f"job_id {job_id!r} must match {JOB_ID_RE.pattern}", "job_id")
     spec["job_id"] = job_id
     return spec
