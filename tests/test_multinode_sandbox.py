@@ -144,3 +144,114 @@ def test_a_node_killed_mid_run_fails_the_run_and_the_diagnosis_names_it(book):
     assert st["summary"].startswith(f"run {st['job_id']} failed: node 1 (sandbox ct {SECOND_CT}) "
                                     "FAILED (SIGKILL)"), st["summary"]
     assert st["nodes"][0]["status"]["state"] == "FAILED", "torchrun: the other node fails too"
+
+
+# --- issue 23, class 4: --nodes acts on one run only, and is never "ok" with a node unreached ---
+# Plain shell jobs (no torch): each launched through the real agent with the run membership a
+# `deploy --nodes` gives it (wire.RUN_FIELD), or none (a single-container deploy).
+
+HELLO = ["sh", "-c", "echo ready; exec sleep 300"]
+
+
+@pytest.fixture(scope="module")
+def pair(sandbox, tmp_path_factory) -> t.Iterator[str]:
+    """Both containers up (no torch needed); yields a private opsctl root for this module."""
+    up = run("sandbox", "up", "--ct", "200", "--ct", str(SECOND_CT), "--json",
+             env={"OPSCTL_HOME": str(sandbox_home())})
+    assert up.exit_code == 0, up.output[-2000:]
+    root = f"/opt/opsctl-test-pair-{uuid.uuid4().hex[:8]}"
+    yield root
+    for ct in (200, SECOND_CT):
+        subprocess.run(["lxc-attach", "-P", str(sandbox.lxc_path), "-n", str(ct), "--",
+                        "rm", "-rf", root], check=False)
+    sandbox_mod.ensure_container(STOPPED_CT, running=False, home=sandbox_home())  # as found
+
+
+@pytest.fixture
+def pair_env(sandbox, pair: str, isolated_env: Path) -> t.Iterator[None]:
+    use_private_root(sandbox, isolated_env, pair)
+    yield
+    for ct in (200, SECOND_CT):
+        run("stop", "--host", "sandbox", "--ct", str(ct), "--grace", "0", "--yes")
+
+
+def launch(ct: int, job_id: str, membership: dict[str, t.Any] | None) -> None:
+    """A job in ``ct`` through the agent's own launch verb (what deploy sends)."""
+    from opsctl.ops import deploy as deploy_ops
+    from opsctl.ops import jobs
+    from remote_payload import wire
+
+    spec: dict[str, t.Any] = {"job_id": job_id, "name": "pair", "command": HELLO,
+                              "healthy_when": {"regex": "^ready$"}, "timeout_s": 60}
+    if membership is not None:
+        spec[wire.RUN_FIELD] = membership
+    with jobs.open_target("sandbox", ct) as tgt:
+        tgt.agent.ensure_payload()
+        deploy_ops._launch(tgt, spec, True, False, {})
+
+
+def state_of(ct: int, job_id: str) -> str:
+    res = run("status", job_id, "--host", "sandbox", "--ct", str(ct), "--json", "-n", "0")
+    return str(json.loads(res.stdout)["state"])
+
+
+def test_nodes_commands_act_only_on_one_run(pair_env):
+    tag = uuid.uuid4().hex[:6]
+    # two unrelated single-container jobs: not one run, so neither status nor stop acts
+    launch(200, f"solo-a-{tag}", None)
+    launch(SECOND_CT, f"solo-b-{tag}", None)
+    both = f"sandbox:200,sandbox:{SECOND_CT}"
+    for verb in ("status", "stop"):
+        res = run(verb, "--nodes", both, "--json", "--grace", "0") if verb == "stop" else \
+            run(verb, "--nodes", both, "--json")
+        assert res.exit_code == 2, res.output[-2000:]
+        doc = json.loads(res.stdout)
+        assert doc["ok"] is False and "are not one run" in doc["error"]["message"], doc
+        assert f"job solo-a-{tag}, not part of a multi-node run" in doc["error"]["message"]
+    assert (state_of(200, f"solo-a-{tag}"), state_of(SECOND_CT, f"solo-b-{tag}")) == \
+        ("RUNNING", "RUNNING"), "a refused stop stopped nothing"
+
+    # one run on both nodes: status is the run's, stop stops exactly its jobs
+    run_id = f"pair-{tag}"
+    launch(200, run_id, {"id": run_id, "node": 0, "nodes": 2})
+    launch(SECOND_CT, run_id, {"id": run_id, "node": 1, "nodes": 2})
+    st = run("status", "--nodes", both, "--json")
+    assert st.exit_code == 0, st.output[-2000:]
+    doc = json.loads(st.stdout)
+    assert doc["ok"] is True and doc["job_id"] == run_id and doc["complete"] is True
+    assert [n["status"]["run"] for n in doc["nodes"]] == [
+        {"id": run_id, "node": 0, "nodes": 2}, {"id": run_id, "node": 1, "nodes": 2}]
+    stopped = run("stop", "--nodes", both, "--grace", "1", "--json")
+    assert stopped.exit_code == 0, stopped.output[-2000:]
+    assert [n["stop"]["job_id"] for n in json.loads(stopped.stdout)["nodes"]] == [run_id, run_id]
+    assert state_of(200, run_id) == state_of(SECOND_CT, run_id) == "CANCELLED"
+
+
+def test_nodes_with_an_unreachable_node_is_never_ok(pair_env):
+    run_id = f"half-{uuid.uuid4().hex[:6]}"
+    launch(200, run_id, {"id": run_id, "node": 0, "nodes": 2})
+    dead = f"sandbox:200,127.0.0.1:1:{SECOND_CT}"  # loopback port 1: nothing listens
+    st = run("status", "--nodes", dead, "--json")
+    assert st.exit_code == 27, st.output[-2000:]
+    doc = json.loads(st.stdout)
+    assert doc["ok"] is False and doc["complete"] is False and doc["error"]["exit_code"] == 27
+    assert doc["nodes"][0]["status"]["state"] == "RUNNING" and doc["nodes"][1]["error"]
+
+    stopped = run("stop", "--nodes", dead, "--grace", "1", "--json")
+    assert stopped.exit_code == 27, stopped.output[-2000:]
+    doc = json.loads(stopped.stdout)
+    assert doc["ok"] is False and doc["nodes"][0]["stop"]["state"] == "CANCELLED"
+    assert "not reached" in doc["summary"] and "was stopped" not in doc["summary"], doc["summary"]
+    text = run("stop", "--nodes", dead, "--grace", "0")
+    assert text.exit_code == 27 and "could not be asked" in text.output, text.output
+
+
+def test_same_container_named_two_ways_is_refused_before_launch(sandbox, pair_env):
+    res = run("deploy", "--nodes", f"127.0.0.1:{sandbox.port}:{SECOND_CT},sandbox:{SECOND_CT}",
+              "--playbook", "dflash-cpu-smoke", "--json")
+    assert res.exit_code == 2, res.output[-2000:]
+    assert "are the same container" in json.loads(res.stdout)["error"]["message"]
+    jobs_doc = json.loads(run("jobs", "--host", "sandbox", "--ct", str(SECOND_CT), "--json").stdout)
+    assert not any(j["name"] == "dflash-cpu-smoke" and j["state"] in ("PENDING", "SETTING_UP",
+                                                                      "RUNNING")
+                   for j in jobs_doc.get("jobs", []))
