@@ -1,5 +1,6 @@
-"""A normal install works: the wheel carries playbooks, inventory and the vendored libtmux
-wheel, and the installed (non-editable) opsctl deploys to the sandbox from any directory.
+"""A normal install works: the wheel carries playbooks, the torch builds table, the example
+inventory and the vendored libtmux wheel, and the installed (non-editable) opsctl deploys to
+the sandbox from any directory.
 
 Slow (builds a wheel and a venv: about 20 s); the venv sees the system site-packages so
 fabric/torch are not downloaded again, but opsctl itself comes only from the wheel.
@@ -58,12 +59,13 @@ def opsctl(bin_dir: Path, *args: str, cwd: Path, home: Path,
                           text=True, timeout=300, check=False)
 
 
-def test_the_wheel_carries_playbooks_inventory_and_the_libtmux_wheel(installed):
+def test_the_wheel_carries_playbooks_the_example_inventory_and_the_libtmux_wheel(installed):
     wheel = next((installed.parent.parent / "dist").glob("opsctl-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"opsctl/bundled/playbooks/dflash-8gpu.yaml", "opsctl/bundled/playbooks/dflash-cpu-smoke.yaml",
-            "opsctl/bundled/inventory/hosts.yaml", "opsctl/bundled/inventory/torch-builds.yaml",
+            "opsctl/bundled/examples/hosts.yaml", "opsctl/bundled/torch-builds.yaml",
             "opsctl/sandbox/pct.py"} <= names
+    assert not any(n.startswith("opsctl/bundled/inventory/") for n in names)
     assert any(n.startswith("remote_payload/wheels/libtmux-") and n.endswith(".whl") for n in names)
 
 
@@ -77,15 +79,31 @@ def test_the_installed_opsctl_is_the_wheel_not_the_checkout(installed, tmp_path)
         assert Path(path).is_relative_to(installed.parent), where
 
 
-def test_bundled_playbooks_and_inventory_are_found_from_any_directory(installed, tmp_path):
+def test_bundled_playbooks_are_found_from_any_directory(installed, tmp_path):
     home = tmp_path / "home"
     listed = json.loads(opsctl(installed, "playbooks", "--json", cwd=tmp_path, home=home).stdout)
     origins = {p["name"]: p["origin"] for p in listed["playbooks"]}
     assert origins == {"dflash-8gpu": "bundled", "dflash-cpu-smoke": "bundled",
                        "dflash-cpu-e2e": "bundled"}
-    # the shipped example host is listed, never contacted (no --check)
+
+
+def test_fresh_install_dials_no_host(installed, tmp_path):
+    """Issue 23, class 9: the installed package has no active host; its example is shown."""
+    home = tmp_path / "home"
     hosts = json.loads(opsctl(installed, "hosts", "--json", cwd=tmp_path, home=home).stdout)
-    assert [h["name"] for h in hosts["hosts"]] == ["pve1"]
+    assert hosts["hosts"] == []
+    fleet = opsctl(installed, "status", "--all", "--json", cwd=tmp_path, home=home)
+    assert fleet.returncode == 0 and json.loads(fleet.stdout)["rows"] == [], fleet.stderr
+    example = opsctl(installed, "hosts", "--example", cwd=tmp_path, home=home)
+    assert example.returncode == 0 and "pve1:" in example.stdout and "10.1.2.6" in example.stdout
+    unknown = opsctl(installed, "status", "--host", "pve1", "--ct", "200", cwd=tmp_path, home=home)
+    assert unknown.returncode == 2 and "unknown host 'pve1'" in unknown.stderr, unknown.stderr
+    # the torch builds table is still shipped, and found without any inventory
+    pin = subprocess.run([str(installed / "python"), "-c", "from opsctl.config.torch_builds import "
+                          "load_table; print(load_table().resolve('cu130').name)"],
+                         cwd=tmp_path, capture_output=True, text=True, check=False,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert pin.returncode == 0 and "cu130" in pin.stdout, pin.stderr
 
 
 def test_a_playbook_in_the_current_directory_shadows_a_bundled_one(installed, tmp_path):

@@ -33,9 +33,7 @@ def hosts(check: bool, example: bool, as_json: bool) -> None:
 
     rows = hosts_ops.list_hosts(check=check)
     if as_json:
-        render.print_json({"hosts": [r.to_dict() for r in rows],
-                           "search_path": [{"origin": d.origin, "path": str(d.path)}
-                                           for d in paths.inventory_search()]})
+        render.print_json({"hosts": [r.to_dict() for r in rows]})
         return
     if not rows:
         searched = ", ".join(str(d.path) for d in paths.inventory_search()) or "(none)"
