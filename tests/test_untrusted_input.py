@@ -137,7 +137,7 @@ class TestHostFlag:
     @pytest.mark.parametrize(("host", "address", "port"), [
         ("[::1]:2222", "::1", 2222),
         ("[127.0.0.1]:2222", "127.0.0.1", 2222),  # the form known_hosts and key hints use
-        ("admin@example.org", "example.org", 22),
+        ("admin@localhost", "localhost", 22),  # a DNS name must be configured (issue 23, 9)
     ])
     def test_bracketed_and_plain_addresses_parse(self, host, address, port):
         spec = inventory.load([]).resolve(host)

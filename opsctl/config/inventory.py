@@ -194,8 +194,9 @@ class Inventory:
     def _unknown(self, host: str) -> ConfigError:
         searched = ", ".join(self.searched) or "(no inventory directory)"
         known = ", ".join(sorted(self.hosts)) or "(none)"
-        return ConfigError(f"unknown host {host!r}: in no inventory (searched {searched}), not in "
-                           "~/.ssh/config and not an IP address; nothing was looked up",
+        return ConfigError(f"unknown host {host!r}: not in the inventory and not an address "
+                           f"(inventories searched: {searched}; not named in ~/.ssh/config); "
+                           "nothing was looked up",
                            hint=f"known hosts: {known}; add it to ~/.opsctl/inventory/hosts.yaml "
                                 "(`opsctl hosts --example`) or pass an address like 10.1.2.6")
 
