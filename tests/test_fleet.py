@@ -128,3 +128,15 @@ class TestFanOut:
 
         res = fanout.run_all(range(12), work, max_parallel=3, deadline_s=5)
         assert peak[0] == 3 and res.ok == {k: k for k in range(12)}
+
+
+def test_the_readme_gives_one_exit_code_for_an_incomplete_fleet():
+    """Issue 23, class 10: the README once said 26 in one place and 27 in another."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert errors.FleetIncomplete.exit_code == errors.FLEET_INCOMPLETE == 27
+    said = re.findall(r"exits 0 when no row is an error and (\d+) otherwise", readme)
+    assert said == ["27"], said
+    assert "with 26 the `FleetIncomplete` error" not in readme
+    assert re.search(r"^\| 27 \| `status --all`", readme, re.M)
