@@ -76,7 +76,6 @@ class TestRecordedRun:
         assert line[0] == "C"  # the first compile happened before the first step
 
     def test_terminal_chart_has_a_panel_per_metric_and_no_colour_off_a_terminal(self, recorded):
-        pytest.importorskip("plotext")
         out = plots.terminal_charts(recorded, ["loss", "tok_s"], width=80, color=False)
         assert "loss" in out and "Ktok/s" in out and "minutes since start" in out
         assert "\x1b" not in out
@@ -340,3 +339,15 @@ def test_the_wrapper_records_steps_gpu_samples_and_the_end_in_history_json(tmp_p
         assert set(full["history"]["gpu_mem_gib"]) - {None} == {128.0}  # 0 + 131072 MiB
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+
+
+def test_plot_needs_no_extra_plotext_is_a_dependency_and_matplotlib_only_for_png():
+    """``opsctl plot`` works after a plain ``pip install``; only ``--png`` needs the extra."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml")
+                            .read_text(encoding="utf-8"))["project"]
+    assert any(dep.startswith("plotext") for dep in project["dependencies"])
+    assert not any(dep.startswith("matplotlib") for dep in project["dependencies"])
+    assert any(dep.startswith("matplotlib") for dep in project["optional-dependencies"]["plots"])

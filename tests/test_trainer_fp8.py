@@ -1,7 +1,7 @@
 """``--target-precision fp8``: the frozen target's matmuls as row-scaled e4m3.
 
 On the CPU ``torch._scaled_mm`` runs the same quantized arithmetic slowly; the GPU numbers
-(speed, feature error, the 50-step loss curve) are in README, "Third pass".
+(speed, feature error, the 50-step loss curve) are in docs/benchmarks.md, "Third pass".
 """
 
 from __future__ import annotations

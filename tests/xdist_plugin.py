@@ -2,7 +2,7 @@
 
 Why: most of the suite waits rather than computes (ssh round trips, jobs reaching a state,
 grace periods, polls), so on the 2 cores CI has, three workers finish the suite in far less
-wall time than one; the measured table is in the README's Tests section. ``./scripts/test``
+wall time than one; the measured table is in docs/development.md. ``./scripts/test``
 runs ``pytest -n 3 --dist loadgroup`` (``OPSCTL_TEST_WORKERS=0`` runs it in one process);
 a plain ``python3 -m pytest tests/test_x.py`` is unaffected by this plugin.
 
