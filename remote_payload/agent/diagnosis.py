@@ -44,7 +44,7 @@ FX_RACE_FIXES = (
 
 
 # NamedTuples, not dataclasses: `dataclasses` imports `inspect`, ~10 ms of every `status`
-# (the agent's start is on the path of every poll; docs/benchmarks.md, Operations speed). For the same reason the
+# (the agent's start is on the path of every poll; docs/benchmarks.md). For the same reason the
 # patterns below are strings, compiled on first use by `re`'s own cache: output that passes
 # none of the substring checks compiles none of them (~1.5 ms of each poll).
 
