@@ -99,7 +99,9 @@ def test_every_field_the_cli_reads_is_in_the_agents_shape_with_a_type_it_accepts
 
 
 def test_the_shapes_need_no_python_3_11_typing():
-    source = (wire_shapes.__file__ and open(wire_shapes.__file__, encoding="utf-8").read()) or ""
+    from pathlib import Path
+
+    source = Path(wire_shapes.__file__).read_text(encoding="utf-8")
     assert "NotRequired" not in source.replace("``NotRequired``", "")
     assert "Required[" not in source
 

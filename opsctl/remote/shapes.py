@@ -41,7 +41,7 @@ def pydantic_view(shape: type) -> t.Any:
     hints = t.get_type_hints(shape)
     fields = {name: (_convert(tp) if name in shape.__required_keys__  # type: ignore[attr-defined]
                      else te.NotRequired[_convert(tp)]) for name, tp in hints.items()}
-    view = te.TypedDict(shape.__name__, fields)  # type: ignore[operator]
+    view = te.TypedDict(shape.__name__, fields)  # type: ignore[misc]  # built at run time
     view.__doc__ = shape.__doc__
     return view
 
