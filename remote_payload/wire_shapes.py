@@ -275,10 +275,36 @@ class LogsChunkDoc(t.TypedDict):
     since_indexed: bool | None
 
 
-#: The replies the CLI parses, by verb.
+class TorchBuildDoc(t.TypedDict):
+    """One installed torch build (``envs/<name>``), from the marker written at install time."""
+
+    name: str
+    version: str | None
+    variant: str | None
+    pin: str | None
+    path: str
+    python: str
+    size_bytes: int | None
+    installed_at: float | None
+    index_url: str | None
+    wheelhouse: bool | None
+    current: bool
+
+
+class EnvsDoc(t.TypedDict):
+    """``envs``: the container's torch builds, the current one, the last swaps."""
+
+    root: str
+    current: str | None
+    builds: list[TorchBuildDoc]
+    history: list[dict[str, t.Any]]  # envs/history.jsonl records, newest last
+    in_progress_or_leftover: list[str]
+
+
+#: The replies the CLI parses or passes through, by verb.
 REPLY_SHAPES: dict[str, type] = {
     "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,
-    "logs": LogsChunkDoc,
+    "logs": LogsChunkDoc, "envs": EnvsDoc,
 }
 
 
