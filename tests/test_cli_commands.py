@@ -30,4 +30,12 @@ def test_the_top_level_commands_are_the_documented_ones():
     assert sorted(cli.commands) == [
         "attach", "cache", "completion", "dashboard", "deploy", "envs", "exec", "forward", "host",
         "hosts", "jobs", "logs", "mux", "playbooks", "plot", "probe", "pull", "push", "sandbox",
-        "shell", "stacks", "status", "stop", "swap-torch"]
+        "schema", "shell", "stacks", "status", "stop", "swap-torch"]
+
+
+def test_the_commands_page_shows_every_top_level_command_at_a_glance():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    glance = page[:page.index("## Reference")]
+    assert [n for n in sorted(cli.commands) if f"opsctl {n}" not in glance] == []

@@ -96,3 +96,13 @@ def test_the_module_map_lists_every_module_with_its_docstring():
 def test_an_unknown_generated_block_is_an_error_not_a_silent_gap():
     with pytest.raises(ValueError, match="unknown generated block"):
         _hooks().render("<!-- generated: nosuch -->\n")
+
+
+def test_the_contract_page_has_a_table_for_every_reply_and_event_shape():
+    from remote_payload import wire_shapes
+
+    text = _hooks().wire_shapes()
+    titles = set(re.findall(r"^### (\w+)$", text, re.M))
+    wanted = {s.__name__ for s in [*wire_shapes.REPLY_SHAPES.values(), *wire_shapes.EVENT_SHAPES.values()]}
+    assert wanted <= titles
+    assert "<!-- generated: wire-shapes -->" in (DOCS / "contracts.md").read_text(encoding="utf-8")

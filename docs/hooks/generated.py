@@ -7,6 +7,8 @@ time, with text made from the code itself:
 - ``module-map``: every module of ``opsctl`` and ``remote_payload`` with the first line of its
   docstring, read with :mod:`ast` (nothing is imported, so a module with heavy imports costs
   nothing and a missing docstring shows as such);
+- ``wire-shapes``: every shape in ``remote_payload/wire_shapes.py`` (agent replies and the
+  shapes inside them, trainer events) as a table of keys and types;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
   severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
@@ -89,8 +91,70 @@ def diagnosis_sections() -> str:
     return "\n".join(out)
 
 
+def _type_text(tp: t.Any) -> str:
+    import types
+
+    origin = t.get_origin(tp)
+    if origin in (t.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in t.get_args(tp))
+    if origin is t.Literal:
+        return " | ".join(f'"{a}"' for a in t.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_text(a) for a in t.get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and hasattr(tp, "__required_keys__"):
+        return f"[{tp.__name__}](#{tp.__name__.lower()})"
+    return getattr(tp, "__name__", str(tp)).replace("Any", "any")
+
+
+def _shape_section(shape: type) -> str:
+    hints = t.get_type_hints(shape)
+    required = shape.__required_keys__  # type: ignore[attr-defined]
+    doc = " ".join((shape.__doc__ or "").split()) if shape.__doc__ != dict.__doc__ else ""
+    rows = [f"### {shape.__name__}", "", doc, "", "| key | type | always there |", "| --- | --- | --- |"]
+    rows += [f"| `{k}` | {_type_text(v).replace('|', chr(92) + '|')} | {'yes' if k in required else ''} |"
+             for k, v in hints.items()]
+    return "\n".join(rows) + "\n"
+
+
+def _nested(shape: type, seen: dict[str, type]) -> None:
+    if shape.__name__ in seen:
+        return
+    seen[shape.__name__] = shape
+
+    def walk(tp: t.Any) -> None:
+        if isinstance(tp, type) and hasattr(tp, "__required_keys__"):
+            _nested(tp, seen)
+        for arg in t.get_args(tp):
+            walk(arg)
+
+    for tp in t.get_type_hints(shape).values():
+        walk(tp)
+
+
+def wire_shapes() -> str:
+    """Every reply shape (with the shapes inside it) and every event shape, as tables."""
+    _import_root()
+    from remote_payload import wire_shapes as ws
+
+    replies: dict[str, type] = {}
+    for shape in ws.REPLY_SHAPES.values():
+        _nested(shape, replies)
+    verbs = ", ".join(f"`{verb}` → [{s.__name__}](#{s.__name__.lower()})"
+                      for verb, s in ws.REPLY_SHAPES.items())
+    out = ["## Reply shapes", "", f"By verb: {verbs}.", ""]
+    out += [_shape_section(s) for s in replies.values()]
+    out += ["## Event shapes", "", "Events are open: any JSON object with a string `event` is one, "
+            "and any event may carry more keys than these.", ""]
+    out += [_shape_section(s) for s in ws.EVENT_SHAPES.values()]
+    return "\n".join(out)
+
+
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
+    "wire-shapes": wire_shapes,
 }
 
 

@@ -18,6 +18,9 @@ import typing as t
 import typing_extensions as te
 from pydantic import TypeAdapter
 
+from opsctl.ops.deploy import DeployReport
+from opsctl.ops.fleet import FleetRow
+from opsctl.ops.hosts import HostRow
 from opsctl.remote import models, shapes
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -27,23 +30,16 @@ class _JobsDocument(models.JobList):
     target: str  # "host/ct"
 
 
-def _hosts_document() -> t.Any:
-    from opsctl.ops.hosts import HostRow
-
-    return te.TypedDict("HostsDocument", {"hosts": list[HostRow]})
+class _HostsDocument(te.TypedDict):
+    hosts: list[HostRow]
 
 
-def _fleet_document() -> t.Any:
-    from opsctl.ops.fleet import FleetRow
-
-    return te.TypedDict("FleetDocument", {"hosts": list[str], "took_s": float, "deadline_s": float,
-                                          "errors": int, "rows": list[FleetRow]})
-
-
-def _deploy_document() -> t.Any:
-    from opsctl.ops.deploy import DeployReport
-
-    return DeployReport
+class _FleetDocument(te.TypedDict):
+    hosts: list[str]
+    took_s: float
+    deadline_s: float
+    errors: int
+    rows: list[FleetRow]
 
 
 #: ``opsctl schema`` names -> (what the document is, the type that produces it).
@@ -51,12 +47,14 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
     "status": ("one job's status (`status --json`, `status --follow --json`)",
                lambda: models.JobStatus),
     "jobs": ("the container's jobs, newest first (`jobs --json`)", lambda: _JobsDocument),
-    "deploy": ("what deploy did and the job's status (`deploy --json`)", _deploy_document),
+    "deploy": ("what deploy did and the job's status (`deploy --json`)", lambda: DeployReport),
     "stop": ("the signals sent and what survived (`stop --json`)", lambda: models.StopResult),
     "envs": ("the container's torch builds (`envs --json`)",
              lambda: shapes.pydantic_view(_wire_shapes().EnvsDoc)),
-    "hosts": ("the inventory's hosts, reachability with --check (`hosts --json`)", _hosts_document),
-    "status --all": ("one row per container of the fleet (`status --all --json`)", _fleet_document),
+    "hosts": ("the inventory's hosts, reachability with --check (`hosts --json`)",
+              lambda: _HostsDocument),
+    "status --all": ("one row per container of the fleet (`status --all --json`)",
+                     lambda: _FleetDocument),
 }
 EVENT = "event"
 
