@@ -8,7 +8,7 @@ builders produce exactly these keys and types, at no cost at run time.
 Derived from these, never written again by hand:
 
 - ``opsctl/remote/models.py``'s pydantic models (what the CLI parses) are checked against
-  them by ``tests/test_contract.py``: every field a model reads is here, with the same type;
+  them by ``tests/unit/test_contract.py``: every field a model reads is here, with the same type;
 - ``opsctl schema`` (the JSON Schema of every ``--json`` document) and ``opsctl schema event``
   build on the same models and on :data:`EVENT_SHAPES`;
 - the docs' contract page lists them (``docs/hooks/generated.py``).

@@ -14,7 +14,7 @@ time, with text made from the code itself:
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
 
 MkDocs' own hook mechanism is used (``hooks:`` in ``mkdocs.yml``) rather than a plugin
-package: three small generators do not justify a dependency. ``tests/test_docs.py`` runs the
+package: three small generators do not justify a dependency. ``tests/unit/test_docs.py`` runs the
 same functions, so a broken generator fails the tests as well as ``mkdocs build --strict``.
 """
 

@@ -7,7 +7,7 @@ dataclasses), then wrapped in the envelope ``opsctl/cli/jsonout.py`` writes: ``"
 plus the document, or ``"ok": false`` with an ``error`` (and, for some commands, what they
 got before failing). Objects whose keys opsctl decides are closed
 (``additionalProperties: false``); free-form maps (a step event, an error's fields) stay open.
-``tests/test_schema_sandbox.py`` validates real outputs of each command against these.
+``tests/sandbox/test_schema_sandbox.py`` validates real outputs of each command against these.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ lines, so it is stdlib-only and cheap (a few substring checks per line; the
 regexes run only on lines that pass them). Each signature is one row of
 :data:`SIGNATURES`: a cause name, a severity, a hint, and a small predicate that
 returns the summary and evidence or ``None``. To add one, write a predicate and
-add a row; ``tests/test_diagnosis.py`` feeds each row a real captured log.
+add a row; ``tests/unit/test_diagnosis.py`` feeds each row a real captured log.
 
 Finding shape (docs/contracts.md, status document ``diagnosis``)::
 
@@ -124,7 +124,7 @@ def _fx_race(ctx: Context) -> Match | None:
 
 
 _STEP_EVENT = r'"event"\s*:\s*"step"'
-#: In both dump-header patterns of probes/stackdump.py (tests/test_status_fast.py checks it).
+#: In both dump-header patterns of probes/stackdump.py (tests/sandbox/test_status_fast.py checks it).
 _DUMP_HEADER = "(most recent call first):"
 
 
