@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import stat
 import sys
 import tarfile
@@ -252,79 +253,88 @@ def receive(dest: str, stream: t.BinaryIO, *, delete: bool = False,
     names: dict[str, t.Any] | None = None
     pending: tuple[str, str, str, tarfile.TarInfo] | None = None  # part, target, digest, info
     real_dest = None
-    with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
-        for m in tar:
-            if m.name == LIST:
-                names = json.loads(_read(tar, m))
-                if names["root"] == "dir":
-                    os.makedirs(dest, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-                real_dest = os.path.realpath(dest if names["root"] == "dir" else
-                                             os.path.dirname(os.path.abspath(dest)))
-                continue
-            if m.name == SUM:
-                if pending is None:
-                    raise Refused("checksum member without a file")
-                part, target, digest, info = pending
-                want = _read(tar, m).decode()
-                got = "" if info.name == DATA else info.name[len(DATA) + 1:]
-                if want == TORN:  # changed while it was read: keep the previous copy
-                    os.unlink(part)
-                    torn.add(got)
+    writing: list[str] = []  # the part file being written, removed if the stream breaks off
+    try:
+        with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8",
+                          errors="surrogateescape") as tar:
+            for m in tar:
+                if m.name == LIST:
+                    names = json.loads(_read(tar, m))
+                    if names["root"] == "dir":
+                        os.makedirs(dest, exist_ok=True)
+                    else:
+                        os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+                    real_dest = os.path.realpath(dest if names["root"] == "dir" else
+                                                 os.path.dirname(os.path.abspath(dest)))
+                    continue
+                if m.name == SUM:
+                    if pending is None:
+                        raise Refused("checksum member without a file")
+                    part, target, digest, info = pending
+                    want = _read(tar, m).decode()
+                    got = "" if info.name == DATA else info.name[len(DATA) + 1:]
+                    if want == TORN:  # changed while it was read: keep the previous copy
+                        os.unlink(part)
+                        torn.add(got)
+                        pending = None
+                        continue
+                    if want != digest:
+                        os.unlink(part)
+                        raise Refused(f"sha256 mismatch for {target!r}: sent {want[:12]}, "
+                                      f"received {digest[:12]}")
+                    os.chmod(part, info.mode & 0o7777)
+                    os.utime(part, (info.mtime, info.mtime))
+                    if os.path.isdir(target) and not os.path.islink(target):
+                        raise Refused(f"{target!r} is a directory; the source has a file there")
+                    os.replace(part, target)
+                    torn.discard(got)
+                    files += 1
                     pending = None
                     continue
-                if want != digest:
-                    os.unlink(part)
-                    raise Refused(f"sha256 mismatch for {target!r}: sent {want[:12]}, "
-                                  f"received {digest[:12]}")
-                os.chmod(part, info.mode & 0o7777)
-                os.utime(part, (info.mtime, info.mtime))
-                if os.path.isdir(target) and not os.path.islink(target):
-                    raise Refused(f"{target!r} is a directory; the source has a file there")
-                os.replace(part, target)
-                torn.discard(got)
-                files += 1
-                pending = None
-                continue
-            if names is None or real_dest is None or pending is not None:
-                raise Refused(f"unexpected member {m.name!r}")
-            rel = "" if m.name == DATA else m.name[len(DATA) + 1:] if m.name.startswith(DATA + "/") \
-                else None
-            if rel is None:
-                raise Refused(f"unexpected member {m.name!r}")
-            target = _target(dest, rel)
-            parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
-            if rel and not (parent == real_dest or parent.startswith(real_dest + os.sep)):
-                raise Refused(f"{rel!r} would be written through a symlink out of the destination")
-            if m.isdir():
-                if _kind(_lst(target)) not in ("dir", "missing"):
-                    os.unlink(target)
-                os.makedirs(target, exist_ok=True)
-                os.chmod(target, m.mode & 0o7777)
-            elif m.issym():
-                if _kind(_lst(target)) == "dir":
-                    raise Refused(f"{target!r} is a directory; the source has a symlink there")
-                if _lst(target) is not None:
-                    os.unlink(target)
-                os.symlink(m.linkname, target)
-            elif m.isfile():
-                part = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + PART)
-                src = tar.extractfile(m)
-                h = hashlib.sha256()
-                with open(part, "wb") as f:
-                    while True:
-                        data = src.read(CHUNK) if src is not None else b""
-                        if not data:
-                            break
-                        h.update(data)
-                        f.write(data)
-                        nbytes += len(data)
-                        if counted is not None:
-                            counted(len(data))
-                pending = (part, target, h.hexdigest(), m)
-            else:
-                raise Refused(f"unexpected member type for {m.name!r}")
+                if names is None or real_dest is None or pending is not None:
+                    raise Refused(f"unexpected member {m.name!r}")
+                rel = "" if m.name == DATA else m.name[len(DATA) + 1:] if m.name.startswith(DATA + "/") \
+                    else None
+                if rel is None:
+                    raise Refused(f"unexpected member {m.name!r}")
+                target = _target(dest, rel)
+                parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
+                if rel and not (parent == real_dest or parent.startswith(real_dest + os.sep)):
+                    raise Refused(f"{rel!r} would be written through a symlink out of the destination")
+                if m.isdir():
+                    if _kind(_lst(target)) not in ("dir", "missing"):
+                        os.unlink(target)
+                    os.makedirs(target, exist_ok=True)
+                    os.chmod(target, m.mode & 0o7777)
+                elif m.issym():
+                    if _kind(_lst(target)) == "dir":
+                        raise Refused(f"{target!r} is a directory; the source has a symlink there")
+                    if _lst(target) is not None:
+                        os.unlink(target)
+                    os.symlink(m.linkname, target)
+                elif m.isfile():
+                    part = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + PART)
+                    writing[:] = [part]
+                    src = tar.extractfile(m)
+                    h = hashlib.sha256()
+                    with open(part, "wb") as f:
+                        while True:
+                            data = src.read(CHUNK) if src is not None else b""
+                            if not data:
+                                break
+                            h.update(data)
+                            f.write(data)
+                            nbytes += len(data)
+                            if counted is not None:
+                                counted(len(data))
+                    pending = (part, target, h.hexdigest(), m)
+                else:
+                    raise Refused(f"unexpected member type for {m.name!r}")
+    except BaseException:  # a broken stream, Ctrl-C: no half file stays behind
+        for part in writing:
+            if os.path.exists(part):
+                os.unlink(part)
+        raise
     if pending is not None:
         os.unlink(pending[0])
         raise Refused(f"stream ended before the checksum of {pending[1]!r}")
@@ -369,8 +379,14 @@ def _delete_extra(dest: str, names: dict[str, t.Any], max_delete: int | None) ->
     return gone
 
 
+def _stopped(signum: int, _frame: t.Any) -> None:
+    raise Refused(f"stopped by signal {signum}")  # so receive() removes its half file
+
+
 def main(argv: list[str]) -> int:
     verb, path, *rest = argv
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the peer went away (Ctrl-C on its side)
+        signal.signal(sig, _stopped)
     try:
         if verb == "list":
             json.dump(listing(path), sys.stdout)

@@ -62,6 +62,17 @@ class Finished:
     sink_error: BaseException | None = None
 
 
+def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` s: rsync moves its temporary file into the
+    partial directory on SIGTERM; SIGKILL would leave it as garbage next to the user's files."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_piped(argv: t.Sequence[str], *, feed: t.Callable[[t.BinaryIO], None] | None = None,
               sink: t.Callable[[t.BinaryIO], None] | None = None,
               on_stdout: t.Callable[[bytes], None] | None = None) -> Finished:
@@ -108,9 +119,8 @@ def run_piped(argv: t.Sequence[str], *, feed: t.Callable[[t.BinaryIO], None] | N
                 if on_stdout is not None:
                     on_stdout(chunk)
         rc = proc.wait()
-    except BaseException:  # Ctrl-C: stop the local program (rsync keeps its --partial file)
-        proc.kill()
-        proc.wait()
+    except BaseException:  # Ctrl-C: stop the local program, letting it clean up first
+        _stop(proc)
         raise
     if writer is not None:
         writer.join(timeout=10)
