@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import threading
+import time
+import typing as t
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ from tests.sandbox_plugin import sandbox_home
 from tests.test_files_sandbox import run, unique
 
 pytestmark = pytest.mark.sandbox
+ROOT = Path(__file__).resolve().parent.parent
 CT = ("--host", "sandbox", "--ct", "200")
 METHODS = pytest.mark.parametrize("method", ["rsync", "tar"])
 
@@ -293,3 +299,63 @@ class TestTornFileIsNeverReportedAsSuccess:
                       "--bwlimit", "8192", "--json")
         assert res.exit_code == 25, res.output
         assert error_of(res)["files"] == ["grows.bin"]
+
+
+def _interrupt_when(proc: subprocess.Popen, grown: t.Callable[[], bool]) -> None:
+    """Ctrl-C (SIGINT to opsctl's process group) once ``grown()``; a dead opsctl fails."""
+    deadline = time.monotonic() + 60
+    while not grown():
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) != 0
+
+
+def _opsctl(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "opsctl", *args],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _half_files(where: Path) -> list[str]:
+    """Temporary files of rsync (.NAME.XXXXXX) or tarsync (.NAME.opsctl-part) left behind."""
+    return sorted(p.name for p in where.iterdir() if p.name.startswith(".big.bin"))
+
+
+@METHODS
+class TestCtrlCKeepsThePreviousCopy:
+    def test_an_interrupted_pull_keeps_the_previous_local_copy_and_no_half_file(
+            self, target, tmp_path, method):
+        src = f"/opt/opsctl/data/{unique('ctrlc-pull')}"
+        sh(f"mkdir -p {src} && head -c {48 << 20} /dev/urandom > {src}/big.bin")
+        back = tmp_path / "back"
+        back.mkdir()
+        (back / "big.bin").write_text("previous\n")
+        proc = _opsctl("pull", *CT, src, str(back), "--method", method, "--bwlimit", "8192")
+
+        def grown() -> bool:
+            return any(p.stat().st_size > 4 << 20 for p in back.glob(".big.bin*"))
+        _interrupt_when(proc, grown)
+        time.sleep(0.5)
+        assert (back / "big.bin").read_text() == "previous\n"
+        assert _half_files(back) == []
+
+    def test_an_interrupted_push_keeps_the_previous_container_copy_and_no_half_file(
+            self, target, tmp_path, method):
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "big.bin").write_bytes(os.urandom(48 << 20))
+        dest = f"/opt/opsctl/data/{unique('ctrlc-push')}"
+        sh(f"mkdir -p {dest} && echo previous > {dest}/big.bin")
+        seen = rootfs(dest)
+        proc = _opsctl("push", *CT, str(src), dest, "--method", method, "--bwlimit", "8192")
+
+        def grown() -> bool:
+            return any(p.stat().st_size > 4 << 20 for p in seen.glob(".big.bin*"))
+        _interrupt_when(proc, grown)
+        deadline = time.monotonic() + 10  # the container side notices its peer is gone
+        while _half_files(seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sh(f"cat {dest}/big.bin") == "previous\n"
+        assert _half_files(seen) == []
