@@ -274,3 +274,15 @@ def test_the_changed_files_of_two_snapshots_are_named(tmp_path):
     with open(tmp_path / "b", "a") as f:
         f.write("2")
     assert tarsync.changed(before, tarsync.stats(str(tmp_path))) == ["b"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(rel=st.text(alphabet=st.sampled_from(["a", "/", ".", "\\", "\0", "é", " "]), max_size=16))
+def test_a_member_name_from_the_peer_never_leaves_the_destination(rel):
+    """A pull's tar members come from the container: untrusted names, parsed by _target."""
+    try:
+        got = tarsync._target("/dest", rel)
+    except tarsync.Refused:
+        return
+    assert got == "/dest" if rel == "" else filepaths.contains("/dest", posixpath.normpath(got))
+    assert got == "/dest" or posixpath.normpath(got) != "/dest"

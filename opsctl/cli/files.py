@@ -23,7 +23,7 @@ _dry_run = click.option("--dry-run", is_flag=True,
                         help="Print what would be sent and deleted; change nothing.")
 
 
-def _approve(yes: bool, as_json: bool) -> t.Callable[[t.Any], None]:
+def _approve(yes: bool) -> t.Callable[[t.Any], None]:
     """The ``--delete`` gate: say how many entries go; above ``DELETE_ASK_ABOVE`` ask on a
     terminal (``-y`` skips), and without one refuse rather than hang or guess.
 
@@ -41,10 +41,9 @@ def _approve(yes: bool, as_json: bool) -> t.Callable[[t.Any], None]:
         if n == 0:
             return
         shown = ", ".join(repr(p or ".") for p in plan.delete[:5]) + (" …" if n > 5 else "")
-        if not as_json:
-            render.console(stderr=True).print(render.plain(
-                f"--delete will remove {n} entr{'y' if n == 1 else 'ies'} under {plan.dest}: "
-                f"{shown}"))
+        render.console(stderr=True).print(render.plain(  # stderr: --json keeps stdout
+            f"--delete will remove {n} entr{'y' if n == 1 else 'ies'} under {plan.dest}: "
+            f"{shown}"))
         if n <= DELETE_ASK_ABOVE or yes:
             return
         if not interactive():
@@ -159,7 +158,7 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
             return
         with _progress(f"push {src}", live=not as_json and sys.stderr.isatty()) as bar:
             report = files.push(tgt, src, dest, delete=delete, method=method, on_progress=bar,
-                                bwlimit_kib=bwlimit_kib, approve=_approve(yes, as_json))
+                                bwlimit_kib=bwlimit_kib, approve=_approve(yes))
     _show([report], as_json)
 
 
@@ -204,7 +203,7 @@ def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
             with _progress(f"pull {src}", live) as bar:
                 reports = [files.pull(tgt, src, dest, delete=delete, method=method,
                                       on_progress=bar, bwlimit_kib=bwlimit_kib,
-                                      approve=_approve(yes, as_json))]
+                                      approve=_approve(yes))]
     _show(reports, as_json)
 
 
