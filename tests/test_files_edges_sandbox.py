@@ -244,6 +244,7 @@ class TestPushKeepsExistingDirMode:
         src.chmod(0o755)
         name = unique("in-tmp")
         (src / name).write_text("x")
+        sh("chmod 1777 /tmp")  # as the container has it (a broken opsctl may have changed it)
         res = run("push", *CT, str(src), "/tmp", "--method", method)
         assert res.exit_code == 0, res.output
         assert mode("/tmp") == "1777"
@@ -290,6 +291,15 @@ class TestTornFileIsNeverReportedAsSuccess:
         assert "grows.bin" in err["message"] and err["hint"]
         if method == "tar":  # the tar receiver drops what changed: the previous copy stays
             assert sh(f"cat {dest}/grows.bin") == "previous\n"
+
+    def test_a_push_of_one_file_written_meanwhile_names_it(self, target, tmp_path, method):
+        one = tmp_path / "grows.bin"
+        one.write_bytes(os.urandom(16 << 20))
+        with _Writer(one):
+            res = run("push", *CT, str(one), f"/opt/opsctl/data/{unique('torn1')}/grows.bin",
+                      "--method", method, "--bwlimit", "8192", "--json")
+        assert res.exit_code == 25, res.output
+        assert error_of(res)["files"] == ["grows.bin"]
 
     def test_a_pull_of_a_file_written_meanwhile_fails_naming_it(self, target, tmp_path, method):
         src = f"/opt/opsctl/data/{unique('torn-pull')}"

@@ -29,8 +29,7 @@ import typing as t
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opsctl import errors
-from opsctl.errors import ConfigError, RemoteCommandFailed
+from opsctl.errors import ConfigError, RemoteCommandFailed, SourceChanged
 from opsctl.ops import filepaths
 from opsctl.ops.jobs import Target
 from opsctl.remote import rsync, tarcopy
@@ -40,7 +39,6 @@ from remote_payload import tarsync
 if t.TYPE_CHECKING:  # not at run time: a push should not pay for the playbook models
     from opsctl.config.playbook import Playbook
 
-DATA_DIR = filepaths.DATA_DIR  # under the host's `root:` in the container
 METHODS = ("auto", "rsync", "tar")
 METHOD_ENV = "OPSCTL_FILES_METHOD"
 
@@ -191,9 +189,9 @@ def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool 
         try:
             stats = _until_stable(tgt, "push", remote_dest, send,
                                   lambda: tarsync.stats(str(local)))
-        except RemoteCommandFailed as exc:
-            if isinstance(exc, errors.SourceChanged):
-                raise
+        except SourceChanged:
+            raise
+        except RemoteCommandFailed:
             if _pick(tgt, chosen, _probe(tgt, remote_dest, "push")["rsync"]) == "rsync":
                 raise
     if stats is None:

@@ -12,6 +12,7 @@ memory and a pull can be gigabytes.
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 import typing as t
 from pathlib import Path
@@ -98,8 +99,10 @@ def remote_stats(remote: transport.Remote, ctid: int, src: str) -> dict[str, t.A
 
 def torn_error(where: str, step: str, dest: str, files: t.Sequence[str],
                method: str) -> SourceChanged:
-    """The error of a transfer whose files kept changing while they were sent."""
-    shown = ", ".join(repr(f or ".") for f in files[:3]) + (" …" if len(files) > 3 else "")
+    """The error of a transfer whose files kept changing while they were sent (``files``
+    relative to ``dest``; "" is a single file, named by its own name)."""
+    files = [f or posixpath.basename(dest.rstrip("/")) for f in files]
+    shown = ", ".join(repr(f) for f in files[:3]) + (" …" if len(files) > 3 else "")
     kept = ("the previous copy at the destination was kept" if method == "tar" else
             f"their copy under {dest} may be torn")
     return SourceChanged(f"{where}: {step}: {len(files)} file(s) changed while they were sent, "
