@@ -8,7 +8,7 @@ import typing as t
 
 import click
 
-from opsctl.cli.app import json_option, target_options, yes_option
+from opsctl.cli.app import json_option, target_options
 
 _method = click.option("--method", type=click.Choice(["auto", "rsync", "tar"]), default=None,
                        help="rsync (when both ends have it) or the verified tar stream; "
@@ -19,6 +19,9 @@ _delete = click.option("--delete", is_flag=True,
                        help="Remove files at DEST that SRC does not have (never without it; "
                             "never in /, a system directory, a home or the current directory; "
                             "asks above 10 files).")
+_yes = click.option("-y", "--yes", "yes", is_flag=True,
+                    help="Confirm a --delete of more than 10 entries (asked on a terminal; "
+                         "without one, refused unless -y).")
 _dry_run = click.option("--dry-run", is_flag=True,
                         help="Print what would be sent and deleted; change nothing.")
 
@@ -138,7 +141,7 @@ def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
 @_method
 @_delete
 @_dry_run
-@yes_option
+@_yes
 @_bwlimit
 @json_option
 def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str,
@@ -172,7 +175,7 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
 @_method
 @_delete
 @_dry_run
-@yes_option
+@_yes
 @_bwlimit
 @json_option
 def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str | None,
