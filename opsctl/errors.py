@@ -95,6 +95,19 @@ class ConfigError(OpsctlError, ValueError):
     exit_code = USAGE
 
 
+class DeleteRefused(ConfigError):
+    """``push``/``pull --delete`` aimed at ``/``, a system directory, a home, the current
+    directory or a directory containing one (``rule`` says which); nothing was sent or deleted."""
+
+    def __init__(self, message: str, *, path: str, rule: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.rule = rule
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "path": self.path, "rule": self.rule}
+
+
 class TransportError(OpsctlError):
     """The SSH hop to the Proxmox host failed."""
 
@@ -168,6 +181,19 @@ class RemoteCommandFailed(OpsctlError):
         self.argv = list(argv)
         self.rc = rc
         self.stderr_tail = stderr_tail
+
+
+class SourceChanged(RemoteCommandFailed):
+    """A file changed while ``push``/``pull`` sent it, again on the one re-send; ``files``
+    names them. A copy read while it changed would match neither version, so it is never
+    reported as a success."""
+
+    def __init__(self, message: str, *, files: t.Sequence[str], hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.files = list(files)
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "files": self.files}
 
 
 class DeadlineExceeded(RemoteCommandFailed):

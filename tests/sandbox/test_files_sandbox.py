@@ -143,11 +143,14 @@ def _partial_size(dest_dir: Path, name: str) -> int:
 
 
 def test_an_interrupted_push_resumes_without_starting_from_zero(target, tmp_path, isolated_env):
+    """Ctrl-C keeps the destination's previous copy; what arrived waits in .opsctl-partial/."""
     size = 64 << 20
     src = tmp_path / "big.bin"
     with src.open("wb") as f:
         f.write(os.urandom(size))
     dest = f"/root/{unique('resume')}"
+    assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+               f"mkdir -p {dest} && echo previous > {dest}/big.bin").exit_code == 0
     # the container's file system seen from this machine, only to know when to interrupt
     seen = sandbox_home() / "sandbox" / "lxc" / "200" / "rootfs" / dest.lstrip("/")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -160,9 +163,15 @@ def test_an_interrupted_push_resumes_without_starting_from_zero(target, tmp_path
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: opsctl and its rsync
     proc.wait(timeout=30)
-    time.sleep(0.5)  # the container's rsync keeps the partial file when its peer is gone
-    kept = (seen / "big.bin").stat().st_size
+    deadline = time.monotonic() + 10  # the container's rsync keeps the partial file when its
+    while not (seen / ".opsctl-partial" / "big.bin").exists():  # peer is gone
+        assert time.monotonic() < deadline, sorted(os.listdir(seen))
+        time.sleep(0.1)
+    time.sleep(0.5)
+    kept = (seen / ".opsctl-partial" / "big.bin").stat().st_size
     assert 0 < kept < size
+    assert (seen / "big.bin").read_bytes() == b"previous\n"  # the previous copy is untouched
+    assert not list(seen.glob(".big.bin.*"))  # no temporary file left under the user's name
 
     res = run("push", "--host", target, "--ct", "200", str(src), f"{dest}/big.bin", "--json")
     assert res.exit_code == 0, res.output
@@ -170,6 +179,7 @@ def test_an_interrupted_push_resumes_without_starting_from_zero(target, tmp_path
     assert doc["matched_bytes"] > 0 and doc["bytes"] < size  # it did not start from zero
     res = run("exec", "--host", target, "--ct", "200", "--", "sha256sum", f"{dest}/big.bin")
     assert res.stdout.split()[0] == local_tree(tmp_path)["big.bin"]
+    assert sorted(os.listdir(seen)) == ["big.bin"]  # the partial directory is gone
 
 
 def test_deploy_pushes_playbook_files_and_pull_fetches_its_outputs(target, tmp_path, monkeypatch):
