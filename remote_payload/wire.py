@@ -156,7 +156,7 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
 
     The agent raises only these (``AgentFailure(ErrorType.X, ...)``), and ``opsctl`` maps
     each to an exit-code family (``opsctl.remote.agent_client.ERROR_FAMILIES``;
-    ``tests/test_error_contract.py`` checks both directions).
+    ``tests/unit/test_error_contract.py`` checks both directions).
     """
 
     # arguments and specs
@@ -281,7 +281,7 @@ RESTART_ON_HANG = "hang"
 RESTART_DEFAULT_ON: tuple[str, ...] = (RESTART_ON_FAILED,)
 #: The diagnosis ids ``restart.on`` may name: the causes of ``remote_payload/agent/diagnosis.py``'s
 #: ``SIGNATURES`` (listed here because opsctl validates playbooks without importing the agent;
-#: ``tests/test_restart_policy.py`` fails when the two differ).
+#: ``tests/unit/test_restart_policy.py`` fails when the two differ).
 DIAGNOSIS_IDS: tuple[str, ...] = (
     "fx_tracing_race", "compile_hang_stacks", "hang", "cuda_oom", "nccl_timeout", "nccl_error",
     "flex_attention_uncompiled", "recompile_limit", "cuda_driver_mismatch", "missing_module",

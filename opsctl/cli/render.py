@@ -1,6 +1,6 @@
 """Human rendering with rich: every table, panel and line the commands print.
 
-Only ``opsctl/cli/`` imports rich (``tests/test_architecture.py``); the ``--json`` paths
+Only ``opsctl/cli/`` imports rich (``tests/unit/test_architecture.py``); the ``--json`` paths
 print through :mod:`.jsonout`, which does not.
 
 Colours live in a table here, not in the state enum.

@@ -34,7 +34,7 @@ class ContainerSpec(BaseModel):
     gpus: int = Field(default=0, ge=0)
     description: str | None = None
     playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
-    notify: list[str] = Field(default_factory=list)  # webhooks for every job here (README)
+    notify: list[str] = Field(default_factory=list)  # webhooks for every job here (docs/guide/babysitting.md)
 
     @field_validator("notify")
     @classmethod

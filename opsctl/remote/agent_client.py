@@ -26,7 +26,7 @@ class NoPayload(RemoteCommandFailed):
 
 
 #: The local family (and so the exit code) of every error type the agent can answer with.
-#: Complete by contract: tests/test_error_contract.py fails when the agent gains a type that
+#: Complete by contract: tests/unit/test_error_contract.py fails when the agent gains a type that
 #: is not listed here. A type from a newer agent that this opsctl does not know is an AgentError.
 ERROR_FAMILIES: dict[ErrorType, type[AgentError]] = {
     **{e: AgentError for e in ErrorType},  # REMOTE_FAILED (25)

@@ -8,7 +8,7 @@ command is an argv list, joined once, with its deadlines inside it (:func:`host_
 shell unquoted.
 
 Why a module apart from :mod:`.transport` (the connection): the first `opsctl status` of a
-session starts its ``ssh`` as soon as it knows the command (README, Speed), and spelling it
+session starts its ``ssh`` as soon as it knows the command (docs/benchmarks.md), and spelling it
 must not first import what a connection needs (sockets, threads, paramiko's helpers).
 """
 
