@@ -42,11 +42,12 @@ def parse_ctid(text: str, what: str = "--ct") -> int:
     Raises:
         ConfigError: not digits, or outside the range.
     """
+    shown = repr(text[:20]) + ("…" if len(text) > 20 else "")  # one line, whatever was given
     if not (text.isascii() and text.isdigit()):
-        raise ConfigError(f"{what}: {text!r} is not a container id (an integer {RANGE_TEXT})")
+        raise ConfigError(f"{what}: {shown} is not a container id (an integer {RANGE_TEXT})")
     if len(text.lstrip("0")) > len(str(MAX_CTID)):  # no int() of a 5000-digit string
-        raise ConfigError(f"{what}: container id {text[:20]}{'…' if len(text) > 20 else ''} is "
-                          f"not valid: Proxmox ids are {RANGE_TEXT}; nothing was sent")
+        raise ConfigError(f"{what}: container id {shown} is not valid: Proxmox ids are "
+                          f"{RANGE_TEXT}; nothing was sent")
     return check_ctid(int(text), what)
 
 
