@@ -150,9 +150,10 @@ def test_an_http_error_is_retried_then_one_give_up_line(tmp_path, monkeypatch):
         server.close()
     assert len(server.bodies) == notify.TRIES
     lines = log_lines(tmp_path)
-    assert [ln for ln in lines if "gave up" in ln][0].endswith(f"gave up on hang to "
-                                                               f"{notify.redact(server.url)}: HTTP 500 "
-                                                               f"({notify.TRIES} tries)")
+    gave_up = [ln for ln in lines if "gave up" in ln]
+    assert len(gave_up) == 1, lines
+    assert gave_up[0].endswith(f"gave up on hang to {notify.redact(server.url)}: HTTP 500 "
+                               f"({notify.TRIES} tries)")
 
 
 def test_a_full_queue_is_a_give_up_line_per_event(tmp_path, silent, monkeypatch):
@@ -201,7 +202,7 @@ urls = st.builds(
 @given(url=urls, secret=st.text("QWERTYUPKJHGFDSZXVNM", min_size=6, max_size=12))
 def test_a_logged_url_never_shows_its_path_query_or_password(url, secret):
     base, _, tail = url.partition("://")
-    host_part, slash, rest = tail.partition("/")
+    host_part, _, rest = tail.partition("/")
     with_secret = f"{base}://{secret}:{secret}@{host_part.rpartition('@')[2]}/{secret}/{rest}?t={secret}"
     shown = notify.redact(with_secret)
     assert secret not in shown

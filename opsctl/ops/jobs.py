@@ -15,7 +15,7 @@ from opsctl.config import last_target as target_mod
 from opsctl.config import targetcache
 from opsctl.config.ctid import check_ctid
 from opsctl.config.inventory import HostSpec, Inventory
-from opsctl.errors import AuthError, ConfigError, DeadlineExceeded, HostKeyError, TransportError
+from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, TransportError
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobList, LogsChunk, StopResult
 from opsctl.remote.transport import Remote
