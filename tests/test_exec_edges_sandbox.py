@@ -109,3 +109,15 @@ def test_exec_into_a_closed_pipe_is_quiet(via):
     assert proc.stderr.read() == b""  # quietly: no traceback, no message
     time.sleep(1)
     assert m not in container_ps(), "the remote command and its setsid child were ended"
+
+
+def test_exec_interrupted_by_ctrl_c_ends_the_remote_tree_too(via):
+    m = marker()
+    proc = subprocess.Popen(opsctl_exec("sh", "-c", f"setsid sleep {m} & echo started; sleep {m}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"started\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == errors.INTERRUPTED
+    time.sleep(1)
+    assert m not in container_ps(), "the client went away: the guard ended the tree"
