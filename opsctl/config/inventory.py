@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.config import addresses, paths, sshconfig, yamlfile
+from opsctl.config import ctid as ctid_rule
 from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
 from remote_payload import wire
@@ -69,6 +70,15 @@ class HostSpec(BaseModel):
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
     socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
+
+    @field_validator("containers")
+    @classmethod
+    def _container_ids(cls, v: dict[int, ContainerSpec]) -> dict[int, ContainerSpec]:
+        for ctid in v:  # the one rule (opsctl/config/ctid.py), as for --ct
+            if not ctid_rule.MIN_CTID <= ctid <= ctid_rule.MAX_CTID:
+                raise ValueError(f"container id {ctid} is not valid: Proxmox ids are "
+                                 f"{ctid_rule.RANGE_TEXT}")
+        return v
 
     @field_validator("address")
     @classmethod
