@@ -78,7 +78,9 @@ def json_option(f: F) -> F:
 
 
 def target_options(f: F) -> F:
-    f = click.option("--ct", "ctid", type=int, default=None,
+    from opsctl.cli import params as clitypes
+
+    f = click.option("--ct", "ctid", type=clitypes.CTID, default=None,
                      help="Container id (default: the last deploy's).")(f)
     f = click.option("--host", "host", default=None, shell_complete=complete.hosts,
                      help="Inventory name or address, e.g. pve1 or 10.1.2.6 "

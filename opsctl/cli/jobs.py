@@ -458,31 +458,55 @@ def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @target_options
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=None,
-              help="Deadline; when it fires the remote process group is killed.")
+              help="Deadline; when it fires the command and every process it started are ended.")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_s: float | None,
          argv: tuple[str, ...]) -> None:
     """Run ARGV in the container (after `--`); output streams, exit code passes through."""
-    from opsctl.ops import jobs
+    from opsctl.ops import execute, jobs
+    from opsctl.remote.command import OutputClosed
 
     args = list(argv)
     if args and args[0] == "--":
         args = args[1:]
-    if not args:
-        raise errors.ConfigError("nothing to run: give the command after --")
     out, err = sys.stdout.buffer, sys.stderr.buffer
 
-    def w(stream: t.BinaryIO) -> t.Callable[[bytes], None]:
-        def write(data: bytes) -> None:
-            stream.write(data)
-            stream.flush()
-        return write
+    def to_stdout(data: bytes) -> None:
+        try:
+            out.write(data)
+            out.flush()
+        except BrokenPipeError:  # the reader closed early (`| head -c 10`): its choice
+            raise OutputClosed from None
+
+    def to_stderr(data: bytes) -> None:
+        try:
+            err.write(data)
+            err.flush()
+        except BrokenPipeError:  # nobody reads our stderr: nothing to tell it
+            pass
 
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        res = tgt.remote.pct_exec(tgt.ctid, args, timeout=timeout_s, stdin=stdin, on_stdout=w(out),
-                                  on_stderr=w(err), step="exec")
-    sys.exit(res.rc)
+    try:
+        with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+            execute.check(tgt, args)
+            rc = execute.run(tgt, args, timeout=timeout_s, stdin=stdin, on_stdout=to_stdout,
+                             on_stderr=to_stderr)
+    except OutputClosed:
+        _die_of_sigpipe()
+    sys.exit(rc)
+
+
+def _die_of_sigpipe() -> t.NoReturn:
+    """End as coreutils' ``cat`` does when its reader is gone: killed by SIGPIPE (a shell
+    shows 141), nothing on stderr. The remote command was already ended (channel closed)."""
+    import os
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # nothing left for a flush at exit to fail on
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(128 + signal.SIGPIPE)  # only where the signal could not end us
 
 
 #: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).

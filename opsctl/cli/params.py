@@ -12,6 +12,8 @@ import typing as t
 
 import click
 
+from opsctl.config import ctid as ctid_rule
+from opsctl.errors import ConfigError
 from remote_payload.wire import JOB_ID_PATTERN
 
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
@@ -53,7 +55,22 @@ class JobId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         return text
 
 
+class ContainerId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """A Proxmox container id, by the one rule :mod:`opsctl.config.ctid` (100-999999999)."""
+
+    name = "ctid"
+
+    def convert(self, value: t.Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return ctid_rule.check_ctid(value)
+            return ctid_rule.parse_ctid(str(value))
+        except ConfigError as exc:
+            self.fail(exc.message.removeprefix("--ct: "), param, ctx)
+
+
 SECONDS = Seconds()
 SECONDS_OR_ZERO = Seconds(allow_zero=True)
 JOB_ID = JobId()
+CTID = ContainerId()
 COUNT = click.IntRange(min=0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import typing as t
 
+from opsctl.config import ctid as ctid_rule
 from opsctl.config import last_target, trace
 from opsctl.errors import OpsctlError
 
@@ -98,7 +99,7 @@ def parse(argv: list[str]) -> dict[str, object] | None:
             if not value or value.startswith("-"):
                 return None
             if name == "--ct":
-                if not (value.isascii() and value.isdigit()):
+                if not ctid_rule.valid_ctid_text(value):  # click's path says why
                     return None
                 got_value = int(value)
             else:

@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.config import addresses, paths, sshconfig, yamlfile
+from opsctl.config import ctid as ctid_rule
 from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
 from remote_payload import wire
@@ -76,13 +77,11 @@ class HostSpec(BaseModel):
 
     @field_validator("containers")
     @classmethod
-    def _containers_are_proxmox_ids(cls, v: dict[int, ContainerSpec]) -> dict[int, ContainerSpec]:
-        from opsctl.config.nodes import MAX_CTID, MIN_CTID
-
-        bad = sorted(c for c in v if not MIN_CTID <= c <= MAX_CTID)
-        if bad:
-            raise ValueError(f"container id {bad[0]} is not valid: Proxmox ids are "
-                             f"{MIN_CTID}-{MAX_CTID}")
+    def _container_ids(cls, v: dict[int, ContainerSpec]) -> dict[int, ContainerSpec]:
+        for ctid in v:  # the one rule (opsctl/config/ctid.py), as for --ct
+            if not ctid_rule.MIN_CTID <= ctid <= ctid_rule.MAX_CTID:
+                raise ValueError(f"container id {ctid} is not valid: Proxmox ids are "
+                                 f"{ctid_rule.RANGE_TEXT}")
         return v
 
     @field_validator("address")

@@ -10,12 +10,11 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass
 
+from opsctl.config.ctid import parse_ctid
 from opsctl.errors import ConfigError
 from remote_payload import wire
 
 MAX_NODES = wire.MAX_RUN_NODES  # far above any one cluster's GPU containers; a typo guard
-#: Proxmox's VMID range (pve-common's ``pve-vmid`` format: 100 to 999999999).
-MIN_CTID, MAX_CTID = 100, 999_999_999
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,9 @@ def parse_nodes(text: str) -> tuple[NodeRef, ...]:
 
     Raises:
         ConfigError: an empty list or item, an item without ``:CT``, a container id that is
-            not an integer in Proxmox's range (100-999999999), the same node twice (as
-            written; :func:`opsctl.ops.multinode.refuse_duplicates` catches one container
-            named two ways), or more than :data:`MAX_NODES`.
+            not a Proxmox id (:mod:`opsctl.config.ctid`), the same node twice (as written;
+            :func:`opsctl.ops.multinode.refuse_duplicates` catches one container named two
+            ways), or more than :data:`MAX_NODES`.
     """
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
@@ -49,10 +48,7 @@ def parse_nodes(text: str) -> tuple[NodeRef, ...]:
         host, sep, ct = item.rpartition(":")
         if not sep or not host or not ct.isdigit() or not ct.isascii():
             raise ConfigError(f"--nodes: {item!r} is not HOST:CT (e.g. pve1:200)")
-        if len(ct) > len(str(MAX_CTID)) or not MIN_CTID <= int(ct) <= MAX_CTID:
-            raise ConfigError(f"--nodes: {item!r}: container id {ct} is not valid: Proxmox "
-                              f"ids are {MIN_CTID}-{MAX_CTID}")
-        ctid = int(ct)
+        ctid = parse_ctid(ct, what=f"--nodes: {item!r}")
         node = NodeRef(host, ctid)
         if node in nodes:
             raise ConfigError(f"--nodes: {item} is listed twice (one job per container)")

@@ -31,6 +31,7 @@ import time
 import typing as t
 
 from opsctl.config import last_target, targetcache, trace
+from opsctl.config.ctid import MAX_CTID, MIN_CTID
 from opsctl.remote import command as cmd
 from opsctl.remote import mux_socket
 
@@ -100,7 +101,7 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
            accept_new_host_key: bool, meanwhile: t.Callable[[], object] | None,
            early: Launched | None) -> Answer | None:
     last = last_target.resolve(host, ctid)
-    if last.ctid < 100:
+    if not MIN_CTID <= last.ctid <= MAX_CTID:  # the full path says why (opsctl.config.ctid)
         return None
     spec = targetcache.lookup(last.host)
     if spec is None or (last.address is not None and spec.ssh_label() != last.address):

@@ -308,3 +308,40 @@ def test_a_missing_secret_is_a_usage_error_before_anything_remote(target, tmp_pa
                  secrets=["OPSCTL_TEST_MISSING"])
     assert res.exit_code == errors.USAGE, res.output
     assert "OPSCTL_TEST_MISSING" in json.loads(res.stdout)["error"]["message"]
+
+
+STEPS_THEN_FAILS = """
+    import json
+    print(json.dumps({"event": "step", "step": 1, "loss": 1.0}), flush=True)
+    raise SystemExit(3)
+"""
+
+
+def test_one_silent_webhook_never_blocks_the_others_in_a_real_job(target, tmp_path, webhook):
+    """Issue 23, class 2, end to end: the first URL accepts and never answers; the answering
+    one still gets ``healthy`` and ``failed`` at once, and once the wrapper ends (its bounded
+    wait spent) every event the silent URL never got is a give-up line in notify.log."""
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/never/{uuid.uuid4().hex}"
+        res = deploy(tmp_path, "silenthook", py(STEPS_THEN_FAILS), notify=[url, webhook.url],
+                     healthy_when={"event": "step"})
+        job = json.loads(res.stdout)["job_id"]
+        webhook.wait_for(job, "failed", timeout=10)
+        assert [e for e, _ in webhook.events(job)] == ["healthy", "failed"]
+        log_path = f"{ROOT}/jobs/{job}/notify.log"
+        deadline = time.monotonic() + 40  # the wrapper's 15 s wait, plus a loaded machine
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            lines = cexec("cat", log_path).stdout.splitlines()
+            if sum("gave up on" in ln for ln in lines) >= 2:
+                break
+            time.sleep(1)
+        for event in ("healthy", "failed"):
+            assert any(f"gave up on {event} to webhook 1 (http://127.0.0.1:" in ln for ln in lines), lines
+            assert any(f"sent {event} to webhook 2" in ln for ln in lines), lines
+        assert "/never/" not in "\n".join(lines)  # the URL's path is not logged
+    finally:
+        silent.close()

@@ -36,8 +36,8 @@ class TestNodeList:
 
     @pytest.mark.parametrize("text, says", [
         ("", "HOST:CT items"), ("pve1:200,", "HOST:CT items"), ("pve1", "is not HOST:CT"),
-        (":200", "is not HOST:CT"), ("pve1:abc", "is not HOST:CT"), ("pve1:99", "ids are 100-999999999"),
-        ("pve1:1000000000", "ids are 100-999999999"),
+        (":200", "is not HOST:CT"), ("pve1:abc", "is not HOST:CT"),
+        ("pve1:99", "Proxmox ids are 100-999999999"), ("pve1:1000000000", "100-999999999"),
         ("pve1:200,pve1:200", "listed twice"), ("pve1:２００", "is not HOST:CT"),
     ])
     def test_a_bad_node_list_is_a_usage_error_naming_the_item(self, text, says):

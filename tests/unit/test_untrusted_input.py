@@ -12,6 +12,8 @@ from pathlib import Path
 import paramiko
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opsctl import errors
 from opsctl.cli import cli
@@ -227,3 +229,73 @@ class TestKnownHosts:
         assert load_known_hosts(keys, kh, revoked) == 0
         assert revoked == [b] and len(keys) == 0
         assert capsys.readouterr().err == ""
+
+
+class TestExecRefusals:
+    """Issue 23, class 3: what used to reach the host is refused here (exit 2, nothing sent:
+    the host is 127.0.0.1:9, so a connect attempt would be exit 10)."""
+
+    @pytest.mark.parametrize("ct", ["99999999999999999999", "99", "0", "-5", "1000000000", "2_00",
+                                    " 200", "+200", "２００", "0x100", "", "1e3", "9" * 5000, "x" * 5000])
+    def test_exec_refuses_absurd_ct_and_empty_argv_locally(self, ct):
+        code, _, err = invoke("exec", "--host", UNREACHABLE, "--ct", ct, "--", "true")
+        assert code == errors.USAGE, err
+        assert "Invalid value for '--ct'" in err and "Traceback" not in err
+        assert len(err) < 400, "one clear line, not the whole value"
+
+    @pytest.mark.parametrize("argv, says", [
+        ([""], "program name (argument 0) is empty"),
+        (["", "x"], "program name (argument 0) is empty"),
+        (["echo", "a\0b"], "argument 1 contains a NUL byte"),
+        (["\0"], "argument 0 contains a NUL byte"),
+    ])
+    def test_an_empty_program_or_a_nul_byte_is_refused_before_connecting(self, argv, says):
+        code, _, err = invoke("exec", "--host", UNREACHABLE, "--ct", "200", "--", *argv)
+        assert code == errors.USAGE, err
+        assert says in err and "nothing was sent" in err
+
+    @pytest.mark.parametrize("command", [["status"], ["jobs"], ["stop", "-y"], ["logs"]])
+    def test_every_command_taking_ct_uses_the_same_rule(self, command):
+        code, _, err = invoke(*command, "--host", UNREACHABLE, "--ct", "99999999999999999999")
+        assert code == errors.USAGE, err
+        assert "100-999999999" in err
+
+    def test_an_inventory_container_id_out_of_range_is_refused(self, tmp_path):
+        p = write(tmp_path, "hosts:\n  h:\n    address: 127.0.0.1\n    containers:\n"
+                            "      99999999999: {gpus: 1}\n", "inv.yaml")
+        with pytest.raises(ConfigError, match="100-999999999"):
+            inventory.load([tmp_path])
+        assert p.exists()
+
+    @settings(max_examples=300, deadline=None)
+    @given(text=st.text(max_size=30))
+    def test_any_ct_text_is_an_id_in_range_or_a_usage_error(self, text):
+        from opsctl.config.ctid import MAX_CTID, MIN_CTID, parse_ctid
+
+        try:
+            got = parse_ctid(text)
+        except ConfigError as exc:
+            assert "--ct" in exc.message
+            assert not (text.isascii() and text.isdigit() and MIN_CTID <= int(text) <= MAX_CTID)
+        else:
+            assert MIN_CTID <= got <= MAX_CTID and got == int(text)
+
+    @settings(max_examples=100, deadline=None)
+    @given(text=st.text(st.characters(blacklist_characters="\0"), max_size=24))
+    def test_any_ct_on_the_command_line_never_tracebacks(self, text):
+        res = CliRunner().invoke(cli, ["jobs", "--host", UNREACHABLE, "--ct", text])
+        assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+        assert res.exit_code in (errors.USAGE, errors.TRANSPORT), res.output
+
+    @settings(max_examples=300, deadline=None)
+    @given(argv=st.lists(st.text(max_size=12), max_size=5))
+    def test_any_exec_argv_is_run_as_given_or_refused_with_its_reason(self, argv):
+        from opsctl.remote.command import check_argv
+
+        try:
+            got = check_argv("h", "exec", argv)
+        except ConfigError as exc:
+            assert not argv or argv[0] == "" or any("\0" in a for a in argv)
+            assert "nothing" in exc.message
+        else:
+            assert got == argv and argv[0] and not any("\0" in a for a in argv)
