@@ -28,6 +28,7 @@ PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
 UNKNOWN_JOB = 26
 FLEET_INCOMPLETE = 27
+DOCTOR_FAILED = 28
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
@@ -51,6 +52,7 @@ EXIT_CODES: dict[int, str] = {
                  "nothing launched yet)",
     FLEET_INCOMPLETE: "a fleet command answered, but some rows are errors (each row carries "
                       "its own error and exit code)",
+    DOCTOR_FAILED: "`opsctl doctor` found a failing check (each row names its evidence and fix)",
     TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was lost or cancelled",
     JOB_UNHEALTHY: "the job did not become healthy before its timeout",
@@ -193,6 +195,12 @@ class FleetIncomplete(OpsctlError):
     def __init__(self, message: str, *, report: t.Any = None, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.report = report
+
+
+class DoctorFailed(OpsctlError):
+    """``opsctl doctor`` answered, and at least one check failed (the rows say which)."""
+
+    exit_code = DOCTOR_FAILED
 
 
 class TorchEnvError(OpsctlError, ValueError):
