@@ -76,9 +76,9 @@ def check_libraries(driver: str | None, listing: str | None = None) -> Row:
     seen = nvidia.library_version_sets(listing)
     if driver is None:
         return doctor_row(name, "skip", NO_DRIVER, _first_line(listing))
-    fix = (f"install driver {driver}'s user-space libraries in the container: the same "
-           f"NVIDIA-Linux-x86_64-{driver}.run with --no-kernel-module, or apt install "
-           f"libnvidia-compute-{driver.split('.')[0]} at {driver}")
+    fix = (f"in the container: sh NVIDIA-Linux-x86_64-{driver}.run --no-kernel-module --silent "
+           f"(the host's driver, user space only), or apt install "
+           f"libnvidia-compute-{driver.split('.')[0]}={driver}*")
     missing = [lib for lib in ("libnvidia-ml", "libcuda") if lib not in seen]
     if missing:
         return doctor_row(name, "fail", f"no {' and no '.join(missing)} in the container",
