@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import json
 from pathlib import Path
 
 import pytest
@@ -101,7 +101,8 @@ def test_the_leftovers_row_is_the_launch_preflight_result() -> None:
 
 
 def test_xid_79_names_the_gpu_and_says_drain_it() -> None:
-    events = kernlog.parse("NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, GPU has fallen off the bus.")
+    events = kernlog.parse("NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, "
+                           "GPU has fallen off the bus.")
     (item,) = doctor_ops.diagnosis_items(events, {"0000:41:00": 3}, 120, live=False)
     assert item.cause == "host-xid" and item.severity == "error"
     assert "Xid 79 on GPU 3 (0000:41:00)" in item.summary and "fallen off the bus" in item.summary
@@ -111,7 +112,8 @@ def test_xid_79_names_the_gpu_and_says_drain_it() -> None:
 
 
 def test_an_oom_kill_of_another_container_is_not_this_jobs() -> None:
-    events = kernlog.parse("oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/lxc/121/ns,task=python3,pid=7,uid=0")
+    events = kernlog.parse("oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/lxc/121/ns,"
+                           "task=python3,pid=7,uid=0")
     assert doctor_ops.diagnosis_items(events, {}, 120, live=False) == []
     (item,) = doctor_ops.diagnosis_items(events, {}, 121, live=False)
     assert item.cause == "host-oom" and "pct set 121 --memory" in item.hint

@@ -35,7 +35,8 @@ def test_the_driver_version_reads_the_same_from_proc_nvidia_smi_and_the_librarie
 
 
 def test_a_container_with_two_library_versions_lists_both() -> None:
-    listing = "/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15\n/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"
+    listing = ("/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15\n"
+               "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04")
     assert nvidia.library_version_sets(listing) == {"libcuda": ["570.86.15", "580.159.04"]}
 
 
@@ -112,9 +113,11 @@ def test_pct_config_passes_dev_entries_and_allow_plus_bind_pairs() -> None:
 # NVIDIA's documented formats (Xid catalog; the driver's own lines as posted in NVIDIA's issues)
 XID_79 = "NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 XID_48_JOURNAL = ("2026-12-01T16:11:09.262206+00:00 pve kernel: NVRM: Xid (PCI:0000:2b:00): 48, "
-                  "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected")
+                  "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been "
+                  "detected")
 XID_OLD = "[ 5107.644336] NVRM: Xid (0000:01:00): 13, Graphics Exception: ESR 0x405840=0x0"
-XID_119 = "2026-12-01T16:11:10,000000+00:00 NVRM: Xid (PCI:0000:65:00): 119, pid='N/A', Timeout waiting for RPC from GSP"
+XID_119 = ("2026-12-01T16:11:10,000000+00:00 NVRM: Xid (PCI:0000:65:00): 119, pid='N/A', "
+           "Timeout waiting for RPC from GSP")
 
 
 def test_xid_lines_in_every_documented_format_parse() -> None:
@@ -166,7 +169,8 @@ def test_events_outside_the_window_and_without_wall_time_are_left_out() -> None:
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=400) | st.sampled_from(
     [XID_79, XID_48_JOURNAL, XID_OLD, PCT_CONFIG, "NVRM: Xid (PCI:ffffffffff:zz:00): 99999999999",
-     "oom-kill:task_memcg=,task=,pid=1", "[ 1.0] NVRM: Xid (0:00:00): 0", "GPU 0:00:00.0\n  Persistence Mode : "])
+     "oom-kill:task_memcg=,task=,pid=1", "[ 1.0] NVRM: Xid (0:00:00): 0",
+     "GPU 0:00:00.0\n  Persistence Mode : "])
 
 
 @given(TEXT)
@@ -189,4 +193,5 @@ def test_every_parser_answers_any_text_without_raising(text: str) -> None:
 @given(st.lists(TEXT, max_size=5))
 def test_kernel_log_of_many_lines_never_raises(lines: list[str]) -> None:
     events = kernlog.parse("\n".join(lines))
-    assert kernlog.in_window(events, 0, 2e9) == [e for e in events if e.at is not None and 0 - 5 <= e.at <= 2e9 + 5]
+    timed = [e for e in events if e.at is not None and -5 <= e.at <= 2e9 + 5]
+    assert kernlog.in_window(events, 0, 2e9) == timed

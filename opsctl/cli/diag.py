@@ -105,16 +105,22 @@ def doctor(host: str | None, ctid: int | None, accept_new_host_key: bool, deadli
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         report = doctor_ops.doctor(tgt, deadline_s=deadline_s, torch=with_torch,
                                    torch_timeout_s=torch_timeout_s)
+    failure = None
+    if report.failed:
+        first = report.failed[0]
+        failure = errors.DoctorFailed(f"{tgt.label}: {len(report.failed)} doctor check(s) failed, "
+                                      f"first {first['name']}: {first['reason']}",
+                                      hint=first["fix"] or None)
     if as_json:
-        render.print_json(report.to_dict())
+        doc = report.to_dict()
+        if failure is not None:
+            doc["error"] = failure.to_dict()
+        render.print_json(doc)
         click.get_current_context().meta["opsctl_json_done"] = True  # one document only
     else:
         render.doctor_report(render.console(), report)
-    if report.failed:
-        first = report.failed[0]
-        raise errors.DoctorFailed(f"{tgt.label}: {len(report.failed)} doctor check(s) failed, "
-                                  f"first {first['name']}: {first['reason']}",
-                                  hint=first["fix"] or None)
+    if failure is not None:
+        raise failure
 
 
 #: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).

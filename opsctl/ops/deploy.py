@@ -172,7 +172,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
                               "launched and keeps running",
                               hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
         status, outcome = result.status, result.reason
-    if status.terminal and status.state != JobState.SUCCEEDED or outcome == "timeout":
+    if (status.terminal and status.state != JobState.SUCCEEDED) or outcome == "timeout":
         status = with_host_events(tgt, status)
     report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
                           time.monotonic() - start, steps)

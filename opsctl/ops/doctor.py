@@ -52,7 +52,7 @@ class DoctorReport:
         return [r for r in self.rows if r["status"] == "fail"]
 
     def to_dict(self) -> dict[str, t.Any]:
-        return {"target": self.target, "ok": not self.failed, "elapsed_s": round(self.elapsed_s, 3),
+        return {"ok": not self.failed, "target": self.target, "elapsed_s": round(self.elapsed_s, 3),
                 "rows": self.rows}
 
 

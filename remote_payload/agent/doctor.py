@@ -177,7 +177,7 @@ def smi_gpus() -> tuple[list[dict[str, str]], str | None]:
 
 
 def parse_smi_rows(out: str) -> tuple[list[dict[str, str]], str | None]:
-    rows = []
+    rows: list[dict[str, str]] = []
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",", 3)]
         if len(parts) != 4 or not parts[0].isdigit():
