@@ -171,3 +171,33 @@ def test_an_xid_before_the_job_started_is_not_in_its_diagnosis(target: Path, tmp
     res = run("status", *T, job, "--follow", "--poll", "0.3", "--json")
     st = json.loads(res.stdout)
     assert not any("0000:42:00" in d["summary"] for d in st["diagnosis"]), st["diagnosis"]
+
+
+FULL_ROOT = "/opt/opsctl-test-doctor-full"
+
+
+def test_deploy_refuses_on_a_failing_doctor_check_unless_forced(sandbox, isolated_env: Path,
+                                                                 tmp_path: Path) -> None:
+    """The opsctl root in the container on a 64 MiB tmpfs: deploy's launch answers doctor's
+    own disk-free row (exit 25), nothing is launched; --force launches anyway."""
+    use_private_root(sandbox, isolated_env, FULL_ROOT)
+    mounted = run("exec", *T, "--", "sh", "-c", f"mkdir -p {FULL_ROOT} && "
+                  f"mount -t tmpfs -o size=64m tmpfs {FULL_ROOT}")
+    if mounted.exit_code != 0:
+        pytest.skip(f"cannot mount a tmpfs in the container: {mounted.output}")
+    try:
+        book = tmp_path / "small.json"
+        book.write_text(json.dumps({"name": "small", "command": ["sleep", "30"], "timeout_s": 60}))
+        res = run("deploy", *T, "--playbook", str(book), "-d", "--json")
+        assert res.exit_code == errors.REMOTE_FAILED, res.output
+        err = json.loads(res.stdout)["error"]
+        assert "doctor check disk-free failed: less than 2.0 GiB free" in err["message"]
+        assert f"[{FULL_ROOT}: " in err["message"] and "fix: free space in the container" in err["message"]
+        assert "--force" in err["hint"]
+        assert json.loads(run("jobs", *T, "--json").stdout)["jobs"] == []
+        res = run("deploy", *T, "--playbook", str(book), "-d", "--force", "--json")
+        assert res.exit_code == 0, res.output
+        job = json.loads(res.stdout)["job_id"]
+        run("stop", *T, job, "--grace", "1")
+    finally:
+        run("exec", *T, "--", "umount", "-l", FULL_ROOT)

@@ -272,7 +272,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 
         st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
                         on_update=on_update, lines=lines).status
-        if st.state.value != "SUCCEEDED":  # the host's Xid/OOM lines of the job's window
+        if st.state.value in ("FAILED", "LOST"):  # the host's Xid/OOM lines of the job's window
             from opsctl.ops import deploy as deploy_ops
 
             st = deploy_ops.with_host_events(tgt, st)
