@@ -7,7 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
+import typing as t
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -129,3 +132,50 @@ def test_the_doctor_verb_on_this_machine_answers_skip_rows_without_a_driver(tmp_
     rows = {r["name"]: r for r in json.loads(out)["data"]["rows"]}
     assert rows["gpu-count"]["reason"] == "no NVIDIA driver on the host"
     assert rows["disk-free"]["status"] in ("ok", "warn")
+
+
+class _HangingHost:
+    """A host that answers pct and then stops answering (the transport's deadline fires)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv: list[str], *, timeout: float | None = None, step: str = "") -> t.Any:
+        from opsctl.errors import DeadlineExceeded
+        from opsctl.remote.command import CommandResult
+
+        self.calls.append(tuple(argv))
+        assert timeout is not None and timeout <= 30, "every host step has a bounded deadline"
+        if argv[:2] == ["pct", "status"]:
+            return CommandResult(tuple(argv), "", 0, b"status: running\n", b"", 0.01)
+        if argv[0] == "dpkg-query":
+            return CommandResult(tuple(argv), "", 0, b"5.2.4", b"", 0.01)
+        raise DeadlineExceeded(f"pve1: {step} did not answer within {timeout:g} s; connection "
+                               "to it closed", argv=list(argv))
+
+
+def test_a_host_that_stops_answering_mid_doctor_fails_the_deadline_row_and_skips_the_rest() -> None:
+    from opsctl.config import inventory
+
+    spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve("root@127.0.0.1:2222")
+    remote = _HangingHost()
+    tgt = SimpleNamespace(remote=remote, ctid=120, host=spec, label="pve1 ct 120", agent=None)
+    report = doctor_ops.doctor(t.cast(t.Any, tgt), deadline_s=60)
+    rows = {r["name"]: r for r in report.rows}
+    assert [r["name"] for r in report.failed] == ["deadline"]
+    assert "did not answer within" in rows["deadline"]["reason"]
+    assert rows["pct"]["status"] == "ok" and rows["pct"]["evidence"] == "pve-container 5.2.4"
+    for name in ("host-driver", "gpu-count", "torch-matmul", "xid-events"):
+        assert rows[name]["status"] == "skip" and "no answer in time" in rows[name]["reason"], name
+    assert remote.calls[-1] == ("cat", "/proc/driver/nvidia/version")  # nothing after the hang
+
+
+def test_the_whole_doctor_run_has_one_deadline() -> None:
+    from opsctl.errors import DeadlineExceeded
+
+    clock = doctor_ops._Clock(10)
+    assert 1.0 <= clock.step() <= 9.0, "a step never outlives the run"
+    assert clock.step(cap=2) == 2
+    clock.end = time.monotonic() + 0.5  # the run's time is nearly spent
+    with pytest.raises(DeadlineExceeded, match="deadline passed"):
+        clock.step()
