@@ -142,7 +142,8 @@ def _host_checks(tgt: Target, clock: _Clock, rows: list[Row], *, torch: bool,
                                            step="pct config")
         rows.append(_ct_config_row(tgt, nodes, conf if rc2 == 0 else None, conf))
     if running:
-        rows += _agent_rows(tgt, clock, torch=torch, torch_timeout_s=torch_timeout_s)
+        rows += _agent_rows(tgt, clock, torch=torch, torch_timeout_s=torch_timeout_s,
+                            host_driver=host.driver)
     else:
         rows += [doctor_row(n, "skip", f"container {ct} is not running") for n in AGENT_ROWS]
     if host.driver is None:
@@ -246,7 +247,8 @@ def _ct_config_row(tgt: Target, nodes: dict[str, tuple[int, int]], conf: str | N
                       evidence[:400])
 
 
-def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: float) -> list[Row]:
+def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: float,
+                host_driver: str | None) -> list[Row]:
     want = tgt.host.containers[tgt.ctid].gpus if tgt.ctid in tgt.host.containers else None
     try:
         tgt.agent.ensure_payload()
@@ -254,6 +256,8 @@ def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: flo
                 "--ct", str(tgt.ctid)]
         if want:
             args += ["--expect-gpus", str(want)]
+        if host_driver:
+            args += ["--host-driver", host_driver]
         if not torch:
             args.append("--no-torch")
         doc = tgt.agent.call("doctor", *args, timeout=clock.step(cap=clock.left()))

@@ -387,12 +387,15 @@ def check_torch(driver: str | None, root: str, timeout_s: float,
 
 
 def run_all(root: str, *, expect_gpus: int | None, torch_timeout_s: float,
-            torch: bool = True, ctid: str = "<ct>") -> dict[str, t.Any]:
+            torch: bool = True, ctid: str = "<ct>", host_driver: str | None = None) -> dict[str, t.Any]:
+    """Every container-side row; ``host_driver`` (what the host itself reports) is what the
+    libraries must match, else the version the container reads in /proc/driver/nvidia (the
+    host's loaded module either way; they differ only while a host update is half done)."""
     driver = driver_version()
     rows_smi, err = smi_gpus() if driver is not None else ([], None)
     gpu_n = len(rows_smi) or len([p for p in container_nodes() if p[11:].isdigit()])
     rows = [
-        check_libraries(driver),
+        check_libraries((host_driver or driver) if driver is not None else None),
         check_device_nodes(driver, ctid=ctid),
         check_gpu_count(driver, rows_smi, err, expect_gpus),
         check_persistence(driver, rows_smi),
