@@ -179,3 +179,42 @@ def test_the_whole_doctor_run_has_one_deadline() -> None:
     clock.end = time.monotonic() + 0.5  # the run's time is nearly spent
     with pytest.raises(DeadlineExceeded, match="deadline passed"):
         clock.step()
+
+
+def _ct_target(gpus: int) -> t.Any:
+    from opsctl.config import inventory
+
+    spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve("root@127.0.0.1:2222")
+    spec = spec.model_copy(update={"containers": {120: inventory.ContainerSpec(gpus=gpus)}})
+    return SimpleNamespace(ctid=120, host=spec)
+
+
+HOST_NODES = {**{f"/dev/nvidia{i}": (195, i) for i in range(8)}, "/dev/nvidiactl": (195, 255),
+              "/dev/nvidia-uvm": (238, 0), "/dev/nvidia-uvm-tools": (238, 1)}
+
+
+def test_a_ct_config_without_the_uvm_major_names_the_missing_lines() -> None:
+    conf = ("arch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\n" + "".join(
+        f"lxc.mount.entry: /dev/nvidia{i} dev/nvidia{i} none bind,optional,create=file\n" for i in range(8))
+        + "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file\n"
+        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file\n")
+    row = doctor_ops._ct_config_row(_ct_target(8), HOST_NODES, conf, conf)
+    assert row["status"] == "fail", row
+    assert row["fix"] == ("lxc.cgroup2.devices.allow: c 238:* rwm | lxc.mount.entry: /dev/nvidia-uvm-tools "
+                          "dev/nvidia-uvm-tools none bind,optional,create=file (then pct reboot 120)")
+    fixed = conf + ("lxc.cgroup2.devices.allow: c 238:* rwm\nlxc.mount.entry: /dev/nvidia-uvm-tools "
+                    "dev/nvidia-uvm-tools none bind,optional,create=file\n")
+    assert doctor_ops._ct_config_row(_ct_target(8), HOST_NODES, fixed, fixed)["status"] == "ok"
+
+
+def test_pve8_dev_entries_pass_the_nodes_through() -> None:
+    conf = "".join(f"dev{i}: {p},mode=0666\n" for i, p in enumerate(
+        ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]))
+    assert doctor_ops._ct_config_row(_ct_target(1), HOST_NODES, conf, conf)["status"] == "ok"
+    row = doctor_ops._ct_config_row(_ct_target(2), HOST_NODES, conf, conf)
+    assert row["status"] == "fail" and "/dev/nvidia1" in row["fix"]
+
+
+def test_a_container_the_inventory_gives_no_gpus_is_not_a_config_failure() -> None:
+    row = doctor_ops._ct_config_row(_ct_target(0), HOST_NODES, "arch: amd64\n", "arch: amd64\n")
+    assert row["status"] == "skip" and "gpus: 0" in row["reason"]

@@ -227,6 +227,10 @@ def _ct_config_row(tgt: Target, nodes: dict[str, tuple[int, int]], conf: str | N
     gpu_nodes = sorted((p for p in nodes if p[len("/dev/nvidia"):].isdigit()),
                        key=lambda p: int(p[len("/dev/nvidia"):]))
     passed = [p for p in gpu_nodes if not pctconf.missing_lines(entries, p, *nodes[p])]
+    if want == 0 and not passed:
+        return doctor_row("ct-config-devices", "skip", f"the inventory gives container {ct} no GPUs "
+                          "(gpus: 0) and its config passes none", "",
+                          f"set containers.{ct}.gpus in the inventory if it should have some")
     missing: list[str] = []
     for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
         if p in nodes:

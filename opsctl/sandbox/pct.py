@@ -386,8 +386,9 @@ RAW_LXC_KEYS = ("lxc.cgroup2.devices.allow", "lxc.mount.entry")
 
 
 def cmd_config(args: list[str]) -> int:
-    """pct.pm cmddef `config` (after `list`, line 1068): the keys sorted, `digest` and `lxc`
-    left out, one `$k: $v` a line; then each raw `lxc.*` entry as `$key: $value` in file order."""
+    """pct.pm cmddef `config` (the entry right after `list`'s, line 1057): the keys sorted,
+    `digest` and `lxc` left out, one `$k: $v` a line; then each raw `lxc.*` entry as
+    `$key: $value` in file order."""
     _, rest = parse_options("config", args, {"current"}, {"snapshot"})
     (vmid_raw,) = positionals("config", rest, 1) if rest else (None,)
     vmid = parse_vmid("config", vmid_raw)
