@@ -18,7 +18,7 @@ from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
 from opsctl.cli.jsonout import print_failure
-from opsctl.cli.statusonce import DEFAULT_LINES, status_once
+from opsctl.faststatus.entry import DEFAULT_LINES, status_once
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
@@ -453,7 +453,7 @@ def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
     if host is not None or ctid is not None:
         return None
     if nodes_text is None:
-        from opsctl.config import last_target
+        from opsctl.state import last_target
 
         if not last_target.remembers_run():
             return None

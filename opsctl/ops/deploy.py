@@ -20,7 +20,6 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from opsctl.config import last_target as target_mod
 from opsctl.config import playbook as playbook_mod
 from opsctl.config.inventory import HostSpec
 from opsctl.config.playbook import Playbook
@@ -38,6 +37,7 @@ from opsctl.ops import watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.agent_client import NoPayload, PayloadResult
 from opsctl.remote.models import JobStatus
+from opsctl.state import last_target as target_mod
 from remote_payload import wire
 from remote_payload.wire import ErrorType, JobState
 

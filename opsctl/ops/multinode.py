@@ -31,7 +31,6 @@ import typing as t
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from opsctl.config import last_target as target_mod
 from opsctl.config.nodes import NodeRef, parse_nodes
 from opsctl.errors import (
     ConfigError,
@@ -44,6 +43,7 @@ from opsctl.errors import (
 from opsctl.ops import jobs, torchrun, watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.models import JobStatus, StopResult
+from opsctl.state import last_target as target_mod
 
 if t.TYPE_CHECKING:  # deploy (playbooks, payload) is imported by deploy only: status stays light
     from opsctl.config.playbook import Playbook
