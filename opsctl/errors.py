@@ -28,6 +28,7 @@ PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
 UNKNOWN_JOB = 26
 FLEET_INCOMPLETE = 27
+DOCTOR_FAILED = 28
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
@@ -56,6 +57,7 @@ EXIT_CODES: dict[int, str] = {
                       "(each row carries its own error and exit code); `status --nodes`/`stop "
                       "--nodes`: a node could not be asked (`\"ok\": false`; `stop` stopped the "
                       "run's job on the nodes it reached)",
+    DOCTOR_FAILED: "`opsctl doctor` found a failing check (each row names its evidence and fix)",
     TORCH_ENV: "torch build install / verify / swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was cancelled or lost (also `logs -f` and `status --follow` when the "
                 "job they followed ended so)",
@@ -227,6 +229,12 @@ class FleetIncomplete(OpsctlError):
     def __init__(self, message: str, *, report: t.Any = None, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.report = report
+
+
+class DoctorFailed(OpsctlError):
+    """``opsctl doctor`` answered, and at least one check failed (the rows say which)."""
+
+    exit_code = DOCTOR_FAILED
 
 
 class TorchEnvError(OpsctlError, ValueError):

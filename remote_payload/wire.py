@@ -148,6 +148,20 @@ def format_event(event: str, **fields: t.Any) -> str:
     return json.dumps({"event": event, **fields}, separators=(",", ":"), sort_keys=False)
 
 
+# --- doctor rows -------------------------------------------------------------
+# One check of ``opsctl doctor`` (the agent's ``doctor`` verb answers a list of them, and a
+# launch refused by one carries it in ``fields.row``):
+# {"name": str, "status": "ok|warn|fail|skip", "reason": str, "evidence": str, "fix": str}
+# ``evidence`` is the exact line the check read; ``fix`` the exact command or config line.
+DOCTOR_STATUSES = ("ok", "warn", "fail", "skip")
+
+
+def doctor_row(name: str, status: str, reason: str, evidence: str = "",
+               fix: str = "") -> dict[str, str]:
+    """One doctor row (the shape above)."""
+    return {"name": name, "status": status, "reason": reason, "evidence": evidence, "fix": fix}
+
+
 # --- agent envelope -----------------------------------------------------------
 
 
@@ -186,6 +200,8 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
     TorchEnvBusy = "TorchEnvBusy"  # another swap or cache change holds the lock
     NoCurrentBuild = "NoCurrentBuild"
     CacheSeedFailed = "CacheSeedFailed"
+    # a launch refused by a failing doctor check (``fields.row``: the doctor row)
+    PreflightFailed = "PreflightFailed"
 
 
 

@@ -313,6 +313,16 @@ class EnvsDoc(t.TypedDict):
     in_progress_or_leftover: list[str]
 
 
+class DoctorRowDoc(t.TypedDict):
+    """One check of ``opsctl doctor`` (``wire.doctor_row``): host side or the agent's verb."""
+
+    name: str
+    status: t.Literal["ok", "warn", "fail", "skip"]
+    reason: str
+    evidence: str  # the exact line read
+    fix: str  # the exact command or config line
+
+
 #: The replies the CLI parses or passes through, by verb.
 REPLY_SHAPES: dict[str, type] = {
     "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,

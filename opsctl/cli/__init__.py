@@ -7,10 +7,10 @@ one more entry in :data:`FAMILY_MODULES`. ``tests/unit/test_cli_commands.py`` fa
 that is defined but not listed.
 
 The group (``cli``) and ``FAMILIES`` are built on first use, not on import: :func:`main` first
-offers the command line to :func:`opsctl.cli.statusonce.run`, which serves a plain
+offers the command line to :func:`opsctl.faststatus.entry.run`, which serves a plain
 ``status [--json] [--host H] [--ct N]`` without importing click or any family. Before even
 that, :func:`main` lets the launch record start that status's ``ssh``
-(:mod:`opsctl.remote.launchrecord`), so this module imports nothing at all (not ``typing``:
+(:mod:`opsctl.faststatus.launchrecord`), so this module imports nothing at all (not ``typing``:
 ~4 ms of every start).
 """
 
@@ -49,15 +49,15 @@ def __getattr__(name: str) -> t.Any:
 def main() -> None:
     import sys
 
-    from opsctl.config import trace
+    from opsctl.faststatus import trace
 
     trace.mark("start-up")
-    from opsctl.remote import launchrecord
+    from opsctl.faststatus import launchrecord
 
     early = launchrecord.launch(sys.argv[1:])  # first: its ssh runs while the rest loads
     if early is not None:
         trace.mark("ssh start (record)")
-    from opsctl.cli import statusonce
+    from opsctl.faststatus import entry as statusonce
 
     if statusonce.run(sys.argv[1:], early):  # pragma: no cover - run() exits when it took it
         return

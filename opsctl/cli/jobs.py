@@ -18,7 +18,7 @@ from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
 from opsctl.cli.jsonout import print_failure
-from opsctl.cli.statusonce import DEFAULT_LINES, status_once
+from opsctl.faststatus.entry import DEFAULT_LINES, status_once
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
@@ -216,10 +216,13 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
               help="Every node of a multi-node run (default, without --host/--ct: the last "
                    "`deploy --nodes`).")
+@click.option("--host-log", is_flag=True,
+              help="Also read the host's kernel log for the job's time window (Xid, OOM "
+                   "killer): one more round trip, so plain `status` does not.")
 @json_option
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            lines: int, follow: bool, poll_s: float, all_hosts: bool, deadline_s: float,
-           max_parallel: int, nodes_text: str | None, as_json: bool) -> None:
+           max_parallel: int, nodes_text: str | None, host_log: bool, as_json: bool) -> None:
     """Job state, pane tail, metrics, GPUs and a diagnosis of known failures.
 
     With --all: one row per container of the fleet; exit 27 when some rows are errors.
@@ -232,8 +235,11 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
         return
     run = _run_nodes(host, ctid, nodes_text, job_id)
-    if run is None and not follow:
+    if run is None and not follow and not host_log:
         status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        return
+    if run is None and not follow:
+        _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
         return
     from opsctl.cli import render
     from opsctl.ops import jobs, watch
@@ -264,6 +270,10 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 
         st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
                         on_update=on_update, lines=lines).status
+        if st.state.value in ("FAILED", "LOST"):  # the host's Xid/OOM lines of the job's window
+            from opsctl.ops import deploy as deploy_ops
+
+            st = deploy_ops.with_host_events(tgt, st)
         if not as_json:  # the job followed is the one it started with, whatever came after
             err.print(render.plain(f"followed job {st.job_id} to its end: {st.state.value}"))
     if as_json:
@@ -272,6 +282,22 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
+
+
+def _status_with_host_log(host: str | None, ctid: int | None, accept_new_host_key: bool,
+                          job_id: str | None, lines: int, as_json: bool) -> None:
+    """``status --host-log``: the full path, plus the host kernel's Xid/OOM entries of the
+    job's window (warnings while it runs, errors once it failed)."""
+    from opsctl.cli import render
+    from opsctl.ops import deploy as deploy_ops
+    from opsctl.ops import jobs, watch
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        st = deploy_ops.with_host_events(tgt, watch.fetch_status(tgt.agent, job_id, lines))
+    if as_json:
+        render.print_json(st.model_dump(mode="json"))
+    else:
+        render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
 def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,
@@ -443,7 +469,7 @@ def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
     if host is not None or ctid is not None:
         return None
     if nodes_text is None:
-        from opsctl.config import last_target
+        from opsctl.state import last_target
 
         if not last_target.remembers_run():
             return None

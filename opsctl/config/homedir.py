@@ -2,7 +2,7 @@
 imported but ``os``: the one place this is decided (:func:`opsctl.config.paths.home` wraps it).
 
 Why a module apart from :mod:`.paths`: the first `opsctl status` of a session reads its launch
-record (:mod:`opsctl.remote.launchrecord`) before anything else is imported, and
+record (:mod:`opsctl.faststatus.launchrecord`) before anything else is imported, and
 :mod:`.paths` brings ``pathlib`` and ``typing`` (~5 ms of a ~20 ms start; docs/benchmarks.md).
 """
 

@@ -20,7 +20,6 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from opsctl.config import last_target as target_mod
 from opsctl.config import playbook as playbook_mod
 from opsctl.config.inventory import HostSpec
 from opsctl.config.playbook import Playbook
@@ -38,6 +37,7 @@ from opsctl.ops import watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.agent_client import NoPayload, PayloadResult
 from opsctl.remote.models import JobStatus
+from opsctl.state import last_target as target_mod
 from remote_payload import wire
 from remote_payload.wire import ErrorType, JobState
 
@@ -173,6 +173,8 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
                               "launched and keeps running",
                               hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
         status, outcome = result.status, result.reason
+    if status.state in (JobState.FAILED, JobState.LOST) or outcome == "timeout":
+        status = with_host_events(tgt, status)
     report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
                           time.monotonic() - start, steps)
     check_outcome(report)
@@ -335,6 +337,20 @@ def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
     return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60, stdin=stdin))
+
+
+def with_host_events(tgt: Target, st: JobStatus) -> JobStatus:
+    """``st`` with the host kernel's Xid/OOM entries of the job's window first in its
+    diagnosis (the agent in the container cannot read the host's log); a log that could not
+    be read is an ``info`` entry at the end, never in front of the job's own diagnosis."""
+    from opsctl.ops import doctor
+
+    extra = doctor.kernel_diagnosis(tgt, st)
+    if not extra:
+        return st
+    found = [d for d in extra if d.severity != "info"]
+    notes = [d for d in extra if d.severity == "info"]
+    return st.model_copy(update={"diagnosis": [*found, *st.diagnosis, *notes]})
 
 
 def check_outcome(report: DeployReport) -> None:

@@ -11,14 +11,14 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.config import inventory as inventory_mod
-from opsctl.config import last_target as target_mod
-from opsctl.config import targetcache
 from opsctl.config.ctid import check_ctid
 from opsctl.config.inventory import HostSpec, Inventory
 from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, TransportError
+from opsctl.faststatus import targetcache
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobList, LogsChunk, StopResult
 from opsctl.remote.transport import Remote
+from opsctl.state import last_target as target_mod
 
 
 @dataclass
@@ -56,7 +56,7 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     inv = inventory_mod.load()
     spec = inv.resolve(last.host)
     target_mod.check_address(last.host, last.address, spec.ssh_label(), inv.origins.get(last.host))
-    targetcache.store(last.host, spec)  # so the next `status` reads no YAML (opsctl/ops/quickstatus.py)
+    targetcache.store(last.host, spec)  # so the next `status` reads no YAML (opsctl/faststatus/fetch.py)
     check_ctid(last.ctid)  # a remembered target is checked like --ct
     remote = Remote(spec, accept_new_host_key=accept_new_host_key)
     return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root), inv)

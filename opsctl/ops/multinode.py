@@ -7,9 +7,9 @@ membership (``wire.RUN_FIELD``: the run id, the node's index, the node count), s
 jobs are not one run; a node that could not be asked makes the answer incomplete (``"ok":
 false``, exit 27), never a run that "was stopped". Before anything is contacted every node is
 resolved to the container it names (address, port, jump host, ct): the same container named
-two ways (``127.0.0.1:2222:201`` and ``sandbox:201``) is refused (exit 2). opsctl schedules nothing itself: torchrun
-starts and numbers the ranks, and when one node's agent or rank dies the others' rendezvous
-or collectives fail, so their jobs end too. opsctl's part:
+two ways (``127.0.0.1:2222:201`` and ``sandbox:201``) is refused (exit 2). opsctl
+schedules nothing itself: torchrun starts and numbers the ranks, and when one node's agent
+or rank dies the others' rendezvous or collectives fail, so their jobs end too. opsctl's part:
 
 1. prepare every node as a single-node deploy does (refuse a running job unless
    ``--replace``, ship the payload, the playbook's torch build and cache), one node after
@@ -37,7 +37,6 @@ import typing as t
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from opsctl.config import last_target as target_mod
 from opsctl.config.nodes import NodeRef, parse_nodes
 from opsctl.errors import (
     ConfigError,
@@ -52,6 +51,7 @@ from opsctl.errors import (
 from opsctl.ops import jobs, torchrun, watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.models import JobStatus, StopResult
+from opsctl.state import last_target as target_mod
 from remote_payload import wire
 
 if t.TYPE_CHECKING:  # deploy (playbooks, payload) is imported by deploy only: status stays light

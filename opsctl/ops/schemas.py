@@ -55,8 +55,15 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
               lambda: _HostsDocument),
     "status --all": ("one row per container of the fleet (`status --all --json`)",
                      lambda: _FleetDocument),
+    "doctor": ("the GPU chain's checks, a row each (`doctor --json`)", lambda: _doctor_document()),
 }
 EVENT = "event"
+
+
+def _doctor_document() -> t.Any:
+    row = shapes.pydantic_view(_wire_shapes().DoctorRowDoc)
+    fields = {"target": str, "elapsed_s": float, "rows": list[row]}  # type: ignore[valid-type]
+    return te.TypedDict("DoctorDocument", fields)  # type: ignore[operator]  # built at run time
 
 
 def _wire_shapes() -> t.Any:

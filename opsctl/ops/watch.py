@@ -11,7 +11,7 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import TransportError
-from opsctl.ops import quickstatus
+from opsctl.faststatus import fetch as quickstatus
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobStatus
 

@@ -43,6 +43,8 @@ _HINTS: dict[ErrorType, str] = {
     ErrorType.GpusBusy: "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
     ErrorType.DiskFull: "free space in the container (df -h; old jobs/ dirs, caches), then retry",
     ErrorType.LaunchAborted: "the deploy was interrupted; run it again",
+    ErrorType.PreflightFailed: "apply the fix the row names (opsctl doctor shows every check), "
+                               "or deploy with --force",
 }
 
 

@@ -19,7 +19,7 @@ from opsctl.config import paths
 
 class MuxHost(t.Protocol):
     """What a call through the mux needs of its host: a :class:`~opsctl.config.inventory.HostSpec`,
-    or the pydantic-free :class:`~opsctl.config.targetcache.CachedHost` of ``status``'s fast path."""
+    or the pydantic-free :class:`~opsctl.faststatus.targetcache.CachedHost` of ``status``'s fast path."""
 
     @property
     def label(self) -> str: ...

@@ -34,7 +34,7 @@ from opsctl.remote import hostkeys, sshclient, sshspawn
 from opsctl.remote.command import CommandResult, known_hosts_name
 
 if t.TYPE_CHECKING:
-    from opsctl.remote.launchrecord import Launched
+    from opsctl.faststatus.launchrecord import Launched
     from opsctl.remote.mux_socket import MuxHost
 
 #: What ssh exits with when ssh itself failed (and what a remote command rarely does).

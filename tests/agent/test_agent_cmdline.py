@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.ops import quickstatus
+from opsctl.faststatus import fetch as quickstatus
 from opsctl.remote import command
 from remote_payload.agent import __main__ as agent_main
 

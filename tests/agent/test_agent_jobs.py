@@ -448,3 +448,30 @@ def test_launch_refuses_gpus_held_by_another_process_unless_forced(agent: Agent,
     found = {d["cause"]: d for d in doc["diagnosis"]}
     assert "launched with --force" in found["gpus_busy_at_launch"]["summary"]
     agent.data("stop", "--grace", "1")
+
+
+def test_launch_refuses_on_a_failing_doctor_check_unless_forced(tmp_path: Path, tmux_socket: str) -> None:
+    """A nearly full disk under the root (a real 64 MiB tmpfs): the launch answers doctor's
+    own ``disk-free`` row as its error and creates nothing; --force-gpus (deploy --force)
+    launches anyway and the status says it was forced."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        agent = Agent(small / "root", tmux_socket)
+        spec = json.dumps({"name": "disk", "command": ["sleep", "60"]})
+        refused = agent.reply("launch", "--spec-json", spec)
+        assert refused["error"]["type"] == "PreflightFailed", refused
+        row = refused["error"]["fields"]["row"]
+        assert (row["name"], row["status"]) == ("disk-free", "fail")
+        assert refused["error"]["message"].startswith("doctor check disk-free failed: less than 2.0 GiB free")
+        assert "opsctl cache prune" in row["fix"] and row["fix"] in refused["error"]["message"]
+        assert not (agent.root / "jobs").exists() or not list((agent.root / "jobs").iterdir())
+        doc = agent.data("launch", "--spec-json", spec, "--force-gpus")
+        assert doc["preflight"]["forced"] is True
+        assert [r["status"] for r in doc["preflight"]["rows"] if r["name"] == "disk-free"] == ["fail"]
+        agent.data("stop", "--grace", "1")
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -75,7 +75,7 @@ class TestDeleteNeverAppliesToRootHomeOrCwd:
 
     def test_a_symlink_to_the_home_is_judged_by_where_it_points(self, target, tmp_path):
         link = unique("to-root")
-        sh(f"ln -s /root /opt/opsctl/data/{link} && touch /root/keep-me")
+        sh(f"mkdir -p /opt/opsctl/data && ln -s /root /opt/opsctl/data/{link} && touch /root/keep-me")
         (tmp_path / "empty").mkdir()
         res = run("push", *CT, str(tmp_path / "empty"), link, "--delete", "-y", "--json")
         assert res.exit_code == 2 and "/root" in error_of(res)["message"], res.output

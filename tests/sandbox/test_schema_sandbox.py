@@ -1,6 +1,6 @@
 """Every ``--json`` document a real command prints validates against ``opsctl schema``'s
 schema for it, on the sandbox: deploy, status, jobs, stop, envs, hosts (and --check),
-``status --all``, a failure document, and the trainer-like job's events."""
+``status --all``, doctor, a failure document, and the trainer-like job's events."""
 
 from __future__ import annotations
 
@@ -77,6 +77,10 @@ def test_every_json_document_of_a_jobs_life_validates_against_its_schema(target)
     fleet = run("status", "--all", "--json")
     assert fleet.exit_code == 0, fleet.output
     assert_valid("status --all", fleet.stdout)
+    doctor = run("doctor", "--host", "sandbox", "--ct", "200", "--json")
+    assert doctor.exit_code == 0, doctor.output
+    rows = assert_valid("doctor", doctor.stdout)["rows"]
+    assert {r["name"] for r in rows} >= {"ssh", "pct", "container-running", "dev-shm"}
     stopped = run("stop", "--json", "-y", "--grace", "1")
     assert stopped.exit_code == 0, stopped.output
     assert assert_valid("stop", stopped.stdout)["state"] == "CANCELLED"

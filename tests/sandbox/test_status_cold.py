@@ -1,6 +1,6 @@
 """The first `opsctl status` of a session (no mux) goes over the OpenSSH client, trusts only the
 keys opsctl's own connection accepts, and says exactly what the full path says
-(opsctl/remote/sshcall.py, opsctl/remote/hostkeys.py, opsctl/cli/statusonce.py)."""
+(opsctl/remote/sshcall.py, opsctl/remote/hostkeys.py, opsctl/faststatus/entry.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import yaml
 from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli, statusonce
+from opsctl.cli import cli
 from opsctl.cli.jsonout import print_json
+from opsctl.faststatus import entry as statusonce
 from opsctl.remote import hostkeys, models, sshcall
 from remote_payload.agent import diagnosis
 from remote_payload.probes import stackdump
@@ -164,7 +165,7 @@ def test_a_call_left_uncollected_is_killed():
 SPY = r"""
 import json, os, sys
 reply_only = ("dataclasses", "inspect", "subprocess", "opsctl.remote.transport",
-              "opsctl.remote.leanreply", "opsctl.cli.jsonout", "remote_payload.wire")
+              "opsctl.faststatus.leanreply", "opsctl.cli.jsonout", "remote_payload.wire")
 before_ssh = []
 def on_spawn(event, args):
     if event in ("os.posix_spawn", "subprocess.Popen") and not before_ssh \

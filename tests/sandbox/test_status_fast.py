@@ -1,6 +1,6 @@
 """`opsctl status` through a warm multiplexer reads no YAML and no pydantic, and says exactly
-what the full path says (opsctl/ops/quickstatus.py, opsctl/remote/leanreply.py,
-opsctl/config/targetcache.py)."""
+what the full path says (opsctl/faststatus/fetch.py, opsctl/faststatus/leanreply.py,
+opsctl/faststatus/targetcache.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from click.testing import CliRunner
 
 from opsctl.cli import cli
 from opsctl.cli.jsonout import print_json
-from opsctl.config import inventory, targetcache
-from opsctl.remote import leanreply, models, mux_socket
+from opsctl.config import inventory
+from opsctl.faststatus import leanreply, targetcache
+from opsctl.remote import models, mux_socket
 from opsctl.remote import mux_client as mux
 from tests.paths import REPO
 

@@ -1,6 +1,6 @@
 """The launch record: the first `opsctl status` of a session starts its ``ssh`` before the rest
 of opsctl loads, only while nothing it was derived from changed, and never says anything the
-normal path would not (opsctl/remote/launchrecord.py)."""
+normal path would not (opsctl/faststatus/launchrecord.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from opsctl import errors
 from opsctl.cli import cli
-from opsctl.remote import launchrecord
+from opsctl.faststatus import launchrecord
 from tests.paths import REPO
 
 WORDS = ["status", "--json"]
@@ -114,9 +114,9 @@ import json, os, sys
 spawns = []
 def on_spawn(event, args):
     if event == "os.posix_spawn" and os.path.basename(os.fsdecode(args[0])) == "ssh":
-        spawns.append({"from_record": "opsctl.ops.quickstatus" not in sys.modules,
+        spawns.append({"from_record": "opsctl.faststatus.fetch" not in sys.modules,
                        "loaded": [m for m in ("click", "pydantic", "yaml", "rich", "paramiko",
-                                              "opsctl.cli.statusonce") if m in sys.modules]})
+                                              "opsctl.faststatus.entry") if m in sys.modules]})
 sys.addaudithook(on_spawn)
 from opsctl.remote import sshcall
 results = []

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.config.torch_builds import load_table, prepare_wheelhouse, swap_args
+from opsctl.config.torch_builds import load_table, swap_args
+from opsctl.ops.wheelhouse import prepare_wheelhouse
 from remote_payload.agent.torchenv import current_python, job_env
 from tests.agent.test_torch_swap import agent
 

@@ -165,8 +165,8 @@ def test_remembered_target_keeps_its_resolved_address(isolated_env, tmp_path, mo
     from click.testing import CliRunner
 
     from opsctl.cli import cli
-    from opsctl.config import last_target
     from opsctl.ops import jobs
+    from opsctl.state import last_target
 
     home_inv = isolated_env / "inventory"
     home_inv.mkdir(parents=True, exist_ok=True)
@@ -198,7 +198,7 @@ def test_a_remembered_run_keeps_each_nodes_address(isolated_env, tmp_path, monke
     from click.testing import CliRunner
 
     from opsctl.cli import cli
-    from opsctl.config import last_target
+    from opsctl.state import last_target
 
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,11 @@ from opsctl.config.torch_builds import (
     TorchBuild,
     TorchPin,
     load_table,
-    prepare_wheelhouse,
     remote_wheelhouse_dir,
     swap_args,
 )
 from opsctl.errors import ConfigError, TorchEnvError
+from opsctl.ops.wheelhouse import prepare_wheelhouse
 from tests.wheel_index import build_fake_torches, serve_index, write_simple_index
 
 

@@ -324,6 +324,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                              running.pid.get("cgroup")) if running else []
     check = gpus.preflight(needed, own, memory=running is None)
     _refuse_busy_gpus(check, force_gpus)
+    check["rows"] = _refuse_failing_rows(root, needed, force_gpus)
 
     path = jobs.job_dir(root, job_id)
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
@@ -338,9 +339,12 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     if current is not None:
         stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
              reason=f"replaced by job {job_id}")
+        rows = check["rows"]
         check = gpus.preflight(needed)
         _refuse_busy_gpus(check, force_gpus)
-    check["forced"] = force_gpus and bool(check["busy"])
+        check["rows"] = rows
+    check["forced"] = force_gpus and (bool(check["busy"]) or any(
+        r["status"] == "fail" for r in check["rows"]))
     with jobs.launch_lock(root):
         _refuse_if_aborted(root, job_id)
         try:
@@ -401,10 +405,30 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
 
 
 def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
+    """GpusBusy with doctor's ``leftover-gpu-processes`` row (one definition of the check)."""
     if check["busy"] and not force:
-        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
-        raise AgentFailure(ErrorType.GpusBusy, f"GPUs this job needs are in use: {names}",
-                           busy=check["busy"], needed=check["needed"])
+        from remote_payload.agent import doctor
+
+        row = doctor.leftovers_row(check)
+        raise AgentFailure(ErrorType.GpusBusy, f"GPUs this job needs are in use: {row['evidence']}",
+                           busy=check["busy"], needed=check["needed"], row=row)
+
+
+def _refuse_failing_rows(root: str, needed: list[int] | None, force: bool) -> list[dict[str, str]]:
+    """The launch's doctor rows (device nodes, /dev/shm, free disk); the first failing one
+    refuses the launch unless ``force`` (deploy --force)."""
+    from remote_payload.agent import doctor
+
+    rows = doctor.launch_rows(root, needed)
+    bad = [r for r in rows if r["status"] == "fail"]
+    if bad and not force:
+        row = bad[0]
+        raise AgentFailure(ErrorType.PreflightFailed,
+                           f"doctor check {row['name']} failed: {row['reason']}"
+                           + (f" [{row['evidence']}]" if row["evidence"] else "")
+                           + (f"; fix: {row['fix']}" if row["fix"] else ""),
+                           row=row, rows=bad)
+    return rows
 
 
 def _torch_build(root: str) -> tuple[dict[str, str], str | None]:

@@ -17,11 +17,12 @@ import sys
 import typing as t
 
 from opsctl.config import ctid as ctid_rule
-from opsctl.config import last_target, trace
 from opsctl.errors import OpsctlError
+from opsctl.faststatus import trace
+from opsctl.state import last_target
 
 if t.TYPE_CHECKING:
-    from opsctl.remote.launchrecord import Launched
+    from opsctl.faststatus.launchrecord import Launched
 
 DEFAULT_LINES = 20  # the click command's --lines default (opsctl/cli/jobs.py)
 
@@ -29,14 +30,14 @@ DEFAULT_LINES = 20  # the click command's --lines default (opsctl/cli/jobs.py)
 def status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
                 job_id: str | None, lines: int, as_json: bool, *,
                 early: Launched | None = None, words: list[str] | None = None) -> None:
-    """One status: without pydantic or YAML where it can (opsctl/ops/quickstatus.py), else
+    """One status: without pydantic or YAML where it can (opsctl/faststatus/fetch.py), else
     the full path; the same document and view either way.
 
     ``early``: the ``ssh`` the launch record started for command line ``words``
-    (:mod:`opsctl.remote.launchrecord`); with ``words``, a status that started its own ``ssh``
+    (:mod:`opsctl.faststatus.launchrecord`); with ``words``, a status that started its own ``ssh``
     keeps a launch record for the next one.
     """
-    from opsctl.ops import quickstatus
+    from opsctl.faststatus import fetch as quickstatus
 
     trace.mark("imports")
     answer = quickstatus.fetch(host, ctid, job_id, lines, model=not as_json,

@@ -7,7 +7,7 @@ opsctl cannot make faster, so the rest had to shrink: the inventory (PyYAML + py
 ``ssh … pct exec 200 -- true``, and without a mux the paramiko import and key exchange made
 it 2.2× (docs/benchmarks.md).
 
-The fast lane opens only when the target resolves from :mod:`opsctl.config.targetcache`;
+The fast lane opens only when the target resolves from :mod:`opsctl.faststatus.targetcache`;
 it sends exactly the command the full path sends (:func:`opsctl.remote.command.prepare`,
 :func:`opsctl.remote.command.agent_argv`), so the remote deadlines are the same. It
 goes through a live mux (bound to the verified host key), else (no mux, ``OPSCTL_MUX=0``)
@@ -30,15 +30,16 @@ from __future__ import annotations
 import time
 import typing as t
 
-from opsctl.config import last_target, targetcache, trace
 from opsctl.config.ctid import MAX_CTID, MIN_CTID
+from opsctl.faststatus import targetcache, trace
 from opsctl.remote import command as cmd
 from opsctl.remote import mux_socket
+from opsctl.state import last_target
 
 if t.TYPE_CHECKING:
-    from opsctl.config.targetcache import CachedHost
-    from opsctl.remote.launchrecord import Launched
-    from opsctl.remote.leanreply import Shape
+    from opsctl.faststatus.launchrecord import Launched
+    from opsctl.faststatus.leanreply import Shape
+    from opsctl.faststatus.targetcache import CachedHost
     from opsctl.remote.models import JobStatus
 
 #: The remote deadline of one ``status`` call (the full path's too: :func:`.watch.fetch_status`).
@@ -158,7 +159,7 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
             ssh_argv, known_hosts = call.ssh_argv, call.known_hosts
     label = f"{spec.label} ct {last.ctid}"
     if result.rc == 0:
-        from opsctl.remote import leanreply
+        from opsctl.faststatus import leanreply
 
         try:
             data = leanreply.reply_data(result.stdout)
@@ -213,7 +214,7 @@ def _prepare_reading(model: bool, meanwhile: t.Callable[[], object] | None) -> S
     if model:
         from opsctl.remote import models  # noqa: F401  (pydantic: the human view validates)
     else:
-        from opsctl.remote import leanreply
+        from opsctl.faststatus import leanreply
 
         try:
             shape = leanreply.cached_shape("JobStatus")
@@ -254,7 +255,7 @@ def remember_launch(words: list[str], answer: Answer) -> None:
         return
     import sys
 
-    from opsctl.remote import launchrecord
+    from opsctl.faststatus import launchrecord
 
     spec = answer.cold_host
     code = [m.__file__ for name, m in list(sys.modules.items())
