@@ -12,9 +12,10 @@ appends ``acceptance_length + 1`` per verifying forward; ``dflash/benchmark.py``
 counts its accepted drafts + 1 in full, also the block that runs past EOS or ``max_new``,
 and the loop has the reference's bounds (it runs while the newest token's position is below
 prompt + ``max_new``; it stops after the block that produced a stop token). 1 means the
-drafter never helped; K is the ceiling. ``tau_cut`` is this project's earlier figure: the
-tokens that survive the EOS/``max_new`` cut per verifying forward, pooled over prompts
-(at most tau; the two differ by the final block of each prompt).
+drafter never helped; K is the ceiling. ``tau_pooled``: the same lengths pooled over all
+blocks (long answers weigh more). ``tau_cut``: this project's earlier figure, the tokens that
+survive the EOS/``max_new`` cut per verifying forward, pooled (at most ``tau_pooled``; they
+differ by what each prompt's last block produced past the cut).
 
 Without a KV cache (each verify re-runs the target over the whole sequence): simple and
 exact, fine for held-out sets of a few hundred short prompts; a serving engine measures
@@ -60,6 +61,11 @@ class Acceptance:
         """z-lab/dflash's: the mean over prompts of each prompt's mean acceptance length."""
         means = [sum(p) / len(p) for p in self.lengths if p]
         return sum(means) / len(means) if means else 0.0
+
+    @property
+    def tau_pooled(self) -> float:
+        """The same acceptance lengths pooled over every block of every prompt."""
+        return sum(map(sum, self.lengths)) / self.blocks if self.blocks else 0.0
 
     @property
     def tau_cut(self) -> float:
@@ -228,7 +234,8 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     trained = measure(target, drafter.to(dtype), cfg, prompts, a.max_new_tokens,
                       tok.eos_token_id, device)
     result: dict[str, t.Any] = {
-        "tau": round(trained.tau, 4), "tau_cut": round(trained.tau_cut, 4), "tau_untrained": None,
+        "tau": round(trained.tau, 4), "tau_pooled": round(trained.tau_pooled, 4),
+        "tau_cut": round(trained.tau_cut, 4), "tau_untrained": None,
         "per_position": trained.per_position(), "block_size": cfg.block_size,
         "blocks": trained.blocks, "new_tokens": trained.kept, "prompts": len(prompts),
         "target_precision": a.target_precision,
