@@ -195,7 +195,8 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
             "final_loss_fp8": fp8_steps[-1].get("loss") if fp8_steps else None}
         times["eval_fp8_s"] = time.perf_counter() - t0
 
-    summary = {"tau": acc["tau"], "tau_pooled": acc["tau_pooled"], "tau_cut": acc["tau_cut"], "tau_untrained": acc["tau_untrained"],
+    summary = {"tau": acc["tau"], "tau_pooled": acc["tau_pooled"], "tau_cut": acc["tau_cut"],
+               "tau_untrained": acc["tau_untrained"],
                "per_position": acc["per_position"], "block_size": acc["block_size"],
                "target_acc": round(target["acc"], 4), "regenerate_tok_s": regen["tok_s"],
                "regenerate_engine": regen["engine"],
