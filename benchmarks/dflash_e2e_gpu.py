@@ -49,6 +49,7 @@ def main() -> int:
     p.add_argument("--fp8-compare", action="store_true",
                    help="also train on FP8 features; tau of both drafters vs bf16/FP8 targets")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drafter-epochs", type=int, default=None, help="instead of the recipe's 6")
     a = p.parse_args()
     faulthandler.dump_traceback_later(a.minutes * 60, exit=True)
     import torch
@@ -64,7 +65,9 @@ def main() -> int:
     t0 = time.perf_counter()
     summary = e2e.run(["--out-dir", out, "--size", "tiny" if a.tiny else "gpu",
                        "--device", "cpu" if a.tiny else "cuda", "--seed", str(a.seed),
-                       *(["--fp8-compare"] if a.fp8_compare else [])])
+                       *(["--fp8-compare"] if a.fp8_compare else []),
+                       *([] if a.drafter_epochs is None else
+                         ["--drafter-epochs", str(a.drafter_epochs)])])
     summary.update(total_s=round(time.perf_counter() - t0, 1), torch=torch.__version__,
                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                    date=time.strftime("%Y-%m-%d"), out_dir=out)

@@ -92,6 +92,9 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--min-margin", type=float, default=0.0,
                    help="fail (exit 2) unless tau exceeds the untrained drafter's by this much")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drafter-epochs", type=int, default=None,
+                   help="the drafter's epochs instead of the size's (fewer: a drafter short of "
+                        "the ceiling, where a difference in acceptance can show)")
     p.add_argument("--fp8-compare", action="store_true",
                    help="also train a drafter on FP8 features and measure both drafters against "
                         "the bf16 and an FP8-served target (summary: fp8_compare)")
@@ -162,10 +165,14 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                             "--batch-size", str(size["regen_batch"]), "--engine", "hf"], log)
     times["regenerate_s"] = time.perf_counter() - t0
 
+    if a.drafter_epochs is not None and a.drafter_epochs < 1:
+        raise TrainerConfigError(f"--drafter-epochs {a.drafter_epochs}: at least 1")
+    epochs = [] if a.drafter_epochs is None else ["--epochs", str(a.drafter_epochs)]
+
     def train_argv(name: str, *extra: str) -> list[str]:
         return ["--preset", "tiny", *common, "--tokenizer", str(target_dir), "--data",
                 str(out / "regen"), "--out-dir", str(out / name), "--seed", str(a.seed),
-                *size["drafter"], *extra]
+                *size["drafter"], *epochs, *extra]
 
     def run_eval(ckpt: str, precision: str, *extra: str) -> dict[str, t.Any]:
         return evaluate.run([*common, "--ckpt", ckpt, "--prompts", str(out / "heldout.jsonl"),
@@ -206,6 +213,7 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                "train_steps": steps[-1].get("step") if steps else 0,
                "final_loss": steps[-1].get("loss") if steps else None,
                "export": exp["out"], "device": dev, "size": a.size, "seed": a.seed,
+               "drafter_epochs": a.drafter_epochs,
                **fp8_summary, **{k: round(v, 2) for k, v in times.items()}}
     log.event("e2e", **summary)
     log.event(wire.EVENT_ACCEPTANCE, **{k: acc[k] for k in ("tau", "tau_cut", "tau_untrained",
