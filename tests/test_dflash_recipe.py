@@ -206,6 +206,8 @@ def test_eval_refuses_absurd_counts_in_one_line(pipeline):
         evaluate.parse([*base, "--max-new-tokens", "0"])
     with pytest.raises(TrainerConfigError, match="--limit -3"):
         evaluate.parse([*base, "--limit", "-3"])
+    with pytest.raises(TrainerConfigError, match="--drafter-epochs 0: at least 1"):
+        e2e.parse(["--out-dir", str(out / "never"), "--drafter-epochs", "0"])
 
 
 def test_eval_against_an_fp8_served_target_runs_on_the_cpu_and_says_so(pipeline, capsys):

@@ -147,6 +147,24 @@ def test_a_call_whose_positions_do_not_cover_context_and_block_is_refused(export
         model(position_ids=x["pos"], noise_embedding=x["block"], target_hidden=x["feats"])
     with pytest.raises(ValueError, match="noise_embedding and target_hidden"):
         model(position_ids=x["pos"], noise_embedding=x["block"])
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        model.spec_generate(target=None, input_ids=torch.zeros(2, 3, dtype=torch.long),
+                            max_new_tokens=4)
+
+
+def test_a_config_without_dflash_config_is_refused_by_name_not_built_at_random(exported,
+                                                                              monkeypatch,
+                                                                              tmp_path):
+    import shutil
+
+    path, _, _ = exported
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    del cfg["dflash_config"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"no dflash_config\.target_layer_ids: not a DFlash drafter"):
+        _auto_model(bad, monkeypatch, tmp_path)
 
 
 def _tiny_target(cfg: DrafterConfig) -> t.Any:

@@ -98,7 +98,10 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fp8-compare", action="store_true",
                    help="also train a drafter on FP8 features and measure both drafters against "
                         "the bf16 and an FP8-served target (summary: fp8_compare)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.drafter_epochs is not None and a.drafter_epochs < 1:
+        raise TrainerConfigError(f"--drafter-epochs {a.drafter_epochs}: at least 1")
+    return a
 
 
 def _train_drafter(train_main: t.Callable[[list[str]], int], argv: list[str]) -> list[dict[str, t.Any]]:
@@ -165,8 +168,6 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                             "--batch-size", str(size["regen_batch"]), "--engine", "hf"], log)
     times["regenerate_s"] = time.perf_counter() - t0
 
-    if a.drafter_epochs is not None and a.drafter_epochs < 1:
-        raise TrainerConfigError(f"--drafter-epochs {a.drafter_epochs}: at least 1")
     epochs = [] if a.drafter_epochs is None else ["--epochs", str(a.drafter_epochs)]
 
     def train_argv(name: str, *extra: str) -> list[str]:
