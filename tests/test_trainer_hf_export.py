@@ -58,11 +58,23 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, Dr
     return base / "export", d, cfg
 
 
-def _auto_model(path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp: pathlib.Path) -> t.Any:
+@pytest.fixture(scope="module", autouse=True)
+def _modules_cache(tmp_path_factory: pytest.TempPathFactory) -> t.Iterator[None]:
+    """transformers copies remote code into HF_MODULES_CACHE, read once at import (so the
+    environment variable is too late here): point it at a temporary directory, not ~/.cache."""
+    import transformers.dynamic_module_utils as dmu
+
+    with pytest.MonkeyPatch.context() as mp:
+        cache = tmp_path_factory.mktemp("hf-modules")
+        mp.setattr(dmu, "HF_MODULES_CACHE", str(cache))
+        mp.syspath_prepend(str(cache))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield
+
+
+def _auto_model(path: pathlib.Path) -> t.Any:
     from transformers import AutoModel
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp / "modules"))
     return AutoModel.from_pretrained(str(path), trust_remote_code=True, dtype=torch.float32)
 
 
@@ -103,12 +115,11 @@ def test_the_modeling_file_imports_only_torch_transformers_and_the_standard_libr
     assert tops - set(sys.stdlib_module_names) == {"torch", "transformers"}, tops
 
 
-def test_automodel_builds_the_dflash_drafter_with_the_files_exact_weights(exported, monkeypatch,
-                                                                          tmp_path):
+def test_automodel_builds_the_dflash_drafter_with_the_files_exact_weights(exported):
     from safetensors.torch import load_file
 
     path, _, _ = exported
-    model = _auto_model(path, monkeypatch, tmp_path)
+    model = _auto_model(path)
     assert type(model).__name__ == "DFlashDraftModel", type(model)
     state, file = model.state_dict(), load_file(str(path / "model.safetensors"))
     assert sorted(state) == sorted(file)
@@ -116,11 +127,9 @@ def test_automodel_builds_the_dflash_drafter_with_the_files_exact_weights(export
     assert unequal == [], unequal
 
 
-def test_the_automodel_drafter_computes_the_trainers_outputs_bit_for_bit_in_fp32(exported,
-                                                                                monkeypatch,
-                                                                                tmp_path):
+def test_the_automodel_drafter_computes_the_trainers_outputs_bit_for_bit_in_fp32(exported):
     path, ours, cfg = exported
-    model = _auto_model(path, monkeypatch, tmp_path)
+    model = _auto_model(path)
     x = _inputs(cfg)
     with torch.no_grad():
         want = ours(x["feats"], x["block"], x["pos"], (x["mask"], x["mask"].any(-1, keepdim=True)))
@@ -138,10 +147,9 @@ def test_the_automodel_drafter_computes_the_trainers_outputs_bit_for_bit_in_fp32
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
-def test_a_call_whose_positions_do_not_cover_context_and_block_is_refused(exported, monkeypatch,
-                                                                         tmp_path):
+def test_a_call_whose_positions_do_not_cover_context_and_block_is_refused(exported):
     path, _, cfg = exported
-    model = _auto_model(path, monkeypatch, tmp_path)
+    model = _auto_model(path)
     x = _inputs(cfg)
     with pytest.raises(ValueError, match="position_ids cover"):
         model(position_ids=x["pos"], noise_embedding=x["block"], target_hidden=x["feats"])
@@ -152,9 +160,7 @@ def test_a_call_whose_positions_do_not_cover_context_and_block_is_refused(export
                             max_new_tokens=4)
 
 
-def test_a_config_without_dflash_config_is_refused_by_name_not_built_at_random(exported,
-                                                                              monkeypatch,
-                                                                              tmp_path):
+def test_a_config_without_dflash_config_is_refused_by_name_not_built_at_random(exported, tmp_path):
     import shutil
 
     path, _, _ = exported
@@ -164,7 +170,7 @@ def test_a_config_without_dflash_config_is_refused_by_name_not_built_at_random(e
     del cfg["dflash_config"]
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"no dflash_config\.target_layer_ids: not a DFlash drafter"):
-        _auto_model(bad, monkeypatch, tmp_path)
+        _auto_model(bad)
 
 
 def _tiny_target(cfg: DrafterConfig) -> t.Any:
@@ -179,10 +185,9 @@ def _tiny_target(cfg: DrafterConfig) -> t.Any:
     return Qwen3ForCausalLM(hf).eval()
 
 
-def test_spec_generate_gives_the_targets_greedy_output_and_evals_acceptance_lengths(
-        exported, monkeypatch, tmp_path):
+def test_spec_generate_gives_the_targets_greedy_output_and_evals_acceptance_lengths(exported):
     path, ours, cfg = exported
-    model = _auto_model(path, monkeypatch, tmp_path)
+    model = _auto_model(path)
     target = _tiny_target(cfg)
     prompt = [5, 17, 42, 9, 77, 3]
     for eos, max_new in ((None, 24), (int(target(torch.tensor([prompt])).logits[0, -1].argmax()), 24),
