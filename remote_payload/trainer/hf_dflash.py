@@ -17,8 +17,8 @@ the standard library). Its arithmetic is ``remote_payload/trainer/model.py``'s `
 op for op (same casts, same RoPE tables, the same SDPA call), so the two agree bit for bit in
 fp32 (``tests/test_trainer_hf_export.py``); only the names are the reference's (z-lab/dflash
 ``dflash/model.py``), so SGLang, vLLM and the reference's own ``dflash_generate`` load the
-same weights. Works under transformers 4.51 to 5.x (tested in venvs of the oldest and the
-newest).
+same weights. Loads and computes the same under transformers 4.51.3, 4.57.6 and 5.24.0 (the
+oldest pyproject claims, the last 4.x, the newest; tested in their own environments).
 
 The call is the reference's: ``target_hidden`` (B, S, F*H) the target's features of S context
 positions, ``noise_embedding`` (B, Q, H) the embedded block, ``position_ids`` (B or 1, S+Q)
