@@ -105,9 +105,11 @@ EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child 
 # written by the job's wrapper itself (not printed by the job):
 EVENT_RESTART = "restart"  # {"event":"restart","attempt":int,"reason":str}: attempt N starts
 EVENT_TIME_LIMIT = "time_limit"  # {"event":"time_limit","max_duration_s":float,"attempt":int}
-# {"event":"acceptance","tau":float,"tau_untrained":float|None,"per_position":[float],...}:
-# speculative decoding of the drafter against the target (``trainer eval``); tau is the mean
-# tokens produced per target forward, per_position the share of blocks accepting position k
+# {"event":"acceptance","tau":float,"tau_cut":float,"tau_untrained":float|None,"per_position":[float],...}:
+# speculative decoding of the drafter against the target (``trainer eval``); tau is counted as
+# z-lab/dflash's benchmark counts it (per prompt the mean of accepted drafts + 1 per target
+# forward, then the mean over prompts), tau_cut the tokens kept after the EOS/max_new cut per
+# target forward, per_position the share of blocks accepting position k
 EVENT_ACCEPTANCE = "acceptance"
 # {"event":"regenerate","records":int,"tokens":int,"tok_s":float,...}: ``trainer regenerate``
 EVENT_REGENERATE = "regenerate"
