@@ -14,6 +14,7 @@ import click
 
 from opsctl import errors
 from opsctl.cli import complete
+from opsctl.cli import params as clitypes
 from opsctl.errors import OpsctlError
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
@@ -78,7 +79,7 @@ def json_option(f: F) -> F:
 
 
 def target_options(f: F) -> F:
-    f = click.option("--ct", "ctid", type=int, default=None,
+    f = click.option("--ct", "ctid", type=clitypes.CTID, default=None,
                      help="Container id (default: the last deploy's).")(f)
     f = click.option("--host", "host", default=None, shell_complete=complete.hosts,
                      help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
@@ -92,7 +93,6 @@ def target_options(f: F) -> F:
 def job_argument(f: F) -> F:
     """An optional positional ``JOB`` (id or unique prefix; default: the container's current,
     i.e. last launched, job) and its older spelling ``--job``; the command gets ``job_id``."""
-    from opsctl.cli import params as clitypes
 
     @click.argument("job", type=clitypes.JOB_ID, required=False, shell_complete=complete.jobs)
     @click.option("--job", "job_opt", type=clitypes.JOB_ID, default=None,

@@ -6,6 +6,7 @@ import time
 
 import click
 
+from opsctl.cli import params as clitypes
 from opsctl.cli.app import OpsctlGroup, as_dict, json_option
 
 
@@ -15,7 +16,7 @@ def sandbox() -> None:
 
 
 @sandbox.command("up")
-@click.option("--ct", "ctids", type=int, multiple=True, default=(200,), show_default=True)
+@click.option("--ct", "ctids", type=clitypes.CTID, multiple=True, default=(200,), show_default=True)
 @json_option
 def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
     """Start (or reuse) the sandbox and write its inventory entry `sandbox`."""

@@ -23,6 +23,7 @@ if t.TYPE_CHECKING:
     from opsctl.remote.launchrecord import Launched
 
 DEFAULT_LINES = 20  # the click command's --lines default (opsctl/cli/jobs.py)
+CTID_MIN, CTID_MAX = 100, 999_999_999  # opsctl.cli.params.CTID (without importing click)
 
 
 def status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
@@ -98,8 +99,9 @@ def parse(argv: list[str]) -> dict[str, object] | None:
             if not value or value.startswith("-"):
                 return None
             if name == "--ct":
-                if not (value.isascii() and value.isdigit()):
-                    return None
+                if not (value.isascii() and value.isdigit() and len(value) < 12
+                        and CTID_MIN <= int(value) <= CTID_MAX):
+                    return None  # click's --ct refuses it (one line, exit 2)
                 got_value = int(value)
             else:
                 got_value = value
