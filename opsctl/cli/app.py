@@ -30,22 +30,54 @@ class OpsctlGroup(click.Group):
             _report_error(ctx, exc)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
-            if _json_requested(words) and not getattr(exc, "_json_done", False):
-                from opsctl.cli.jsonout import print_json
-
-                print_json({"ok": False, "error": {
-                    "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
-                    "hint": "see --help", "log_path": None}})
-                exc._json_done = True  # type: ignore[attr-defined]  # nested groups print once
+            if _json_requested(words) or _global_json(ctx):
+                _usage_document(exc)
             raise
         except KeyboardInterrupt:
             ctx.exit(report_interrupt())
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        words = list(args)  # (click's parser consumes the list)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:  # `opsctl --json=1 …`: still one JSON document
+            if ctx.parent is None and _json_requested(words):
+                _usage_document(exc)
+            raise
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if (_global_json(ctx) and cmd is not None and not isinstance(cmd, click.Group)
+                and not any(p.name == "as_json" for p in cmd.params)):
+            raise click.UsageError(f"`{ctx.command_path} {name}` has no JSON output; "
+                                   "leave out --json", ctx)
+        return name, cmd, rest
+
+
+def _usage_document(exc: click.UsageError) -> None:
+    """A usage error's ``{"ok": false, ...}`` document (once: nested groups see it again)."""
+    if getattr(exc, "_json_done", False):
+        return
+    from opsctl.cli.jsonout import print_json
+
+    print_json({"ok": False, "error": {
+        "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
+        "hint": "see --help", "log_path": None}})
+    exc._json_done = True  # type: ignore[attr-defined]
+
+
+def _global_json(ctx: click.Context) -> bool:
+    """``opsctl --json …`` (the root group's own option, parsed before any subcommand)."""
+    return bool(ctx.find_root().params.get("as_json"))
+
 
 def _json_requested(args: t.Sequence[str]) -> bool:
-    """``--json`` among the words before ``--`` (what the command would have parsed)."""
+    """``--json`` (or ``--json=…``, which click refuses) among the words before ``--`` (what
+    the command would have parsed)."""
     words = list(args)
-    return "--json" in (words[:words.index("--")] if "--" in words else words)
+    before = words[:words.index("--")] if "--" in words else words
+    return any(w == "--json" or w.startswith("--json=") for w in before)
 
 
 def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
@@ -71,8 +103,10 @@ def json_option(f: F) -> F:
     @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout.")
     @functools.wraps(f)
     def wrapper(*args: t.Any, as_json: bool, **kwargs: t.Any) -> t.Any:
+        ctx = click.get_current_context()
+        as_json = as_json or _global_json(ctx)
         if as_json:
-            click.get_current_context().meta["opsctl_json"] = True
+            ctx.meta["opsctl_json"] = True
         return f(*args, as_json=as_json, **kwargs)
 
     return t.cast(F, wrapper)
@@ -132,7 +166,9 @@ def confirm(question: str, *, yes: bool) -> None:
 
 @click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="opsctl")
-def cli() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Every command's --json: exactly one JSON document on stdout.")
+def cli(as_json: bool) -> None:
     """Run GPU training jobs in Proxmox LXC containers and keep them healthy."""
 
 
