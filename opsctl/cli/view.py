@@ -40,6 +40,8 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
 
     names = plots.parse_metrics(metrics)  # bad input fails before any connection
     since_s = plots.parse_since(since)
+    if png_path is not None and not as_json:
+        plots.check_output_path(png_path)  # before anything is fetched
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         rep = history.fetch(tgt.agent, job_id, since_s)
     if as_json:
