@@ -1,0 +1,499 @@
+"""Nothing lost at the edges (issue 23, classes 5-8 and the dashboard's part of 10).
+
+Each class has a test named after it: JSON and numbers, honest messages, no tracebacks on
+stderr, shell completion, the dashboard. Remote peers here are real sockets on 127.0.0.1 (a
+server that accepts TCP and never speaks SSH); the NaN-loss job and `host trust` against a
+real sshd are in ``tests/test_edges_sandbox.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import typing as t
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opsctl import errors
+from opsctl.cli import cli, dashboard, params, plots
+from opsctl.cli.jsonout import print_json
+from opsctl.config import envfile, playbook
+from opsctl.errors import ConfigError
+from remote_payload import wire
+
+REPO = Path(__file__).resolve().parent.parent
+ENV_SETTINGS = settings(max_examples=150, deadline=None,
+                        suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def strict_loads(text: str) -> t.Any:
+    """A strict JSON parser: NaN / Infinity are refused, as JavaScript's JSON.parse does."""
+    def refuse(word: str) -> t.NoReturn:
+        raise ValueError(f"not JSON: {word}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def run_opsctl(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+               stdin: t.Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    """The real command line, in a child process (stderr as a user's terminal gets it)."""
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "opsctl", *args], capture_output=True, text=True,
+                          env=full, timeout=timeout, stdin=stdin, check=False)
+
+
+@contextlib.contextmanager
+def silent_server() -> t.Iterator[tuple[int, list[socket.socket]]]:
+    """A TCP server on 127.0.0.1 that accepts and never says a word (not SSH, not HTTP)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                accepted.append(srv.accept()[0])
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield srv.getsockname()[1], accepted
+    finally:
+        stop.set()
+        thread.join(2)
+        for c in accepted:
+            c.close()
+        srv.close()
+
+
+def write_inventory(home: Path, hosts: dict[str, dict[str, t.Any]]) -> None:
+    inv = home / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "edges.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+
+
+# --- 5. JSON and numbers ------------------------------------------------------------------
+
+
+class TestJsonAndNumbers:
+    def test_json_never_contains_nan_or_infinity(self, capsys):
+        doc = {"loss": float("nan"), "steps": [1.0, float("inf"), {"x": -float("inf")}],
+               "fine": 0.5, "nonfinite": ["earlier"]}
+        print_json(doc)
+        out = strict_loads(capsys.readouterr().out)
+        assert out["loss"] is None and out["steps"] == [1.0, None, {"x": None}]
+        assert out["fine"] == 0.5
+        assert out["nonfinite"] == ["earlier", "loss", "steps[1]", "steps[2].x"]
+        # the agent's reply and an event line take the same road
+        line = wire.format_event("step", step=3, loss=float("nan"))
+        assert strict_loads(line) == {"event": "step", "step": 3, "loss": None,
+                                      "nonfinite": ["loss"]}
+        # a regression (something that bypasses the sanitiser) fails loudly, not silently
+        with pytest.raises(ValueError):
+            json.dumps(float("nan"), allow_nan=False)
+
+    @pytest.mark.parametrize("args", [
+        ["status", "--json=1"], ["--json", "completion", "bash"], ["--json=yes", "hosts"],
+        ["--json", "status", "--poll", "1e308"], ["--json", "no-such-command"],
+    ])
+    def test_a_script_asking_for_json_always_gets_one_document(self, args):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == errors.USAGE, res.output
+        doc = strict_loads(res.stdout)
+        assert doc["ok"] is False and doc["error"]["exit_code"] == errors.USAGE
+
+    def test_json_before_the_command_is_the_commands_json(self, isolated_env):
+        res = CliRunner().invoke(cli, ["--json", "hosts"])
+        assert res.exit_code == 0, res.output
+        assert strict_loads(res.stdout) == {"ok": True, "hosts": []}
+
+    def test_numeric_options_have_finite_ranges(self):
+        found = params.numeric_params(cli)
+        assert len(found) >= 15
+        raw = [f"{path} {p.name}" for path, p in found if not isinstance(p.type, params.Number)]
+        assert raw == [], "every numeric option has a params.Number range"
+        # README's list is exactly the code's
+        readme = (REPO / "README.md").read_text()
+        block = re.search(r"<!-- numeric-options:begin -->\n(.*?)<!-- numeric-options:end -->",
+                          readme, re.S)
+        assert block is not None
+        assert block.group(1).splitlines() == params.ranges(cli)
+
+    @pytest.mark.parametrize("args", [
+        ["status", "--follow", "--poll", "1e308"], ["status", "--poll", "nan"],
+        ["status", "--poll", "inf"], ["status", "--poll", "0"], ["status", "--poll", "0x10"],
+        ["status", "--all", "--deadline", "-1"], ["status", "--all", "--parallel", "0"],
+        ["status", "--all", "--parallel", "1e3"], ["logs", "--tail", "1.5"],
+        ["logs", "--offset", "99999999999999999999"], ["stop", "--grace", "1e400"],
+        ["status", "--ct", "5"], ["status", "--ct", "1000000000"], ["dashboard", "--port", "70000"],
+        ["dashboard", "--refresh", "-inf"], ["plot", "--width", "3"], ["exec", "--timeout", "nan", "true"],
+    ])
+    def test_an_absurd_number_is_one_line_and_exit_2_before_connecting(self, args):
+        res = run_opsctl(*args, env={"OPSCTL_HOME": os.environ["OPSCTL_HOME"]})
+        assert res.returncode == errors.USAGE, res.stderr
+        assert "Traceback" not in res.stderr and "OverflowError" not in res.stderr
+        assert [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")], res.stderr
+
+    @given(st.one_of(st.text(max_size=40), st.floats(allow_nan=True, allow_infinity=True),
+                     st.integers(min_value=-10**30, max_value=10**30)))
+    @settings(max_examples=300, deadline=None)
+    def test_a_number_option_gives_a_number_in_its_range_or_a_usage_error(self, value):
+        for kind in (params.POLL, params.COUNT, params.SECONDS_OR_ZERO, params.PORT, params.CTID):
+            try:
+                got = kind.convert(value, None, None)
+            except click.BadParameter as exc:
+                assert "\n" not in exc.format_message()
+                continue
+            assert math.isfinite(got) and kind.low <= got <= kind.high
+            assert not (kind.low_open and got == kind.low)
+            assert isinstance(got, int) if kind.integer else isinstance(got, float)
+
+    @pytest.mark.parametrize("field", [
+        "timeout_s: .inf", "timeout_s: .nan", "timeout_s: 1e308", "hang_after_s: -1",
+        "max_duration_s: .inf", "expect_tok_s: 1e300", "phase_budgets_s: {compile: .inf}",
+        "gpus: [100000]", "restart: {max_restarts: 1000000}", "restart: {max_restarts: 1, on: [256]}",
+    ])
+    def test_playbook_numbers_have_finite_ranges(self, tmp_path, field):
+        p = tmp_path / "p.yaml"
+        p.write_text(f"name: p\ncommand: [python3, -c, pass]\n{field}\n")
+        with pytest.raises(ConfigError):
+            playbook.load(p)
+
+    @given(st.text(max_size=400))
+    @ENV_SETTINGS
+    def test_any_yaml_text_is_a_playbook_or_a_config_error(self, tmp_path, text):
+        p = tmp_path / "any.yaml"
+        p.write_text(text, encoding="utf-8")
+        try:
+            book = playbook.load(p)
+        except ConfigError as exc:
+            assert str(exc).strip()
+            return
+        assert isinstance(book, playbook.Playbook)
+        assert math.isfinite(book.timeout_s) and 0 < book.timeout_s <= playbook.MAX_WAIT_S
+
+    @given(st.dictionaries(st.sampled_from(["name", "command", "timeout_s", "hang_after_s",
+                                            "max_duration_s", "gpus", "restart", "env"]),
+                           st.one_of(st.none(), st.booleans(), st.floats(), st.integers(),
+                                     st.text(max_size=20), st.lists(st.integers(), max_size=3),
+                                     st.dictionaries(st.text(max_size=8), st.integers(), max_size=2)),
+                           max_size=8))
+    @ENV_SETTINGS
+    def test_any_playbook_mapping_is_a_playbook_or_a_config_error(self, tmp_path, doc):
+        p = tmp_path / "any.yaml"
+        p.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        try:
+            playbook.load(p)
+        except ConfigError:
+            pass
+
+    @given(st.binary(max_size=300))
+    @ENV_SETTINGS
+    def test_any_env_file_is_variables_or_a_config_error(self, tmp_path, data):
+        p = tmp_path / "job.env"
+        p.write_bytes(data)
+        try:
+            got = envfile.load(p)
+        except ConfigError as exc:
+            assert str(exc).strip() and "\n" not in str(exc).strip()
+            return
+        for name, value in got.items():
+            assert re.fullmatch(wire.ENV_NAME_PATTERN, name) and "\0" not in value
+
+    def test_plot_png_never_claims_an_unwritten_file(self, tmp_path, monkeypatch):
+        # special files and missing directories: refused before anything is fetched
+        for target in ("/dev/full", str(tmp_path / "no" / "such" / "dir" / "x.png"), str(tmp_path)):
+            with pytest.raises(ConfigError):
+                plots.check_output_path(target)
+            res = run_opsctl("plot", "--host", "127.0.0.1:1", "--ct", "200", "--png", target)
+            assert res.returncode == errors.USAGE, (target, res.stderr)
+            assert "written to" not in res.stdout and "Traceback" not in res.stderr
+        # a full disk mid-write: the old file stays whole, no temp file is left, no "written"
+        out = tmp_path / "chart.png"
+        out.write_bytes(b"old chart")
+
+        def half_then_full(f: t.BinaryIO) -> None:
+            f.write(b"\x89PNG half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with pytest.raises(ConfigError, match="No space left on device"):
+            plots.write_file_atomic(str(out), half_then_full)
+        assert out.read_bytes() == b"old chart"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["chart.png"]
+        plots.write_file_atomic(str(out), lambda f: f.write(b"new chart"))
+        assert out.read_bytes() == b"new chart"
+
+
+# --- 6. Honest messages -------------------------------------------------------------------
+
+
+class TestHonestMessages:
+    def test_attach_without_tty_is_refused_locally(self, isolated_env):
+        with silent_server() as (port, accepted):
+            write_inventory(isolated_env, {"h": {"address": "127.0.0.1", "port": port,
+                                                 "containers": {200: {}}}})
+            res = run_opsctl("attach", "--host", "h", "--ct", "200",
+                             env={"OPSCTL_HOME": str(isolated_env),
+                                  "OPSCTL_INVENTORY_DIRS": str(isolated_env / "inventory")})
+            time.sleep(0.3)
+            assert accepted == []  # nothing sent: not even a TCP connection
+        assert res.returncode == errors.USAGE, res.stderr
+        assert "attach needs a terminal" in res.stderr and "Traceback" not in res.stderr
+
+    def test_swap_torch_refuses_an_index_url_pip_cannot_use_before_connecting(self, isolated_env):
+        with silent_server() as (port, accepted):
+            write_inventory(isolated_env, {"h": {"address": "127.0.0.1", "port": port,
+                                                 "containers": {200: {}}}})
+            for url in ("ftp://127.0.0.1/simple", "data:,x", "/etc", "http:///nohost"):
+                res = CliRunner().invoke(cli, ["swap-torch", "cu130", "--host", "h", "--ct", "200",
+                                               "--dry-run", "--index-url", url])
+                assert res.exit_code == errors.USAGE and "not an index URL" in res.output, url
+            assert accepted == []
+
+
+class TestSwapTorchDryRun:
+    @pytest.fixture(scope="class")
+    def index_url(self, tmp_path_factory: pytest.TempPathFactory) -> t.Iterator[str]:
+        from tests.wheel_index import build_fake_torches, serve_index, write_simple_index
+
+        base = tmp_path_factory.mktemp("index")
+        write_simple_index(str(base / "index"), build_fake_torches(str(base / "wheels")))
+        with serve_index(str(base / "index")) as url:
+            yield url
+
+    @staticmethod
+    def tree(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+    def test_swap_torch_dry_run_writes_nothing_and_checks_the_index(self, tmp_path, index_url):
+        from tests.agent_helper import run_agent
+        from tests.wheel_index import closed_port_url
+
+        root = tmp_path / "root"
+        root.mkdir()
+
+        def dry(version: str, url: str) -> dict[str, t.Any]:
+            run = run_agent(root, "swap", "--variant", "cu130", "--version", version,
+                            "--index-url", url, "--pip-retries", "0", "--dry-run", timeout=120)
+            return run.reply
+
+        ok = dry("2.11.0", index_url)
+        assert ok["ok"] and ok["data"]["action"] == "install" and ok["data"]["dry_run"] is True
+        assert ok["data"]["checked"] == ["the index answers and has torch 2.11.0+cu130"]
+        for version, url, reason in (("9.9.9", index_url, "no-such-version"),
+                                     ("2.11.0", "file:///etc", "index-unreachable"),
+                                     ("2.11.0", closed_port_url(), "index-unreachable"),
+                                     ("2.11.0", "ftp://127.0.0.1/x", "index-unreachable")):
+            bad = dry(version, url)
+            assert not bad["ok"], (version, url)
+            assert bad["error"]["type"] == "TorchInstallFailed"
+            assert bad["error"]["fields"]["reason"] == reason
+            assert "nothing was changed" in bad["error"]["message"]
+        assert self.tree(root) == []  # no envs/, no envs/.lock, nothing at all
+
+    def test_a_file_index_is_read_as_pep_503(self, tmp_path):
+        from remote_payload.agent.torchenv import swap
+        from tests.wheel_index import build_fake_torches, write_simple_index
+
+        write_simple_index(str(tmp_path / "index"), build_fake_torches(str(tmp_path / "wheels")))
+        view = swap.read_index(f"file://{tmp_path / 'index' / 'simple'}")
+        assert view.error is None and "2.11.0+cu130" in (view.versions or ())
+        assert swap.read_index(f"file://{tmp_path / 'wheels'}").error  # no torch/ in it
+
+
+# --- 7. No tracebacks on stderr -------------------------------------------------------------
+
+
+class TestNoTracebacks:
+    def test_no_traceback_for_a_host_that_never_speaks_ssh(self, isolated_env, tmp_path):
+        book = tmp_path / "p.yaml"
+        book.write_text("name: p\ncommand: [python3, -c, pass]\n")
+        with silent_server() as (port, _accepted):
+            write_inventory(isolated_env, {"silent": {"address": "127.0.0.1", "port": port,
+                                                      "connect_timeout_s": 1.5,
+                                                      "containers": {200: {}}}})
+            env = {"OPSCTL_HOME": str(isolated_env),
+                   "OPSCTL_INVENTORY_DIRS": str(isolated_env / "inventory")}
+            for args in (["hosts", "--check"], ["status", "--all"],
+                         ["deploy", "--nodes", "silent:200", "--playbook", str(book)],
+                         ["status", "--host", "silent", "--ct", "200"]):
+                res = run_opsctl(*args, env=env, timeout=120)
+                assert "Traceback" not in res.stderr, (args, res.stderr)
+                assert "Exception (client)" not in res.stderr, (args, res.stderr)
+                assert "silent" in res.stdout + res.stderr or "127.0.0.1" in res.stdout + res.stderr
+
+    def test_dashboard_is_quiet_when_clients_disconnect(self, isolated_env):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "opsctl", "dashboard", "--port", "0"],
+            env={**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_HOME": str(isolated_env),
+                 "OPSCTL_INVENTORY_DIRS": str(isolated_env / "inventory")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            port = _dashboard_port(proc)
+            for i in range(30):  # requests abandoned at every stage
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                if i % 3:
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+                if i % 2:  # a reset, not a polite close
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                s.close()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status.json", timeout=10) as r:
+                strict_loads(r.read().decode())
+            time.sleep(0.5)
+        finally:
+            proc.terminate()
+            _out, err = proc.communicate(timeout=10)
+        assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err, err
+
+
+def _dashboard_port(proc: subprocess.Popen[str]) -> int:
+    deadline = time.monotonic() + 30
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        if m:
+            return int(m.group(1))
+    raise AssertionError("the dashboard did not say its URL")
+
+
+# --- 8. Shell completion --------------------------------------------------------------------
+
+
+class TestCompletion:
+    def test_completion_prints_only_candidates(self, isolated_env, tmp_path):
+        books = tmp_path / "playbooks"
+        books.mkdir()
+        for name in ("good", "evil\nname", "bell\x07", "tab\tname"):
+            (books / f"{name}.yaml").write_text("name: x\ncommand: [true]\n")
+        write_inventory(isolated_env, {"h1": {"address": "127.0.0.1", "known_hosts":
+                                              str(tmp_path / "known_hosts")}})
+        (tmp_path / "known_hosts").write_text("garbage that is not a key line\n")
+        env = {"OPSCTL_HOME": str(isolated_env), "OPSCTL_INVENTORY_DIRS": str(isolated_env / "inventory"),
+               "_OPSCTL_COMPLETE": "bash_complete"}
+        full = {**os.environ, "PYTHONPATH": str(REPO), **env}
+        cases = {("opsctl deploy --playbook ", "3"): {"plain,good"},
+                 ("opsctl status --host ", "3"): {"plain,h1"},
+                 ("opsctl status --host h1 --ct 200 ", "6"): set()}
+        for (words, cword), want in cases.items():
+            res = subprocess.run([sys.executable, "-m", "opsctl"], capture_output=True, text=True,
+                                 cwd=tmp_path, timeout=60, check=False,
+                                 env={**full, "COMP_WORDS": words, "COMP_CWORD": cword,
+                                      "OPSCTL_COMPLETE_TIMEOUT_S": "3"})
+            got = [ln for ln in res.stdout.split("\n") if ln]
+            assert res.stderr == "", (words, res.stderr)
+            bundled = {ln for ln in got if ln.startswith("plain,dflash")}
+            assert set(got) - bundled == want, (words, got)
+            assert all(wire_safe(ln) for ln in got)
+
+    @pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-1", "x"])
+    def test_a_silly_completion_timeout_falls_back_to_the_default(self, monkeypatch, value):
+        from opsctl.cli import complete
+
+        monkeypatch.setenv("OPSCTL_COMPLETE_TIMEOUT_S", value)
+        ctx = click.Context(click.Command("x"))
+        ctx.params = {"host": None, "ctid": None}
+        start = time.monotonic()
+        assert complete.jobs(ctx, t.cast(click.Parameter, None), "") == []
+        assert time.monotonic() - start < complete.JOBS_TIMEOUT_S + 2
+
+
+def wire_safe(line: str) -> bool:
+    return all(ch >= " " and ch != "\x7f" for ch in line)
+
+
+# --- 10. The dashboard ------------------------------------------------------------------------
+
+
+class TestDashboard:
+    def test_dashboard_answers_only_its_own_loopback_host_header(self):
+        server = dashboard.serve(port=0, refresh_s=1.0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            port = server.server_address[1]
+            codes = {}
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}",
+                         "127.0.0.1", f"127.0.0.1:{port + 1}", f"evil.example:{port}",
+                         f"[::1]:{port}", f"127.0.0.1:{port}.evil.example", ""):
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/status.json",
+                                             headers={"Host": host})
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        codes[host] = r.status
+                        strict_loads(r.read().decode())
+                except urllib.error.HTTPError as exc:
+                    codes[host] = exc.code
+            assert {h for h, c in codes.items() if c == 200} == {
+                f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"}, codes
+            assert set(codes.values()) == {200, 403}
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    def test_a_host_that_never_answers_does_not_block_each_refresh(self, isolated_env, monkeypatch):
+        monkeypatch.setattr(dashboard, "REFRESH_WAIT_S", 1.0)
+        with silent_server() as (port, _accepted):
+            write_inventory(isolated_env, {"silent": {"address": "127.0.0.1", "port": port,
+                                                      "connect_timeout_s": 30,
+                                                      "containers": {200: {}}}})
+            fleet = dashboard.Fleet()
+            try:
+                start = time.monotonic()
+                first = fleet.snapshot()
+                assert time.monotonic() - start < 3
+                row = first.hosts[0].containers[0]
+                assert row.error == "silent ct 200: no answer within 1 s"
+                for _ in range(3):  # later refreshes do not wait for it again
+                    start = time.monotonic()
+                    snap = fleet.snapshot()
+                    assert time.monotonic() - start < 0.5
+                    assert "no answer" in (snap.hosts[0].containers[0].error or "")
+            finally:
+                fleet.close()
+
+    def test_a_late_container_shows_its_last_data_as_stale(self, isolated_env, monkeypatch):
+        write_inventory(isolated_env, {"pve1": {"address": "127.0.0.1", "containers": {120: {}}}})
+        slow = threading.Event()
+        release = threading.Event()
+
+        def container(_fleet: dashboard.Fleet, host: str, ctid: int) -> dashboard.ContainerView:
+            if slow.is_set():
+                release.wait(30)  # pure logic: a container that stopped answering
+            return dashboard.ContainerView(host, ctid, note="no job launched here yet")
+
+        monkeypatch.setattr(dashboard.Fleet, "container", container)
+        monkeypatch.setattr(dashboard, "REFRESH_WAIT_S", 0.3)
+        fleet = dashboard.Fleet()
+        try:
+            assert fleet.snapshot().hosts[0].containers[0].stale_s is None
+            slow.set()
+            view = fleet.snapshot().hosts[0].containers[0]
+            assert view.note == "no job launched here yet" and view.stale_s is not None
+            assert view.stale_note and view.stale_note.startswith("stale: no answer for")
+            assert "stale: no answer" in dashboard.render_fragment(fleet.snapshot())
+            slow.clear()
+            release.set()
+            time.sleep(0.2)
+            assert fleet.snapshot().hosts[0].containers[0].stale_s is None
+        finally:
+            release.set()
+            fleet.close()
