@@ -366,10 +366,11 @@ class TestNoTracebacks:
 
 
 def _dashboard_port(proc: subprocess.Popen[str]) -> int:
+    """The port the dashboard says it serves on (its first line on stderr)."""
     deadline = time.monotonic() + 30
-    assert proc.stdout is not None
+    assert proc.stderr is not None
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = proc.stderr.readline()  # "dashboard on http://127.0.0.1:PORT/ ..."
         m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         if m:
             return int(m.group(1))
@@ -493,7 +494,9 @@ class TestDashboard:
             slow.clear()
             release.set()
             time.sleep(0.2)
-            assert fleet.snapshot().hosts[0].containers[0].stale_s is None
+            fleet.snapshot()  # it answered: this refresh asks again without waiting for it
+            time.sleep(0.2)
+            assert fleet.snapshot().hosts[0].containers[0].stale_s is None  # fresh again
         finally:
             release.set()
             fleet.close()

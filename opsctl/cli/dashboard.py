@@ -13,9 +13,10 @@ state (``curl`` and a browser without JavaScript see it); the script only fetche
 Why no login: the server binds to 127.0.0.1 only (there is no option to bind elsewhere),
 so only users of this machine can reach it, the same people who can run ``opsctl status``.
 Requests whose ``Host`` header is not exactly ``127.0.0.1:PORT`` or ``localhost:PORT`` are
-refused with 403 (a web page on another site cannot reach it through DNS rebinding), the page is read-only (GET only),
-and a Content-Security-Policy allows only its own inline script and style. Every remote
-text is escaped (and its control characters shown as ``\\xNN``, :func:`opsctl.render.safe`).
+refused with 403 (a web page on another site cannot reach it through DNS rebinding), the
+page is read-only (GET only), and a Content-Security-Policy allows only its own inline
+script and style. Every remote text is escaped (and its control characters shown as
+``\\xNN``, :func:`opsctl.render.safe`).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class Fleet:
         self.cond = threading.Condition()
         self.answers: dict[tuple[str, int], tuple[ContainerView, float]] = {}  # view, time()
         self.running: dict[tuple[str, int], float] = {}  # monotonic start of the call
-        self.late: set[tuple[str, int]] = set()  # not waited for until they answer again
+        self.late: set[tuple[str, int]] = set()  # not waited for until they answer in time
+        self.took: dict[tuple[str, int], float] = {}  # how long the last finished call took
         self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
 
@@ -154,7 +156,7 @@ class Fleet:
             view = ContainerView(*key, error=f"{type(exc).__name__}: {exc}")
         with self.cond:
             self.answers[key] = (view, time.time())
-            self.running.pop(key, None)
+            self.took[key] = time.monotonic() - self.running.pop(key, time.monotonic())
             self.dropped.discard(key)
             self.cond.notify_all()
 
@@ -163,6 +165,9 @@ class Fleet:
         fresh answer, or the last one marked stale, or a row saying it did not answer."""
         wait_s = min(REFRESH_WAIT_S, CONTAINER_DEADLINE_S)
         with self.cond:
+            for key in keys:  # a late one whose last call answered in time is waited for again
+                if key in self.late and key not in self.running and self.took.get(key, wait_s) < wait_s:
+                    self.late.discard(key)
             for key in keys:
                 if key not in self.running:  # one call per container at a time
                     self.running[key] = time.monotonic()
