@@ -380,7 +380,7 @@ def _dashboard_port(proc: subprocess.Popen[str]) -> int:
 # --- 8. Shell completion --------------------------------------------------------------------
 
 
-class TestCompletion:
+class TestShellCompletion:
     def test_completion_prints_only_candidates(self, isolated_env, tmp_path):
         books = tmp_path / "playbooks"
         books.mkdir()
