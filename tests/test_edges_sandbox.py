@@ -97,3 +97,42 @@ def test_host_trust_without_tty_needs_yes(sandbox, isolated_env: Path, tmp_path:
     ok = trust("-y")
     assert ok.returncode == 0, ok.stderr
     assert "recorded in known_hosts" in ok.stdout and known.read_text().strip()
+
+
+def test_swap_torch_dry_run_writes_nothing_and_checks_the_index(
+        sandbox, isolated_env: Path, tmp_path: Path) -> None:
+    from opsctl.ops import jobs
+    from tests.wheel_index import build_fake_torches, serve_index, write_simple_index
+
+    root = f"/opt/opsctl-test-edges-dry-{os.getpid()}"
+    use_private_root(sandbox, isolated_env, root)
+
+    def tree() -> str:
+        res = run("exec", *T, "--", "sh", "-c", f"find {root} -printf '%p %s %T@\\n' 2>&1 | sort")
+        return str(res.stdout)
+
+    try:
+        # no payload in the container: a dry run ships none, says so, and creates nothing
+        res = run("swap-torch", "cu130", *T, "--dry-run", "--index-url", "http://127.0.0.1:9/")
+        assert res.exit_code == errors.USAGE and "no current opsctl payload" in res.output
+        assert "No such file" in tree()
+        with jobs.open_target("sandbox", 200) as tgt:
+            tgt.agent.ensure_payload()  # what any deploy does first
+        base = tmp_path / "index"
+        write_simple_index(str(base / "index"), build_fake_torches(str(base / "wheels")))
+        with serve_index(str(base / "index")) as url:  # the sandbox container shares 127.0.0.1
+            before = tree()
+            res = run("swap-torch", "cu130", *T, "--dry-run", "--version", "2.11.0", "--index-url", url)
+            assert res.exit_code == 0, res.output
+            assert "dry run: would install torch-2.11.0-cu130" in res.output
+            assert "pip + verify" not in res.output and "installing" not in res.output
+            assert "checked: the index answers and has torch 2.11.0+cu130" in res.output
+            res = run("swap-torch", "cu130", *T, "--dry-run", "--version", "9.9.9", "--index-url", url)
+            assert res.exit_code == errors.TORCH_ENV, res.output
+            assert "9.9.9+cu130 is not on" in res.output and "nothing was changed" in res.output
+            res = run("swap-torch", "cu130", *T, "--dry-run", "--version", "2.11.0",
+                      "--index-url", "file:///etc")
+            assert res.exit_code == errors.TORCH_ENV and "not a PEP 503 index" in res.output
+            assert tree() == before  # not a file more, none changed: no envs/.lock
+    finally:
+        run("exec", *T, "--", "rm", "-rf", root)
