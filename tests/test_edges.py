@@ -178,6 +178,16 @@ class TestJsonAndNumbers:
         with pytest.raises(ConfigError):
             playbook.load(p)
 
+    @pytest.mark.parametrize("field", ["connect_timeout_s: .inf", "connect_timeout_s: 1e308",
+                                       "connect_timeout_s: .nan", "port: 0"])
+    def test_inventory_numbers_have_finite_ranges(self, isolated_env, field):
+        inv = isolated_env / "inventory"
+        inv.mkdir(parents=True, exist_ok=True)
+        (inv / "h.yaml").write_text(f"hosts:\n  h:\n    address: 127.0.0.1\n    {field}\n")
+        res = run_opsctl("hosts", "--check", env={"OPSCTL_HOME": str(isolated_env),
+                                                  "OPSCTL_INVENTORY_DIRS": str(inv)})
+        assert res.returncode == errors.USAGE and "Traceback" not in res.stderr, res.stderr
+
     @given(st.text(max_size=400))
     @ENV_SETTINGS
     def test_any_yaml_text_is_a_playbook_or_a_config_error(self, tmp_path, text):
