@@ -7,8 +7,8 @@
 pyenv shim's own start-up is never counted). ``--baseline``: a second ``opsctl`` (e.g. a normal
 install of main) whose ``status`` rows are measured in the same interleaved runs, with its own
 ``OPSCTL_HOME`` and container root (``/opt/opsctl-baseline``, so each runs its own payload): a
-before/after pair that one load spike cannot split. The README's numbers are for a normal install
-(``python3 -m venv V && V/bin/pip install .``, then ``V/bin/python benchmarks/ops.py``): an
+before/after pair that one load spike cannot split. The numbers in docs/benchmarks.md are for
+a normal install (``python3 -m venv V && V/bin/pip install .``, then ``V/bin/python benchmarks/ops.py``): an
 editable install adds its import finder (~25 ms) to every start.
 
 1. ``opsctl status --json`` wall time vs a raw ``ssh … pct exec 200 -- true`` on the same

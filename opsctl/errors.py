@@ -3,8 +3,8 @@ into exit codes.
 
 Every error builds its own one-line message from typed fields and may carry a
 ``hint`` (the next command to run) and a ``log_path`` (where the full output was
-saved), so that no failure is ever silent. README.md's exit-code table lists
-:data:`EXIT_CODES` (``tests/test_readme.py`` checks that they agree).
+saved), so that no failure is ever silent. The docs' exit-code page is generated from
+:data:`EXIT_CODES` (``docs/hooks/generated.py``), so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typing as t
 if t.TYPE_CHECKING:
     from remote_payload.wire import ErrorType
 
-# Exit codes, one per family (documented in README.md).
+# Exit codes, one per family (the docs' exit-code page is generated from EXIT_CODES).
 OK = 0
 INTERNAL = 1
 USAGE = 2
@@ -28,6 +28,7 @@ PCT_TOO_OLD = 23
 REMOTE_FAILED = 25
 UNKNOWN_JOB = 26
 FLEET_INCOMPLETE = 27
+DOCTOR_FAILED = 28
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
@@ -35,29 +36,35 @@ INVALID_TRANSITION = 50
 INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
-    OK: "success (job healthy / command done)",
-    INTERNAL: "bug in opsctl (traceback printed)",
-    USAGE: "usage or configuration error (bad flag, inventory or playbook)",
-    TRANSPORT: "cannot connect to the host (DNS, refused, timeout, sshd gone)",
+    OK: "success (job healthy / finished / command done)",
+    INTERNAL: "a bug in opsctl (traceback printed)",
+    USAGE: "usage or configuration error (bad flag, inventory or playbook; nothing was done remotely)",
+    TRANSPORT: "cannot connect to the host (refused, timeout, DNS, connection lost)",
     AUTH: "SSH authentication failed",
-    HOST_KEY: "host key unknown or changed (see `opsctl host trust`)",
+    HOST_KEY: "host key unknown or changed (never accepted silently; `opsctl host trust`)",
     CONTAINER_MISSING: "container does not exist",
     CONTAINER_NOT_RUNNING: "container exists but is not running",
-    HOST_SETUP: "the host cannot run pct for opsctl (pct, coreutils `timeout` or the sudoers rule "
-                "missing; the error names which)",
-    PCT_TOO_OLD: "the host's pve-container is older than 5.0.9 (no `pct exec --keep-env`)",
-    REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline)",
-    UNKNOWN_JOB: "no such job in the container (unknown id or prefix, an ambiguous prefix, or "
-                 "nothing launched yet)",
-    FLEET_INCOMPLETE: "a fleet command answered, but some rows are errors (each row carries "
-                      "its own error and exit code)",
-    TORCH_ENV: "torch build install, verify or swap failed (previous build kept)",
-    JOB_FAILED: "the job failed, was lost or cancelled",
-    JOB_UNHEALTHY: "the job did not become healthy before its timeout",
-    INVALID_TRANSITION: "job state machine refused a transition (bug or race)",
-    INTERRUPTED: "interrupted by Ctrl-C or a confirmation answered no (the remote job keeps "
-                 "running; an interrupted deploy never launches its job later and says what it "
-                 "already did)",
+    HOST_SETUP: "the host cannot run pct for opsctl: `pct`, coreutils `timeout` or the sudoers line "
+                "is missing (the error names which, e.g. `admin ALL=(root) NOPASSWD: /usr/sbin/pct`)",
+    PCT_TOO_OLD: "the host's pve-container is older than 5.0.9 (no `pct exec --keep-env`): "
+                 "`apt install pve-container`",
+    REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline, job already running, GPUs "
+                   "the job needs are busy: `deploy --force`, disk full in the container, a process "
+                   "that survived `stop`)",
+    UNKNOWN_JOB: "no such job in the container: an unknown id or prefix, a prefix that several jobs "
+                 "share (they are listed), or nothing launched yet (`opsctl jobs` lists them)",
+    FLEET_INCOMPLETE: "`status --all`: every host answered or timed out, and some rows are errors "
+                      "(each row carries its own error and exit code)",
+    DOCTOR_FAILED: "`opsctl doctor` found a failing check (each row names its evidence and fix)",
+    TORCH_ENV: "torch build install / verify / swap failed (previous build kept)",
+    JOB_FAILED: "the job failed, was cancelled or lost (also `logs -f` and `status --follow` when the "
+                "job they followed ended so)",
+    JOB_UNHEALTHY: "the job did not become healthy before the playbook's `timeout_s`",
+    INVALID_TRANSITION: "job state machine refused a transition (reserved: the agent keeps its states "
+                        "forward-only and raises nothing for it today)",
+    INTERRUPTED: "interrupted (Ctrl-C, or a confirmation of `stop`/`deploy --replace` answered no; the "
+                 "remote job keeps running; an interrupted deploy never launches its job later and "
+                 "says what it already did)",
 }
 
 
@@ -88,6 +95,19 @@ class ConfigError(OpsctlError, ValueError):
     """Bad inventory, playbook or flag: nothing was done remotely."""
 
     exit_code = USAGE
+
+
+class DeleteRefused(ConfigError):
+    """``push``/``pull --delete`` aimed at ``/``, a system directory, a home, the current
+    directory or a directory containing one (``rule`` says which); nothing was sent or deleted."""
+
+    def __init__(self, message: str, *, path: str, rule: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.rule = rule
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "path": self.path, "rule": self.rule}
 
 
 class TransportError(OpsctlError):
@@ -165,6 +185,19 @@ class RemoteCommandFailed(OpsctlError):
         self.stderr_tail = stderr_tail
 
 
+class SourceChanged(RemoteCommandFailed):
+    """A file changed while ``push``/``pull`` sent it, again on the one re-send; ``files``
+    names them. A copy read while it changed would match neither version, so it is never
+    reported as a success."""
+
+    def __init__(self, message: str, *, files: t.Sequence[str], hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.files = list(files)
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "files": self.files}
+
+
 class DeadlineExceeded(RemoteCommandFailed):
     """The per-call deadline fired; the remote process group was killed."""
 
@@ -193,6 +226,12 @@ class FleetIncomplete(OpsctlError):
     def __init__(self, message: str, *, report: t.Any = None, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.report = report
+
+
+class DoctorFailed(OpsctlError):
+    """``opsctl doctor`` answered, and at least one check failed (the rows say which)."""
+
+    exit_code = DOCTOR_FAILED
 
 
 class TorchEnvError(OpsctlError, ValueError):

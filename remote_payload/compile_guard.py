@@ -4,7 +4,7 @@ Why: up to torch 2.13 ``torch.fx._symbolic_trace._is_fx_tracing_flag`` is a
 plain module global. While one thread compiles (AOTAutograd's ``make_fx`` sets
 the flag), any other thread that calls an already-compiled function raises
 ``Detected that you are using FX to symbolically trace a dynamo-optimized
-function`` or the process hangs (README.md, "Never silent: probe, stacks, diagnosis").
+function`` or the process hangs (docs/troubleshooting.md, "Never silent: probe, stacks, diagnosis").
 Serialising every compile
 (first call, each new shape, first backward) behind this lock avoids the
 compile-vs-compile race.

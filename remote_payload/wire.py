@@ -200,6 +200,20 @@ def dumps_strict(doc: t.Mapping[str, t.Any], **kwargs: t.Any) -> str:
     return json.dumps(finite_doc(doc), allow_nan=False, **kwargs)
 
 
+# --- doctor rows -------------------------------------------------------------
+# One check of ``opsctl doctor`` (the agent's ``doctor`` verb answers a list of them, and a
+# launch refused by one carries it in ``fields.row``):
+# {"name": str, "status": "ok|warn|fail|skip", "reason": str, "evidence": str, "fix": str}
+# ``evidence`` is the exact line the check read; ``fix`` the exact command or config line.
+DOCTOR_STATUSES = ("ok", "warn", "fail", "skip")
+
+
+def doctor_row(name: str, status: str, reason: str, evidence: str = "",
+               fix: str = "") -> dict[str, str]:
+    """One doctor row (the shape above)."""
+    return {"name": name, "status": status, "reason": reason, "evidence": evidence, "fix": fix}
+
+
 # --- agent envelope -----------------------------------------------------------
 
 
@@ -208,7 +222,7 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
 
     The agent raises only these (``AgentFailure(ErrorType.X, ...)``), and ``opsctl`` maps
     each to an exit-code family (``opsctl.remote.agent_client.ERROR_FAMILIES``;
-    ``tests/test_error_contract.py`` checks both directions).
+    ``tests/unit/test_error_contract.py`` checks both directions).
     """
 
     # arguments and specs
@@ -238,6 +252,8 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
     TorchEnvBusy = "TorchEnvBusy"  # another swap or cache change holds the lock
     NoCurrentBuild = "NoCurrentBuild"
     CacheSeedFailed = "CacheSeedFailed"
+    # a launch refused by a failing doctor check (``fields.row``: the doctor row)
+    PreflightFailed = "PreflightFailed"
 
 
 
@@ -333,7 +349,7 @@ RESTART_ON_HANG = "hang"
 RESTART_DEFAULT_ON: tuple[str, ...] = (RESTART_ON_FAILED,)
 #: The diagnosis ids ``restart.on`` may name: the causes of ``remote_payload/agent/diagnosis.py``'s
 #: ``SIGNATURES`` (listed here because opsctl validates playbooks without importing the agent;
-#: ``tests/test_restart_policy.py`` fails when the two differ).
+#: ``tests/unit/test_restart_policy.py`` fails when the two differ).
 DIAGNOSIS_IDS: tuple[str, ...] = (
     "fx_tracing_race", "compile_hang_stacks", "hang", "cuda_oom", "nccl_timeout", "nccl_error",
     "flex_attention_uncompiled", "recompile_limit", "cuda_driver_mismatch", "missing_module",

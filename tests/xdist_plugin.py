@@ -2,9 +2,9 @@
 
 Why: most of the suite waits rather than computes (ssh round trips, jobs reaching a state,
 grace periods, polls), so on the 2 cores CI has, three workers finish the suite in far less
-wall time than one; the measured table is in the README's Tests section. ``./scripts/test``
+wall time than one; the measured table is in docs/development.md. ``./scripts/test``
 runs ``pytest -n 3 --dist loadgroup`` (``OPSCTL_TEST_WORKERS=0`` runs it in one process);
-a plain ``python3 -m pytest tests/test_x.py`` is unaffected by this plugin.
+a plain ``python3 -m pytest tests/unit/test_x.py`` is unaffected by this plugin.
 
 What may run at the same time, and what may not:
 
@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker, before any test imports torch
         # 3 workers share 2 cores: one intra-op thread per in-process torch (the spawned
         # trainers already get OMP_NUM_THREADS=1) instead of OpenMP threads spinning against
-        # each other; measured on tests/test_trainer_run.py in 3 workers: 74 s -> 60 s
+        # each other; measured on tests/trainer/test_trainer_run.py in 3 workers: 74 s -> 60 s
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     # registered here too, so --strict-markers accepts it where xdist is not installed
     config.addinivalue_line("markers", "xdist_group(name): run in the same xdist worker as the group")

@@ -3,7 +3,7 @@
 The group is assembled here, explicitly, from each family's ``COMMANDS`` (nothing registers
 itself as a side effect of an import). Adding a command: write it in its family's module and
 list it in that module's ``COMMANDS``; its use case goes in ``opsctl/ops/``. A new family is
-one more entry in :data:`FAMILY_MODULES`. ``tests/test_cli_commands.py`` fails for a command
+one more entry in :data:`FAMILY_MODULES`. ``tests/unit/test_cli_commands.py`` fails for a command
 that is defined but not listed.
 
 The group (``cli``) and ``FAMILIES`` are built on first use, not on import: :func:`main` first
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 #: The command families, in the order their commands are added.
 FAMILY_MODULES = ("sandbox", "jobs", "interactive", "files", "diag", "torch", "hosts", "view",
-                  "complete")
+                  "complete", "schema")
 
 
 def _assemble() -> tuple[t.Any, tuple[t.Any, ...]]:

@@ -83,5 +83,45 @@ def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     render.stacks(render.console(), doc)
 
 
+@click.command()
+@target_options
+@click.option("--deadline", "deadline_s", type=clitypes.SECONDS, default=180.0, show_default=True,
+              help="Seconds for every check together (a host that stops answering ends it).")
+@click.option("--torch/--no-torch", "with_torch", default=True, show_default=True,
+              help="Run the torch check (CUDA init and a matmul on every GPU).")
+@click.option("--torch-timeout", "torch_timeout_s", type=clitypes.SECONDS, default=60.0,
+              show_default=True, help="Seconds for the torch check.")
+@json_option
+def doctor(host: str | None, ctid: int | None, accept_new_host_key: bool, deadline_s: float,
+           with_torch: bool, torch_timeout_s: float, as_json: bool) -> None:
+    """The GPU chain of a container, from the host and from inside: one row per check.
+
+    Exit 0 when no check fails, 28 when one does (each row says its evidence and fix).
+    """
+    from opsctl.cli import render
+    from opsctl.ops import doctor as doctor_ops
+    from opsctl.ops import jobs
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        report = doctor_ops.doctor(tgt, deadline_s=deadline_s, torch=with_torch,
+                                   torch_timeout_s=torch_timeout_s)
+    failure = None
+    if report.failed:
+        first = report.failed[0]
+        failure = errors.DoctorFailed(f"{tgt.label}: {len(report.failed)} doctor check(s) failed, "
+                                      f"first {first['name']}: {first['reason']}",
+                                      hint=first["fix"] or None)
+    if as_json:
+        doc = report.to_dict()
+        if failure is not None:
+            doc["error"] = failure.to_dict()
+        render.print_json(doc)
+        click.get_current_context().meta["opsctl_json_done"] = True  # one document only
+    else:
+        render.doctor_report(render.console(), report)
+    if failure is not None:
+        raise failure
+
+
 #: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).
-COMMANDS: tuple[click.Command, ...] = (stacks, probe)
+COMMANDS: tuple[click.Command, ...] = (stacks, probe, doctor)

@@ -17,12 +17,56 @@ _method = click.option("--method", type=click.Choice(["auto", "rsync", "tar"]), 
 _bwlimit = click.option("--bwlimit", "bwlimit_kib", type=clitypes.BWLIMIT, default=None,
                         help="Cap the transfer at this many KiB/s (as rsync's --bwlimit).")
 _delete = click.option("--delete", is_flag=True,
-                       help="Remove files at DEST that SRC does not have (never without it).")
+                       help="Remove files at DEST that SRC does not have (never without it; "
+                            "never in /, a system directory, a home or the current directory; "
+                            "asks above 10 files).")
+_yes = click.option("-y", "--yes", "yes", is_flag=True,
+                    help="Confirm a --delete of more than 10 entries (asked on a terminal; "
+                         "without one, refused unless -y).")
+_dry_run = click.option("--dry-run", is_flag=True,
+                        help="Print what would be sent and deleted; change nothing.")
+
+
+def _approve(yes: bool) -> t.Callable[[t.Any], None]:
+    """The ``--delete`` gate: say how many entries go; above ``DELETE_ASK_ABOVE`` ask on a
+    terminal (``-y`` skips), and without one refuse rather than hang or guess.
+
+    Raises:
+        Declined: the answer was no (exit 130).
+        ConfigError: above the threshold, no terminal and no ``-y``.
+    """
+    from opsctl import errors
+    from opsctl.cli import render
+    from opsctl.cli.app import confirm, interactive
+    from opsctl.ops.filepaths import DELETE_ASK_ABOVE
+
+    def approve(plan: t.Any) -> None:
+        n = len(plan.delete)
+        if n == 0:
+            return
+        shown = ", ".join(repr(p or ".") for p in plan.delete[:5]) + (" …" if n > 5 else "")
+        render.console(stderr=True).print(render.plain(  # stderr: --json keeps stdout
+            f"--delete will remove {n} entr{'y' if n == 1 else 'ies'} under {plan.dest}: "
+            f"{shown}"))
+        if n <= DELETE_ASK_ABOVE or yes:
+            return
+        if not interactive():
+            raise errors.ConfigError(
+                f"--delete would remove {n} entries under {plan.dest} (more than "
+                f"{DELETE_ASK_ABOVE}) and there is no terminal to ask; nothing was sent",
+                hint="check them with --dry-run, then pass -y to confirm")
+        confirm(render.safe(f"remove these {n} entries under {plan.dest}?"), yes=False)
+
+    return approve
 
 
 @contextlib.contextmanager
 def _progress(label: str, live: bool) -> t.Iterator[t.Callable[[int, int | None], None] | None]:
-    """A rich bar with bytes/s on a terminal; nothing otherwise (and never with --json)."""
+    """A rich bar with bytes/s on a terminal; nothing otherwise (and never with --json).
+
+    The bar starts with the first bytes, so that a ``--delete`` question asked before the
+    transfer is not drawn over.
+    """
     if not live:
         yield None
         return
@@ -37,15 +81,40 @@ def _progress(label: str, live: bool) -> t.Iterator[t.Callable[[int, int | None]
 
     from opsctl.cli import render
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=render.console(stderr=True), transient=True) as bar:
-        task = bar.add_task(render.safe(label), total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn(),
+                   console=render.console(stderr=True), transient=True)
+    task = bar.add_task(render.safe(label), total=None)
+    started = [False]
 
-        def update(done: int, total: int | None) -> None:
-            bar.update(task, completed=done, total=total)
+    def update(done: int, total: int | None) -> None:
+        if not started[0]:
+            bar.start()
+            started[0] = True
+        bar.update(task, completed=done, total=total)
 
+    try:
         yield update
+    finally:
+        if started[0]:
+            bar.stop()
+
+
+def _show_plan(plan: t.Any, as_json: bool) -> None:
+    if as_json:
+        from opsctl.cli.jsonout import print_json
+
+        print_json(plan.to_dict())
+        return
+    from opsctl.cli import render
+
+    con = render.console()
+    con.print(render.plain(f"dry run: {plan.direction} {plan.src} -> {plan.dest} ({plan.target}): "
+                           f"would send {len(plan.send)}, delete {len(plan.delete)}; "
+                           "nothing changed"))
+    for verb, names in (("send", plan.send), ("delete", plan.delete)):
+        for name in names:
+            con.print(render.plain(f"  {verb} {name or '.'}"))
 
 
 def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
@@ -72,22 +141,28 @@ def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
 @click.argument("dest", required=False)
 @_method
 @_delete
+@_dry_run
+@_yes
 @_bwlimit
 @json_option
 def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str,
-         dest: str | None, method: str | None, delete: bool, bwlimit_kib: int | None,
-         as_json: bool) -> None:
+         dest: str | None, method: str | None, delete: bool, dry_run: bool, yes: bool,
+         bwlimit_kib: int | None, as_json: bool) -> None:
     """Copy SRC (a file or directory here) into the container, resumable and verified.
 
-    DEST is the copy's path in the container: absolute, or relative to <root>/data
-    (default: <root>/data/<name of SRC>). Run again to resume; unchanged files are skipped.
+    DEST is the copy's path in the container: absolute, or relative to <root>/data (and
+    staying inside it; default: <root>/data/<name of SRC>). Run again to resume; unchanged
+    files are skipped.
     """
     from opsctl.ops import files, jobs
 
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt, \
-            _progress(f"push {src}", live=not as_json and sys.stderr.isatty()) as bar:
-        report = files.push(tgt, src, dest, delete=delete, method=method, on_progress=bar,
-                            bwlimit_kib=bwlimit_kib)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        if dry_run:
+            _show_plan(files.plan_push(tgt, src, dest, delete=delete), as_json)
+            return
+        with _progress(f"push {src}", live=not as_json and sys.stderr.isatty()) as bar:
+            report = files.push(tgt, src, dest, delete=delete, method=method, on_progress=bar,
+                                bwlimit_kib=bwlimit_kib, approve=_approve(yes))
     _show([report], as_json)
 
 
@@ -100,15 +175,18 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
                    "inventory playbook).")
 @_method
 @_delete
+@_dry_run
+@_yes
 @_bwlimit
 @json_option
 def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str | None,
          dest: str | None, playbook_path: str | None, method: str | None, delete: bool,
-         bwlimit_kib: int | None, as_json: bool) -> None:
+         dry_run: bool, yes: bool, bwlimit_kib: int | None, as_json: bool) -> None:
     """Copy SRC (a container path) here, resumable and verified.
 
-    SRC is absolute or relative to <root>/data; DEST defaults to ./<name of SRC>. Without
-    SRC, every path in the playbook's `outputs:` is fetched to ./<its name>.
+    SRC is absolute or relative to <root>/data; DEST defaults to ./<name of SRC> (never the
+    current directory itself; `pull /` needs a DEST). Without SRC, every path in the
+    playbook's `outputs:` is fetched to ./<its name>.
     """
     from opsctl import errors
     from opsctl.ops import deploy as deploy_ops
@@ -117,15 +195,19 @@ def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
     live = not as_json and sys.stderr.isatty()
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if src is None:
-            if dest is not None:
-                raise errors.ConfigError("pull: DEST without SRC")
+            if dest is not None or delete or dry_run:
+                raise errors.ConfigError("pull: DEST, --delete or --dry-run without SRC")
             book = deploy_ops.load_playbook(tgt, playbook_path)
             with _progress(f"pull {book.name} outputs", live) as bar:
                 reports = files.pull_playbook_outputs(tgt, book, method=method, on_progress=bar)
+        elif dry_run:
+            _show_plan(files.plan_pull(tgt, src, dest, delete=delete), as_json)
+            return
         else:
             with _progress(f"pull {src}", live) as bar:
                 reports = [files.pull(tgt, src, dest, delete=delete, method=method,
-                                      on_progress=bar, bwlimit_kib=bwlimit_kib)]
+                                      on_progress=bar, bwlimit_kib=bwlimit_kib,
+                                      approve=_approve(yes))]
     _show(reports, as_json)
 
 

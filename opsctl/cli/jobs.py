@@ -216,10 +216,13 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
               help="Every node of a multi-node run (default, without --host/--ct: the last "
                    "`deploy --nodes`).")
+@click.option("--host-log", is_flag=True,
+              help="Also read the host's kernel log for the job's time window (Xid, OOM "
+                   "killer): one more round trip, so plain `status` does not.")
 @json_option
 def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
            lines: int, follow: bool, poll_s: float, all_hosts: bool, deadline_s: float,
-           max_parallel: int, nodes_text: str | None, as_json: bool) -> None:
+           max_parallel: int, nodes_text: str | None, host_log: bool, as_json: bool) -> None:
     """Job state, pane tail, metrics, GPUs and a diagnosis of known failures.
 
     With --all: one row per container of the fleet; exit 27 when some rows are errors.
@@ -232,8 +235,11 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
         return
     run = _run_nodes(host, ctid, nodes_text, job_id)
-    if run is None and not follow:
+    if run is None and not follow and not host_log:
         status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        return
+    if run is None and not follow:
+        _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
         return
     from opsctl.cli import render
     from opsctl.ops import jobs, watch
@@ -266,6 +272,10 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 
         st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
                         on_update=on_update, lines=lines).status
+        if st.state.value in ("FAILED", "LOST"):  # the host's Xid/OOM lines of the job's window
+            from opsctl.ops import deploy as deploy_ops
+
+            st = deploy_ops.with_host_events(tgt, st)
         if not as_json:  # the job followed is the one it started with, whatever came after
             err.print(render.plain(f"followed job {st.job_id} to its end: {st.state.value}"))
     if as_json:
@@ -274,6 +284,22 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
+
+
+def _status_with_host_log(host: str | None, ctid: int | None, accept_new_host_key: bool,
+                          job_id: str | None, lines: int, as_json: bool) -> None:
+    """``status --host-log``: the full path, plus the host kernel's Xid/OOM entries of the
+    job's window (warnings while it runs, errors once it failed)."""
+    from opsctl.cli import render
+    from opsctl.ops import deploy as deploy_ops
+    from opsctl.ops import jobs, watch
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        st = deploy_ops.with_host_events(tgt, watch.fetch_status(tgt.agent, job_id, lines))
+    if as_json:
+        render.print_json(st.model_dump(mode="json"))
+    else:
+        render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
 def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,
@@ -442,31 +468,55 @@ def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @target_options
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=None,
-              help="Deadline; when it fires the remote process group is killed.")
+              help="Deadline; when it fires the command and every process it started are ended.")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_s: float | None,
          argv: tuple[str, ...]) -> None:
     """Run ARGV in the container (after `--`); output streams, exit code passes through."""
-    from opsctl.ops import jobs
+    from opsctl.ops import execute, jobs
+    from opsctl.remote.command import OutputClosed
 
     args = list(argv)
     if args and args[0] == "--":
         args = args[1:]
-    if not args:
-        raise errors.ConfigError("nothing to run: give the command after --")
     out, err = sys.stdout.buffer, sys.stderr.buffer
 
-    def w(stream: t.BinaryIO) -> t.Callable[[bytes], None]:
-        def write(data: bytes) -> None:
-            stream.write(data)
-            stream.flush()
-        return write
+    def to_stdout(data: bytes) -> None:
+        try:
+            out.write(data)
+            out.flush()
+        except BrokenPipeError:  # the reader closed early (`| head -c 10`): its choice
+            raise OutputClosed from None
+
+    def to_stderr(data: bytes) -> None:
+        try:
+            err.write(data)
+            err.flush()
+        except BrokenPipeError:  # nobody reads our stderr: nothing to tell it
+            pass
 
     stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        res = tgt.remote.pct_exec(tgt.ctid, args, timeout=timeout_s, stdin=stdin, on_stdout=w(out),
-                                  on_stderr=w(err), step="exec")
-    sys.exit(res.rc)
+    try:
+        with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+            execute.check(tgt, args)
+            rc = execute.run(tgt, args, timeout=timeout_s, stdin=stdin, on_stdout=to_stdout,
+                             on_stderr=to_stderr)
+    except OutputClosed:
+        _die_of_sigpipe()
+    sys.exit(rc)
+
+
+def _die_of_sigpipe() -> t.NoReturn:
+    """End as coreutils' ``cat`` does when its reader is gone: killed by SIGPIPE (a shell
+    shows 141), nothing on stderr. The remote command was already ended (channel closed)."""
+    import os
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # nothing left for a flush at exit to fail on
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(128 + signal.SIGPIPE)  # only where the signal could not end us
 
 
 #: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).

@@ -17,14 +17,14 @@ import typing as t
 
 import click
 
+from opsctl.config import ctid as ctid_rule
+from opsctl.errors import ConfigError
 from remote_payload.wire import JOB_ID_PATTERN
 
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 
 HOUR = 3600.0
 DAY = 86400.0
-#: Proxmox's VMID range (``pct``: 100 .. 999999999).
-CTID_MIN, CTID_MAX = 100, 999_999_999
 
 
 class Number(click.ParamType):  # type: ignore[type-arg,unused-ignore]
@@ -104,6 +104,24 @@ class JobId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         return text
 
 
+class ContainerId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """A Proxmox container id, by the one rule :mod:`opsctl.config.ctid` (100-999999999)."""
+
+    name = "ctid"
+
+    def describe(self) -> str:
+        """The range in words (README, "Input limits"), as :meth:`Number.describe`."""
+        return f"an integer >= {ctid_rule.MIN_CTID} and <= {ctid_rule.MAX_CTID}"
+
+    def convert(self, value: t.Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return ctid_rule.check_ctid(value)
+            return ctid_rule.parse_ctid(str(value))
+        except ConfigError as exc:
+            self.fail(exc.message.removeprefix("--ct: "), param, ctx)
+
+
 # The ranges, named by what they bound (README, "Input limits", lists each option's).
 POLL = seconds(HOUR)  # --poll: a poll at most hourly
 SECONDS = seconds(7 * DAY)  # --timeout of deploy/wait/exec/diag
@@ -117,7 +135,7 @@ THREADS = integer(1, 256)  # --threads of the compile probe
 BWLIMIT = integer(1, 10**9, "KiB/s")  # --bwlimit of push/pull
 PORT = integer(0, 65535)  # --port of the dashboard (0: any free one)
 WIDTH = integer(20, 10_000, "columns")  # --width of plot
-CTID = integer(CTID_MIN, CTID_MAX)  # --ct
+CTID = ContainerId()  # --ct, --nodes' CT: opsctl.config.ctid's one rule
 JOB_ID = JobId()
 
 
@@ -128,7 +146,7 @@ def ranges(group: click.Group) -> list[str]:
 
     def walk(cmd: click.Command, path: str) -> None:
         for p in cmd.params:
-            if isinstance(p, click.Option) and isinstance(p.type, Number):
+            if isinstance(p, click.Option) and isinstance(p.type, Number | ContainerId):
                 name = max(p.opts, key=len)
                 seen.setdefault((name, p.type.describe()), set()).add(path)
         if isinstance(cmd, click.Group):
@@ -142,12 +160,12 @@ def ranges(group: click.Group) -> list[str]:
 
 def numeric_params(group: click.Group) -> list[tuple[str, click.Parameter]]:
     """Every parameter of ``group``'s commands whose values are numbers (for the test that
-    they all have a :class:`Number` range)."""
+    they all have a range: :class:`Number` or :class:`ContainerId`)."""
     out: list[tuple[str, click.Parameter]] = []
 
     def walk(cmd: click.Command, path: str) -> None:
         for p in cmd.params:
-            if isinstance(p.type, Number | click.types.IntParamType | click.types.FloatParamType
+            if isinstance(p.type, Number | ContainerId | click.types.IntParamType | click.types.FloatParamType
                           | click.IntRange | click.FloatRange):
                 out.append((path, p))
         if isinstance(cmd, click.Group):

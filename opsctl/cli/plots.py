@@ -9,7 +9,8 @@ plus *marks* for recompiles, restarts, errors, hangs, diagnoses and the end).
 * :func:`write_png` — ``opsctl plot --png`` (matplotlib, Agg backend);
 * :func:`svg_chart` — the dashboard's inline charts (every text escaped).
 
-plotext and matplotlib are the ``plots`` extra; they are imported only when drawn.
+plotext is a dependency (``opsctl plot`` works after a plain ``pip install``); matplotlib, for
+``--png`` only, is the ``plots`` extra. Both are imported only when drawn.
 """
 
 from __future__ import annotations
@@ -210,12 +211,13 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
     """The charts ``opsctl plot`` prints: one panel per metric, marks as vertical lines.
 
     Raises:
-        ConfigError: plotext is not installed, or nothing to draw.
+        ConfigError: plotext is missing (a broken install: it is a dependency), or nothing to draw.
     """
     try:
         import plotext as plx
     except ImportError:
-        raise ConfigError("opsctl plot needs plotext", hint="pip install 'opsctl[plots]'") from None
+        raise ConfigError("opsctl plot needs plotext, a dependency of opsctl that is missing here",
+                          hint="pip install 'plotext>=5.2,<6' (or reinstall opsctl)") from None
     found = series(hist, metrics)
     if not found:
         raise ConfigError("no data to plot yet for these metrics",

@@ -1,6 +1,6 @@
 """Human rendering with rich: every table, panel and line the commands print.
 
-Only ``opsctl/cli/`` imports rich (``tests/test_architecture.py``); the ``--json`` paths
+Only ``opsctl/cli/`` imports rich (``tests/unit/test_architecture.py``); the ``--json`` paths
 print through :mod:`.jsonout`, which does not.
 
 Colours live in a table here, not in the state enum.
@@ -567,3 +567,27 @@ def run_stop_lines(con: Console, report: t.Any) -> None:
         line.append_text(stop_line(row.stop.job_id, row.stop.state, row.stop.signals_sent,
                                    row.stop.remaining_pids))
         con.print(line)
+
+
+_DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def doctor_report(con: Console, report: t.Any) -> None:
+    """``opsctl doctor``: one row per check (status, check, reason; evidence and fix below)."""
+    table = Table(title=f"doctor {safe(report.target)}", show_lines=False, expand=False)
+    table.add_column("status")
+    table.add_column("check")
+    table.add_column("reason / evidence / fix", overflow="fold")
+    for row in report.rows:
+        detail = Text(row["reason"])
+        if row.get("evidence"):
+            detail.append(f"\n{row['evidence']}", style="dim")
+        if row.get("fix") and row["status"] != "ok":
+            detail.append(f"\nfix: {row['fix']}", style="cyan")
+        table.add_row(Text(row["status"], style=_DOCTOR_STYLE.get(row["status"], "")),
+                      Text(row["name"]), detail)
+    con.print(table)
+    failed = [r["name"] for r in report.rows if r["status"] == "fail"]
+    con.print(plain(f"{len(failed)} failing check(s): {', '.join(failed)}" if failed
+                    else f"no failing check ({report.elapsed_s:.1f} s)",
+                    "bold red" if failed else "green"))

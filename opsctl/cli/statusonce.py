@@ -1,7 +1,7 @@
 """`opsctl status` of one job, once: the command's body, and its entry without click.
 
 Why: `status --json` is polled by scripts and measured against a raw ``ssh … pct exec``
-(README, Speed); importing click and assembling every command family cost ~40 ms of it
+(docs/benchmarks.md); importing click and assembling every command family cost ~40 ms of it
 for a command line that is, nearly always, ``status [--json] [--host H] [--ct N]``.
 :func:`run` takes exactly that grammar (each option once, values that cannot be read as
 another option) straight to :func:`status_once`, the same function the click command
@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import typing as t
 
+from opsctl.config import ctid as ctid_rule
 from opsctl.config import last_target, trace
 from opsctl.errors import OpsctlError
 
@@ -23,7 +24,6 @@ if t.TYPE_CHECKING:
     from opsctl.remote.launchrecord import Launched
 
 DEFAULT_LINES = 20  # the click command's --lines default (opsctl/cli/jobs.py)
-CTID_MIN, CTID_MAX = 100, 999_999_999  # opsctl.cli.params.CTID (without importing click)
 
 
 def status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
@@ -49,7 +49,7 @@ def status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
         with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
             answer = quickstatus.Answer(tgt.label, status=watch.fetch_status(tgt.agent, job_id, lines))
         trace.mark("full path")
-    if as_json:  # no rich on this path: `status --json` is polled by scripts (README, Speed)
+    if as_json:  # no rich on this path: `status --json` is polled by scripts (docs/benchmarks.md)
         from opsctl.cli.jsonout import print_json
 
         print_json(answer.document())
@@ -99,9 +99,8 @@ def parse(argv: list[str]) -> dict[str, object] | None:
             if not value or value.startswith("-"):
                 return None
             if name == "--ct":
-                if not (value.isascii() and value.isdigit() and len(value) < 12
-                        and CTID_MIN <= int(value) <= CTID_MAX):
-                    return None  # click's --ct refuses it (one line, exit 2)
+                if not ctid_rule.valid_ctid_text(value):  # click's path says why
+                    return None
                 got_value = int(value)
             else:
                 got_value = value
@@ -157,7 +156,7 @@ def run(argv: list[str], early: Launched | None = None) -> bool:
 
 def _exit_now(code: int) -> None:
     """Flush the output and exit without the interpreter's teardown (~5 ms of a status with
-    its modules loaded; README, Speed): the answer is out, every connection and file was
+    its modules loaded; docs/benchmarks.md): the answer is out, every connection and file was
     closed by its ``with``, the mux (if any) was started detached, and no exit handler of
     opsctl's has work to do."""
     import os

@@ -3,7 +3,7 @@ imported but ``os``: the one place this is decided (:func:`opsctl.config.paths.h
 
 Why a module apart from :mod:`.paths`: the first `opsctl status` of a session reads its launch
 record (:mod:`opsctl.remote.launchrecord`) before anything else is imported, and
-:mod:`.paths` brings ``pathlib`` and ``typing`` (~5 ms of a ~20 ms start; README, Speed).
+:mod:`.paths` brings ``pathlib`` and ``typing`` (~5 ms of a ~20 ms start; docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.config import addresses, paths, sshconfig, yamlfile
+from opsctl.config import ctid as ctid_rule
 from opsctl.config.addresses import check_address, check_port
 from opsctl.errors import ConfigError
 from remote_payload import wire
@@ -31,7 +32,7 @@ class ContainerSpec(BaseModel):
     gpus: int = Field(default=0, ge=0, le=1024)
     description: str | None = None
     playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
-    notify: list[str] = Field(default_factory=list)  # webhooks for every job here (README)
+    notify: list[str] = Field(default_factory=list)  # webhooks for every job here (docs/guide/babysitting.md)
 
     @field_validator("notify")
     @classmethod
@@ -70,6 +71,15 @@ class HostSpec(BaseModel):
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
     socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
+
+    @field_validator("containers")
+    @classmethod
+    def _container_ids(cls, v: dict[int, ContainerSpec]) -> dict[int, ContainerSpec]:
+        for ctid in v:  # the one rule (opsctl/config/ctid.py), as for --ct
+            if not ctid_rule.MIN_CTID <= ctid <= ctid_rule.MAX_CTID:
+                raise ValueError(f"container id {ctid} is not valid: Proxmox ids are "
+                                 f"{ctid_rule.RANGE_TEXT}")
+        return v
 
     @field_validator("address")
     @classmethod

@@ -16,7 +16,7 @@ from opsctl.errors import ConfigError
 
 
 # A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, and every `status` starts
-# here (README, Speed).
+# here (docs/benchmarks.md).
 class LastTarget(t.NamedTuple):
     host: str
     ctid: int

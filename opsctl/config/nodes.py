@@ -10,6 +10,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass
 
+from opsctl.config.ctid import parse_ctid
 from opsctl.errors import ConfigError
 
 MAX_NODES = 64  # far above any one Proxmox cluster's GPU containers; a typo guard, not a limit
@@ -31,7 +32,7 @@ def parse_nodes(text: str) -> tuple[NodeRef, ...]:
 
     Raises:
         ConfigError: an empty list or item, an item without ``:CT``, a container id that is
-            not an integer >= 100, the same node twice, or more than :data:`MAX_NODES`.
+            not a Proxmox id (:mod:`opsctl.config.ctid`), the same node twice, or more than :data:`MAX_NODES`.
     """
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
@@ -44,10 +45,7 @@ def parse_nodes(text: str) -> tuple[NodeRef, ...]:
         host, sep, ct = item.rpartition(":")
         if not sep or not host or not ct.isdigit() or not ct.isascii():
             raise ConfigError(f"--nodes: {item!r} is not HOST:CT (e.g. pve1:200)")
-        ctid = int(ct)
-        if ctid < 100:
-            raise ConfigError(f"--nodes: {item!r}: container id {ctid} is not valid: Proxmox "
-                              "ids start at 100")
+        ctid = parse_ctid(ct, what=f"--nodes: {item!r}")
         node = NodeRef(host, ctid)
         if node in nodes:
             raise ConfigError(f"--nodes: {item} is listed twice (one job per container)")

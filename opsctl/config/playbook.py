@@ -121,7 +121,7 @@ def _default_on() -> list[int | str]:
 
 class RestartPolicy(BaseModel):
     """``restart: {max_restarts: N, on: [...]}``: the wrapper in the container runs a failed
-    attempt again (``remote_payload/agent/restart.py`` has the rule; README, Playbooks)."""
+    attempt again (``remote_payload/agent/restart.py`` has the rule; docs/playbooks.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_restarts: int = Field(ge=0, le=wire.MAX_RESTARTS_LIMIT)

@@ -36,7 +36,7 @@ class CachedHost(t.NamedTuple):
     """The fields of a :class:`~opsctl.config.inventory.HostSpec` that a multiplexed call uses.
 
     A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, which the first `status`
-    would load before its ssh starts (README, Speed).
+    would load before its ssh starts (docs/benchmarks.md).
     """
 
     name: str

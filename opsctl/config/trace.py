@@ -1,6 +1,6 @@
 """``OPSCTL_TRACE=1``: where one command's time went, one line per phase on stderr.
 
-Why: `status` is measured against a raw ``ssh`` in tens of milliseconds (README, Speed), and
+Why: `status` is measured against a raw ``ssh`` in tens of milliseconds (docs/benchmarks.md), and
 ``-X importtime`` sees only imports. With the variable set, :func:`mark` notes the end of a
 phase (``imports``, ``target``, ``mux round trip``, ``parse``, …) and :func:`dump`, at the
 end, writes ``trace: <phase> <ms>`` lines; the first phase runs from the kernel's start time

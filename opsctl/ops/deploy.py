@@ -172,6 +172,8 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
                               "launched and keeps running",
                               hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
         status, outcome = result.status, result.reason
+    if status.state in (JobState.FAILED, JobState.LOST) or outcome == "timeout":
+        status = with_host_events(tgt, status)
     report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
                           time.monotonic() - start, steps)
     check_outcome(report)
@@ -334,6 +336,20 @@ def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
     return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60, stdin=stdin))
+
+
+def with_host_events(tgt: Target, st: JobStatus) -> JobStatus:
+    """``st`` with the host kernel's Xid/OOM entries of the job's window first in its
+    diagnosis (the agent in the container cannot read the host's log); a log that could not
+    be read is an ``info`` entry at the end, never in front of the job's own diagnosis."""
+    from opsctl.ops import doctor
+
+    extra = doctor.kernel_diagnosis(tgt, st)
+    if not extra:
+        return st
+    found = [d for d in extra if d.severity != "info"]
+    notes = [d for d in extra if d.severity == "info"]
+    return st.model_copy(update={"diagnosis": [*found, *st.diagnosis, *notes]})
 
 
 def check_outcome(report: DeployReport) -> None:

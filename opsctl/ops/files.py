@@ -6,6 +6,13 @@ agent's ``jobs/`` and ``payloads/``. A push without DEST lands at ``<root>/data/
 SRC>``; a pull without DEST lands at ``./<name of SRC>``. DEST is the path of the copy (a
 directory's contents go *into* DEST, as ``rsync SRC/ DEST``), not a directory to put it in.
 
+The rules that keep a transfer from destroying data (``--delete`` never in ``/``, a system
+directory, a home or the current directory; a pull's implied DEST; a relative path that
+leaves ``<root>/data``) are in :mod:`opsctl.ops.filepaths`. A ``--delete`` transfer first
+plans (what it would send and remove), lets the caller approve that count, and then deletes at
+most that many. A file that changes while it is sent is sent once more, then the transfer
+fails (:class:`~opsctl.errors.SourceChanged`); it is never reported as a success.
+
 Method: rsync when the container has it (``--partial``, delta transfer, checked by rsync),
 else the tar stream of :mod:`opsctl.remote.tarcopy` (sha256 per file, file-level resume).
 ``--method`` or ``$OPSCTL_FILES_METHOD`` forces one (``auto`` | ``rsync`` | ``tar``).
@@ -22,15 +29,16 @@ import typing as t
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opsctl.errors import ConfigError, RemoteCommandFailed
+from opsctl.errors import ConfigError, RemoteCommandFailed, SourceChanged
+from opsctl.ops import filepaths
 from opsctl.ops.jobs import Target
 from opsctl.remote import rsync, tarcopy
 from opsctl.remote.transfer import PROBE, Progress, TransferStats
+from remote_payload import tarsync
 
 if t.TYPE_CHECKING:  # not at run time: a push should not pay for the playbook models
     from opsctl.config.playbook import Playbook
 
-DATA_DIR = "data"  # under the host's `root:` in the container
 METHODS = ("auto", "rsync", "tar")
 METHOD_ENV = "OPSCTL_FILES_METHOD"
 
@@ -53,10 +61,33 @@ class TransferReport:
         return {"ok": True, **asdict(self)}
 
 
+@dataclass(frozen=True)
+class TransferPlan:
+    """What a transfer would do (``--dry-run``), and what a ``--delete`` is asked to approve.
+    Names are relative to ``dest`` ("" is ``dest`` itself)."""
+
+    direction: str  # "push" | "pull"
+    target: str
+    src: str
+    dest: str
+    send: list[str]
+    delete: list[str]
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {"ok": True, "dry_run": True, **asdict(self)}
+
+
+#: Called with the plan of a ``--delete`` transfer before anything is sent; raises to stop it.
+Approve = t.Callable[[TransferPlan], None]
+
+
 def container_path(tgt: Target, path: str) -> str:
-    """An absolute container path; a relative one is under ``<root>/data``."""
-    return posixpath.normpath(path if path.startswith("/")
-                              else posixpath.join(tgt.host.root, DATA_DIR, path))
+    """An absolute container path; a relative one is under ``<root>/data`` (and stays there).
+
+    Raises:
+        ConfigError: a relative path whose ``..`` leaves ``<root>/data``, or an empty one.
+    """
+    return filepaths.container_path(tgt.host.root, path)
 
 
 def resolve_method(method: str | None) -> str:
@@ -67,8 +98,8 @@ def resolve_method(method: str | None) -> str:
     return chosen
 
 
-def _probe(tgt: Target, path: str, direction: str) -> dict[str, t.Any]:
-    res = tgt.remote.pct_exec(tgt.ctid, ["python3", "-c", PROBE, path, direction], timeout=60,
+def _probe(tgt: Target, path: str, direction: str, mode: str | None = None) -> dict[str, t.Any]:
+    res = tgt.remote.pct_exec(tgt.ctid, ["python3", "-c", PROBE, path, mode or direction], timeout=60,
                               step=f"{direction}: probe")
     if res.rc != 0:
         raise RemoteCommandFailed(f"{tgt.label}: {direction}: cannot inspect {path!r} in the "
@@ -89,23 +120,59 @@ def _pick(tgt: Target, method: str, remote_rsync: str | None) -> str:
     return method
 
 
-def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool = False,
-         method: str | None = None, on_progress: Progress | None = None,
-         bwlimit_kib: int | None = None) -> TransferReport:
-    """Copy local ``src`` to the container so that it *is* ``dest`` afterwards.
+def _local_source(src: str | Path) -> Path:
+    local = Path(src).expanduser()
+    if not (local.is_file() or local.is_dir()):
+        raise ConfigError(f"push: {str(src)!r} is not a file or directory here")
+    return local.resolve()
+
+
+def plan_push(tgt: Target, src: str | Path, dest: str | None = None, *,
+              delete: bool = False) -> TransferPlan:
+    """What :func:`push` would send and (with ``delete``) remove; changes nothing anywhere.
 
     Raises:
-        ConfigError: ``src`` missing or not a file/directory, unknown method.
+        DeleteRefused: ``delete`` aimed at a protected container path.
+        ConfigError, RemoteCommandFailed and kin: as :func:`push`.
+    """
+    local = _local_source(src)
+    remote_dest = container_path(tgt, dest if dest else local.name)
+    look = _probe(tgt, remote_dest, "push", mode="look")
+    if delete:
+        protected = filepaths.remote_protected(tgt.host.root, look["homes"])
+        for path in sorted({remote_dest, look["real"]}):
+            filepaths.check_delete(f"{tgt.label}: container path", path, protected)
+    planned = tarcopy.remote_plan(tgt.remote, tgt.ctid, tarsync.listing(str(local)), remote_dest)
+    return TransferPlan("push", tgt.label, str(local), remote_dest, planned["send"],
+                        planned["delete"] if delete else [])
+
+
+def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool = False,
+         method: str | None = None, on_progress: Progress | None = None,
+         bwlimit_kib: int | None = None, approve: Approve | None = None) -> TransferReport:
+    """Copy local ``src`` to the container so that it *is* ``dest`` afterwards.
+
+    With ``delete``: the destination is checked (:mod:`filepaths`), the transfer planned,
+    ``approve(plan)`` called, and at most the planned number of entries removed.
+
+    Raises:
+        ConfigError: ``src`` missing or not a file/directory, unknown method, a relative
+            ``dest`` that leaves ``<root>/data``.
+        DeleteRefused: ``delete`` aimed at a protected container path (nothing sent).
+        SourceChanged: a file changed while it was sent, twice.
         RemoteCommandFailed: the transfer failed (run it again to resume).
         TransportError, ContainerError and kin: as the connection or container did.
     """
     start = time.monotonic()
-    local = Path(src).expanduser()
-    if not (local.is_file() or local.is_dir()):
-        raise ConfigError(f"push: {str(src)!r} is not a file or directory here")
-    local = local.resolve()
+    local = _local_source(src)
     remote_dest = container_path(tgt, dest if dest else local.name)
     chosen = resolve_method(method)
+    max_delete = None
+    if delete:
+        plan = plan_push(tgt, local, remote_dest, delete=True)
+        if approve is not None:
+            approve(plan)
+        max_delete = len(plan.delete)
     stats: TransferStats | None = None
     if chosen == "rsync" and not shutil.which("rsync"):
         raise ConfigError("--method rsync, but this machine has no rsync (apt-get install rsync)")
@@ -113,49 +180,128 @@ def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool 
         # rsync first, no probe: an unchanged re-push is one SSH connection. Only when it
         # fails, the probe says why (typed container errors) or that rsync is missing there.
         source = f"{local}/" if local.is_dir() else str(local)
+
+        def send() -> TransferStats:
+            return rsync.run(tgt.host, tgt.ctid, source, rsync.remote_spec(tgt.host, remote_dest),
+                             delete=delete, step="push", on_progress=on_progress,
+                             bwlimit_kib=bwlimit_kib, max_delete=max_delete,
+                             make_dir=posixpath.dirname(remote_dest.rstrip("/")) or "/")
         try:
-            stats = rsync.run(tgt.host, tgt.ctid, source, rsync.remote_spec(tgt.host, remote_dest),
-                              delete=delete, step="push", on_progress=on_progress,
-                              bwlimit_kib=bwlimit_kib,
-                              make_dir=posixpath.dirname(remote_dest.rstrip("/")) or "/")
+            stats = _until_stable(tgt, "push", remote_dest, send,
+                                  lambda: tarsync.stats(str(local)))
+        except SourceChanged:
+            raise
         except RemoteCommandFailed:
             if _pick(tgt, chosen, _probe(tgt, remote_dest, "push")["rsync"]) == "rsync":
                 raise
     if stats is None:
         stats = tarcopy.push(tgt.remote, tgt.ctid, local, remote_dest, delete=delete,
-                             on_progress=on_progress, bwlimit_kib=bwlimit_kib)
+                             on_progress=on_progress, bwlimit_kib=bwlimit_kib,
+                             max_delete=max_delete)
     return _report("push", tgt, str(local), remote_dest, stats, start)
+
+
+def _until_stable(tgt: Target, step: str, dest: str, send: t.Callable[[], TransferStats],
+                  snapshot: t.Callable[[], dict[str, t.Any]]) -> TransferStats:
+    """rsync with the source's files stat'ed before and after: rsync checks what it *read*,
+    so a file written meanwhile arrives torn with rsync's blessing. A change re-sends (rsync
+    then sends the changed files again); a change during the re-send fails.
+
+    Raises:
+        SourceChanged: files changed during both runs.
+    """
+    before = snapshot()
+    stats = send()
+    after = snapshot()
+    if not tarsync.changed(before, after):
+        return stats
+    again = send()
+    moved = tarsync.changed(after, snapshot())
+    if moved:
+        raise tarcopy.torn_error(tgt.label, step, dest, moved, "rsync")
+    return TransferStats(stats.method, stats.files + again.files, stats.bytes + again.bytes,
+                         again.total_bytes, stats.matched_bytes + again.matched_bytes,
+                         stats.deleted + again.deleted)
+
+
+def _pull_dest(remote_src: str, dest: str | Path | None) -> Path:
+    """DEST as given, else ``./<basename of SRC>`` (never the current directory itself)."""
+    return (Path(dest).expanduser() if dest else
+            Path(filepaths.implied_pull_dest(remote_src))).absolute()
+
+
+def plan_pull(tgt: Target, src: str, dest: str | Path | None = None, *,
+              delete: bool = False) -> TransferPlan:
+    """What :func:`pull` would fetch and (with ``delete``) remove here; changes nothing.
+
+    Raises:
+        DeleteRefused: ``delete`` aimed at a protected local path.
+        ConfigError, RemoteCommandFailed and kin: as :func:`pull`.
+    """
+    remote_src = container_path(tgt, src)
+    local = _pull_dest(remote_src, dest)
+    if delete:
+        _check_local_delete(local)
+    doc = tarcopy.remote_listing(tgt.remote, tgt.ctid, remote_src)
+    if doc["root"] not in ("file", "dir"):
+        raise _not_there(tgt, remote_src, doc["root"])
+    planned = tarsync.plan(str(local), doc)
+    return TransferPlan("pull", tgt.label, remote_src, str(local), planned["send"],
+                        planned["delete"] if delete else [])
+
+
+def _check_local_delete(local: Path) -> None:
+    protected = filepaths.local_protected()
+    for path in filepaths.local_delete_target(local):
+        filepaths.check_delete("local path", path, protected)
+
+
+def _not_there(tgt: Target, remote_src: str, kind: str) -> RemoteCommandFailed:
+    what = "does not exist" if kind == "missing" else "is not a file or directory"
+    return RemoteCommandFailed(f"{tgt.label}: pull: {remote_src!r} {what} in the container",
+                               argv=[remote_src])
 
 
 def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool = False,
          method: str | None = None, on_progress: Progress | None = None,
-         bwlimit_kib: int | None = None) -> TransferReport:
+         bwlimit_kib: int | None = None, approve: Approve | None = None) -> TransferReport:
     """Copy container ``src`` here so that it *is* ``dest`` afterwards (default ./<name>).
 
     Raises:
+        ConfigError: SRC is ``/`` without DEST, a relative SRC leaves ``<root>/data``.
+        DeleteRefused: ``delete`` aimed at a protected local path (nothing fetched).
+        SourceChanged: a file changed in the container while it was sent, twice.
         RemoteCommandFailed: ``src`` does not exist in the container, or the transfer failed.
-        ConfigError, TransportError, ContainerError and kin: as :func:`push`.
+        TransportError, ContainerError and kin: as :func:`push`.
     """
     start = time.monotonic()
     remote_src = container_path(tgt, src)
-    local = Path(dest).expanduser() if dest else Path(posixpath.basename(remote_src))
-    local = local.absolute()
+    local = _pull_dest(remote_src, dest)
     chosen = resolve_method(method)
+    max_delete = None
+    if delete:
+        plan = plan_pull(tgt, remote_src, local, delete=True)
+        if approve is not None:
+            approve(plan)
+        max_delete = len(plan.delete)
     probe = _probe(tgt, remote_src, "pull")
     if probe["kind"] not in ("file", "dir"):
-        what = "does not exist" if probe["kind"] == "missing" else "is not a file or directory"
-        raise RemoteCommandFailed(f"{tgt.label}: pull: {remote_src!r} {what} in the container",
-                                  argv=[remote_src])
+        raise _not_there(tgt, remote_src, probe["kind"])
     chosen = _pick(tgt, chosen, probe["rsync"])
     local.parent.mkdir(parents=True, exist_ok=True)
     if chosen == "rsync":
         source = remote_src + ("/" if probe["kind"] == "dir" else "")
-        stats = rsync.run(tgt.host, tgt.ctid, rsync.remote_spec(tgt.host, source), str(local),
-                          delete=delete, step="pull", on_progress=on_progress,
-                          bwlimit_kib=bwlimit_kib)
+
+        def send() -> TransferStats:
+            return rsync.run(tgt.host, tgt.ctid, rsync.remote_spec(tgt.host, source), str(local),
+                             delete=delete, step="pull", on_progress=on_progress,
+                             bwlimit_kib=bwlimit_kib, max_delete=max_delete)
+        stats = _until_stable(tgt, "pull", str(local), send,
+                              lambda: tarcopy.remote_stats(tgt.remote, tgt.ctid, remote_src))
     else:
         stats = tarcopy.pull(tgt.remote, tgt.ctid, remote_src, local, delete=delete,
-                             on_progress=on_progress, bwlimit_kib=bwlimit_kib)
+                             on_progress=on_progress, bwlimit_kib=bwlimit_kib,
+                             max_delete=max_delete)
     return _report("pull", tgt, remote_src, str(local), stats, start)
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from opsctl.config import inventory as inventory_mod
 from opsctl.config import last_target as target_mod
 from opsctl.config import targetcache
+from opsctl.config.ctid import check_ctid
 from opsctl.config.inventory import HostSpec, Inventory
-from opsctl.errors import AuthError, ConfigError, DeadlineExceeded, HostKeyError, TransportError
+from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, TransportError
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobList, LogsChunk, StopResult
 from opsctl.remote.transport import Remote
@@ -55,8 +56,7 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     inv = inventory_mod.load()
     spec = inv.resolve(last.host)
     targetcache.store(last.host, spec)  # so the next `status` reads no YAML (opsctl/ops/quickstatus.py)
-    if last.ctid < 100:
-        raise ConfigError(f"container id {last.ctid} is not valid: Proxmox ids start at 100")
+    check_ctid(last.ctid)  # a remembered target is checked like --ct
     remote = Remote(spec, accept_new_host_key=accept_new_host_key)
     return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root), inv)
 

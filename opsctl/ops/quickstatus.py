@@ -5,7 +5,7 @@ Why: `opsctl status` is what people and scripts poll; the remote part is a ``pct
 opsctl cannot make faster, so the rest had to shrink: the inventory (PyYAML + pydantic,
 ~60 ms) and the reply models (pydantic, ~50 ms) made `status --json` 1.10× a bare
 ``ssh … pct exec 200 -- true``, and without a mux the paramiko import and key exchange made
-it 2.2× (README, Speed).
+it 2.2× (docs/benchmarks.md).
 
 The fast lane opens only when the target resolves from :mod:`opsctl.config.targetcache`;
 it sends exactly the command the full path sends (:func:`opsctl.remote.command.prepare`,
@@ -31,6 +31,7 @@ import time
 import typing as t
 
 from opsctl.config import last_target, targetcache, trace
+from opsctl.config.ctid import MAX_CTID, MIN_CTID
 from opsctl.remote import command as cmd
 from opsctl.remote import mux_socket
 
@@ -50,7 +51,7 @@ def status_args(job_id: str | None, lines: int) -> list[str]:
 
 
 # A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, which the first `status`
-# would load before its ssh starts (README, Speed).
+# would load before its ssh starts (docs/benchmarks.md).
 class Answer(t.NamedTuple):
     """A status from the fast lane: the ``--json`` document, or (``model=True``) the model."""
 
@@ -100,7 +101,7 @@ def _fetch(host: str | None, ctid: int | None, job_id: str | None, lines: int, *
            accept_new_host_key: bool, meanwhile: t.Callable[[], object] | None,
            early: Launched | None) -> Answer | None:
     last = last_target.resolve(host, ctid)
-    if last.ctid < 100:
+    if not MIN_CTID <= last.ctid <= MAX_CTID:  # the full path says why (opsctl.config.ctid)
         return None
     spec = targetcache.lookup(last.host)
     if spec is None:

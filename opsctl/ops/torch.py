@@ -13,6 +13,7 @@ import typing as t
 
 from opsctl.config import paths, torch_builds
 from opsctl.errors import ConfigError
+from opsctl.ops import wheelhouse as wheel_download
 from opsctl.remote import wheelhouse as wheels
 
 if t.TYPE_CHECKING:
@@ -55,8 +56,8 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
         dest = paths.home() / "wheelhouse" / build.name
         if progress:
             progress(f"downloading {build.requirement} and its dependencies on this machine")
-        wh = torch_builds.prepare_wheelhouse(build, dest, requirements=requirements,
-                                             on_line=_pip_progress(progress))
+        wh = wheel_download.prepare_wheelhouse(build, dest, requirements=requirements,
+                                               on_line=_pip_progress(progress))
         wheel_dir = torch_builds.remote_wheelhouse_dir(tgt.host.root, build)
         report["wheelhouse"] = {"files": len(wh.files), "bytes": wh.total_bytes,
                                 "download_s": wh.seconds, "log_path": str(wh.log_path),

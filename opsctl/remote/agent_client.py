@@ -26,7 +26,7 @@ class NoPayload(RemoteCommandFailed):
 
 
 #: The local family (and so the exit code) of every error type the agent can answer with.
-#: Complete by contract: tests/test_error_contract.py fails when the agent gains a type that
+#: Complete by contract: tests/unit/test_error_contract.py fails when the agent gains a type that
 #: is not listed here. A type from a newer agent that this opsctl does not know is an AgentError.
 ERROR_FAMILIES: dict[ErrorType, type[AgentError]] = {
     **{e: AgentError for e in ErrorType},  # REMOTE_FAILED (25)
@@ -43,6 +43,8 @@ _HINTS: dict[ErrorType, str] = {
     ErrorType.GpusBusy: "free them (`opsctl exec -- nvidia-smi` shows what runs) or deploy with --force",
     ErrorType.DiskFull: "free space in the container (df -h; old jobs/ dirs, caches), then retry",
     ErrorType.LaunchAborted: "the deploy was interrupted; run it again",
+    ErrorType.PreflightFailed: "apply the fix the row names (opsctl doctor shows every check), "
+                               "or deploy with --force",
 }
 
 

@@ -8,7 +8,7 @@ command is an argv list, joined once, with its deadlines inside it (:func:`host_
 shell unquoted.
 
 Why a module apart from :mod:`.transport` (the connection): the first `opsctl status` of a
-session starts its ``ssh`` as soon as it knows the command (README, Speed), and spelling it
+session starts its ``ssh`` as soon as it knows the command (docs/benchmarks.md), and spelling it
 must not first import what a connection needs (sockets, threads, paramiko's helpers).
 """
 
@@ -111,12 +111,99 @@ def check_command(host: str, what: str, argv: t.Sequence[str], command: str) -> 
 
 
 def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
-             keep_env: bool = False) -> list[str]:
-    """``pct exec <ct> --keep-env 0|1 -- [timeout …] argv`` (the container-side deadline)."""
+             keep_env: bool = False, guard: bool = False) -> list[str]:
+    """``pct exec <ct> --keep-env 0|1 -- [timeout …] argv`` (the container-side deadline).
+
+    ``guard``: the command runs under :func:`guard_argv` instead of ``timeout`` (``opsctl
+    exec``: the deadline, the client going away and the reader closing end its whole tree).
+    """
     inner = [str(a) for a in argv]
-    if timeout is not None:
+    if guard:
+        inner = guard_argv(inner, timeout)
+    elif timeout is not None:
         inner = ["timeout", "-k", "2", f"{timeout:g}", *inner]
     return ["pct", "exec", str(ctid), "--keep-env", "1" if keep_env else "0", "--", *inner]
+
+
+#: The container's python that runs the guard (the agent's python is python3 as well).
+GUARD_PREFIX = ("python3", "-S", "-c")
+_guard_source: list[str] = []
+
+
+def guard_argv(argv: t.Sequence[str], timeout: float | None) -> list[str]:
+    """``python3 -S -c <remote_payload/agent/execguard.py> DEADLINE|- argv``: the command as
+    one tree that its deadline ends, setsid'd children included (that file says how)."""
+    if not _guard_source:
+        from opsctl.config import paths
+
+        path = paths.payload_source() / "agent" / "execguard.py"
+        _guard_source.append(path.read_text(encoding="utf-8"))
+    return [*GUARD_PREFIX, _guard_source[0], "-" if timeout is None else f"{timeout:g}", *argv]
+
+
+def guarded(argv: t.Sequence[str]) -> bool:
+    """Did :func:`pct_argv` put the guard in front of the container command?"""
+    args = list(argv)
+    rest = args[args.index("--") + 1:] if "--" in args else []
+    return tuple(rest[:3]) == GUARD_PREFIX
+
+
+def check_argv(host: str, what: str, argv: t.Sequence[str]) -> list[str]:
+    """``argv`` as a list when a container can run it: refused locally otherwise.
+
+    Raises:
+        ConfigError: no argv, an empty program name (``exec -- ''``), or a NUL byte.
+    """
+    args = [str(a) for a in argv]
+    if not args:
+        raise ConfigError(f"{host}: {what}: nothing to run; nothing was sent",
+                          hint="give the command after --")
+    if not args[0]:
+        raise ConfigError(f"{host}: {what}: the program name (argument 0) is empty; nothing "
+                          "was sent")
+    nul = [i for i, a in enumerate(args) if "\0" in a]
+    if nul:
+        raise ConfigError(f"{host}: {what}: argument {nul[0]} contains a NUL byte, which no "
+                          "process can receive; nothing was sent")
+    return args
+
+
+class OutputClosed(Exception):
+    """Raised by an output callback when its reader is gone (``opsctl exec … | head -c 10``).
+
+    Not an ``OSError``: the transport passes it through (closing the channel, which ends the
+    remote command) instead of reporting a lost connection.
+    """
+
+
+class Kept:
+    """What a command printed, kept for its :class:`CommandResult`: all of it, or with
+    ``limit`` only the last ``limit`` bytes behind a ``[… N earlier bytes not kept …]`` line
+    (``opsctl exec`` streams gigabytes through its callbacks in constant memory)."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.parts.append(chunk)
+        self.size += len(chunk)
+        if self.limit is not None and self.size > 2 * self.limit:
+            self._trim(self.limit)
+
+    def _trim(self, limit: int) -> None:
+        data = b"".join(self.parts)
+        cut = max(0, len(data) - limit)
+        self.dropped += cut
+        self.parts, self.size = [data[cut:]], len(data) - cut
+
+    def value(self) -> bytes:
+        if self.limit is not None and self.size > self.limit:
+            self._trim(self.limit)
+        data = b"".join(self.parts)
+        return f"[… {self.dropped} earlier bytes not kept …]\n".encode() + data if self.dropped else data
 
 
 #: Real pct decodes every argument with the session's locale before it execs lxc-attach

@@ -2,7 +2,7 @@
 
 Why: the first ``status`` of a session runs over the OpenSSH client (:mod:`.sshcall`)
 instead of paramiko, whose import and key exchange cost more than the whole raw
-``ssh … pct exec`` (README, Speed). The trust decision must stay the one
+``ssh … pct exec`` (docs/benchmarks.md). The trust decision must stay the one
 :meth:`opsctl.remote.transport.Remote._open` makes (``known_hosts``, ``@revoked``, the
 inventory's ``host_key_fingerprint`` pin), so OpenSSH gets a private known_hosts holding
 only keys that path accepts when the server presents them, with ``StrictHostKeyChecking

@@ -4,7 +4,7 @@ else of opsctl is imported, from what the last such call computed.
 Why: with no mux, `status --json` is a raw ``ssh … pct exec`` plus opsctl's own start; before
 this, ~35 ms passed between the interpreter's start and ``ssh``'s (the console script's
 imports, ``typing``, ``pathlib``, the target cache, the private known_hosts, spelling the
-command; README, Speed), all of it in series with the handshake.
+command; docs/benchmarks.md), all of it in series with the handshake.
 
 After a status that went over ssh and printed its answer, :func:`store` keeps, under
 ``$OPSCTL_HOME/cache/launch.json`` (0600; argv and paths only, no secrets), the command line

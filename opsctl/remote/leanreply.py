@@ -12,7 +12,7 @@ in model order, defaults for the absent ones, unknown keys dropped, an ``int`` i
 ``float`` field as a float. Everything else that pydantic would coerce, repair or refuse
 (a string for a number, a bad enum value, a damaged ``history``) is :class:`Unsure`: the
 caller then takes the pydantic path with the same reply, so errors and repairs are exactly
-pydantic's. ``tests/test_status_fast.py`` pins both paths to the same document.
+pydantic's. ``tests/sandbox/test_status_fast.py`` pins both paths to the same document.
 
 This is our own code because pydantic has no import-free validator; the rule it follows is
 "accept only what pydantic would return unchanged", never a second schema.

@@ -174,8 +174,11 @@ def connect(sock_path: Path | None) -> socket.socket | None:
 
 def call(spec: MuxHost, command: str, *, stdin: bytes | t.BinaryIO | None,
          on_stdout: Output | None, on_stderr: Output | None, local_deadline: float | None,
-         argv: list[str], what: str) -> Reply | None:
+         argv: list[str], what: str, keep_bytes: int | None = None) -> Reply | None:
     """Run ``command`` through a live mux; None when there is none (caller goes direct).
+
+    ``keep_bytes``: the reply keeps only the last that many bytes of each stream
+    (:class:`~opsctl.remote.command.Kept`); the callbacks get every byte as it arrives.
 
     Raises:
         TransportError: the mux's connection was lost after the command started.
@@ -200,8 +203,9 @@ def call(spec: MuxHost, command: str, *, stdin: bytes | t.BinaryIO | None,
         if stdin is not None:
             writer = threading.Thread(target=_feed, args=(sock, stdin, stop_feeding), daemon=True)
             writer.start()
-        out: list[bytes] = []
-        err: list[bytes] = []
+        from opsctl.remote.command import Kept
+
+        out, err = Kept(keep_bytes), Kept(keep_bytes)
         while True:
             left = None if local_deadline is None else local_deadline - (time.monotonic() - start)
             if left is not None and left <= 0:
@@ -219,16 +223,16 @@ def call(spec: MuxHost, command: str, *, stdin: bytes | t.BinaryIO | None,
                 continue
             kind, data = frame
             if kind == b"o":
-                out.append(data)
+                out.add(data)
                 if on_stdout:
                     on_stdout(data)
             elif kind == b"e":
-                err.append(data)
+                err.add(data)
                 if on_stderr:
                     on_stderr(data)
             elif kind == b"x":
                 rc = int(data)
-                return Reply(255 if rc == -1 else rc, b"".join(out), b"".join(err))
+                return Reply(255 if rc == -1 else rc, out.value(), err.value())
             elif kind == b"L":
                 raise TransportError(f"{spec.label}: connection lost during {what}: "
                                      f"{data.decode(errors='replace')}")

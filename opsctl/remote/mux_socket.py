@@ -3,7 +3,7 @@ directory, and the socket's name, bound to the host's identity and trust state.
 
 Apart from :mod:`.mux_client` (the calls, over a Unix socket, with threads) so that a
 command that finds no mux to call (the first of a session, ``OPSCTL_MUX=0``) knows it
-without loading them, and its ``ssh`` starts sooner (README, Speed).
+without loading them, and its ``ssh`` starts sooner (docs/benchmarks.md).
 """
 
 from __future__ import annotations

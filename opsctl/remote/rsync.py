@@ -8,14 +8,19 @@ half inside the container: ``--rsync-path`` is the container command string
 cannot carry ``pct exec`` itself: rsync puts the host name right after it.)
 
 Options, and why:
-- ``-rlpt``: tree, symlinks, permissions, mtimes (the quick check needs mtimes); owners are
-  left alone (root in the container, the user here).
-- ``--partial``: an interrupted transfer keeps what arrived; the next run uses it as the basis
-  of rsync's delta transfer, so it does not start from zero (``matched_bytes``).
+- ``-rlt --executability``: tree, symlinks, mtimes (the quick check needs mtimes), and the
+  executable bit. Not ``-p``: it would give every *existing* destination directory the
+  source's mode (``/tmp`` 1777 became 755, ``/root`` 700 became 755). Without it a new file or
+  directory gets the source's mode less the receiver's umask, and an existing one keeps its
+  mode; owners are left alone too (root in the container, the user here).
+- ``--partial-dir=.opsctl-partial``: an interrupted transfer keeps what arrived, in that
+  directory next to the file, never under the file's own name (plain ``--partial`` put half a
+  file in place of the previous copy); the next run uses it as the basis of rsync's delta
+  transfer, so it does not start from zero (``matched_bytes``), and removes the directory.
 - ``-s`` (``--secluded-args``, formerly ``--protect-args``): paths travel inside rsync's
   protocol, never through the host's shell, whatever characters they hold.
 - rsync checks every file it wrote with a whole-file checksum and retries a mismatch.
-- ``--delete`` only when asked.
+- ``--delete`` only when asked, with ``--max-delete`` = the count that was confirmed.
 """
 
 from __future__ import annotations
@@ -44,16 +49,24 @@ def remote_spec(spec: HostSpec, path: str) -> str:
 MKDIR_THEN_RSYNC = 'mkdir -p -- "$1" && shift && exec rsync "$@"'
 
 
+#: Where an interrupted transfer keeps what arrived (relative: in the file's directory; rsync
+#: excludes it from the transfer and from ``--delete``).
+PARTIAL_DIR = ".opsctl-partial"
+
+
 def rsync_argv(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool,
-               bwlimit_kib: int | None = None, make_dir: str | None = None) -> list[str]:
+               bwlimit_kib: int | None = None, make_dir: str | None = None,
+               max_delete: int | None = None) -> list[str]:
     """The whole rsync command line; ``src``/``dest`` as rsync takes them (one is remote).
     ``make_dir``: a container directory to create first (a push's parent of DEST)."""
     server = ["rsync"] if make_dir is None else ["sh", "-c", MKDIR_THEN_RSYNC, "sh", make_dir]
-    argv = ["rsync", "-rlpt", "--partial", "-s", "--stats", "--info=progress2",
-            "--no-inc-recursive", "--rsh", transport.rsync_remote_shell(spec),
+    argv = ["rsync", "-rlt", "--executability", f"--partial-dir={PARTIAL_DIR}", "-s", "--stats",
+            "--info=progress2", "--no-inc-recursive", "--rsh", transport.rsync_remote_shell(spec),
             "--rsync-path", transport.container_command(spec, ctid, server, step="rsync")]
-    if delete:
+    if delete and max_delete != 0:
         argv.append("--delete")
+        if max_delete is not None:
+            argv.append(f"--max-delete={max_delete}")
     if bwlimit_kib:
         argv.append(f"--bwlimit={bwlimit_kib}")
     return [*argv, "--", src, dest]
@@ -66,7 +79,7 @@ def parse_stats(text: str) -> dict[str, int]:
 
 def run(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool, step: str,
         on_progress: Progress | None = None, bwlimit_kib: int | None = None,
-        make_dir: str | None = None) -> TransferStats:
+        make_dir: str | None = None, max_delete: int | None = None) -> TransferStats:
     """Run rsync; ``on_progress(done, total)`` as it goes.
 
     Raises:
@@ -74,7 +87,7 @@ def run(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool, step: s
         RemoteCommandFailed: rsync failed (its stderr tail; the whole output in the log).
     """
     argv = rsync_argv(spec, ctid, src, dest, delete=delete, bwlimit_kib=bwlimit_kib,
-                      make_dir=make_dir)
+                      make_dir=make_dir, max_delete=max_delete)
     buf = bytearray()
 
     def progress(chunk: bytes) -> None:  # progress2 lines: "  1,048,576  50%  95.2MB/s ..."
@@ -97,7 +110,8 @@ def run(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool, step: s
         raise RemoteCommandFailed(f"{spec.label}: container {ctid}: {step}: rsync failed "
                                   f"(rc={res.rc}): {tail}", argv=argv, rc=res.rc,
                                   stderr_tail=tail, log_path=str(path),
-                                  hint="run it again to resume (--partial keeps what arrived)")
+                                  hint="run it again to resume (what arrived is kept in "
+                                      f"{PARTIAL_DIR}/)")
     stats = parse_stats(res.stdout.decode("utf-8", "replace"))
     return TransferStats(method="rsync", files=stats.get("Number of regular files transferred", 0),
                          bytes=stats.get("Literal data", 0),

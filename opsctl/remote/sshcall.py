@@ -2,7 +2,7 @@
 
 Why: without a multiplexer, ``status`` paid the pydantic/PyYAML/paramiko imports and a
 paramiko key exchange (in Python) before its one ``pct exec``: 2.2× a raw
-``ssh … pct exec 200 -- true`` (README, Speed). OpenSSH does the same handshake in C and
+``ssh … pct exec 200 -- true`` (docs/benchmarks.md). OpenSSH does the same handshake in C and
 is already what opsctl runs for attach/shell/forward (:mod:`.sshclient`); here it runs the
 *same* command string (:func:`opsctl.remote.command.prepare`: argv joined once, the
 host- and container-side ``timeout`` deadlines inside it).

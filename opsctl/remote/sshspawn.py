@@ -3,7 +3,7 @@ nothing imported but ``os``.
 
 Why our own few lines and not ``subprocess``: importing subprocess (threading, locale,
 signal, selectors) before the spawn cost ~10-15 ms of the first `opsctl status` of a session
-(README, Speed), which needs none of its features (no shell, no text mode, no input). Both
+(docs/benchmarks.md), which needs none of its features (no shell, no text mode, no input). Both
 spawners of that ``ssh`` use it: the launch record, before anything else is imported
 (:mod:`.launchrecord`), and :func:`opsctl.remote.sshcall.start`; :class:`.sshcall.SshCall`
 reads the pipes.

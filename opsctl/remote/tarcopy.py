@@ -12,12 +12,13 @@ memory and a pull can be gigabytes.
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 import typing as t
 from pathlib import Path
 
 from opsctl.config.inventory import HostSpec
-from opsctl.errors import RemoteCommandFailed
+from opsctl.errors import RemoteCommandFailed, SourceChanged
 from opsctl.remote import transport
 from opsctl.remote.transfer import Finished, Progress, TransferStats, run_piped
 from remote_payload import tarsync
@@ -78,11 +79,53 @@ def _counter(total: int, on_progress: Progress | None,
     return counted
 
 
+def remote_plan(remote: transport.Remote, ctid: int, doc: dict[str, t.Any],
+                dest: str) -> dict[str, list[str]]:
+    """What sending the listing ``doc`` to container ``dest`` would send and delete (changes
+    nothing there)."""
+    return t.cast(dict[str, list[str]],
+                  _call(remote, ctid, ["plan", dest], json.dumps(doc).encode(), "push: plan"))
+
+
+def remote_listing(remote: transport.Remote, ctid: int, src: str) -> dict[str, t.Any]:
+    """:func:`tarsync.listing` of container ``src``."""
+    return t.cast(dict[str, t.Any], _call(remote, ctid, ["list", src], None, "pull: list"))
+
+
+def remote_stats(remote: transport.Remote, ctid: int, src: str) -> dict[str, t.Any]:
+    """:func:`tarsync.stats` of container ``src`` (to see a file change during a transfer)."""
+    return t.cast(dict[str, t.Any], _call(remote, ctid, ["stat", src], None, "pull: stat"))
+
+
+def torn_error(where: str, step: str, dest: str, files: t.Sequence[str],
+               method: str) -> SourceChanged:
+    """The error of a transfer whose files kept changing while they were sent (``files``
+    relative to ``dest``; "" is a single file, named by its own name)."""
+    files = [f or posixpath.basename(dest.rstrip("/")) for f in files]
+    shown = ", ".join(repr(f) for f in files[:3]) + (" …" if len(files) > 3 else "")
+    kept = ("the previous copy at the destination was kept" if method == "tar" else
+            f"their copy under {dest} may be torn")
+    return SourceChanged(f"{where}: {step}: {len(files)} file(s) changed while they were sent, "
+                         f"also on the re-send: {shown}; {kept}", files=files,
+                         hint="stop what writes them (or wait until it has finished), then "
+                              "run the same command again")
+
+
+def _delete_args(delete: bool, max_delete: int | None) -> list[str]:
+    if not delete or max_delete == 0:
+        return []
+    return ["--delete", *(["--max-delete", str(max_delete)] if max_delete is not None else [])]
+
+
 def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: bool,
-         on_progress: Progress | None = None, bwlimit_kib: int | None = None) -> TransferStats:
+         on_progress: Progress | None = None, bwlimit_kib: int | None = None,
+         max_delete: int | None = None) -> TransferStats:
     """Send ``src`` (a file or a tree) to ``dest`` in the container.
 
+    ``max_delete``: ``--delete`` removes nothing when it would remove more than this.
+
     Raises:
+        SourceChanged: a file changed while it was read, twice (the previous copy stays).
         RemoteCommandFailed: the container refused or broke off (files completed stay).
         TransportError and its kin: as the connection failed.
     """
@@ -91,32 +134,39 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
     wanted = _call(remote, ctid, ["scan", dest], json.dumps(doc).encode(), "push: scan")["send"]
     moved, total = _sizes(doc, wanted)
     counted = _counter(moved, on_progress, bwlimit_kib)
-    res = _stream(spec, ctid, ["receive", dest, *(["--delete"] if delete else [])], "push",
-                  feed=lambda out: tarsync.send(str(src), doc, wanted, out, counted))
+    torn: list[str] = []
+    res = _stream(spec, ctid, ["receive", dest, *_delete_args(delete, max_delete)], "push",
+                  feed=lambda out: torn.extend(tarsync.send(str(src), doc, wanted, out, counted)))
     if res.rc != 0:
         raise _failed(spec, ctid, "push", res.rc, res.stderr, ["tarsync", "receive", dest])
     reply = json.loads(res.stdout)
+    torn = sorted(set(torn) | set(reply.get("torn", [])))
+    if torn:
+        raise torn_error(f"{spec.label}: container {ctid}", "push", dest, torn, "tar")
     return TransferStats("tar", files=reply["files"], bytes=reply["bytes"], total_bytes=total,
                          deleted=reply["deleted"])
 
 
 def pull(remote: transport.Remote, ctid: int, src: str, dest: Path, *, delete: bool,
-         on_progress: Progress | None = None, bwlimit_kib: int | None = None) -> TransferStats:
+         on_progress: Progress | None = None, bwlimit_kib: int | None = None,
+         max_delete: int | None = None) -> TransferStats:
     """Fetch ``src`` (a file or a tree in the container) to ``dest`` here.
 
     Raises:
+        SourceChanged: a file changed while it was read, twice (the previous copy stays).
         RemoteCommandFailed: the container side failed, or what arrived did not verify.
         TransportError and its kin: as the connection failed.
     """
     spec = remote.host
-    doc = _call(remote, ctid, ["list", src], None, "pull: list")
+    doc = remote_listing(remote, ctid, src)
     wanted = tarsync.scan(str(dest), doc)
     moved, total = _sizes(doc, wanted)
     counted = _counter(moved, on_progress, bwlimit_kib)
     got: dict[str, t.Any] = {}
 
     def sink(stream: t.BinaryIO) -> None:
-        got.update(tarsync.receive(str(dest), stream, delete=delete, counted=counted))
+        got.update(tarsync.receive(str(dest), stream, delete=delete and max_delete != 0,
+                                   counted=counted, max_delete=max_delete))
 
     res = _stream(spec, ctid, ["send", src], "pull",
                   feed=lambda out: out.write(json.dumps({"send": wanted}).encode()), sink=sink)
@@ -126,5 +176,7 @@ def pull(remote: transport.Remote, ctid: int, src: str, dest: Path, *, delete: b
                                   hint="run it again: files that arrived whole are kept")
     if res.rc != 0:
         raise _failed(spec, ctid, "pull", res.rc, res.stderr, ["tarsync", "send", src])
+    if got.get("torn"):
+        raise torn_error(f"{spec.label}: container {ctid}", "pull", str(dest), got["torn"], "tar")
     return TransferStats("tar", files=got["files"], bytes=got["bytes"], total_bytes=total,
                          deleted=got["deleted"])

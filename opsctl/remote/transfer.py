@@ -14,12 +14,14 @@ from dataclasses import dataclass
 #: progress callback: (bytes of file data moved so far, bytes to move in all or None)
 Progress = t.Callable[[int, "int | None"], None]
 
-# Runs in the container as `python3 -c PROBE PATH push|pull` through Remote.pct_exec (so a
+# Runs in the container as `python3 -c PROBE PATH push|pull|look` through Remote.pct_exec (so a
 # missing or stopped container, an unknown host key or a refused login are the usual typed
-# errors before any data moves). Constant text; prints one JSON line. For a push it makes the
-# destination's parent directory, as rsync before 3.2.3 has no --mkpath.
+# errors before any data moves). Constant text; prints one JSON line: rsync's path, the kind of
+# PATH, PATH with symlinks resolved, and the homes of the user it runs as ($HOME and passwd),
+# which `--delete` never touches. For a push it makes the destination's parent directory, as
+# rsync before 3.2.3 has no --mkpath; `look` changes nothing (a dry run, the --delete guard).
 PROBE = r"""
-import json, os, shutil, stat, sys
+import json, os, pwd, shutil, stat, sys
 path, mode = sys.argv[1], sys.argv[2]
 if mode == "push":
     os.makedirs(os.path.dirname(path.rstrip("/")) or "/", exist_ok=True)
@@ -28,7 +30,13 @@ try:
     kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
 except FileNotFoundError:
     kind = "missing"
-print(json.dumps({"rsync": shutil.which("rsync"), "kind": kind}))
+homes = {os.environ.get("HOME") or ""}
+try:
+    homes.add(pwd.getpwuid(os.getuid()).pw_dir)
+except KeyError:
+    pass
+print(json.dumps({"rsync": shutil.which("rsync"), "kind": kind, "real": os.path.realpath(path),
+                  "homes": sorted(h for h in homes if h)}))
 """
 
 
@@ -52,6 +60,17 @@ class Finished:
     stderr: bytes
     feed_error: BaseException | None = None
     sink_error: BaseException | None = None
+
+
+def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` s: rsync moves its temporary file into the
+    partial directory on SIGTERM; SIGKILL would leave it as garbage next to the user's files."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run_piped(argv: t.Sequence[str], *, feed: t.Callable[[t.BinaryIO], None] | None = None,
@@ -100,9 +119,8 @@ def run_piped(argv: t.Sequence[str], *, feed: t.Callable[[t.BinaryIO], None] | N
                 if on_stdout is not None:
                     on_stdout(chunk)
         rc = proc.wait()
-    except BaseException:  # Ctrl-C: stop the local program (rsync keeps its --partial file)
-        proc.kill()
-        proc.wait()
+    except BaseException:  # Ctrl-C: stop the local program, letting it clean up first
+        _stop(proc)
         raise
     if writer is not None:
         writer.join(timeout=10)

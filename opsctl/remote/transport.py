@@ -42,7 +42,10 @@ from opsctl.errors import (
 from opsctl.remote import channel
 from opsctl.remote.command import (
     CommandResult,
+    Kept,
+    check_argv,
     check_command,
+    guarded,
     host_command,
     known_hosts_name,
     local_deadline,
@@ -318,18 +321,22 @@ class Remote:
 
     def run(self, argv: t.Sequence[str], *, timeout: float | None = None,
             stdin: bytes | t.BinaryIO | None = None, on_stdout: Output | None = None,
-            on_stderr: Output | None = None, step: str = "") -> CommandResult:
+            on_stderr: Output | None = None, step: str = "",
+            keep_bytes: int | None = None) -> CommandResult:
         """Run ``argv`` on the host; the only place a command string is built.
 
         With ``timeout`` the command runs under coreutils ``timeout`` on the host,
-        which kills its whole process group when the deadline fires.
+        which kills its whole process group when the deadline fires. ``keep_bytes``: the
+        result keeps only the last that many bytes of each stream (:class:`Kept`; the
+        callbacks still get every byte), so output streams through in constant memory.
 
         Raises:
             TransportError: the connection failed or dropped.
             DeadlineExceeded: the deadline fired (the remote group was killed).
         """
         argv, command = prepare(self.host, argv, timeout=timeout, step=step)
-        result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline(timeout), step)
+        result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline(timeout), step,
+                            keep_bytes)
         return self.check_deadline(result, timeout=timeout, step=step)
 
     def check_deadline(self, result: CommandResult, *, timeout: float | None,
@@ -351,16 +358,22 @@ class Remote:
     def pct_exec(self, ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
                  keep_env: bool = False, stdin: bytes | t.BinaryIO | None = None,
                  on_stdout: Output | None = None, on_stderr: Output | None = None,
-                 step: str = "", check_container: bool = True) -> CommandResult:
+                 step: str = "", check_container: bool = True, guard: bool = False,
+                 keep_bytes: int | None = None) -> CommandResult:
         """Run ``argv`` inside container ``ctid`` via ``pct exec``.
 
+        ``guard``: under the container-side guard rather than ``timeout`` (``opsctl exec``;
+        :func:`opsctl.remote.command.guard_argv`). ``keep_bytes``: as :meth:`run`.
+
         Raises:
+            ConfigError: an empty argv, program name or a NUL byte (nothing was sent).
             ContainerMissing / ContainerNotRunning: pct said so (nothing ran).
             TransportError, DeadlineExceeded: as :meth:`run`.
         """
-        pct = pct_argv(ctid, argv, timeout=timeout, keep_env=keep_env)
+        argv = check_argv(self.host.label, step or "pct exec", argv)
+        pct = pct_argv(ctid, argv, timeout=timeout, keep_env=keep_env, guard=guard)
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
-                          on_stderr=on_stderr, step=step)
+                          on_stderr=on_stderr, step=step, keep_bytes=keep_bytes)
         return self.check_pct_result(ctid, result, step=step, check_container=check_container)
 
     def check_pct_result(self, ctid: int, result: CommandResult, *, step: str = "",
@@ -388,13 +401,15 @@ class Remote:
 
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
               on_stdout: Output | None, on_stderr: Output | None,
-              local_deadline: float | None, step: str) -> CommandResult:
+              local_deadline: float | None, step: str,
+              keep_bytes: int | None = None) -> CommandResult:
         if self._conn is None and self.use_mux:
             from opsctl.remote import mux_client as mux
 
             start = time.monotonic()
             reply = mux.call(self.host, command, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
-                             local_deadline=local_deadline, argv=argv, what=step or argv[0])
+                             local_deadline=local_deadline, argv=argv, what=step or argv[0],
+                             keep_bytes=keep_bytes)
             if reply is not None:
                 return CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
                                      time.monotonic() - start, via="mux")
@@ -418,14 +433,13 @@ class Remote:
             writer.start()
         else:
             chan.shutdown_write()
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out, err = Kept(keep_bytes), Kept(keep_bytes)
 
-        def collect(into: list[bytes], forward: Output | None) -> Output:
+        def collect(into: Kept, forward: Output | None) -> Output:
             def take(chunk: bytes) -> None:
-                into.append(chunk)
+                into.add(chunk)
                 if forward:
-                    forward(chunk)
+                    forward(chunk)  # may raise OutputClosed: passed through, the channel closed
             return take
 
         def deadline() -> None:
@@ -450,7 +464,7 @@ class Remote:
             writer.join(timeout=5)
         if rc is None or rc == -1:  # the server sent no exit status: the session died
             rc = 255
-        return CommandResult(tuple(argv), command, rc, b"".join(out), b"".join(err),
+        return CommandResult(tuple(argv), command, rc, out.value(), err.value(),
                              time.monotonic() - start)
 
 
@@ -508,6 +522,11 @@ def classify_pct_failure(host: HostSpec, ctid: int, result: CommandResult, step:
             f"{label} has no `timeout` (coreutils), which opsctl runs there to enforce the "
             f"deadline {where}", missing="timeout",
             hint=f"install coreutils in container {ctid}")
+    if guarded(result.argv) and missing_in_container(result) == "python3":
+        raise HostSetupError(
+            f"{label} has no `python3`, which `opsctl exec` runs the command under (its "
+            f"deadline and clean-up) {where}", missing="python3",
+            hint=f"install python3 in container {ctid} (opsctl's agent needs it too)")
 
 
 def _host_side_missing(host: HostSpec, result: CommandResult,

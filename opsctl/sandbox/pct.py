@@ -50,6 +50,7 @@ KEEP_ENV_SINCE = (5, 0, 9)
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"  # where Debian installs it; Perl names it in `die`
 
 USAGE = {
+    "config": "pct config <vmid> [OPTIONS]",
     "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
     "list": "pct list",
     "pull": "pct pull <vmid> <path> <destination> [OPTIONS]",
@@ -377,6 +378,47 @@ def cmd_status(args: list[str]) -> int:
     return 0
 
 
+#: The stand-in's /etc/pve/lxc/<vmid>.conf: an optional ``pve.conf`` beside the LXC config
+#: (a test writes GPU passthrough entries there); without it, the keys Proxmox derives.
+PVE_CONF = "pve.conf"
+#: Raw LXC keys that a PVE config carries through (and pct config prints after the rest).
+RAW_LXC_KEYS = ("lxc.cgroup2.devices.allow", "lxc.mount.entry")
+
+
+def cmd_config(args: list[str]) -> int:
+    """pct.pm cmddef `config` (the entry right after `list`'s, line 1057): the keys sorted,
+    `digest` and `lxc` left out, one `$k: $v` a line; then each raw `lxc.*` entry as
+    `$key: $value` in file order."""
+    _, rest = parse_options("config", args, {"current"}, {"snapshot"})
+    (vmid_raw,) = positionals("config", rest, 1) if rest else (None,)
+    vmid = parse_vmid("config", vmid_raw)
+    config = load_config(vmid)
+    keys: dict[str, str] = {}
+    raw: list[tuple[str, str]] = []
+    pve = config.parent / PVE_CONF
+    if pve.is_file():  # PVE/LXC/Config.pm parse_pct_config: `key: value`, raw lxc.* kept in order
+        for line in pve.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if not sep or line.lstrip().startswith("#"):
+                continue
+            if key.strip().startswith("lxc."):
+                raw.append((key.strip(), value.strip()))
+            else:
+                keys[key.strip()] = value.strip()
+    else:
+        keys = {"arch": "amd64", "hostname": container_name(config), "ostype": "debian"}
+        for line in config.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() in RAW_LXC_KEYS:
+                raw.append((key.strip(), value.strip()))
+    for key in sorted(keys):
+        if key not in ("digest", "lxc"):
+            print(f"{key}: {keys[key]}")
+    for key, value in raw:
+        print(f"{key}: {value}")
+    return 0
+
+
 def cmd_list(args: list[str]) -> int:
     """pct.pm cmddef `list` (line 1057): printf "%-10s %-10s %-12s %-20s\n", nothing if empty."""
     _, rest = parse_options("list", args)
@@ -464,7 +506,7 @@ def cmd_pull(args: list[str]) -> int:
     return 0
 
 
-VERBS = {"exec": cmd_exec, "list": cmd_list, "pull": cmd_pull, "push": cmd_push,
+VERBS = {"config": cmd_config, "exec": cmd_exec, "list": cmd_list, "pull": cmd_pull, "push": cmd_push,
          "start": cmd_start, "status": cmd_status, "stop": cmd_stop}
 
 

@@ -49,6 +49,8 @@ VERBS: dict[str, str] = {
     "probe": "remote_payload.agent.verbs.probe",
     # multi-node runs: address, network namespace and a free port for the rendezvous
     "net": "remote_payload.agent.verbs.net",
+    # opsctl doctor: the container-side checks
+    "doctor": "remote_payload.agent.verbs.doctor",
 }
 
 def plain_status(argv: list[str]) -> types.SimpleNamespace | None:

@@ -4,7 +4,7 @@ Why: ``status`` (every poll, and the first command of a session) starts two chil
 most, ``tmux capture-pane`` (:class:`remote_payload.agent.tmux.PaneCapture`) and, with no GPU
 sample on disk, ``nvidia-smi`` (:class:`remote_payload.agent.gpus.GpuQuery`), and needs none
 of ``subprocess``'s features (no shell, no text mode, no input); importing it (selectors,
-locale, threading) was ~3 ms of the agent's ~20 ms start in the container (README, Speed).
+locale, threading) was ~3 ms of the agent's ~20 ms start in the container (docs/benchmarks.md).
 This is ``os.posix_spawnp`` and a ``poll`` loop, as opsctl's own ``ssh`` call
 (``opsctl/remote/sshcall.py``).
 """

@@ -5,7 +5,7 @@ lines, so it is stdlib-only and cheap (a few substring checks per line; the
 regexes run only on lines that pass them). Each signature is one row of
 :data:`SIGNATURES`: a cause name, a severity, a hint, and a small predicate that
 returns the summary and evidence or ``None``. To add one, write a predicate and
-add a row; ``tests/test_diagnosis.py`` feeds each row a real captured log.
+add a row; ``tests/unit/test_diagnosis.py`` feeds each row a real captured log.
 
 Finding shape (docs/contracts.md, status document ``diagnosis``)::
 
@@ -44,7 +44,7 @@ FX_RACE_FIXES = (
 
 
 # NamedTuples, not dataclasses: `dataclasses` imports `inspect`, ~10 ms of every `status`
-# (the agent's start is on the path of every poll; README, Speed). For the same reason the
+# (the agent's start is on the path of every poll; docs/benchmarks.md). For the same reason the
 # patterns below are strings, compiled on first use by `re`'s own cache: output that passes
 # none of the substring checks compiles none of them (~1.5 ms of each poll).
 
@@ -110,6 +110,8 @@ _FX_NEEDLES = ("Detected that you are using FX to symbolically trace a dynamo-op
 
 
 def _fx_race(ctx: Context) -> Match | None:
+    """The incident's error: threads compiled concurrently and one saw another's FX tracing
+    (``Detected that you are using FX to symbolically trace a dynamo-optimized function``)."""
     hits = ctx.grep(*_FX_NEEDLES)
     if not hits:
         return None
@@ -122,11 +124,13 @@ def _fx_race(ctx: Context) -> Match | None:
 
 
 _STEP_EVENT = r'"event"\s*:\s*"step"'
-#: In both dump-header patterns of probes/stackdump.py (tests/test_status_fast.py checks it).
+#: In both dump-header patterns of probes/stackdump.py (tests/sandbox/test_status_fast.py checks it).
 _DUMP_HEADER = "(most recent call first):"
 
 
 def _compile_hang_stacks(ctx: Context) -> Match | None:
+    """Stack dumps show threads blocked inside torch.compile (``compile_fx``, ``Tracer.trace``):
+    the concurrent-compile hang of the incident."""
     # every dump header has this text: the parser (and its regexes) load only for a dump
     if not any(_DUMP_HEADER in ln for ln in ctx.lines):
         return None
@@ -198,6 +202,8 @@ def hang_threshold(status: t.Mapping[str, t.Any]) -> tuple[float, str]:
 
 
 def _hang(ctx: Context) -> Match | None:
+    """The job is alive but printed nothing and sent no step event for longer than its current
+    budget (``hang_after_s``, the phase's announced ``budget_s``)."""
     st = ctx.status
     state = str(st.get("state") or "")
     if not st.get("alive") or state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST", "PENDING"):
@@ -279,6 +285,8 @@ def gib(size: str | None) -> float | None:
 
 
 def _cuda_oom(ctx: Context) -> Match | None:
+    """``torch.OutOfMemoryError``: the GPU ran out of memory; the numbers (asked, free,
+    reserved, held by others) come from the message."""
     hits = ctx.grep("CUDA out of memory", "OutOfMemoryError")
     if not hits:
         return None
@@ -317,6 +325,8 @@ _NCCL_TIMEOUT = (
 
 
 def _nccl_timeout(ctx: Context) -> Match | None:
+    """A collective did not finish within the process group's timeout: NCCL's watchdog tore the
+    rank down."""
     hits = ctx.grep("Watchdog caught collective operation timeout", "timed out in blocking wait")
     if not hits:
         return None
@@ -337,6 +347,8 @@ _NCCL_CODES = ("ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
 
 
 def _nccl_error(ctx: Context) -> Match | None:
+    """NCCL reported an error of its own (``ncclInternalError``, ``ncclSystemError``, an
+    unhandled CUDA error inside NCCL, ...)."""
     hits = [ln for ln in ctx.grep("NCCL error", *_NCCL_CODES, "NCCL communicator was aborted")
             if "Watchdog caught collective operation timeout" not in ln]
     if not hits:
@@ -348,6 +360,8 @@ def _nccl_error(ctx: Context) -> Match | None:
 
 
 def _flex_uncompiled(ctx: Context) -> Match | None:
+    """``flex_attention`` ran without torch.compile (its dense fallback): correct but many times
+    slower, the user's 4.6 Ktok/s."""
     hits = ctx.grep("flex_attention called without torch.compile()")
     if not hits:
         return None
@@ -362,6 +376,8 @@ _RECOMPILE_FN = r"function: '(?P<fn>[^']+)' \((?P<where>[^)]*)\)"
 
 
 def _recompile_limit(ctx: Context) -> Match | None:
+    """Dynamo hit its recompile limit and fell back to eager for a function: slow steps, often
+    from unbounded shapes."""
     hits = ctx.grep("hit config.", "recompile_limit", "cache_size_limit", "recompilation cache limit")
     hits = [ln for ln in hits if re.search(_RECOMPILE, ln) or "function: '" in ln
             or "last reason:" in ln or "recompile_limit reached" in ln]
@@ -382,6 +398,8 @@ _DRIVER_NEEDLES = ("The NVIDIA driver on your system is too old",
 
 
 def _cuda_mismatch(ctx: Context) -> Match | None:
+    """The torch build does not fit the host driver or the GPU (``CUDA driver version is
+    insufficient``, ``no kernel image is available``, NVML version mismatch)."""
     hits = ctx.grep(*_DRIVER_NEEDLES)
     if not hits:
         return None
@@ -405,6 +423,8 @@ _NO_NAME = r"ImportError: cannot import name '(?P<name>[^']+)' from '(?P<mod>[^'
 
 
 def _missing_module(ctx: Context) -> Match | None:
+    """An import failed (``ModuleNotFoundError``/``ImportError``): a package missing from the
+    job's env, or the payload off ``PYTHONPATH``."""
     hits = ctx.grep("ModuleNotFoundError", "ImportError: cannot import name")
     if not hits:
         return None
@@ -448,6 +468,8 @@ _KILLED_LINE = r"^(?:.*: line \d+: +\d+ )?Killed\b"  # bash's report of a SIGKIL
 
 
 def _killed_by_signal(ctx: Context) -> Match | None:
+    """The job's process was killed by a signal (SIGKILL: most likely the kernel OOM killer;
+    SIGSEGV, SIGBUS, SIGABRT, SIGTERM)."""
     st = ctx.status
     if st.get("state") == "CANCELLED":
         return None
@@ -470,6 +492,7 @@ def _killed_by_signal(ctx: Context) -> Match | None:
 
 
 def _throughput(ctx: Context) -> Match | None:
+    """Steady-state tokens/s below half of the playbook's ``expect_tok_s``."""
     st = ctx.status
     if str(st.get("state") or "") not in ("RUNNING", ""):
         return None
@@ -496,6 +519,8 @@ _CONSEQUENCE = ("Connection closed by peer", "remote worker crashing", "Connecti
 
 
 def _rank_failed(ctx: Context) -> Match | None:
+    """In a distributed run, the first rank whose failure took the others down (named by its own
+    error event)."""
     errs = [e for e in ctx.status.get("errors") or []
             if isinstance(e, dict) and isinstance(e.get("rank"), int)]
     ranks = sorted({int(e["rank"]) for e in errs})
@@ -521,6 +546,8 @@ FEATURE_WAIT_WARN_PCT = 50.0
 
 
 def _drafters_waiting(ctx: Context) -> Match | None:
+    """Split layout: the drafter ranks spend much of each step waiting for features from the
+    target ranks (the target side is the bottleneck)."""
     step = ctx.status.get("last_step") or {}
     pct = _num(step.get("feature_wait_pct"))
     if pct is None or pct <= FEATURE_WAIT_WARN_PCT or ctx.status.get("state") != "RUNNING":
@@ -531,6 +558,8 @@ def _drafters_waiting(ctx: Context) -> Match | None:
 
 
 def _gpus_busy_at_launch(ctx: Context) -> Match | None:
+    """A forced launch (``deploy --force``) found GPUs the job needs held by processes outside
+    the job."""
     pre = ctx.status.get("preflight")
     busy = pre.get("busy") if isinstance(pre, dict) else None
     if not busy:
@@ -545,6 +574,8 @@ _EXC_LINE = r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:: (
 
 
 def _python_exception(ctx: Context) -> Match | None:
+    """The job ended with a Python traceback that no more specific signature explains; its last
+    line is the summary."""
     st = ctx.status
     if st.get("state") != "FAILED":
         return None

@@ -4,7 +4,7 @@ A playbook's ``restart: {max_restarts: N, on: [...]}`` travels in the launch spe
 (``spec["restart"]``). The wrapper (the long-lived process in the container) asks
 :func:`should_restart` when an attempt ends or its hang watch fires, so the decision is
 made with no opsctl client connected. This module is pure (no I/O): the rule is tested
-on its own (``tests/test_restart_policy.py``).
+on its own (``tests/unit/test_restart_policy.py``).
 
 ``on`` names what restarts, any of:
 

@@ -2,9 +2,9 @@
 
 Why: on torch <= 2.13 the FX tracing flag is process-global, so threads making
 their first compiled call at the same time can raise ``Detected that you are
-using FX to symbolically trace a dynamo-optimized function`` or hang (README.md,
-"Never silent"). A warm compile cache hides it. This probe answers the question for the
-torch build at hand, on a cold cache, in two modes side by side:
+using FX to symbolically trace a dynamo-optimized function`` or hang (docs/troubleshooting.md).
+A warm compile cache hides it. This probe answers the question for the torch build at
+hand, on a cold cache, in two modes side by side:
 
 - ``unguarded``: N threads released by a barrier make their first compiled call
   (forward, and on GPU backward);

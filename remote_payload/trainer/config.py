@@ -150,7 +150,8 @@ def _h(text: str) -> dict[str, str]:
 #: on CPU) or as row-scaled e4m3 (:mod:`.fp8`)
 TARGET_PRECISIONS = ("bf16", "fp8")
 
-#: DDP gradient bucket (MiB) among drafter ranks: ``--ddp-bucket-mb``'s default (README, Second pass).
+#: DDP gradient bucket (MiB) among drafter ranks: ``--ddp-bucket-mb``'s default
+#: (docs/benchmarks.md, Second pass).
 DDP_BUCKET_MB = 512
 
 

@@ -11,7 +11,7 @@ per shape and every layer reuses that graph (a 36-layer unrolled graph would com
 ~30x longer for the same kernels). transformers' own forward stays the reference
 (``fused=False``) and the equality test's yardstick. ``precision="fp8"`` (opt-in) stores the
 four matmul weights as row-scaled e4m3 (:mod:`.fp8`): the same layer at ~1.6x the speed on an
-H200, its features carrying FP8's rounding (README, "Third pass", says how much).
+H200, its features carrying FP8's rounding (docs/benchmarks.md, "Third pass", says how much).
 """
 
 from __future__ import annotations

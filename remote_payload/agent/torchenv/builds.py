@@ -13,11 +13,14 @@ from remote_payload.agent.torchenv.layout import (
     read_marker,
 )
 
+if t.TYPE_CHECKING:
+    from remote_payload.wire_shapes import EnvsDoc, TorchBuildDoc
 
-def envs_report(layout: Layout, history: int = 20) -> dict[str, t.Any]:
+
+def envs_report(layout: Layout, history: int = 20) -> EnvsDoc:
     """Fast: sizes were measured at install time and stored in each build's marker."""
     current = current_build(layout)
-    builds = []
+    builds: list[TorchBuildDoc] = []
     for name in list_builds(layout):
         marker = read_marker(layout, name) or {}
         builds.append({

@@ -1,6 +1,6 @@
 """Per-build compile caches: ``cache/<fingerprint>/{inductor,triton}``, provenance, info, clear.
 
-A cache written by one torch build silently hid a race under another (README.md, "Never
+A cache written by one torch build silently hid a race under another (docs/troubleshooting.md, "Never
 silent: probe, stacks, diagnosis"), so each fingerprint gets its own directory, jobs are
 pointed at it explicitly, and caches outside opsctl (torch's defaults) are reported as a risk.
 """

@@ -23,6 +23,20 @@ from remote_payload.wire import ErrorType
 if t.TYPE_CHECKING:
     import argparse
 
+    # the reply shapes (remote_payload/wire_shapes.py): checked by mypy, never imported at run
+    # time (defining them costs ~10 ms of every status poll)
+    from remote_payload.wire_shapes import (
+        BabysittingDoc,
+        DiagnosisDoc,
+        GpuRowDoc,
+        HistoryDoc,
+        JobListDoc,
+        JobRowDoc,
+        LogsChunkDoc,
+        StatusDoc,
+        StopDoc,
+    )
+
 JobState = jobs.JobState
 
 DEFAULT_LINES = 20
@@ -121,7 +135,7 @@ def _socket(args: argparse.Namespace) -> str:
 
 
 def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
-                    live: bool = True) -> dict[str, t.Any]:
+                    live: bool = True) -> StatusDoc:
     """The status document of docs/contracts.md, reconciled against /proc.
 
     ``live=False`` (the ``jobs`` list) skips what costs a subprocess per job: the pane
@@ -148,7 +162,8 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
     if rec.state.is_terminal() and ended is None:
         ended = now
     created = st.get("created_at") or rec.launch.get("created_at") or now
-    doc: dict[str, t.Any] = {
+    babysitting = _babysitting(rec)
+    doc: StatusDoc = {
         "job_id": job_id,
         "name": rec.spec.get("name") or st.get("name") or job_id,
         "state": rec.state.value,
@@ -189,25 +204,32 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         "preflight": read_json(os.path.join(rec.path, gpus.PREFLIGHT_FILE), None),
         "transitions": st.get("transitions") or [],
         "now": now,
-        **_babysitting(rec),
+        "attempt": babysitting["attempt"], "max_restarts": babysitting["max_restarts"],
+        "restarts": babysitting["restarts"], "end_reason": babysitting["end_reason"],
+        "max_duration_s": babysitting["max_duration_s"],
     }
+    # gpus.py, diagnosis.py and history.py build plain dicts of these shapes
     if gpu_query is not None:
-        doc["gpus"], doc["gpu_error"] = gpu_query.result()
+        gpu_rows, doc["gpu_error"] = gpu_query.result()
+        doc["gpus"] = t.cast("list[GpuRowDoc]", gpu_rows)
     elif sample is not None:
-        doc["gpus"], doc["gpu_error"], doc["gpus_at"] = sample
+        gpu_rows, doc["gpu_error"], doc["gpus_at"] = sample
+        doc["gpus"] = t.cast("list[GpuRowDoc]", gpu_rows)
     # while tmux captures the pane (a process start, the slowest part of a status): diagnosis
     # and history, which do not read the pane
-    doc["hang_threshold_s"] = _hang_threshold(doc)
-    doc["diagnosis"] = _diagnose(diag_tail, events_tail, doc, now)
+    plain = t.cast("dict[str, t.Any]", doc)
+    doc["hang_threshold_s"] = _hang_threshold(plain)
+    doc["diagnosis"] = t.cast("list[DiagnosisDoc]", _diagnose(diag_tail, events_tail, plain, now))
     if live:
-        doc["history"] = history.for_status(rec.path, doc["diagnosis"], ended or now)
+        doc["history"] = t.cast("HistoryDoc | None", history.for_status(
+            rec.path, plain["diagnosis"], ended or now))
     if pane is not None:
         doc["pane_tail"] = pane.result()
         doc["tmux"]["error"] = pane.error
     return doc
 
 
-def _babysitting(rec: jobs.JobRecord) -> dict[str, t.Any]:
+def _babysitting(rec: jobs.JobRecord) -> BabysittingDoc:
     """Restart attempts, the wall-clock limit and why the job ended (``status`` and ``jobs``)."""
     st = rec.status
     end_reason = st.get("end_reason")
@@ -258,7 +280,7 @@ def _diag_failure(exc: BaseException) -> dict[str, t.Any]:
 
 
 def launch(root: str, spec_json: str, *, replace: bool, grace: float,
-           socket: str, force_gpus: bool = False, secrets: t.Any = None) -> dict[str, t.Any]:
+           socket: str, force_gpus: bool = False, secrets: t.Any = None) -> StatusDoc:
     """Create ``jobs/<id>/`` and start the wrapper in tmux; return the first status document.
 
     Raises
@@ -301,6 +323,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                              running.pid.get("cgroup")) if running else []
     check = gpus.preflight(needed, own, memory=running is None)
     _refuse_busy_gpus(check, force_gpus)
+    check["rows"] = _refuse_failing_rows(root, needed, force_gpus)
 
     path = jobs.job_dir(root, job_id)
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
@@ -315,9 +338,12 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     if current is not None:
         stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
              reason=f"replaced by job {job_id}")
+        rows = check["rows"]
         check = gpus.preflight(needed)
         _refuse_busy_gpus(check, force_gpus)
-    check["forced"] = force_gpus and bool(check["busy"])
+        check["rows"] = rows
+    check["forced"] = force_gpus and (bool(check["busy"]) or any(
+        r["status"] == "fail" for r in check["rows"]))
     with jobs.launch_lock(root):
         _refuse_if_aborted(root, job_id)
         try:
@@ -378,10 +404,30 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
 
 
 def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
+    """GpusBusy with doctor's ``leftover-gpu-processes`` row (one definition of the check)."""
     if check["busy"] and not force:
-        names = "; ".join(f"GPU {b['index']}: {b['why']}" for b in check["busy"])
-        raise AgentFailure(ErrorType.GpusBusy, f"GPUs this job needs are in use: {names}",
-                           busy=check["busy"], needed=check["needed"])
+        from remote_payload.agent import doctor
+
+        row = doctor.leftovers_row(check)
+        raise AgentFailure(ErrorType.GpusBusy, f"GPUs this job needs are in use: {row['evidence']}",
+                           busy=check["busy"], needed=check["needed"], row=row)
+
+
+def _refuse_failing_rows(root: str, needed: list[int] | None, force: bool) -> list[dict[str, str]]:
+    """The launch's doctor rows (device nodes, /dev/shm, free disk); the first failing one
+    refuses the launch unless ``force`` (deploy --force)."""
+    from remote_payload.agent import doctor
+
+    rows = doctor.launch_rows(root, needed)
+    bad = [r for r in rows if r["status"] == "fail"]
+    if bad and not force:
+        row = bad[0]
+        raise AgentFailure(ErrorType.PreflightFailed,
+                           f"doctor check {row['name']} failed: {row['reason']}"
+                           + (f" [{row['evidence']}]" if row["evidence"] else "")
+                           + (f"; fix: {row['fix']}" if row["fix"] else ""),
+                           row=row, rows=bad)
+    return rows
 
 
 def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
@@ -491,7 +537,7 @@ def _fail_launch(path: str, why: str) -> None:
 
 
 def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | None = None,
-         since: float | None = None) -> dict[str, t.Any]:
+         since: float | None = None) -> LogsChunkDoc:
     """Raw bytes of ``output.log`` from ``offset`` (or from the last ``tail`` lines, or from
     the first output written at or after ``since``: :mod:`remote_payload.agent.outindex`).
 
@@ -540,7 +586,7 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | Non
 
 
 def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
-         kill_after: float = DEFAULT_KILL_AFTER_S, reason: str = "opsctl stop") -> dict[str, t.Any]:
+         kill_after: float = DEFAULT_KILL_AFTER_S, reason: str = "opsctl stop") -> StopDoc:
     """SIGINT the job's processes, then SIGTERM after ``grace``, then SIGKILL.
 
     The job's processes are its process group *and* every process carrying its
@@ -647,7 +693,7 @@ RESTART_KEYS = ("attempt", "max_restarts", "restarts", "end_reason", "max_durati
 SUMMARY = "summary.json"  # a terminal job's row of the jobs list, cached (it never changes)
 
 
-def list_jobs(root: str, limit: int = 0) -> dict[str, t.Any]:
+def list_jobs(root: str, limit: int = 0) -> JobListDoc:
     """Every job (or the newest ``limit`` plus every live one) with its reconciled state,
     times, exit, last step and diagnosis headline, newest first."""
     current = jobs.current_job_id(root)
@@ -660,7 +706,7 @@ def list_jobs(root: str, limit: int = 0) -> dict[str, t.Any]:
         st = st if isinstance(st, dict) else {}
         dated.append((float(st.get("created_at") or 0.0), jid, st.get("state")))
     dated.sort(reverse=True)
-    rows = []
+    rows: list[JobRowDoc] = []
     for i, (created, jid, recorded) in enumerate(dated):
         if limit and i >= limit and recorded in _TERMINAL_NAMES:
             continue  # older and over (states only move forward): outside the window
@@ -676,7 +722,7 @@ def list_jobs(root: str, limit: int = 0) -> dict[str, t.Any]:
 _TERMINAL_NAMES = frozenset(s.value for s in JobState if s.is_terminal())
 
 
-def _job_row(root: str, job_id: str) -> dict[str, t.Any]:
+def _job_row(root: str, job_id: str) -> JobRowDoc:
     """One job's row; a terminal job's is computed once and kept in ``summary.json``."""
     path = jobs.job_dir(root, job_id)
     summary_path = os.path.join(path, SUMMARY)
@@ -686,19 +732,20 @@ def _job_row(root: str, job_id: str) -> dict[str, t.Any]:
         stamp = 0
     cached = read_json(summary_path, None)
     if isinstance(cached, dict) and cached.get("status_mtime_ns") == stamp and stamp:
-        return {k: v for k, v in cached.items() if k != "status_mtime_ns"}
+        return t.cast("JobRowDoc", {k: v for k, v in cached.items() if k != "status_mtime_ns"})
     doc = status_document(root, job_id, lines=0, live=False)
     diag = doc.get("diagnosis") or []
     step = doc.get("last_step") or {}
-    row = {
+    row: JobRowDoc = {
         "job_id": job_id, "name": doc.get("name"), "state": doc["state"],
         "created_at": doc.get("created_at"), "started_at": doc.get("started_at"),
         "ended_at": doc.get("ended_at"), "elapsed_s": doc.get("elapsed_s"),
         "exit_code": doc.get("exit_code"), "signal": doc.get("signal"),
         "last_step": {k: step.get(k) for k in ("step", "loss", "tok_s") if k in step} or None,
-        "headline": ({"cause": diag[0].get("cause"), "severity": diag[0].get("severity"),
-                      "summary": diag[0].get("summary")} if diag else None),
-        **{k: doc[k] for k in RESTART_KEYS if k in doc},
+        "headline": ({"cause": diag[0]["cause"], "severity": diag[0]["severity"],
+                      "summary": diag[0]["summary"]} if diag else None),
+        "attempt": doc["attempt"], "max_restarts": doc["max_restarts"], "restarts": doc["restarts"],
+        "end_reason": doc["end_reason"], "max_duration_s": doc["max_duration_s"],
     }
     if doc["state"] in _TERMINAL_NAMES and stamp:
         try:

@@ -1,0 +1,176 @@
+"""MkDocs hook: the parts of the docs that would drift if they were written by hand.
+
+A page holds a marker line ``<!-- generated: NAME -->`` and this hook replaces it, at build
+time, with text made from the code itself:
+
+- ``exit-codes``: the table of :data:`opsctl.errors.EXIT_CODES`;
+- ``module-map``: every module of ``opsctl`` and ``remote_payload`` with the first line of its
+  docstring, read with :mod:`ast` (nothing is imported, so a module with heavy imports costs
+  nothing and a missing docstring shows as such);
+- ``wire-shapes``: every shape in ``remote_payload/wire_shapes.py`` (agent replies and the
+  shapes inside them, trainer events) as a table of keys and types;
+- ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
+  severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
+  ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
+
+MkDocs' own hook mechanism is used (``hooks:`` in ``mkdocs.yml``) rather than a plugin
+package: three small generators do not justify a dependency. ``tests/unit/test_docs.py`` runs the
+same functions, so a broken generator fails the tests as well as ``mkdocs build --strict``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import typing as t
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
+PACKAGES = ("opsctl", "remote_payload")
+
+
+def _import_root() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
+def exit_codes() -> str:
+    _import_root()
+    from opsctl import errors
+
+    rows = ["| code | meaning |", "| --- | --- |"]
+    rows += [f"| {code} | {meaning} |" for code, meaning in sorted(errors.EXIT_CODES.items())]
+    rows.append("| *n* | `opsctl exec` and `opsctl shell`: the remote command's (shell's) own exit "
+                "code; `opsctl attach`: tmux's. `opsctl exec` whose reader closed early "
+                "(`opsctl exec … \\| head -c 10`) ends as `cat` does: killed by SIGPIPE, quietly "
+                "(a shell shows 141), and the remote command is ended |")
+    return "\n".join(rows)
+
+
+def _first_line(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    if not doc:
+        return "(no docstring)"
+    return doc.strip().splitlines()[0].replace("|", "\\|")
+
+
+def module_rows() -> list[tuple[str, str]]:
+    """(dotted module name, first docstring line) of every module, packages first."""
+    rows = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if "wheels" in path.parts:
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            rows.append((name, _first_line(path)))
+    return sorted(rows)
+
+
+def module_map() -> str:
+    rows = ["| module | what it is for |", "| --- | --- |"]
+    rows += [f"| `{name}` | {line} |" for name, line in module_rows()]
+    return "\n".join(rows)
+
+
+def diagnosis_sections() -> str:
+    """One section per signature of the agent's diagnosis table: id, severity, meaning, fix.
+
+    The meaning is the predicate's docstring and the fix the row's hint, so the page says
+    exactly what ``status`` would."""
+    _import_root()
+    from remote_payload import wire
+    from remote_payload.agent import diagnosis
+
+    by_id = {sig.cause: sig for sig in diagnosis.SIGNATURES}
+    out = []
+    for cause in wire.DIAGNOSIS_IDS:
+        sig = by_id[cause]
+        meaning = " ".join((sig.match.__doc__ or "").split()).replace("``", "`")
+        out.append(f"### `{cause}`\n\n*{sig.severity}*. {meaning}\n\n**Fix:** {sig.hint}\n")
+    return "\n".join(out)
+
+
+def _type_text(tp: t.Any) -> str:
+    import types
+
+    origin = t.get_origin(tp)
+    if origin in (t.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in t.get_args(tp))
+    if origin is t.Literal:
+        return " | ".join(f'"{a}"' for a in t.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_text(a) for a in t.get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and hasattr(tp, "__required_keys__"):
+        return f"[{tp.__name__}](#{tp.__name__.lower()})"
+    return getattr(tp, "__name__", str(tp)).replace("Any", "any")
+
+
+def _shape_section(shape: type) -> str:
+    hints = t.get_type_hints(shape)
+    required = shape.__required_keys__  # type: ignore[attr-defined]
+    doc = " ".join((shape.__doc__ or "").split()) if shape.__doc__ != dict.__doc__ else ""
+    rows = [f"### {shape.__name__}", "", doc, "", "| key | type | always there |", "| --- | --- | --- |"]
+    rows += [f"| `{k}` | {_type_text(v).replace('|', chr(92) + '|')} | {'yes' if k in required else ''} |"
+             for k, v in hints.items()]
+    return "\n".join(rows) + "\n"
+
+
+def _nested(shape: type, seen: dict[str, type]) -> None:
+    if shape.__name__ in seen:
+        return
+    seen[shape.__name__] = shape
+
+    def walk(tp: t.Any) -> None:
+        if isinstance(tp, type) and hasattr(tp, "__required_keys__"):
+            _nested(tp, seen)
+        for arg in t.get_args(tp):
+            walk(arg)
+
+    for tp in t.get_type_hints(shape).values():
+        walk(tp)
+
+
+def wire_shapes() -> str:
+    """Every reply shape (with the shapes inside it) and every event shape, as tables."""
+    _import_root()
+    from remote_payload import wire_shapes as ws
+
+    replies: dict[str, type] = {}
+    for shape in ws.REPLY_SHAPES.values():
+        _nested(shape, replies)
+    verbs = ", ".join(f"`{verb}` → [{s.__name__}](#{s.__name__.lower()})"
+                      for verb, s in ws.REPLY_SHAPES.items())
+    out = ["## Reply shapes", "", f"By verb: {verbs}.", ""]
+    out += [_shape_section(s) for s in replies.values()]
+    out += ["## Event shapes", "", "Events are open: any JSON object with a string `event` is one, "
+            "and any event may carry more keys than these.", ""]
+    out += [_shape_section(s) for s in ws.EVENT_SHAPES.values()]
+    return "\n".join(out)
+
+
+GENERATORS: dict[str, t.Callable[[], str]] = {
+    "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
+    "wire-shapes": wire_shapes,
+}
+
+
+def render(markdown: str) -> str:
+    """``markdown`` with every marker replaced; an unknown marker name is an error."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in GENERATORS:
+            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(GENERATORS)}")
+        return GENERATORS[name]()
+
+    return MARKER.sub(one, markdown)
+
+
+def on_page_markdown(markdown: str, **_: t.Any) -> str:
+    return render(markdown)

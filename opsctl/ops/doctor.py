@@ -1,0 +1,358 @@
+"""``opsctl doctor``: the GPU chain of one container, seen from the host and from inside.
+
+One row per check (:func:`remote_payload.wire.doctor_row`): the host side runs here, one host
+command per fact (:mod:`opsctl.remote.hostfacts`); the container side is the agent's
+``doctor`` verb (:mod:`remote_payload.agent.doctor`), whose device-node, ``/dev/shm``, disk and
+leftover checks are the very ones a launch refuses on. The whole run has one deadline: a host
+that stops answering ends it with the remaining rows ``skip`` and the reason.
+
+Also here: the host kernel's Xid and OOM lines of a job's time window as diagnosis entries
+(:func:`kernel_diagnosis`), for a failed, lost or hung job.
+"""
+
+from __future__ import annotations
+
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from opsctl.errors import (
+    ContainerMissing,
+    ContainerNotRunning,
+    DeadlineExceeded,
+    HostSetupError,
+    OpsctlError,
+    TransportError,
+)
+from opsctl.remote import hostfacts
+from remote_payload.gpufacts import kernlog, pctconf
+from remote_payload.wire import doctor_row
+
+if t.TYPE_CHECKING:
+    from opsctl.ops.jobs import Target
+    from opsctl.remote.models import DiagnosisItem, JobStatus
+
+Row = dict[str, str]
+NO_DRIVER = "no NVIDIA driver on the host"
+DEFAULT_DEADLINE_S = 180.0
+XID_LOOKBACK_S = 24 * 3600.0
+#: The container-side rows, in the agent's order: skipped together when it cannot run.
+AGENT_ROWS = ("container-libraries", "container-device-nodes", "gpu-count", "persistence-mode",
+              "dev-shm", "disk-free", "torch-matmul", "leftover-gpu-processes")
+
+
+@dataclass
+class DoctorReport:
+    target: str
+    rows: list[Row] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def failed(self) -> list[Row]:
+        return [r for r in self.rows if r["status"] == "fail"]
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {"ok": not self.failed, "target": self.target, "elapsed_s": round(self.elapsed_s, 3),
+                "rows": self.rows}
+
+
+class _Clock:
+    def __init__(self, total: float):
+        self.total = total
+        self.end = time.monotonic() + total
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def step(self, cap: float = 30.0) -> float:
+        """The timeout for the next remote step (at least 1 s).
+
+        Raises:
+            DeadlineExceeded: the whole run's deadline has passed.
+        """
+        left = self.left()
+        if left <= 1.0:
+            raise DeadlineExceeded(f"doctor's {self.total:g} s deadline passed")
+        return max(1.0, min(cap, left - 1.0))
+
+
+def doctor(tgt: Target, *, deadline_s: float = DEFAULT_DEADLINE_S, torch: bool = True,
+           torch_timeout_s: float = 60.0) -> DoctorReport:
+    """Every check, host side then container side, within ``deadline_s`` in all.
+
+    Never raises for what it finds: a failure is a row. (Bugs still raise.)
+    """
+    start = time.monotonic()
+    clock = _Clock(deadline_s)
+    report = DoctorReport(tgt.label)
+    rows = report.rows
+    skip_rest: str | None = None
+    try:
+        skip_rest = _host_checks(tgt, clock, rows, torch=torch, torch_timeout_s=torch_timeout_s)
+    except DeadlineExceeded as exc:
+        skip_rest = f"no answer in time: {exc.message}"
+        rows.append(doctor_row("deadline", "fail", skip_rest, "",
+                               "check the host (load, a hung nvidia-smi: the driver may be wedged); "
+                               "a longer --deadline"))
+    except TransportError as exc:
+        skip_rest = f"the connection failed: {exc.message}"
+        rows.append(doctor_row("ssh", "fail", exc.message, "", exc.hint or ""))
+    if skip_rest is not None:
+        done = {r["name"] for r in rows}
+        for name in ("ssh", "pct", "container-running", "host-driver", "host-device-nodes",
+                     "ct-config-devices", *AGENT_ROWS, "xid-events"):
+            if name not in done:
+                rows.append(doctor_row(name, "skip", skip_rest))
+    report.elapsed_s = time.monotonic() - start
+    return report
+
+
+def _host_checks(tgt: Target, clock: _Clock, rows: list[Row], *, torch: bool,
+                 torch_timeout_s: float) -> str | None:
+    """Append the rows in order; returns why the rest is skipped (None: all ran)."""
+    remote, ct = tgt.remote, tgt.ctid
+    rc, text = hostfacts.command_text(remote, ["pct", "status", str(ct)], timeout=clock.step(),
+                                      step="pct status")
+    rows.append(doctor_row("ssh", "ok", f"connected to {tgt.host.ssh_label()} (host key "
+                           "checked against known_hosts)", tgt.host.known_hosts_path().as_posix()))
+    running = rc == 0 and text.split() == ["status:", "running"]
+    pct_row, ct_row = _pct_rows(tgt, rc, text, clock)
+    rows += [pct_row, ct_row]
+    if pct_row["status"] == "fail":
+        return "pct is not usable on the host"
+    host = hostfacts.gpus(remote, clock.step())
+    if host.driver is None:
+        rows.append(doctor_row("host-driver", "skip", NO_DRIVER, host.evidence or
+                               "/proc/driver/nvidia/version: no such file",
+                               "install the NVIDIA driver on the host (apt install nvidia-driver "
+                               "or NVIDIA's .run), then modprobe nvidia"))
+        rows.append(doctor_row("host-device-nodes", "skip", NO_DRIVER))
+        rows.append(doctor_row("ct-config-devices", "skip", NO_DRIVER))
+    else:
+        rows.append(doctor_row("host-driver", "ok" if host.smi_error is None else "fail",
+                               f"driver {host.driver}" if host.smi_error is None else
+                               f"driver {host.driver} loaded, but nvidia-smi on the host fails",
+                               host.smi_error or host.evidence,
+                               "" if host.smi_error is None else
+                               "reboot the host after a driver update (the loaded module and the "
+                               "host's libraries differ)"))
+        nodes, _listing = hostfacts.device_nodes(remote, clock.step())
+        rows.append(_host_nodes_row(nodes))
+        rc2, conf = hostfacts.command_text(remote, ["pct", "config", str(ct)], timeout=clock.step(),
+                                           step="pct config")
+        rows.append(_ct_config_row(tgt, nodes, conf if rc2 == 0 else None, conf))
+    if running:
+        rows += _agent_rows(tgt, clock, torch=torch, torch_timeout_s=torch_timeout_s,
+                            host_driver=host.driver)
+    else:
+        rows += [doctor_row(n, "skip", f"container {ct} is not running") for n in AGENT_ROWS]
+    if host.driver is None:
+        rows.append(doctor_row("xid-events", "skip", NO_DRIVER))
+    else:
+        now = time.time()
+        log = hostfacts.kernel_events(remote, now - XID_LOOKBACK_S, now, timeout=clock.step())
+        rows.append(xid_row(log, host.bus_to_index, tgt.host.user))
+    return None
+
+
+def _pct_rows(tgt: Target, rc: int, text: str, clock: _Clock) -> tuple[Row, Row]:
+    ct = tgt.ctid
+    from opsctl.remote.command import CommandResult
+    from opsctl.remote.transport import classify_pct_failure
+
+    if rc != 0:
+        fake = CommandResult(("pct", "status", str(ct)), "", rc, b"", text.encode(), 0.0)
+        try:
+            classify_pct_failure(tgt.host, ct, fake, "pct status")
+        except HostSetupError as exc:
+            return (doctor_row("pct", "fail", exc.message, hostfacts.first_line(text), exc.hint or ""),
+                    doctor_row("container-running", "skip", "pct is not usable"))
+        except (ContainerMissing, ContainerNotRunning) as exc:
+            return (doctor_row("pct", "ok", "pct answers"),
+                    doctor_row("container-running", "fail", exc.message,
+                               hostfacts.first_line(text), exc.hint or ""))
+        return (doctor_row("pct", "fail", f"pct status exited {rc}", hostfacts.first_line(text)),
+                doctor_row("container-running", "skip", "pct is not usable"))
+    vrc, version = hostfacts.command_text(tgt.remote, ["dpkg-query", "-W", "-f=${Version}",
+                                                       "pve-container"], timeout=clock.step(),
+                                          step="pve-container version")
+    version = version.strip()
+    if vrc == 0 and version:
+        pct = doctor_row("pct", "ok", f"pve-container {version}", f"pve-container {version}")
+        if _older(version, (5, 0, 9)):
+            pct = doctor_row("pct", "fail", "pve-container older than 5.0.9 (no pct exec --keep-env)",
+                             f"pve-container {version}", "apt update && apt install pve-container")
+    else:
+        pct = doctor_row("pct", "warn", "pct answers; the pve-container version is unknown",
+                         hostfacts.first_line(version), "dpkg-query -W pve-container (on the host)")
+    running = text.split() == ["status:", "running"]
+    ct_row = doctor_row("container-running", "ok" if running else "fail",
+                        "running" if running else f"container {ct} is not running",
+                        hostfacts.first_line(text), "" if running else f"pct start {ct}")
+    return pct, ct_row
+
+
+def _older(version: str, than: tuple[int, ...]) -> bool:
+    import re
+
+    nums = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+    return bool(nums) and nums < than
+
+
+def _host_nodes_row(nodes: dict[str, tuple[int, int]]) -> Row:
+    gpus = sorted(p for p in nodes if p[len("/dev/nvidia"):].isdigit())
+    need = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    missing = [p for p in need if p not in nodes] + ([] if gpus else ["/dev/nvidia0"])
+    evidence = ", ".join(f"{p} {nodes[p][0]},{nodes[p][1]}" for p in sorted(nodes)) or "no /dev/nvidia*"
+    if missing:
+        uvm = any("uvm" in p for p in missing)
+        fix = ("on the host: nvidia-modprobe -u -c=0 (creates /dev/nvidia-uvm and -tools), and at "
+               "boot: echo nvidia-uvm > /etc/modules-load.d/nvidia-uvm.conf") if uvm else \
+            "on the host: nvidia-modprobe -c=0 (or modprobe nvidia; check dmesg for NVRM errors)"
+        return doctor_row("host-device-nodes", "fail", f"missing on the host: {', '.join(missing)}"
+                          + (" (nothing has loaded nvidia-uvm yet: CUDA finds no device while "
+                             "nvidia-smi works)" if uvm else ""), evidence, fix)
+    caps = "" if any("nvidia-caps" in p for p in nodes) else " (no nvidia-caps: needed for MIG only)"
+    return doctor_row("host-device-nodes", "ok", f"{len(gpus)} GPU node(s), nvidiactl, nvidia-uvm"
+                      + caps, evidence)
+
+
+def _ct_config_row(tgt: Target, nodes: dict[str, tuple[int, int]], conf: str | None,
+                   raw: str) -> Row:
+    ct = tgt.ctid
+    if conf is None:
+        return doctor_row("ct-config-devices", "fail", "pct config failed", hostfacts.first_line(raw))
+    entries = pctconf.parse(conf)
+    want = tgt.host.containers[ct].gpus if ct in tgt.host.containers else 0
+    gpu_nodes = sorted((p for p in nodes if p[len("/dev/nvidia"):].isdigit()),
+                       key=lambda p: int(p[len("/dev/nvidia"):]))
+    passed = [p for p in gpu_nodes if not pctconf.missing_lines(entries, p, *nodes[p])]
+    if want == 0 and not passed:
+        return doctor_row("ct-config-devices", "skip", f"the inventory gives container {ct} no GPUs "
+                          "(gpus: 0) and its config passes none", "",
+                          f"set containers.{ct}.gpus in the inventory if it should have some")
+    missing: list[str] = []
+    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+        if p in nodes:
+            missing += pctconf.missing_lines(entries, p, *nodes[p])
+    if len(passed) < max(1, want):
+        for p in [g for g in gpu_nodes if g not in passed][: max(1, want) - len(passed)]:
+            missing += pctconf.missing_lines(entries, p, *nodes[p])
+    evidence = "; ".join(ln.strip() for ln in conf.splitlines()
+                         if ln.startswith(("lxc.cgroup", "lxc.mount.entry", "dev"))) or \
+        "no device entries in pct config"
+    if missing:
+        uniq = list(dict.fromkeys(missing))
+        return doctor_row("ct-config-devices", "fail",
+                          f"/etc/pve/lxc/{ct}.conf misses {len(uniq)} device line(s)",
+                          evidence[:400], " | ".join(uniq) + f" (then pct reboot {ct})")
+    return doctor_row("ct-config-devices", "ok",
+                      f"{len(passed)} GPU node(s) and the control nodes are passed through",
+                      evidence[:400])
+
+
+def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: float,
+                host_driver: str | None) -> list[Row]:
+    want = tgt.host.containers[tgt.ctid].gpus if tgt.ctid in tgt.host.containers else None
+    try:
+        tgt.agent.ensure_payload()
+        args = ["--torch-timeout", f"{min(torch_timeout_s, max(1.0, clock.left() - 15)):g}",
+                "--ct", str(tgt.ctid)]
+        if want:
+            args += ["--expect-gpus", str(want)]
+        if host_driver:
+            args += ["--host-driver", host_driver]
+        if not torch:
+            args.append("--no-torch")
+        doc = tgt.agent.call("doctor", *args, timeout=clock.step(cap=clock.left()))
+    except (DeadlineExceeded, TransportError):
+        raise
+    except OpsctlError as exc:
+        return [doctor_row(n, "skip", f"the agent could not run: {exc.message}") for n in AGENT_ROWS]
+    return [dict(r) for r in doc.get("rows", [])]
+
+
+def xid_row(log: hostfacts.KernelLog, bus_to_index: dict[str, int], user: str) -> Row:
+    """``xid-events``: the Xids of the lookback window, per GPU, with the latest line."""
+    if log.error is not None:
+        return doctor_row("xid-events", "skip", "the host's kernel log is not readable", log.error,
+                          f"on the host: usermod -aG adm,systemd-journal {user} (journalctl -k), "
+                          "or sysctl kernel.dmesg_restrict=0 (dmesg)")
+    xids = [e for e in log.events if e.kind == "xid"]
+    if not xids:
+        return doctor_row("xid-events", "ok", f"no Xid in the last {XID_LOOKBACK_S / 3600:g} h "
+                          f"({log.source})")
+    per_gpu: dict[str, list[kernlog.KernelEvent]] = {}
+    for e in xids:
+        per_gpu.setdefault(_gpu_name(e.pci, bus_to_index), []).append(e)
+    worst = xids[-1]
+    meaning, action = kernlog.xid_meaning(worst.xid or 0)
+    summary = ", ".join(f"{g}: Xid {'/'.join(sorted({str(e.xid) for e in es}))}"
+                        for g, es in per_gpu.items())
+    return doctor_row("xid-events", "warn", f"{len(xids)} Xid event(s) in the last "
+                      f"{XID_LOOKBACK_S / 3600:g} h ({summary}); latest Xid {worst.xid}: {meaning}",
+                      worst.line, action)
+
+
+def _gpu_name(pci: str | None, bus_to_index: dict[str, int]) -> str:
+    if pci in bus_to_index:
+        return f"GPU {bus_to_index[pci]} ({pci})"
+    return f"GPU at {pci}"
+
+
+# --- host kernel events in a job's diagnosis ---------------------------------------------
+
+
+def kernel_diagnosis(tgt: Target, st: JobStatus, *, timeout: float = 20.0) -> list[DiagnosisItem]:
+    """Diagnosis entries for the host kernel's Xid lines and OOM kills of this container in
+    the job's time window: ``host-xid`` (an error for a failed/lost job, a warning for a live
+    one) and ``host-oom``. [] when there are none; one ``info`` entry when the host's log
+    cannot be read (it says why). Transport errors are entries too: the diagnosis around it
+    must still show."""
+    from opsctl.remote.models import DiagnosisItem
+
+    since = st.started_at or st.created_at
+    if since is None:
+        return []
+    until = st.ended_at or time.time()
+    try:
+        log = hostfacts.kernel_events(tgt.remote, since, until, timeout=timeout)
+        host = hostfacts.gpus(tgt.remote, timeout) if any(e.kind == "xid" for e in log.events) \
+            else hostfacts.HostGpus(None, "")
+    except OpsctlError as exc:
+        return [DiagnosisItem(cause="host-log", severity="info",
+                              summary=f"the host's kernel log could not be read: {exc.message}")]
+    if log.error is not None:
+        return [DiagnosisItem(cause="host-log", severity="info",
+                              summary="the host's kernel log is not readable: Xid and OOM lines "
+                                      "of this job are unknown", evidence=[log.error],
+                              hint=f"on the host: usermod -aG adm,systemd-journal {tgt.host.user}")]
+    return diagnosis_items(log.events, host.bus_to_index, tgt.ctid, live=not st.terminal)
+
+
+def diagnosis_items(events: list[kernlog.KernelEvent], bus_to_index: dict[str, int], ctid: int,
+                    *, live: bool) -> list[DiagnosisItem]:
+    """The ``host-xid``/``host-oom`` entries of a window's kernel events (pure)."""
+    from opsctl.remote.models import DiagnosisItem
+
+    items: list[DiagnosisItem] = []
+    by_code: dict[tuple[int, str], list[kernlog.KernelEvent]] = {}
+    for e in events:
+        if e.kind == "xid":
+            by_code.setdefault((e.xid or 0, e.pci or "?"), []).append(e)
+    for (code, pci), evs in by_code.items():
+        meaning, action = kernlog.xid_meaning(code)
+        gpu = _gpu_name(pci, bus_to_index)
+        items.append(DiagnosisItem(
+            cause="host-xid", severity="warning" if live else "error",
+            summary=f"host kernel: Xid {code} on {gpu} during the job: {meaning}",
+            evidence=[e.line for e in evs[-3:]], hint=action))
+    for e in events:
+        if e.kind == "oom" and kernlog.of_container(e, ctid):
+            items.append(DiagnosisItem(
+                cause="host-oom", severity="error",
+                summary=f"host kernel: the OOM killer killed {e.process or 'a process'} (pid "
+                        f"{e.pid}) of container {ctid} during the job",
+                evidence=[e.line], hint=f"give container {ctid} more memory (pct set {ctid} "
+                                        "--memory <MiB>) or make the job use less"))
+    return items

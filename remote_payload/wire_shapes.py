@@ -1,0 +1,427 @@
+"""The shapes that cross the wire, defined once: the agent's replies and the trainer's events.
+
+Part of the contract in :mod:`remote_payload.wire`, kept in a module of its own because
+defining these classes costs ~10 ms and the agent starts on every ``status`` poll: the agent
+imports this module only for type checking (``if t.TYPE_CHECKING``), so mypy checks that its
+builders produce exactly these keys and types, at no cost at run time.
+
+Derived from these, never written again by hand:
+
+- ``opsctl/remote/models.py``'s pydantic models (what the CLI parses) are checked against
+  them by ``tests/unit/test_contract.py``: every field a model reads is here, with the same type;
+- ``opsctl schema`` (the JSON Schema of every ``--json`` document) and ``opsctl schema event``
+  build on the same models and on :data:`EVENT_SHAPES`;
+- the docs' contract page lists them (``docs/hooks/generated.py``).
+
+Stdlib only, and valid on Python 3.10 (the container's python): optional keys are declared
+in a ``total=False`` subclass rather than with ``NotRequired`` (3.11).
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+JobStateName = t.Literal["PENDING", "SETTING_UP", "COMPILING", "RUNNING", "SUCCEEDED", "FAILED",
+                         "CANCELLED", "LOST"]
+Severity = t.Literal["error", "warning", "info"]
+
+
+# --- pieces of the status document ----------------------------------------------------
+
+
+class GpuRowDoc(t.TypedDict):
+    """One GPU as ``nvidia-smi`` reports it (``remote_payload/agent/gpus.py``)."""
+
+    index: int
+    name: str
+    util_pct: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    temp_c: float | None
+    power_w: float | None
+
+
+class DiagnosisDoc(t.TypedDict):
+    """One finding of ``remote_payload/agent/diagnosis.py`` (``cause`` is a diagnosis id)."""
+
+    cause: str
+    severity: Severity
+    summary: str
+    evidence: list[str]
+    hint: str
+
+
+class TmuxDoc(t.TypedDict):
+    """The tmux session the job runs in (what ``opsctl attach`` attaches to)."""
+
+    socket: str | None
+    session: str | None
+    error: str | None
+
+
+class RestartRecordDoc(t.TypedDict, total=False):
+    """One decision of the playbook's restart policy."""
+
+    attempt: int | None
+    at: float | None
+    reason: str
+    decision: str
+    why: str | None
+
+
+class HistoryMarkDoc(t.TypedDict):
+    t: float
+    kind: str  # compile | restart | error | hang | end | diagnosis
+    label: str
+
+
+class HistoryDoc(t.TypedDict, total=False):
+    """Bounded plot data (``remote_payload/agent/history.py``): columns aligned with ``t``,
+    only the columns that have values; None where a row had no sample."""
+
+    format: int
+    bucket_s: float
+    t: list[float]
+    loss: list[float | None]
+    tok_s: list[float | None]
+    mfu: list[float | None]
+    mem_gib: list[float | None]
+    feature_wait_pct: list[float | None]
+    gpu_util: list[float | None]
+    gpu_mem_gib: list[float | None]
+    marks: list[HistoryMarkDoc]
+
+
+class ProcessWhereDoc(t.TypedDict, total=False):
+    """Where one process of the job waits, from its own stack dump."""
+
+    pid: int | None
+    rank: int | None
+    role: str | None
+    gpu: str | None
+    threads: int
+    where: str
+    collective: str | None
+    caller: str | None
+    label: str
+
+
+class HangDoc(t.TypedDict, total=False):
+    """The stacks the wrapper took when the job went quiet past its budget (``hang.json``)."""
+
+    at: float
+    quiet_since: float
+    idle_s: float
+    threshold_s: float
+    threshold_why: str
+    phase: str | None
+    summary: str
+    processes: list[ProcessWhereDoc]
+    saved_to: str | None
+
+
+class GpuBusyDoc(t.TypedDict, total=False):
+    """A GPU held by something outside the job when it was launched."""
+
+    index: int
+    mem_used_mib: float | None
+    processes: list[dict[str, t.Any]]
+    why: str
+
+
+class PreflightDoc(t.TypedDict, total=False):
+    """``preflight.json``: what the launch found on the GPUs it needs."""
+
+    needed: list[int] | None
+    busy: list[GpuBusyDoc]
+    forced: bool
+    error: str | None
+
+
+class BabysittingDoc(t.TypedDict):
+    """The restart policy's fields, in ``status`` and in every ``jobs`` row."""
+
+    attempt: int
+    max_restarts: int | None
+    restarts: list[RestartRecordDoc]
+    end_reason: str | None
+    max_duration_s: float | None
+
+
+# --- agent replies (the ``data`` of ``{"ok": true, "verb", "data"}``) -----------------------
+
+
+class _StatusRequired(BabysittingDoc):
+    job_id: str
+    name: str
+    state: JobStateName
+    healthy: bool
+    phase: str | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    elapsed_s: float
+    pid: int | None
+    pgid: int | None
+    alive: bool
+    exit_code: int | None
+    signal: str | None
+    pane_tail: list[str]
+    output_tail: list[str]
+    output_log: str
+    output_size: int
+    last_output_at: float | None
+    last_step: dict[str, t.Any] | None
+    events_tail: list[dict[str, t.Any]]
+    gpus: list[GpuRowDoc]
+    gpu_error: str | None
+    gpus_at: float
+    diagnosis: list[DiagnosisDoc]
+    evidence: list[str]
+    tmux: TmuxDoc
+    healthy_when: dict[str, t.Any] | None
+    timeout_s: float | None
+    expect_tok_s: float | None
+    hang_after_s: float | None
+    phase_budgets_s: dict[str, float]
+    budget_s: float | None
+    hang_threshold_s: float | None
+    hang: HangDoc | None
+    errors: list[dict[str, t.Any]]
+    preflight: PreflightDoc | None
+    transitions: list[list[t.Any]]
+    now: float
+
+
+class StatusDoc(_StatusRequired, total=False):
+    """``status`` (and ``launch``): one job, reconciled against ``/proc``; ``history`` only
+    for a live status (not in the ``jobs`` list's internal use)."""
+
+    history: HistoryDoc | None
+
+
+class JobHeadlineDoc(t.TypedDict):
+    """The first (most severe) diagnosis finding of a job, for its ``jobs`` row."""
+
+    cause: str
+    severity: Severity
+    summary: str
+
+
+class _JobRowRequired(t.TypedDict):
+    job_id: str
+
+
+class JobRowDoc(_JobRowRequired, total=False):
+    """One row of ``jobs``; a terminal job's is cached in ``jobs/<id>/summary.json``."""
+
+    name: str | None
+    state: JobStateName | None  # None: the job dir could not be read (``error`` says why)
+    error: str | None
+    current: bool
+    created_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    elapsed_s: float | None
+    exit_code: int | None
+    signal: str | None
+    last_step: dict[str, t.Any] | None
+    headline: JobHeadlineDoc | None
+    attempt: int
+    max_restarts: int | None
+    restarts: list[RestartRecordDoc]
+    end_reason: str | None
+    max_duration_s: float | None
+
+
+class JobListDoc(t.TypedDict):
+    """``jobs``: newest first."""
+
+    current: str | None
+    jobs: list[JobRowDoc]
+    total: int
+    limit: int
+
+
+class _StopRequired(t.TypedDict):
+    job_id: str
+    state: JobStateName
+    signals_sent: list[str]
+    remaining_pids: list[int]
+
+
+class StopDoc(_StopRequired, total=False):
+    """``stop``: the signals sent and the pids that survived SIGKILL."""
+
+    already_terminal: bool
+    waited_s: float
+    exit_code: int | None
+    signal: str | None
+
+
+class LogsChunkDoc(t.TypedDict):
+    """``logs``: raw bytes of ``output.log`` from ``offset`` (base64)."""
+
+    job_id: str
+    offset: int
+    next_offset: int
+    data_b64: str
+    eof: bool
+    size: int
+    state: JobStateName
+    terminal: bool
+    exit_code: int | None
+    signal: str | None
+    since_indexed: bool | None
+
+
+class TorchBuildDoc(t.TypedDict):
+    """One installed torch build (``envs/<name>``), from the marker written at install time."""
+
+    name: str
+    version: str | None
+    variant: str | None
+    pin: str | None
+    path: str
+    python: str
+    size_bytes: int | None
+    installed_at: float | None
+    index_url: str | None
+    wheelhouse: bool | None
+    current: bool
+
+
+class EnvsDoc(t.TypedDict):
+    """``envs``: the container's torch builds, the current one, the last swaps."""
+
+    root: str
+    current: str | None
+    builds: list[TorchBuildDoc]
+    history: list[dict[str, t.Any]]  # envs/history.jsonl records, newest last
+    in_progress_or_leftover: list[str]
+
+
+class DoctorRowDoc(t.TypedDict):
+    """One check of ``opsctl doctor`` (``wire.doctor_row``): host side or the agent's verb."""
+
+    name: str
+    status: t.Literal["ok", "warn", "fail", "skip"]
+    reason: str
+    evidence: str  # the exact line read
+    fix: str  # the exact command or config line
+
+
+#: The replies the CLI parses or passes through, by verb.
+REPLY_SHAPES: dict[str, type] = {
+    "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,
+    "logs": LogsChunkDoc, "envs": EnvsDoc,
+}
+
+
+# --- trainer events (one JSON object per line; ``remote_payload.wire.parse_event``) ----------
+#
+# Events are open: any object with a string ``event`` is one, and any event may carry more
+# keys (``budget_s`` on any of them, ``_at`` once the wrapper read it). These are the ones
+# opsctl's own code writes, with the keys opsctl reads.
+
+
+class _Event(t.TypedDict, total=False):
+    budget_s: float  # how long the job may stay silent after this event (hang watch)
+    _at: float  # when the wrapper read it (added in events.jsonl and status)
+
+
+class PhaseEvent(_Event, total=False):
+    event: t.Literal["phase"]
+    phase: str  # loading | compiling | training | checkpointing | done
+    detail: str
+    step: int
+
+
+class StepEvent(_Event, total=False):
+    event: t.Literal["step"]
+    step: int
+    loss: float | None
+    acc: float | None
+    tok_s: float | None
+    eta_s: float | None
+    lr: float | None
+    mfu: float | None
+    mem_gib: float | None
+    feature_wait_pct: float | None
+    role: str
+
+
+class CompileEvent(_Event, total=False):
+    event: t.Literal["compile"]
+    name: str
+    shape: list[int]
+    seconds: float
+    recompiles: int
+
+
+class CheckpointEvent(_Event, total=False):
+    event: t.Literal["checkpoint"]
+    step: int
+    path: str
+
+
+class ErrorEvent(_Event, total=False):
+    event: t.Literal["error"]
+    type: str
+    message: str
+    rank: int | None
+    gpu: str | None
+
+
+class DoneEvent(_Event, total=False):
+    event: t.Literal["done"]
+    step: int
+    reason: str  # finished | SIGINT | SIGTERM | stop-at-step
+    warmup_only: bool
+
+
+class ResumeEvent(_Event, total=False):
+    event: t.Literal["resume"]
+    step: int
+    path: str
+    from_run: str | None
+
+
+class RestartEvent(_Event, total=False):
+    """Written by the wrapper itself: attempt N starts."""
+
+    event: t.Literal["restart"]
+    attempt: int
+    reason: str
+
+
+class TimeLimitEvent(_Event, total=False):
+    """Written by the wrapper itself: the playbook's ``max_duration_s`` ran out."""
+
+    event: t.Literal["time_limit"]
+    max_duration_s: float
+    attempt: int
+
+
+class AcceptanceEvent(_Event, total=False):
+    """``trainer eval``: speculative decoding of the drafter against the target."""
+
+    event: t.Literal["acceptance"]
+    tau: float
+    tau_untrained: float | None
+    per_position: list[float]
+
+
+class RegenerateEvent(_Event, total=False):
+    event: t.Literal["regenerate"]
+    records: int
+    tokens: int
+    tok_s: float
+
+
+#: Every event opsctl's own code writes, by its ``event`` value.
+EVENT_SHAPES: dict[str, type] = {
+    "phase": PhaseEvent, "step": StepEvent, "compile": CompileEvent, "checkpoint": CheckpointEvent,
+    "error": ErrorEvent, "done": DoneEvent, "resume": ResumeEvent, "restart": RestartEvent,
+    "time_limit": TimeLimitEvent, "acceptance": AcceptanceEvent, "regenerate": RegenerateEvent,
+}

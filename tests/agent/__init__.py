@@ -1,0 +1,1 @@
+"""agent tests (see tests/conftest.py for what each folder marks)."""

@@ -1,0 +1,1 @@
+"""sandbox tests (see tests/conftest.py for what each folder marks)."""

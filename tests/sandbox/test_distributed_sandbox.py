@@ -1,0 +1,110 @@
+"""A two-rank trainer job in the sandbox: real CPU torch (gloo) in the container, launched by deploy.
+
+The never-silent contract for multi-process jobs: a deadlock is named as a hang by
+``status --json`` with every rank's stacks, taken by the agent itself (nobody ran ``stacks``);
+``stacks --json`` returns each process's whole dump; a rank that raises takes the other down
+and the job ends FAILED with that rank's error. The real CPU torch build goes into container
+200's default opsctl root, exactly as ``deploy`` does it: this module and the README demo in
+``tests/sandbox/test_torch_sandbox.py`` share it (one xdist group, so one worker's sandbox), so the
+first deploy of the session installs it (about a minute) and the next ones find it current.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import typing as t
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+from tests.paths import REPO
+from tests.xdist_plugin import REAL_TORCH_GROUP
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.xdist_group(REAL_TORCH_GROUP)]
+
+SMOKE = REPO / "opsctl" / "bundled" / "playbooks" / "dflash-cpu-smoke.yaml"
+TWO_RANKS = ["python3", "-m", "remote_payload.trainer", "--preset", "tiny", "--device", "cpu",
+             "--attn", "sdpa", "--compile", "off", "--nproc", "2", "--steps", "200",
+             "--warmup-steps", "1", "--token-budget", "768", "--seq-buckets", "48,96",
+             "--log-every", "1"]
+
+
+def run(*args: str) -> t.Any:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def target(sandbox, isolated_env: Path) -> t.Iterator[str]:
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    yield "sandbox"
+    run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
+
+
+def two_rank_book(tmp_path: Path, name: str, *fault: str, **fields: t.Any) -> Path:
+    smoke = yaml.safe_load(SMOKE.read_text())
+    doc = {"name": name, "command": [*TWO_RANKS, "--out-dir", f"/tmp/{name}", *fault],
+           "env": {"OMP_NUM_THREADS": "1"}, "healthy_when": {"event": "step"}, "timeout_s": 300,
+           "torch": smoke["torch"], "requirements": smoke["requirements"], **fields}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def poll_status(until: t.Callable[[dict[str, t.Any]], bool], within_s: float) -> dict[str, t.Any]:
+    deadline = time.monotonic() + within_s
+    while True:
+        st = json.loads(run("status", "--json").stdout)
+        if until(st):
+            return st
+        assert time.monotonic() < deadline, json.dumps(st)[-3000:]
+        time.sleep(2)
+
+
+def test_a_deadlock_is_named_with_every_ranks_stacks_without_asking_for_them(target, tmp_path):
+    book = two_rank_book(tmp_path, "deadlock", "--debug-fault", "hang", "--debug-fault-rank", "1",
+                         "--debug-fault-step", "3", phase_budgets_s={"training": 15})
+    deployed = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace")
+    assert deployed.exit_code == 0, deployed.output[-3000:]
+    quiet_from = time.monotonic()
+
+    st = poll_status(lambda s: bool(s.get("hang")) and any(
+        d["cause"] == "hang" for d in s["diagnosis"]), within_s=90)
+    assert time.monotonic() - quiet_from < 90
+    hang = next(d for d in st["diagnosis"] if d["cause"] == "hang")
+    ranks = {p["rank"]: p for p in st["hang"]["processes"] if p["rank"] is not None}
+    assert sorted(ranks) == [0, 1]
+    assert ranks[1]["collective"] == "recv" and ranks[0]["collective"] == "all_reduce", ranks
+    assert "all ranks in collectives: rank 1 in recv (dist.py:" in hang["summary"]
+    assert st["state"] == "RUNNING" and st["alive"], "a hang is reported, the job is left alone"
+
+    doc = json.loads(run("stacks", "--json").stdout)
+    dumps = {p["rank"]: p["dump"] for p in doc["processes"] if p["rank"] is not None}
+    assert sorted(dumps) == [0, 1]
+    for rank, dump in dumps.items():
+        lines = dump.splitlines()
+        assert lines[0].startswith(("Current thread 0x", "Thread 0x")), (rank, lines[:2])
+        assert lines[-1].endswith("in <module>"), f"rank {rank}'s dump is cut short"
+        assert "hang_forever" in dump if rank == 1 else "all_drafters_max" in dump
+    assert "all ranks in collectives" in doc["summary"]
+
+
+def test_a_rank_that_raises_fails_the_job_with_its_error_and_leaves_no_rank(target, tmp_path):
+    book = two_rank_book(tmp_path, "raiser", "--debug-fault", "raise", "--debug-fault-rank", "1",
+                         "--debug-fault-step", "3")
+    launched = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace",
+                   "--no-wait")
+    assert launched.exit_code == 0, launched.output[-3000:]
+    st = poll_status(lambda s: s["state"] in ("FAILED", "SUCCEEDED", "LOST"), within_s=120)
+    assert st["state"] == "FAILED"
+    first = st["diagnosis"][0]
+    assert first["cause"] == "rank_failed", st["diagnosis"]
+    assert first["summary"].startswith("Rank 1 failed: RuntimeError: --debug-fault raise on rank 1")
+    ps = run("exec", "--host", target, "--ct", "200", "--", "ps", "-eo", "args").stdout
+    assert "debug-fault" not in ps, ps

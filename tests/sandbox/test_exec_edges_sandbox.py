@@ -1,0 +1,123 @@
+"""`opsctl exec` at its edges (issue 23, class 3), through the real sandbox, direct and through
+the connection multiplexer, as a user's shell runs it (a child process):
+
+- 200 MB of output passes through in constant client memory;
+- ``--timeout`` ends the whole remote tree (a ``setsid`` child too), on time;
+- a reader that closes early ends opsctl quietly, as it ends ``cat``, and the remote command.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import typing as t
+
+import pytest
+
+from opsctl import errors
+from opsctl.config import inventory, paths
+from opsctl.remote import mux_client as mux
+from opsctl.remote.transport import Remote
+
+pytestmark = pytest.mark.sandbox
+
+MB = 1_000_000
+#: The client's peak RSS for any amount of output (it was 2x the output before: 1 GB for 500 MB).
+MAX_RSS_MB = 150
+
+
+@pytest.fixture(params=["direct", "mux"])
+def via(request, sandbox, isolated_env, monkeypatch) -> t.Iterator[str]:
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    monkeypatch.setenv("PYTHONPATH", str(paths.REPO_ROOT))
+    if request.param == "mux":
+        monkeypatch.setenv("OPSCTL_MUX", "1")
+        monkeypatch.setenv("OPSCTL_MUX_IDLE_S", "60")
+        spec = inventory.load().resolve("sandbox")
+        with Remote(spec) as r:
+            r.pct_exec(200, ["true"], timeout=30)
+        assert mux.wait_ready(spec, 20), "no mux answered after a direct command"
+    else:
+        monkeypatch.setenv("OPSCTL_MUX", "0")
+    yield request.param
+    if request.param == "mux":
+        mux.stop_all()
+
+
+def opsctl_exec(*argv: str, timeout: float | None = None) -> list[str]:
+    return [sys.executable, "-m", "opsctl", "exec", "--host", "sandbox", "--ct", "200",
+            *(["--timeout", f"{timeout:g}"] if timeout is not None else []), "--", *argv]
+
+
+def container_ps() -> str:
+    res = subprocess.run(opsctl_exec("ps", "-eo", "args"), capture_output=True, timeout=60)
+    return res.stdout.decode()
+
+
+def marker() -> str:
+    return str(400000 + time.time_ns() % 100000)
+
+
+def test_exec_streams_in_constant_memory(via):
+    size = 200 * MB
+    proc = subprocess.Popen(opsctl_exec("head", "-c", str(size), "/dev/zero"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    got = 0
+    while chunk := proc.stdout.read(1 << 20):
+        assert not chunk.strip(b"\0"), "byte-exact: zeros only"
+        got += len(chunk)
+    stderr = proc.stderr.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the test's
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert (proc.returncode, stderr) == (0, b"")
+    assert got == size
+    assert usage.ru_maxrss / 1024 < MAX_RSS_MB, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+
+
+def test_exec_timeout_ends_the_whole_remote_tree(via):
+    start = time.monotonic()
+    subprocess.run(opsctl_exec("true"), check=True, timeout=60)
+    baseline = time.monotonic() - start  # this machine's cost of one exec, whatever its load
+    m = marker()
+    start = time.monotonic()
+    res = subprocess.run(opsctl_exec("sh", "-c", f"setsid sleep {m} & sleep {m}", timeout=2),
+                         capture_output=True, timeout=60)
+    took = time.monotonic() - start
+    assert res.returncode == errors.REMOTE_FAILED, res.stderr
+    said = res.stderr.decode()
+    for words in ("sandbox", "container 200", f"sleep {m}", "2 s deadline"):
+        assert words in said, said
+    assert took < baseline + 2 + 3, f"{took:.1f} s for a 2 s deadline (one exec: {baseline:.1f} s)"
+    assert f"sleep {m}" not in container_ps()
+
+
+def test_exec_into_a_closed_pipe_is_quiet(via):
+    m = marker()
+    proc = subprocess.Popen(opsctl_exec("sh", "-c", f"setsid sleep {m} & while :; do echo {m}; done"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()  # the reader's choice, like `| head -c 10`
+    assert proc.wait(timeout=30) == -signal.SIGPIPE  # as cat: a shell shows 141
+    assert proc.stderr.read() == b""  # quietly: no traceback, no message
+    time.sleep(1)
+    assert m not in container_ps(), "the remote command and its setsid child were ended"
+
+
+def test_exec_interrupted_by_ctrl_c_ends_the_remote_tree_too(via):
+    m = marker()
+    proc = subprocess.Popen(opsctl_exec("sh", "-c", f"setsid sleep {m} & echo started; sleep {m}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"started\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == errors.INTERRUPTED
+    time.sleep(1)
+    assert m not in container_ps(), "the client went away: the guard ended the tree"

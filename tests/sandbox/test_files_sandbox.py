@@ -1,0 +1,212 @@
+"""`opsctl push` / `pull` through the real sandbox: sshd -> pct exec -> LXC container.
+
+Every result is checked byte for byte on both sides (a sha256 per file, computed in the
+container by the container's python), both for rsync and for the tar fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+from tests.paths import REPO
+from tests.sandbox_plugin import sandbox_home
+
+pytestmark = pytest.mark.sandbox
+
+ROOT = REPO
+# sha256 (or "dir", or "->target") of every entry under argv[1], as one JSON object
+TREE_HASH = r"""
+import hashlib, json, os, sys
+top = sys.argv[1]
+out = {}
+for d, dirs, files in os.walk(top):
+    for n in dirs + files:
+        p = os.path.join(d, n)
+        rel = os.path.relpath(p, top)
+        if os.path.islink(p):
+            out[rel] = "->" + os.readlink(p)
+        elif os.path.isdir(p):
+            out[rel] = "dir"
+        else:
+            out[rel] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+print(json.dumps(out, sort_keys=True))
+"""
+ODD_NAMES = ["plain.txt", "with space", "q'uote\"d", "new\nline", "-leading-dash", "ünïcødé ✓",
+             "$(touch PWNED)", "`id`", "sub dir/inner;rm -rf x", "sub dir/deeper/é"]
+
+
+@pytest.fixture
+def target(sandbox, isolated_env: Path) -> str:
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    return "sandbox"
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def container_tree(path: str) -> dict[str, str]:
+    res = run("exec", "--host", "sandbox", "--ct", "200", "--", "python3", "-c", TREE_HASH, path)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def local_tree(path: Path) -> dict[str, str]:
+    out = subprocess.run([sys.executable, "-c", TREE_HASH, str(path)], capture_output=True,
+                         check=True, text=True).stdout
+    return json.loads(out)
+
+
+def odd_tree(where: Path) -> Path:
+    for name in ODD_NAMES:
+        p = where / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(3000) + name.encode())
+    (where / "link to plain").symlink_to("plain.txt")
+    (where / "empty dir").mkdir()
+    return where
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+class TestRoundTrip:
+    def test_push_then_pull_of_odd_names_is_byte_exact_and_a_repush_sends_nothing(self, target,
+                                                                                 tmp_path, method):
+        src = odd_tree(tmp_path / "src")
+        dest = unique("odd")  # relative: under <root>/data
+        res = run("push", "--host", target, "--ct", "200", str(src), dest, "--method", method, "--json")
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        assert (doc["ok"], doc["method"], doc["dest"]) == (True, method, f"/opt/opsctl/data/{dest}")
+        assert doc["files"] == len(ODD_NAMES) and doc["bytes"] > 0
+        assert container_tree(doc["dest"]) == local_tree(src)
+        res = run("push", "--host", target, "--ct", "200", str(src), dest, "--method", method, "--json")
+        doc = json.loads(res.stdout)
+        assert (res.exit_code, doc["files"], doc["bytes"]) == (0, 0, 0)
+
+        back = tmp_path / "back"
+        res = run("pull", "--host", target, "--ct", "200", dest, str(back), "--method", method, "--json")
+        assert res.exit_code == 0, res.output
+        assert local_tree(back) == local_tree(src)
+        assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
+
+    def test_delete_removes_extra_files_only_when_asked(self, target, tmp_path, method):
+        src = odd_tree(tmp_path / "src")
+        dest = f"/root/{unique('del')}"  # an absolute path is taken as is
+        assert run("push", "--host", target, "--ct", "200", str(src), dest, "--method", method).exit_code == 0
+        assert run("exec", "--host", target, "--ct", "200", "--", "touch", f"{dest}/extra").exit_code == 0
+        res = run("push", "--host", target, "--ct", "200", str(src), dest, "--method", method, "--json")
+        assert json.loads(res.stdout)["deleted"] == 0 and "extra" in container_tree(dest)
+        res = run("push", "--host", target, "--ct", "200", str(src), dest, "--method", method,
+                  "--delete", "--json")
+        assert json.loads(res.stdout)["deleted"] == 1
+        assert container_tree(dest) == local_tree(src)
+
+
+def test_a_push_of_one_file_without_dest_lands_in_the_data_dir(target, tmp_path):
+    name = unique("single") + ".bin"
+    (tmp_path / name).write_bytes(b"\0\1\2" * 1000)
+    res = run("push", "--host", target, "--ct", "200", str(tmp_path / name), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["dest"] == f"/opt/opsctl/data/{name}"
+    res = run("exec", "--host", target, "--ct", "200", "--", "sha256sum", f"/opt/opsctl/data/{name}")
+    assert res.stdout.split()[0] == local_tree(tmp_path)[name]
+
+
+def test_pulling_a_missing_path_is_a_remote_error_naming_it(target, tmp_path):
+    res = run("pull", "--host", target, "--ct", "200", "no/such/thing", str(tmp_path / "x"), "--json")
+    assert res.exit_code == 25
+    assert "/opt/opsctl/data/no/such/thing' does not exist" in json.loads(res.stdout)["error"]["message"]
+
+
+def _partial_size(dest_dir: Path, name: str) -> int:
+    """Bytes rsync has written so far for ``name`` (its temporary file, then the partial)."""
+    sizes = [p.stat().st_size for p in dest_dir.glob(f".{name}.*")] if dest_dir.is_dir() else []
+    return max(sizes, default=0)
+
+
+def test_an_interrupted_push_resumes_without_starting_from_zero(target, tmp_path, isolated_env):
+    """Ctrl-C keeps the destination's previous copy; what arrived waits in .opsctl-partial/."""
+    size = 64 << 20
+    src = tmp_path / "big.bin"
+    with src.open("wb") as f:
+        f.write(os.urandom(size))
+    dest = f"/root/{unique('resume')}"
+    assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+               f"mkdir -p {dest} && echo previous > {dest}/big.bin").exit_code == 0
+    # the container's file system seen from this machine, only to know when to interrupt
+    seen = sandbox_home() / "sandbox" / "lxc" / "200" / "rootfs" / dest.lstrip("/")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "opsctl", "push", "--host", target, "--ct", "200",
+                             str(src), f"{dest}/big.bin", "--bwlimit", "8192"], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while _partial_size(seen, "big.bin") < 8 << 20:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: opsctl and its rsync
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10  # the container's rsync keeps the partial file when its
+    while not (seen / ".opsctl-partial" / "big.bin").exists():  # peer is gone
+        assert time.monotonic() < deadline, sorted(os.listdir(seen))
+        time.sleep(0.1)
+    time.sleep(0.5)
+    kept = (seen / ".opsctl-partial" / "big.bin").stat().st_size
+    assert 0 < kept < size
+    assert (seen / "big.bin").read_bytes() == b"previous\n"  # the previous copy is untouched
+    assert not list(seen.glob(".big.bin.*"))  # no temporary file left under the user's name
+
+    res = run("push", "--host", target, "--ct", "200", str(src), f"{dest}/big.bin", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["matched_bytes"] > 0 and doc["bytes"] < size  # it did not start from zero
+    res = run("exec", "--host", target, "--ct", "200", "--", "sha256sum", f"{dest}/big.bin")
+    assert res.stdout.split()[0] == local_tree(tmp_path)["big.bin"]
+    assert sorted(os.listdir(seen)) == ["big.bin"]  # the partial directory is gone
+
+
+def test_deploy_pushes_playbook_files_and_pull_fetches_its_outputs(target, tmp_path, monkeypatch):
+    data = tmp_path / "inputs"
+    data.mkdir()
+    (data / "prompt.txt").write_text("hello from this machine\n")
+    out_name = unique("out")
+    script = ("import pathlib, shutil; d = pathlib.Path('/opt/opsctl/data'); "
+              f"(d / '{out_name}').mkdir(exist_ok=True); "
+              f"shutil.copy(d / 'inputs/prompt.txt', d / '{out_name}' / 'echo.txt')")
+    book = tmp_path / "files.yaml"
+    book.write_text(json.dumps({"name": "files", "command": ["python3", "-c", script],
+                                "files": [{"src": str(data)}], "outputs": [out_name]}))
+    res = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace", "--json")
+    assert res.exit_code == 0, res.output
+    steps = [s["step"] for s in json.loads(res.stdout)["steps"]]
+    assert steps.index("files-done") < steps.index("launch")
+    assert run("status", "--follow", "--json", "--poll", "0.3").exit_code == 0
+
+    monkeypatch.chdir(tmp_path)
+    res = run("pull", "--host", target, "--ct", "200", "--playbook", str(book), "--json")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / out_name / "echo.txt").read_text() == "hello from this machine\n"
+
+
+def test_a_push_to_a_missing_container_is_the_container_error(target, tmp_path, missing_ct):
+    (tmp_path / "f").write_text("x")
+    res = run("push", "--host", target, "--ct", str(missing_ct), str(tmp_path / "f"), "--json")
+    assert res.exit_code == 20, res.output
+    assert json.loads(res.stdout)["error"]["type"] == "ContainerMissing"

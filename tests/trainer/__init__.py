@@ -1,0 +1,1 @@
+"""trainer tests (see tests/conftest.py for what each folder marks)."""

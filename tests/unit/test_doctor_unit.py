@@ -1,0 +1,221 @@
+"""The container-side doctor checks and the host-kernel diagnosis entries, as pure logic
+(the facts passed in; the sandbox tests run them for real: tests/sandbox/test_doctor_sandbox.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import typing as t
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from opsctl.ops import doctor as doctor_ops
+from remote_payload.agent import doctor
+from remote_payload.gpufacts import kernlog, shm
+from tests.paths import FIXTURES, REPO
+
+FIX = FIXTURES / "h200-gpu-facts"
+H200_NODES = {"/dev/nvidia0": (195, 0), "/dev/nvidiactl": (195, 255), "/dev/nvidia-uvm": (238, 0),
+              "/dev/nvidia-uvm-tools": (238, 1)}
+
+
+def test_libraries_of_the_driver_version_are_ok() -> None:
+    row = doctor.check_libraries("580.159.04", (FIX / "libs.txt").read_text())
+    assert row["status"] == "ok", row
+
+
+def test_a_host_driver_update_without_the_container_libraries_fails_with_the_nvml_message() -> None:
+    row = doctor.check_libraries("580.159.04", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.86.15\n"
+                                 "/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15")
+    assert row["status"] == "fail"
+    assert "Driver/library version mismatch" in row["reason"]
+    assert "libcuda.so.570.86.15" in row["evidence"] and "driver 580.159.04" in row["evidence"]
+    assert "NVIDIA-Linux-x86_64-580.159.04.run --no-kernel-module" in row["fix"]
+
+
+def test_without_a_driver_every_gpu_check_is_skip_not_a_crash() -> None:
+    for row in (doctor.check_libraries(None, ""), doctor.check_device_nodes(None, {}),
+                doctor.check_gpu_count(None, [], None, 8), doctor.check_persistence(None, []),
+                doctor.check_torch(None, "/nonexistent", 5), doctor.check_leftovers(None)):
+        assert (row["status"], row["reason"]) == ("skip", "no NVIDIA driver on the host"), row
+
+
+def test_a_missing_nvidia_uvm_says_cuda_finds_no_device_and_how_to_create_it() -> None:
+    nodes = {k: v for k, v in H200_NODES.items() if "uvm" not in k}
+    row = doctor.check_device_nodes("580.159.04", nodes, ctid="120")
+    assert row["status"] == "fail"
+    assert "/dev/nvidia-uvm" in row["reason"] and "CUDA finds no device" in row["reason"]
+    assert "nvidia-modprobe -u -c=0" in row["fix"] and "/etc/pve/lxc/120.conf" in row["fix"]
+    assert doctor.check_device_nodes("580.159.04", H200_NODES)["status"] == "ok"
+
+
+def test_dev_shm_of_64_mib_fails_for_nccl_at_8_ranks_and_128_gib_is_ok() -> None:
+    row = doctor.check_shm(8, 64 * shm.MIB)
+    assert row["status"] == "fail" and "8 ranks" in row["reason"]
+    assert "mount -o remount,size=4G /dev/shm" in row["fix"]
+    assert doctor.check_shm(8, 3 * shm.GIB)["status"] == "warn"
+    assert doctor.check_shm(8, 128 * shm.GIB)["status"] == "ok"
+    assert doctor.check_shm(0, 64 * shm.MIB)["status"] == "skip"
+
+
+def test_a_nearly_full_disk_under_the_root_fails() -> None:
+    row = doctor.check_disk("/opt/opsctl", (100 * shm.GIB, 1 * shm.GIB))
+    assert row["status"] == "fail" and "1.0 GiB free" in row["evidence"]
+    assert doctor.check_disk("/opt/opsctl", (100 * shm.GIB, 10 * shm.GIB))["status"] == "warn"
+    assert doctor.check_disk("/opt/opsctl", (100 * shm.GIB, 90 * shm.GIB))["status"] == "ok"
+
+
+def test_persistence_off_is_a_warning_with_the_host_command() -> None:
+    rows, err = doctor.parse_smi_rows("0, 00000000:41:00.0, Disabled, NVIDIA H200\n")
+    assert err is None
+    row = doctor.check_persistence("580.159.04", rows)
+    assert row["status"] == "warn" and "nvidia-persistenced" in row["fix"]
+
+
+@pytest.mark.parametrize("garbage", ["Failed to initialize NVML: Driver/library version mismatch",
+                                     "\x00\xff<html>", "0, , ,", "9" * 5000])
+def test_garbage_nvidia_smi_output_is_a_failing_row_never_an_exception(garbage: str) -> None:
+    rows, err = doctor.parse_smi_rows(garbage)
+    row = doctor.check_gpu_count("580.159.04", rows, err, 8)
+    assert row["status"] == "fail", row
+
+
+def test_the_gpu_count_is_checked_against_the_inventory() -> None:
+    rows, _ = doctor.parse_smi_rows("0, 00000000:41:00.0, Enabled, NVIDIA H200\n")
+    assert doctor.check_gpu_count("580.159.04", rows, None, 8)["status"] == "fail"
+    assert doctor.check_gpu_count("580.159.04", rows, None, 1)["status"] == "ok"
+
+
+def test_the_leftovers_row_is_the_launch_preflight_result() -> None:
+    check = {"needed": None, "error": None, "busy": [
+        {"index": 0, "mem_used_mib": 60761.0, "why": "1 process(es) from outside this job: pid 2444 "
+         "/usr/bin/python3", "processes": [{"pid": 2444, "mem_mib": 60752.0, "name": "/usr/bin/python3"}]}]}
+    row = doctor.leftovers_row(check)
+    assert row["status"] == "fail" and "kill 2444" in row["fix"]
+    assert row["evidence"] == "GPU 0: 1 process(es) from outside this job: pid 2444 /usr/bin/python3"
+    assert doctor.leftovers_row({"busy": [], "error": None})["status"] == "ok"
+
+
+# --- host kernel events as diagnosis -------------------------------------------------------
+
+
+def test_xid_79_names_the_gpu_and_says_drain_it() -> None:
+    events = kernlog.parse("NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, "
+                           "GPU has fallen off the bus.")
+    (item,) = doctor_ops.diagnosis_items(events, {"0000:41:00": 3}, 120, live=False)
+    assert item.cause == "host-xid" and item.severity == "error"
+    assert "Xid 79 on GPU 3 (0000:41:00)" in item.summary and "fallen off the bus" in item.summary
+    assert "drain it" in item.hint and "reset" in item.hint
+    (live,) = doctor_ops.diagnosis_items(events, {}, 120, live=True)
+    assert live.severity == "warning" and "GPU at 0000:41:00" in live.summary
+
+
+def test_an_oom_kill_of_another_container_is_not_this_jobs() -> None:
+    events = kernlog.parse("oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/lxc/121/ns,"
+                           "task=python3,pid=7,uid=0")
+    assert doctor_ops.diagnosis_items(events, {}, 120, live=False) == []
+    (item,) = doctor_ops.diagnosis_items(events, {}, 121, live=False)
+    assert item.cause == "host-oom" and "pct set 121 --memory" in item.hint
+
+
+def test_the_doctor_verb_on_this_machine_answers_skip_rows_without_a_driver(tmp_path: Path) -> None:
+    if os.path.exists(doctor.PROC_VERSION):
+        pytest.skip("this machine has an NVIDIA driver")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "remote_payload.agent", "--root", str(tmp_path),
+                          "doctor", "--expect-gpus", "8"], capture_output=True, text=True,
+                         env=env, timeout=60, check=True).stdout
+    rows = {r["name"]: r for r in json.loads(out)["data"]["rows"]}
+    assert rows["gpu-count"]["reason"] == "no NVIDIA driver on the host"
+    assert rows["disk-free"]["status"] in ("ok", "warn")
+
+
+class _HangingHost:
+    """A host that answers pct and then stops answering (the transport's deadline fires)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv: list[str], *, timeout: float | None = None, step: str = "") -> t.Any:
+        from opsctl.errors import DeadlineExceeded
+        from opsctl.remote.command import CommandResult
+
+        self.calls.append(tuple(argv))
+        assert timeout is not None and timeout <= 30, "every host step has a bounded deadline"
+        if argv[:2] == ["pct", "status"]:
+            return CommandResult(tuple(argv), "", 0, b"status: running\n", b"", 0.01)
+        if argv[0] == "dpkg-query":
+            return CommandResult(tuple(argv), "", 0, b"5.2.4", b"", 0.01)
+        raise DeadlineExceeded(f"pve1: {step} did not answer within {timeout:g} s; connection "
+                               "to it closed", argv=list(argv))
+
+
+def test_a_host_that_stops_answering_mid_doctor_fails_the_deadline_row_and_skips_the_rest() -> None:
+    from opsctl.config import inventory
+
+    spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve("root@127.0.0.1:2222")
+    remote = _HangingHost()
+    tgt = SimpleNamespace(remote=remote, ctid=120, host=spec, label="pve1 ct 120", agent=None)
+    report = doctor_ops.doctor(t.cast(t.Any, tgt), deadline_s=60)
+    rows = {r["name"]: r for r in report.rows}
+    assert [r["name"] for r in report.failed] == ["deadline"]
+    assert "did not answer within" in rows["deadline"]["reason"]
+    assert rows["pct"]["status"] == "ok" and rows["pct"]["evidence"] == "pve-container 5.2.4"
+    for name in ("host-driver", "gpu-count", "torch-matmul", "xid-events"):
+        assert rows[name]["status"] == "skip" and "no answer in time" in rows[name]["reason"], name
+    assert remote.calls[-1] == ("cat", "/proc/driver/nvidia/version")  # nothing after the hang
+
+
+def test_the_whole_doctor_run_has_one_deadline() -> None:
+    from opsctl.errors import DeadlineExceeded
+
+    clock = doctor_ops._Clock(10)
+    assert 1.0 <= clock.step() <= 9.0, "a step never outlives the run"
+    assert clock.step(cap=2) == 2
+    clock.end = time.monotonic() + 0.5  # the run's time is nearly spent
+    with pytest.raises(DeadlineExceeded, match="deadline passed"):
+        clock.step()
+
+
+def _ct_target(gpus: int) -> t.Any:
+    from opsctl.config import inventory
+
+    spec = inventory.Inventory(hosts={}, sources=(), torch_builds={}).resolve("root@127.0.0.1:2222")
+    spec = spec.model_copy(update={"containers": {120: inventory.ContainerSpec(gpus=gpus)}})
+    return SimpleNamespace(ctid=120, host=spec)
+
+
+HOST_NODES = {**{f"/dev/nvidia{i}": (195, i) for i in range(8)}, "/dev/nvidiactl": (195, 255),
+              "/dev/nvidia-uvm": (238, 0), "/dev/nvidia-uvm-tools": (238, 1)}
+
+
+def test_a_ct_config_without_the_uvm_major_names_the_missing_lines() -> None:
+    conf = ("arch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\n" + "".join(
+        f"lxc.mount.entry: /dev/nvidia{i} dev/nvidia{i} none bind,optional,create=file\n" for i in range(8))
+        + "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file\n"
+        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file\n")
+    row = doctor_ops._ct_config_row(_ct_target(8), HOST_NODES, conf, conf)
+    assert row["status"] == "fail", row
+    assert row["fix"] == ("lxc.cgroup2.devices.allow: c 238:* rwm | lxc.mount.entry: /dev/nvidia-uvm-tools "
+                          "dev/nvidia-uvm-tools none bind,optional,create=file (then pct reboot 120)")
+    fixed = conf + ("lxc.cgroup2.devices.allow: c 238:* rwm\nlxc.mount.entry: /dev/nvidia-uvm-tools "
+                    "dev/nvidia-uvm-tools none bind,optional,create=file\n")
+    assert doctor_ops._ct_config_row(_ct_target(8), HOST_NODES, fixed, fixed)["status"] == "ok"
+
+
+def test_pve8_dev_entries_pass_the_nodes_through() -> None:
+    conf = "".join(f"dev{i}: {p},mode=0666\n" for i, p in enumerate(
+        ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]))
+    assert doctor_ops._ct_config_row(_ct_target(1), HOST_NODES, conf, conf)["status"] == "ok"
+    row = doctor_ops._ct_config_row(_ct_target(2), HOST_NODES, conf, conf)
+    assert row["status"] == "fail" and "/dev/nvidia1" in row["fix"]
+
+
+def test_a_container_the_inventory_gives_no_gpus_is_not_a_config_failure() -> None:
+    row = doctor_ops._ct_config_row(_ct_target(0), HOST_NODES, "arch: amd64\n", "arch: amd64\n")
+    assert row["status"] == "skip" and "gpus: 0" in row["reason"]

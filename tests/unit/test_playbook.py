@@ -1,0 +1,94 @@
+"""Playbooks: validated with pydantic; every problem names the file, line and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opsctl.config import playbook
+from opsctl.errors import ConfigError
+from tests.paths import REPO
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "job.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_a_minimal_playbook_gets_safe_defaults(tmp_path):
+    book = playbook.load(write(tmp_path, """
+        name: hello
+        command: [python3, -c, "print(1)"]
+    """))
+    assert book.healthy_when.to_wire() == {"started": True}
+    assert book.cache == "keep"
+    assert book.timeout_s == 600
+
+
+def test_a_bad_field_is_reported_with_its_path_and_line(tmp_path):
+    p = write(tmp_path, """
+        name: hello
+        command: [python3]
+        healthy_when:
+          event: step
+          regex: "x"
+        timeout_s: -5
+    """)
+    with pytest.raises(ConfigError) as exc:
+        playbook.load(p)
+    msg = exc.value.message
+    assert f"{p}:4: healthy_when: " in msg and "exactly one" in msg
+    assert f"{p}:7: timeout_s:" in msg
+
+
+def test_an_unknown_key_is_refused_not_ignored(tmp_path):
+    p = write(tmp_path, """
+        name: hello
+        comand: [python3]
+    """)
+    with pytest.raises(ConfigError) as exc:
+        playbook.load(p)
+    assert f"{p}:3: comand: Extra inputs are not permitted" in exc.value.message
+
+
+def test_yaml_syntax_errors_name_the_line(tmp_path):
+    p = write(tmp_path, "name: hello\ncommand: [python3\n")
+    with pytest.raises(ConfigError) as exc:
+        playbook.load(p)
+    assert str(p) + ":" in exc.value.message and "YAML syntax error" in exc.value.message
+
+
+def test_env_values_must_be_strings_and_numbers_are_converted(tmp_path):
+    book = playbook.load(write(tmp_path, """
+        name: hello
+        command: [sh]
+        env: {OMP_NUM_THREADS: 2}
+    """))
+    assert book.env == {"OMP_NUM_THREADS": "2"}
+    with pytest.raises(ConfigError, match="env"):
+        playbook.load(write(tmp_path, "name: x\ncommand: [sh]\nenv: {A: [1]}\n"))
+
+
+def test_an_invalid_regex_is_caught_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError, match="invalid regex"):
+        playbook.load(write(tmp_path, "name: x\ncommand: [sh]\nhealthy_when: {regex: '('}\n"))
+
+
+def test_the_job_spec_carries_the_contract_fields(tmp_path):
+    book = playbook.load(write(tmp_path, "name: x\ncommand: [python3, t.py]\nenv: {A: b}\n"))
+    spec = book.job_spec("x-1", root="/opt/opsctl", python="/opt/opsctl/envs/current/bin/python")
+    assert spec["workdir"] == "/opt/opsctl/payload"
+    assert spec["env"] == {"A": "b"}
+    assert spec["python"] == "/opt/opsctl/envs/current/bin/python"
+    assert spec["command"] == ["python3", "t.py"]
+
+
+def test_shipped_playbooks_are_valid_and_named_after_their_file():
+    root = REPO / "opsctl" / "bundled" / "playbooks"
+    books = sorted(root.glob("*.yaml"))
+    assert {p.stem for p in books} >= {"dflash-8gpu", "dflash-cpu-smoke", "dflash-cpu-e2e"}
+    for p in books:
+        assert playbook.load(p).name == p.stem, p

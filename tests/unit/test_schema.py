@@ -1,0 +1,71 @@
+"""``opsctl schema``: a JSON Schema (draft 2020-12) for every ``--json`` document and for
+trainer events, valid, closed where opsctl decides the keys, and refusing what it does not
+know with exit 2. Real outputs are validated in ``tests/sandbox/test_schema_sandbox.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from opsctl import errors
+from opsctl.cli import cli
+from opsctl.ops import schemas
+from opsctl.remote import models
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["schema", *args], catch_exceptions=False)
+
+
+def test_without_a_command_it_lists_every_schema():
+    res = invoke()
+    assert res.exit_code == 0
+    listed = [line.split("  ")[0] for line in res.stdout.splitlines()]
+    assert listed == schemas.names()
+
+
+@pytest.mark.parametrize("name", schemas.names())
+def test_every_schema_is_a_valid_draft_2020_12_schema(name):
+    res = invoke(*name.split())
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    Draft202012Validator.check_schema(doc)
+
+
+def test_a_success_document_is_closed_and_an_error_document_always_fits():
+    schema = schemas.document_schema("stop")
+    v = Draft202012Validator(schema)
+    ok = {"ok": True, **models.StopResult(job_id="j", state="CANCELLED").model_dump(mode="json")}
+    assert list(v.iter_errors(ok)) == []
+    assert list(v.iter_errors({**ok, "surprise": 1})) != []  # closed: a new key is a change
+    err = {"ok": False, "error": {"type": "UnknownJob", "message": "no job", "exit_code": 26,
+                                  "hint": None, "log_path": None}}
+    assert list(v.iter_errors(err)) == []
+
+
+def test_events_are_open_but_the_keys_opsctl_reads_are_typed():
+    v = Draft202012Validator(schemas.event_schema())
+    assert list(v.iter_errors({"event": "step", "step": 1, "loss": 0.5, "_at": 1.0, "mine": [1]})) == []
+    assert list(v.iter_errors({"event": "something-new", "anything": True})) == []
+    assert list(v.iter_errors({"event": "step", "step": "one"})) != []
+    assert list(v.iter_errors({"no": "event"})) != []
+
+
+def test_an_unknown_command_is_a_usage_error_naming_the_ones_that_exist():
+    res = invoke("nosuch")
+    assert res.exit_code == errors.USAGE
+    assert "status --all" in res.stderr and "event" in res.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=12), max_size=3))
+def test_any_words_give_a_schema_or_exit_2_never_a_traceback(words):
+    res = CliRunner().invoke(cli, ["schema", "--", *words])
+    assert res.exit_code in (0, errors.USAGE), res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
