@@ -107,9 +107,10 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
             or a duplicate key (each with its line).
     """
     text = _decode(path, _read(path))
-    loader = _StrictLoader(text)
     lines: dict[Loc, int] = {}
+    loader: _StrictLoader | None = None
     try:
+        loader = _StrictLoader(text)  # its reader refuses control characters (a YAMLError)
         node = loader.get_single_node()
         if node is not None:
             _walk(node, (), lines, path)
@@ -122,7 +123,8 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a playbook or inventory") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 
