@@ -2,6 +2,7 @@
 
     python3 benchmarks/dflash_e2e_gpu.py --minutes 6      # one H200
     python3 benchmarks/dflash_e2e_gpu.py --tiny           # the CPU check of this script
+    python3 benchmarks/dflash_e2e_gpu.py --fp8-compare --minutes 8   # + what FP8 features cost
 
 What runs (``remote_payload/trainer/e2e.py``, ``--size gpu``): a 512-wide, 8-layer Qwen3
 target is trained on a toy chat language until confident; it regenerates 8192 answers
@@ -11,6 +12,11 @@ torch.compile); ``eval`` measures tau of the trained and of an untrained drafter
 stdout line is the JSON summary: tau, tau_untrained, per_position, regenerate_tok_s,
 train_tok_s, train_mfu (vs the 989 TFLOP/s datasheet peak), train_mfu_matmul (vs the
 measured 790), and the seconds of each stage.
+
+``--fp8-compare``: after that, a second drafter trains from the same seed on FP8 features
+(``--target-precision fp8``), and tau is measured for both drafters against the bf16 target
+(the one served) and an FP8-served one: the summary's ``fp8_compare`` (``--tiny`` runs the
+FP8 legs on the CPU, where torch's FP8 GEMM runs too).
 
 The script ends itself: after ``--minutes`` it dumps every thread's stack to stderr and
 exits (faulthandler), so a hang never holds the GPU past the budget.
@@ -40,6 +46,10 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=6.0, help="hard deadline (stack dump, exit)")
     p.add_argument("--tiny", action="store_true", help="CPU, tiny shape: checks the script")
     p.add_argument("--out-dir", default=None, help="keep the artefacts here (default: a temp dir)")
+    p.add_argument("--fp8-compare", action="store_true",
+                   help="also train on FP8 features; tau of both drafters vs bf16/FP8 targets")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drafter-epochs", type=int, default=None, help="instead of the recipe's 6")
     a = p.parse_args()
     faulthandler.dump_traceback_later(a.minutes * 60, exit=True)
     import torch
@@ -54,7 +64,10 @@ def main() -> int:
     out = a.out_dir or tempfile.mkdtemp(prefix="dflash-e2e-")
     t0 = time.perf_counter()
     summary = e2e.run(["--out-dir", out, "--size", "tiny" if a.tiny else "gpu",
-                       "--device", "cpu" if a.tiny else "cuda"])
+                       "--device", "cpu" if a.tiny else "cuda", "--seed", str(a.seed),
+                       *(["--fp8-compare"] if a.fp8_compare else []),
+                       *([] if a.drafter_epochs is None else
+                         ["--drafter-epochs", str(a.drafter_epochs)])])
     summary.update(total_s=round(time.perf_counter() - t0, 1), torch=torch.__version__,
                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                    date=time.strftime("%Y-%m-%d"), out_dir=out)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import re
 import signal
@@ -105,9 +106,11 @@ EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child 
 # written by the job's wrapper itself (not printed by the job):
 EVENT_RESTART = "restart"  # {"event":"restart","attempt":int,"reason":str}: attempt N starts
 EVENT_TIME_LIMIT = "time_limit"  # {"event":"time_limit","max_duration_s":float,"attempt":int}
-# {"event":"acceptance","tau":float,"tau_untrained":float|None,"per_position":[float],...}:
-# speculative decoding of the drafter against the target (``trainer eval``); tau is the mean
-# tokens produced per target forward, per_position the share of blocks accepting position k
+# {"event":"acceptance","tau":float,"tau_cut":float,"tau_untrained":float|None,"per_position":[float],...}:
+# speculative decoding of the drafter against the target (``trainer eval``); tau is counted as
+# z-lab/dflash's benchmark counts it (per prompt the mean of accepted drafts + 1 per target
+# forward, then the mean over prompts), tau_cut the tokens kept after the EOS/max_new cut per
+# target forward, per_position the share of blocks accepting position k
 EVENT_ACCEPTANCE = "acceptance"
 # {"event":"regenerate","records":int,"tokens":int,"tok_s":float,...}: ``trainer regenerate``
 EVENT_REGENERATE = "regenerate"
@@ -139,13 +142,64 @@ def parse_event(line: str | bytes) -> dict[str, t.Any] | None:
     except ValueError:
         return None
     if isinstance(obj, dict) and isinstance(obj.get("event"), str):
-        return obj
+        return finite_doc(obj)  # a NaN loss: null here, named under "nonfinite", from here on
     return None
 
 
 def format_event(event: str, **fields: t.Any) -> str:
     """One event line (no newline); used by the trainer and probes."""
-    return json.dumps({"event": event, **fields}, separators=(",", ":"), sort_keys=False)
+    return dumps_strict({"event": event, **fields}, separators=(",", ":"), sort_keys=False)
+
+
+# --- strict JSON: no NaN, no Infinity ----------------------------------------------------
+#: The key that lists, as paths (``data.last_step.loss``, ``hosts[0].jobs[1].loss``), the
+#: numbers of a document that were NaN or +-Infinity and are ``null`` in it: Python's
+#: ``json.dumps`` writes them as the bare words ``NaN``/``Infinity``, which no strict parser
+#: (JavaScript's ``JSON.parse``, jq, Go, Rust) accepts. One shape, on both sides.
+NONFINITE_KEY = "nonfinite"
+
+
+def finite_json(obj: t.Any, path: str = "") -> tuple[t.Any, list[str]]:
+    """``obj`` with every non-finite float replaced by ``None``, and the paths replaced.
+
+    Dicts, lists and tuples are walked (tuples come back as lists); anything else is kept as
+    it is (a ``default=`` of ``json.dumps`` handles it).
+    """
+    if isinstance(obj, float):
+        return (obj, []) if math.isfinite(obj) else (None, [path or "."])
+    if isinstance(obj, dict):
+        out: dict[t.Any, t.Any] = {}
+        paths: list[str] = []
+        for k, v in obj.items():
+            out[k], sub = finite_json(v, f"{path}.{k}" if path else str(k))
+            paths += sub
+        return out, paths
+    if isinstance(obj, list | tuple):
+        items: list[t.Any] = []
+        paths = []
+        for i, v in enumerate(obj):
+            item, sub = finite_json(v, f"{path}[{i}]")
+            items.append(item)
+            paths += sub
+        return items, paths
+    return obj, []
+
+
+def finite_doc(doc: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """A document (an object) made strict: non-finite numbers ``null``, their paths (and any
+    the document already listed) under :data:`NONFINITE_KEY`."""
+    clean, paths = finite_json(dict(doc))
+    if paths:
+        before = clean.get(NONFINITE_KEY)
+        earlier = [p for p in before if isinstance(p, str)] if isinstance(before, list) else []
+        clean[NONFINITE_KEY] = [*earlier, *(p for p in paths if p not in earlier)]
+    return t.cast(dict[str, t.Any], clean)
+
+
+def dumps_strict(doc: t.Mapping[str, t.Any], **kwargs: t.Any) -> str:
+    """``json.dumps`` of :func:`finite_doc` with ``allow_nan=False``: every JSON document
+    that leaves opsctl or the agent goes through here, so a regression fails loudly."""
+    return json.dumps(finite_doc(doc), allow_nan=False, **kwargs)
 
 
 # --- doctor rows -------------------------------------------------------------

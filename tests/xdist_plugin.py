@@ -36,6 +36,7 @@ LONGEST_FIRST = (
     REAL_TORCH_GROUP,  # ~480 s: one real install, two-rank jobs, the demo training, a cache seed
     "test_multinode_sandbox",  # ~300 s under load: its own CPU torch install, two torchrun nodes
     "test_trainer_run",  # ~410 s: gloo ranks training on CPU
+    "test_trainer_hf_export",  # ~40 s warm; its first run builds 3 transformers venvs (~3 min)
     "test_torch_real",  # ~210 s: real torch into a host root, a real compile cold and seeded
     "test_probe",  # ~210 s: a real flex-attention compile
     "test_hardening_sandbox",  # ~200 s

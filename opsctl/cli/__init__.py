@@ -63,6 +63,11 @@ def main() -> None:
         return
     if early is not None:
         early.discard()
+    import os
+
+    if os.environ.get("_OPSCTL_COMPLETE"):  # completion: stdout holds candidates only, and
+        # nothing may land in the user's prompt (a known_hosts warning, a library's log line)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     cli, _ = _assemble()
     cli(prog_name="opsctl")
 

@@ -14,6 +14,7 @@ import click
 
 from opsctl import errors
 from opsctl.cli import complete
+from opsctl.cli import params as clitypes
 from opsctl.errors import OpsctlError
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
@@ -29,22 +30,54 @@ class OpsctlGroup(click.Group):
             _report_error(ctx, exc)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
-            if _json_requested(words) and not getattr(exc, "_json_done", False):
-                from opsctl.cli.jsonout import print_json
-
-                print_json({"ok": False, "error": {
-                    "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
-                    "hint": "see --help", "log_path": None}})
-                exc._json_done = True  # type: ignore[attr-defined]  # nested groups print once
+            if _json_requested(words) or _global_json(ctx):
+                _usage_document(exc)
             raise
         except KeyboardInterrupt:
             ctx.exit(report_interrupt())
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        words = list(args)  # (click's parser consumes the list)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:  # `opsctl --json=1 …`: still one JSON document
+            if ctx.parent is None and _json_requested(words):
+                _usage_document(exc)
+            raise
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if (_global_json(ctx) and cmd is not None and not isinstance(cmd, click.Group)
+                and not any(p.name == "as_json" for p in cmd.params)):
+            raise click.UsageError(f"`{ctx.command_path} {name}` has no JSON output; "
+                                   "leave out --json", ctx)
+        return name, cmd, rest
+
+
+def _usage_document(exc: click.UsageError) -> None:
+    """A usage error's ``{"ok": false, ...}`` document (once: nested groups see it again)."""
+    if getattr(exc, "_json_done", False):
+        return
+    from opsctl.cli.jsonout import print_json
+
+    print_json({"ok": False, "error": {
+        "type": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code,
+        "hint": "see --help", "log_path": None}})
+    exc._json_done = True  # type: ignore[attr-defined]
+
+
+def _global_json(ctx: click.Context) -> bool:
+    """``opsctl --json …`` (the root group's own option, parsed before any subcommand)."""
+    return bool(ctx.find_root().params.get("as_json"))
+
 
 def _json_requested(args: t.Sequence[str]) -> bool:
-    """``--json`` among the words before ``--`` (what the command would have parsed)."""
+    """``--json`` (or ``--json=…``, which click refuses) among the words before ``--`` (what
+    the command would have parsed)."""
     words = list(args)
-    return "--json" in (words[:words.index("--")] if "--" in words else words)
+    before = words[:words.index("--")] if "--" in words else words
+    return any(w == "--json" or w.startswith("--json=") for w in before)
 
 
 def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
@@ -70,16 +103,16 @@ def json_option(f: F) -> F:
     @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document on stdout.")
     @functools.wraps(f)
     def wrapper(*args: t.Any, as_json: bool, **kwargs: t.Any) -> t.Any:
+        ctx = click.get_current_context()
+        as_json = as_json or _global_json(ctx)
         if as_json:
-            click.get_current_context().meta["opsctl_json"] = True
+            ctx.meta["opsctl_json"] = True
         return f(*args, as_json=as_json, **kwargs)
 
     return t.cast(F, wrapper)
 
 
 def target_options(f: F) -> F:
-    from opsctl.cli import params as clitypes
-
     f = click.option("--ct", "ctid", type=clitypes.CTID, default=None,
                      help="Container id (default: the last deploy's).")(f)
     f = click.option("--host", "host", default=None, shell_complete=complete.hosts,
@@ -94,7 +127,6 @@ def target_options(f: F) -> F:
 def job_argument(f: F) -> F:
     """An optional positional ``JOB`` (id or unique prefix; default: the container's current,
     i.e. last launched, job) and its older spelling ``--job``; the command gets ``job_id``."""
-    from opsctl.cli import params as clitypes
 
     @click.argument("job", type=clitypes.JOB_ID, required=False, shell_complete=complete.jobs)
     @click.option("--job", "job_opt", type=clitypes.JOB_ID, default=None,
@@ -134,7 +166,9 @@ def confirm(question: str, *, yes: bool) -> None:
 
 @click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="opsctl")
-def cli() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Every command's --json: exactly one JSON document on stdout.")
+def cli(as_json: bool) -> None:
     """Run GPU training jobs in Proxmox LXC containers and keep them healthy."""
 
 

@@ -21,7 +21,27 @@ import click
 from click.shell_completion import CompletionItem
 
 JOBS_TIMEOUT_S = 5.0  # a first connection (no mux yet) to a loaded host takes 1-3 s
+MAX_TIMEOUT_S = 60.0  # $OPSCTL_COMPLETE_TIMEOUT_S above this (or not a number) is ignored
 SHELLS = ("bash", "zsh", "fish")
+
+
+def printable(text: str) -> bool:
+    """No control character (newline, tab, escape, DEL): the shell reads one candidate per
+    line, so ``a\nb`` would become two candidates (and an escape would reach the terminal)."""
+    return all(ch >= " " and ch != "\x7f" and not 0x80 <= ord(ch) < 0xA0 for ch in text)
+
+
+def candidates(values: list[str], incomplete: str, *,
+               helps: dict[str, str] | None = None) -> list[CompletionItem]:
+    """The completion items among ``values``: those that start with ``incomplete`` and are
+    printable (any other is skipped, never escaped into something that is not its name)."""
+    helps = helps or {}
+    out = []
+    for v in values:
+        if v and v.startswith(incomplete) and printable(v):
+            text = helps.get(v, "").strip()
+            out.append(CompletionItem(v, help=text if text and printable(text) else None))
+    return out
 
 
 def hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -32,7 +52,7 @@ def hosts(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[C
         names = sorted(inventory.load().hosts)
     except Exception:  # a broken inventory completes nothing; the command itself will say why
         return []
-    return [CompletionItem(n) for n in names if n.startswith(incomplete)]
+    return candidates(names, incomplete)
 
 
 def playbooks(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -43,7 +63,7 @@ def playbooks(ctx: click.Context, param: click.Parameter, incomplete: str) -> li
         names = playbook.available_names()
     except Exception:
         return []
-    found = [CompletionItem(n) for n in names if n.startswith(incomplete)]
+    found = candidates(names, incomplete)
     return found or [CompletionItem(incomplete, type="file")]
 
 
@@ -55,14 +75,17 @@ def jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Co
         timeout = float(os.environ.get("OPSCTL_COMPLETE_TIMEOUT_S", JOBS_TIMEOUT_S))
     except ValueError:
         timeout = JOBS_TIMEOUT_S
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # nan, inf, 1e308, -1: the default
+        timeout = JOBS_TIMEOUT_S
 
     def fetch() -> None:
         from opsctl.ops import jobs as jobs_ops
 
         with jobs_ops.open_target(host, ctid) as tgt:
             listed = jobs_ops.list_jobs(tgt, timeout=timeout)
-        found.extend(CompletionItem(r.job_id, help=f"{r.name or ''} {r.state.value if r.state else ''}")
-                     for r in listed.jobs if r.job_id.startswith(incomplete))
+        found.extend(candidates(
+            [r.job_id for r in listed.jobs], incomplete,
+            helps={r.job_id: f"{r.name or ''} {r.state.value if r.state else ''}" for r in listed.jobs}))
 
     def guarded() -> None:
         try:

@@ -12,18 +12,19 @@ state (``curl`` and a browser without JavaScript see it); the script only fetche
 
 Why no login: the server binds to 127.0.0.1 only (there is no option to bind elsewhere),
 so only users of this machine can reach it, the same people who can run ``opsctl status``.
-Requests whose ``Host`` header is not the loopback address are refused (a web page on
-another site cannot reach it through DNS rebinding), the page is read-only (GET only),
-and a Content-Security-Policy allows only its own inline script and style. Every remote
-text is escaped (and its control characters shown as ``\\xNN``, :func:`opsctl.render.safe`).
+Requests whose ``Host`` header is not exactly ``127.0.0.1:PORT`` or ``localhost:PORT`` are
+refused with 403 (a web page on another site cannot reach it through DNS rebinding), the
+page is read-only (GET only), and a Content-Security-Policy allows only its own inline
+script and style. Every remote text is escaped (and its control characters shown as
+``\\xNN``, :func:`opsctl.render.safe`).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import html
-import json
 import threading
 import time
 import typing as t
@@ -34,15 +35,21 @@ from opsctl.cli import plots
 from opsctl.cli.render import safe
 from opsctl.config import inventory
 from opsctl.errors import AgentError, OpsctlError, TransportError
-from opsctl.ops import fanout, jobs, watch
+from opsctl.ops import jobs, watch
 from opsctl.remote.agent_client import NoPayload
 from opsctl.remote.models import JobStatus
-from remote_payload.wire import parse_event
+from remote_payload.wire import dumps_strict, parse_event
 
 BIND = "127.0.0.1"  # loopback only: the reason the page needs no login (module docstring)
 MAX_WORKERS = 8
-#: How long one container's refresh may take before its row says it did not answer.
+#: How long one container's call may run before its connection is dropped (a fresh one at
+#: the next refresh) and its row says it did not answer.
 CONTAINER_DEADLINE_S = 30.0
+#: How long one refresh waits for the containers; one that has not answered by then keeps
+#: its call running in the background and its row shows the last data, marked stale with
+#: its age. A container that was late once is not waited for again until it answers, so a
+#: host that never answers costs no refresh any time (it once blocked each by ~10 s).
+REFRESH_WAIT_S = 5.0
 
 
 @dataclass
@@ -52,6 +59,8 @@ class ContainerView:
     status: JobStatus | None = None
     note: str | None = None  # no job / no payload: not an error
     error: str | None = None
+    stale_s: float | None = None  # no answer this refresh: the data shown is this old
+    stale_note: str | None = None
 
 
 @dataclass
@@ -78,6 +87,14 @@ class Fleet:
         self.lines = lines
         self.targets: dict[tuple[str, int], jobs.Target] = {}
         self.lock = threading.Lock()
+        # the background calls (one per container at most) and what they last answered
+        self.cond = threading.Condition()
+        self.answers: dict[tuple[str, int], tuple[ContainerView, float]] = {}  # view, time()
+        self.running: dict[tuple[str, int], float] = {}  # monotonic start of the call
+        self.late: set[tuple[str, int]] = set()  # not waited for until they answer in time
+        self.took: dict[tuple[str, int], float] = {}  # how long the last finished call took
+        self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
+        self.slots = threading.BoundedSemaphore(MAX_WORKERS)
 
     def _target(self, host: str, ctid: int) -> jobs.Target:
         with self.lock:
@@ -125,16 +142,68 @@ class Fleet:
             hosts.append(hv)
             work.extend((hv, ctid) for ctid in sorted(spec.containers))
         by_key = {(hv.name, ctid): hv for hv, ctid in work}
-        # the fleet's one fan-out: a container that hangs (a stuck pct, a black-holed host)
-        # gets a row saying so after CONTAINER_DEADLINE_S instead of stalling the page
-        results = fanout.run_all(by_key, lambda key: self.container(*key),
-                                 max_parallel=MAX_WORKERS, deadline_s=CONTAINER_DEADLINE_S)
-        for key, value in results.items():
-            if isinstance(value, BaseException):  # fanout.Abandoned: container() catches the rest
-                self._drop(*key)  # its connection may be what hangs: a fresh one next time
-                value = ContainerView(*key, error=f"{key[0]} ct {key[1]}: {value}")
-            by_key[key].containers.append(value)
+        for key, view in self._gather(list(by_key), start).items():
+            by_key[key].containers.append(view)
         return Snapshot(hosts, time.time(), time.monotonic() - start)
+
+    def _call(self, key: tuple[str, int]) -> None:
+        """One container's refresh, in a daemon thread; its answer is kept for the next
+        snapshot that looks (a late one included)."""
+        try:
+            with self.slots:
+                view = self.container(*key)
+        except BaseException as exc:  # container() catches the rest: a bug, shown on the page
+            view = ContainerView(*key, error=f"{type(exc).__name__}: {exc}")
+        with self.cond:
+            self.answers[key] = (view, time.time())
+            self.took[key] = time.monotonic() - self.running.pop(key, time.monotonic())
+            self.dropped.discard(key)
+            self.cond.notify_all()
+
+    def _gather(self, keys: list[tuple[str, int]], start: float) -> dict[tuple[str, int], ContainerView]:
+        """Each container's view within :data:`REFRESH_WAIT_S` (the refresh's deadline): a
+        fresh answer, or the last one marked stale, or a row saying it did not answer."""
+        wait_s = min(REFRESH_WAIT_S, CONTAINER_DEADLINE_S)
+        with self.cond:
+            for key in keys:  # a late one whose last call answered in time is waited for again
+                if key in self.late and key not in self.running and self.took.get(key, wait_s) < wait_s:
+                    self.late.discard(key)
+            for key in keys:
+                if key not in self.running:  # one call per container at a time
+                    self.running[key] = time.monotonic()
+                    threading.Thread(target=self._call, args=(key,), daemon=True,
+                                     name=f"dashboard {key[0]} ct {key[1]}").start()
+            awaited = [k for k in keys if k not in self.late]
+            while any(k in self.running for k in awaited):
+                left = start + wait_s - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            now = time.monotonic()
+            views: dict[tuple[str, int], ContainerView] = {}
+            hung: list[tuple[str, int]] = []
+            for key in keys:
+                if key not in self.running:
+                    self.late.discard(key)
+                    views[key] = self.answers[key][0]
+                    continue
+                self.late.add(key)
+                waited = now - self.running[key]
+                if waited >= CONTAINER_DEADLINE_S and key not in self.dropped:
+                    self.dropped.add(key)
+                    hung.append(key)
+                last = self.answers.get(key)
+                if last is None:
+                    views[key] = ContainerView(*key, error=f"{key[0]} ct {key[1]}: no answer "
+                                                           f"within {wait_s:g} s")
+                else:
+                    age = time.time() - last[1]
+                    views[key] = dataclasses.replace(
+                        last[0], stale_s=age, stale_note=f"stale: no answer for {waited:.0f} s; "
+                                                         f"showing data from {age:.0f} s ago")
+        for key in hung:  # its connection may be what hangs: a fresh one next time
+            self._drop(*key)
+        return views
 
     def close(self) -> None:
         with self.lock:
@@ -255,6 +324,8 @@ def render_fragment(snap: Snapshot) -> str:
 
 def _container(cv: ContainerView) -> str:
     head = f"<div class=\"ct\" data-ct=\"{cv.ctid}\"><h3>ct {cv.ctid}"
+    if cv.stale_note:
+        head = head.replace("<h3>", f"<p class=\"err stale\">{esc(cv.stale_note)}</p><h3>", 1)
     st = cv.status
     if st is None:
         body = (f"<p class=\"err\">{esc(cv.error)}</p>" if cv.error
@@ -327,13 +398,14 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _host_ok(self) -> bool:
-        """Only the loopback names: a page elsewhere cannot reach us via DNS rebinding."""
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
-        return host in ("127.0.0.1", "localhost")
+        """Only ``127.0.0.1:PORT`` and ``localhost:PORT`` (this server's port): a page on
+        another site that rebinds its name to 127.0.0.1 sends its own name, and is refused
+        (DNS rebinding). ``[::1]`` cannot reach a server bound to 127.0.0.1 at all."""
+        return (self.headers.get("Host") or "").strip().lower() in allowed_hosts(self.server)
 
     def do_GET(self) -> None:
         if not self._host_ok():
-            self._send(403, "forbidden: open this page as http://127.0.0.1/", "text/plain")
+            self._send(403, f"forbidden: open this page as {url(self.server)}", "text/plain")
             return
         path = self.path.split("?", 1)[0]
         app = self.server.app
@@ -345,10 +417,10 @@ class Handler(BaseHTTPRequestHandler):
             snap = app.snapshot()
             doc = {"taken_at": snap.taken_at, "hosts": [
                 {"name": h.name, "error": h.error, "containers": [
-                    {"ctid": c.ctid, "note": c.note, "error": c.error,
+                    {"ctid": c.ctid, "note": c.note, "error": c.error, "stale_s": c.stale_s,
                      "status": None if c.status is None else c.status.model_dump(mode="json")}
                     for c in h.containers]} for h in snap.hosts]}
-            self._send(200, json.dumps(doc), "application/json")
+            self._send(200, dumps_strict(doc), "application/json")
         else:
             self._send(404, "not found", "text/plain")
 
@@ -360,12 +432,30 @@ class Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
 
+def allowed_hosts(server: Server) -> frozenset[str]:
+    """The ``Host`` headers the dashboard answers (README, "Input limits")."""
+    port = server.server_address[1]
+    return frozenset({f"{BIND}:{port}", f"localhost:{port}"})
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port: int, app: App):
         self.app = app
         super().__init__((BIND, port), Handler)
+
+    def handle_error(self, request: t.Any, client_address: t.Any) -> None:
+        """A client that went away mid-request (a closed tab, ``curl`` interrupted) is no
+        problem: nothing printed. Anything else: one line, never the traceback the standard
+        library prints (a page's errors show on the page)."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):  # BrokenPipe, ConnectionReset…
+            return
+        sys.stderr.write(f"dashboard: request from {client_address[0]} failed: "
+                         f"{type(exc).__name__}: {exc}\n")
 
 
 def serve(*, port: int = 8765, refresh_s: float = 3.0, lines: int = 15) -> Server:

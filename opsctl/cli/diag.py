@@ -20,7 +20,7 @@ def probe() -> None:
 
 @probe.command("compile-race")
 @target_options
-@click.option("--threads", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--threads", type=clitypes.THREADS, default=3, show_default=True)
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=120.0, show_default=True,
               help="Seconds per mode before it counts as a hang (stacks dumped first).")
 @click.option("--backward/--no-backward", default=True, show_default=True,

@@ -8,12 +8,13 @@ import typing as t
 
 import click
 
+from opsctl.cli import params as clitypes
 from opsctl.cli.app import json_option, target_options
 
 _method = click.option("--method", type=click.Choice(["auto", "rsync", "tar"]), default=None,
                        help="rsync (when both ends have it) or the verified tar stream; "
                             "default auto ($OPSCTL_FILES_METHOD).")
-_bwlimit = click.option("--bwlimit", "bwlimit_kib", type=click.IntRange(min=1), default=None,
+_bwlimit = click.option("--bwlimit", "bwlimit_kib", type=clitypes.BWLIMIT, default=None,
                         help="Cap the transfer at this many KiB/s (as rsync's --bwlimit).")
 _delete = click.option("--delete", is_flag=True,
                        help="Remove files at DEST that SRC does not have (never without it; "

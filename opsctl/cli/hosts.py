@@ -106,9 +106,15 @@ def host() -> None:
 
 @host.command("trust")
 @click.option("--host", "host_name", required=True)
-@click.option("--yes", is_flag=True, help="Record the key without asking.")
+@click.option("-y", "--yes", is_flag=True,
+              help="Record the key without asking (needed without a terminal).")
 def host_trust(host_name: str, yes: bool) -> None:
-    """Show the host's key fingerprint and record it in known_hosts."""
+    """Show the host's key fingerprint and record it in known_hosts.
+
+    Asks on a terminal; without one (a script, stdin from /dev/null) it records nothing
+    and exits 2 unless -y/--yes.
+    """
+    from opsctl.cli.app import interactive
     from opsctl.ops import hosts as hosts_ops
 
     shown = hosts_ops.fetch_host_key(host_name)  # the one connection: shown == recorded
@@ -116,8 +122,17 @@ def host_trust(host_name: str, yes: bool) -> None:
     if shown.trusted:
         click.echo("already trusted")
         return
-    if not yes and not click.confirm("trust this key?", default=False):
-        raise errors.HostKeyError(f"{host_name}: key not trusted")
+    if not yes:
+        if not interactive():
+            raise errors.ConfigError(f"{host_name}: key not recorded: no terminal to ask on",
+                                     hint=f"check the fingerprint above, then: opsctl host trust "
+                                          f"--host {host_name} --yes")
+        try:
+            answer = click.confirm("trust this key?", default=False, err=True)
+        except click.Abort:  # Ctrl-C / Ctrl-D at the question: click would say "Aborted!"
+            answer = False
+        if not answer:
+            raise errors.HostKeyError(f"{host_name}: key not trusted (nothing recorded)")
     hosts_ops.record(shown)
     click.echo("recorded in known_hosts")
 

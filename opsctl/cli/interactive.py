@@ -22,8 +22,12 @@ def attach(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     Like `tmux attach`: what you type goes to the job (Ctrl-C too). Exits with tmux's code.
     """
     from opsctl.cli import render
+    from opsctl.errors import ConfigError
     from opsctl.ops import interactive, jobs
 
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # refused here: nothing is sent
+        raise ConfigError("attach needs a terminal (stdin and stdout are not both one)",
+                          hint="for the job's output without a terminal: opsctl logs --follow")
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         plan = interactive.attach_plan(tgt, job_id)
         render.console(stderr=True).print(render.plain(

@@ -33,7 +33,7 @@ from opsctl.faststatus.entry import DEFAULT_LINES, status_once
 @yes_option
 @click.option("--no-wait", "-d", "--detach", "no_wait", is_flag=True,
               help="Launch and return without watching.")
-@click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True,
+@click.option("--poll", "poll_s", type=clitypes.POLL, default=2.0, show_default=True,
               help="Poll interval (s).")
 @click.option("--force-payload", is_flag=True, help="Send the payload even if unchanged.")
 @click.option("--force", "force_gpus", is_flag=True,
@@ -205,13 +205,13 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.option("--lines", "-n", type=clitypes.COUNT, default=DEFAULT_LINES, show_default=True,
               help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
-@click.option("--poll", "poll_s", type=clitypes.SECONDS, default=2.0, show_default=True)
+@click.option("--poll", "poll_s", type=clitypes.POLL, default=2.0, show_default=True)
 @click.option("--all", "all_hosts", is_flag=True,
               help="Every container of every inventory host, in parallel, one row each; --host "
                    "then selects hosts by glob pattern or inventory group, --ct filters.")
-@click.option("--deadline", "deadline_s", type=clitypes.SECONDS, default=20.0, show_default=True,
+@click.option("--deadline", "deadline_s", type=clitypes.DEADLINE, default=20.0, show_default=True,
               help="With --all: seconds each host has to answer before its rows are errors.")
-@click.option("--parallel", "max_parallel", type=click.IntRange(min=1), default=16, show_default=True,
+@click.option("--parallel", "max_parallel", type=clitypes.PARALLEL, default=16, show_default=True,
               help="With --all: hosts (and containers of one host) queried at once.")
 @click.option("--nodes", "nodes_text", default=None, metavar="HOST:CT,...",
               help="Every node of a multi-node run (default, without --host/--ct: the last "
@@ -334,7 +334,7 @@ def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_pa
               help="Start at the last N lines.")
 @click.option("--since", default=None,
               help="Start at the output written in the last 10m, 2h, 90s... (1 s resolution).")
-@click.option("--offset", type=clitypes.COUNT, default=0, help="Start at this byte of output.log.")
+@click.option("--offset", type=clitypes.OFFSET, default=0, help="Start at this byte of output.log.")
 def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
          follow: bool, tail: int | None, since: str | None, offset: int) -> None:
     """The job's full output (output.log), byte-exact; -f follows until the job ends.

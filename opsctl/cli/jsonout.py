@@ -7,9 +7,10 @@ an error document already says ``"ok": false`` (``opsctl.cli.app``) and keeps it
 
 from __future__ import annotations
 
-import json
 import sys
 import typing as t
+
+from remote_payload.wire import dumps_strict
 
 
 def print_json(doc: t.Mapping[str, t.Any]) -> None:
@@ -21,7 +22,7 @@ def print_json(doc: t.Mapping[str, t.Any]) -> None:
     if not isinstance(doc, t.Mapping):
         raise TypeError(f"a --json document is an object, not {type(doc).__name__}")
     out = {"ok": doc.get("ok", True), **{k: v for k, v in doc.items() if k != "ok"}}
-    sys.stdout.write(json.dumps(out, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.write(dumps_strict(out, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
 

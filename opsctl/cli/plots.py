@@ -278,8 +278,72 @@ def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_file_atomic(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def check_output_path(path: str) -> None:
+    """Refuse, before anything is fetched, an output path that cannot become a regular file:
+    a directory that does not exist, a special file (``/dev/full``, a FIFO), a directory.
+
+    Raises:
+        ConfigError: the path cannot be written (exit 2).
+    """
+    import os
+    import stat
+
+    target = os.path.abspath(path)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write here: {exc.strerror}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file; nothing written",
+                          hint="name a new or existing .png file")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{path}: directory {parent} does not exist; nothing written")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{path}: directory {parent} is not writable; nothing written")
+
+
+def write_file_atomic(path: str, write: t.Callable[[t.BinaryIO], object]) -> None:
+    """``write`` into a temporary file next to ``path``, fsync, then rename over ``path``:
+    ``path`` is either its old self or the complete new file, never half of one (a full disk,
+    Ctrl-C). Only the temporary file opsctl created is removed on failure.
+
+    Raises:
+        ConfigError: the file could not be written completely (the reason named; exit 2).
+    """
+    import os
+    import tempfile
+
+    check_output_path(path)
+    target = os.path.abspath(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                                   dir=os.path.dirname(target))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write here: {exc.strerror}; nothing written") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise ConfigError(f"{path}: not written: {exc.strerror or exc}") from None
+        raise
 
 
 def svg_chart(s: Series, marks: t.Sequence[t.Any], *, width: int = 320, height: int = 70,

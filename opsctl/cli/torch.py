@@ -42,6 +42,7 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
     from opsctl.ops import jobs
     from opsctl.ops import torch as torch_ops
 
+    torch_ops.check_index_url(index_url)  # refused before connecting
     start = time.monotonic()
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         rep = torch_ops.swap(tgt, variant, version=version, index_url=index_url,
@@ -53,6 +54,8 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
         return
     con = render.console()
     con.print(render.swap_headline(rep))
+    for fact in rep.get("checked") or []:
+        con.print(render.plain(f"  checked: {fact}"))
     checks = ((rep.get("verification") or {}).get("checks")) or []
     for c in checks:
         mark = "skipped" if c.get("skipped") else ("ok" if c.get("ok") else "FAILED")

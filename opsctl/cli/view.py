@@ -22,7 +22,7 @@ from opsctl.cli.app import job_argument, json_option, target_options
 @click.option("--since", default=None, help="Only the last part of the run, e.g. 30m, 6h, 2d.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
               help="Write the charts to this PNG file (matplotlib) instead of the terminal.")
-@click.option("--width", type=click.IntRange(min=20), default=None,
+@click.option("--width", type=clitypes.WIDTH, default=None,
               help="Chart width in characters (default: the terminal's).")
 @json_option
 def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
@@ -40,6 +40,8 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
 
     names = plots.parse_metrics(metrics)  # bad input fails before any connection
     since_s = plots.parse_since(since)
+    if png_path is not None and not as_json:
+        plots.check_output_path(png_path)  # before anything is fetched
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         rep = history.fetch(tgt.agent, job_id, since_s)
     if as_json:
@@ -61,9 +63,9 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+@click.option("--port", type=clitypes.PORT, default=8765, show_default=True,
               help="Port on 127.0.0.1 (0: any free one).")
-@click.option("--refresh", "refresh_s", type=clitypes.SECONDS, default=3.0, show_default=True,
+@click.option("--refresh", "refresh_s", type=clitypes.REFRESH, default=3.0, show_default=True,
               help="How often the page refreshes itself (s).")
 @click.option("--lines", type=clitypes.COUNT, default=15, show_default=True,
               help="Pane lines shown per job.")

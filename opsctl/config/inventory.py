@@ -32,7 +32,7 @@ DEFAULT_ROOT = wire.DEFAULT_ROOT
 
 class ContainerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    gpus: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0, le=1024)
     description: str | None = None
     playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
     notify: list[str] = Field(default_factory=list)  # webhooks for every job here (docs/guide/babysitting.md)
@@ -64,7 +64,8 @@ class HostSpec(BaseModel):
     pct_path: str = "/usr/sbin/pct"
     node: str | None = None  # Proxmox node name (informational)
     root: str = DEFAULT_ROOT  # opsctl's directory inside containers
-    connect_timeout_s: float = Field(default=10.0, gt=0)
+    # finite and bounded: `.inf` reached int() in the connect call (OverflowError)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
     containers: dict[int, ContainerSpec] = Field(default_factory=dict)
     torch_builds: dict[str, t.Any] | None = None  # per-host overrides of the builds table
     notify: list[str] = Field(default_factory=list)  # webhooks for every job on this host

@@ -80,6 +80,14 @@ def backtracking_risk(pattern: str) -> str | None:
     return None
 
 
+# Every playbook number has a finite range (README, "Input limits"; ``.inf`` and ``.nan`` are
+# refused: `timeout_s: .inf` once made deploy wait forever).
+MAX_WAIT_S = 7 * 86400.0  # timeout_s, hang_after_s, phase_budgets_s: a week
+MAX_DURATION_S = 366 * 86400.0  # max_duration_s: a year
+MAX_TOK_S = 1e9  # expect_tok_s
+MAX_GPU_INDEX = 1023  # gpus: nvidia-smi indices
+
+
 class HealthyWhen(BaseModel):
     """Exactly one criterion: first event of a kind, a regex on output, or started."""
 
@@ -150,15 +158,15 @@ class Playbook(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     healthy_when: HealthyWhen = Field(default_factory=lambda: HealthyWhen(started=True))
-    timeout_s: float = Field(default=600, gt=0)
-    expect_tok_s: float | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=600, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    expect_tok_s: float | None = Field(default=None, gt=0, le=MAX_TOK_S, allow_inf_nan=False)
     # A quiet job (no output, no events) longer than this is named hung, its stacks taken; a
     # phase the job announces a longer budget for (the trainer's cold compile) gets that one.
-    hang_after_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    hang_after_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
     phase_budgets_s: dict[str, float] = Field(default_factory=dict)  # {phase: s}, wins over both
     # GPUs the job uses (nvidia-smi indices); launch refuses when one is held by something
     # else unless `deploy --force`. Default: CUDA_VISIBLE_DEVICES from env, else every GPU.
-    gpus: list[t.Annotated[int, Field(ge=0)]] | None = None
+    gpus: list[t.Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]] | None = None
     torch: TorchSpec | None = None
     cache: t.Literal["keep", "clear", "seed"] = "keep"
     requirements: list[str] = Field(default_factory=list)
@@ -166,7 +174,7 @@ class Playbook(BaseModel):
     restart: RestartPolicy | None = None
     # wall-clock limit of the whole job (all attempts): stopped like `opsctl stop`, CANCELLED
     # with end_reason "time limit"; timeout_s is only how long deploy waits for healthy
-    max_duration_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     notify: list[str] = Field(default_factory=list)  # webhooks, POSTed from the container
     secrets: list[str] = Field(default_factory=list)  # env names, values from the local env
 
@@ -203,9 +211,10 @@ class Playbook(BaseModel):
     @field_validator("phase_budgets_s")
     @classmethod
     def _budgets_are_positive(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = [k for k, x in v.items() if not 0 < x < float("inf")]
+        bad = [k for k, x in v.items() if not 0 < x <= MAX_WAIT_S]
         if bad:
-            raise ValueError(f"phase budgets must be positive seconds: {', '.join(bad)}")
+            raise ValueError(f"phase budgets must be seconds > 0 and <= {MAX_WAIT_S:g}: "
+                             f"{', '.join(bad)}")
         return v
 
     @model_validator(mode="after")

@@ -107,14 +107,10 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
             or a duplicate key (each with its line).
     """
     text = _decode(path, _read(path))
-    try:  # the reader checks the characters when it is built (a control character: ReaderError)
-        loader = _StrictLoader(text)
-    except yaml.reader.ReaderError as exc:
-        line = text[:exc.position].count("\n") + 1
-        raise ConfigError(f"{path}:{line}: character #x{exc.character:04x} is not allowed in "
-                          "YAML (a control character)") from None
     lines: dict[Loc, int] = {}
+    loader: _StrictLoader | None = None
     try:
+        loader = _StrictLoader(text)  # its reader refuses control characters (a YAMLError)
         node = loader.get_single_node()
         if node is not None:
             _walk(node, (), lines, path)
@@ -127,7 +123,8 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a playbook or inventory") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 

@@ -104,8 +104,8 @@ def _shape(ann: t.Any) -> Shape:
 def _digest() -> str:
     """What a cached shape depends on: the models, the wire enums and this module."""
     h = hashlib.sha256()
-    for p in (Path(__file__).with_name("models.py"), paths.payload_source() / "wire.py",
-              Path(__file__)):
+    here = Path(__file__)
+    for p in (here.parent.parent / "remote" / "models.py", paths.payload_source() / "wire.py", here):
         h.update(p.read_bytes())
     return h.hexdigest()
 

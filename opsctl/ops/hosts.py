@@ -93,6 +93,10 @@ def fetch_host_key(host: str) -> ShownKey:
 
     import paramiko
 
+    from opsctl.remote import liblog
+
+    liblog.install()  # no paramiko traceback on stderr: the failure is raised, named, below
+
     spec = inventory.load().resolve(host)
     where = spec.ssh_label()
     gateway = Remote(spec)._gateway()  # ProxyJump hops, each checked against known_hosts

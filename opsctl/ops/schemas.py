@@ -22,8 +22,13 @@ from opsctl.ops.deploy import DeployReport
 from opsctl.ops.fleet import FleetRow
 from opsctl.ops.hosts import HostRow
 from opsctl.remote import models, shapes
+from remote_payload import wire
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
+#: A number that was NaN or infinite is ``null`` and its path is listed here
+#: (``remote_payload.wire.finite_doc``): strict JSON everywhere it leaves opsctl.
+_NONFINITE = {"type": "array", "items": {"type": "string"},
+              "description": "paths of numbers that were NaN or infinite and are null here"}
 
 
 class _JobsDocument(models.JobList):
@@ -111,7 +116,8 @@ def document_schema(name: str) -> dict[str, t.Any]:
     defs = body.pop("$defs", {})
     _close(body)
     _close(defs)
-    body["properties"] = {"ok": {"const": True}, **body.get("properties", {})}
+    body["properties"] = {"ok": {"const": True}, **body.get("properties", {}),
+                          wire.NONFINITE_KEY: _NONFINITE}
     body["required"] = ["ok", *body.get("required", [])]
     failure = {"type": "object", "properties": {"ok": {"const": False}, "error": {"$ref": "#/$defs/Error"}},
                "required": ["ok", "error"],
@@ -128,6 +134,7 @@ def event_schema() -> dict[str, t.Any]:
     defs: dict[str, t.Any] = {}
     for name, shape in known.items():
         schema = shapes.json_schema(shape)
+        schema["properties"][wire.NONFINITE_KEY] = _NONFINITE
         defs.update(schema.pop("$defs", {}))
         schema["properties"]["event"] = {"const": name}
         schema["required"] = sorted({"event", *schema.get("required", [])})

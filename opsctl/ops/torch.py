@@ -12,6 +12,7 @@ import json
 import typing as t
 
 from opsctl.config import paths, torch_builds
+from opsctl.errors import ConfigError
 from opsctl.ops import wheelhouse as wheel_download
 from opsctl.remote import wheelhouse as wheels
 
@@ -40,10 +41,14 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
         ConfigError: unknown variant (lists the known ones).
         TorchEnvError: download, install or verification failed; the old build stays current.
     """
+    check_index_url(index_url)
     build = builds_table(tgt).resolve(variant, version=version, index_url=index_url,
                                       wheelhouse=wheelhouse)
     report: dict[str, t.Any] = {"build": build.name, "pin": build.pin}
-    tgt.agent.ensure_payload()
+    if dry_run:
+        _payload_present(tgt)  # a dry run ships nothing either
+    else:
+        tgt.agent.ensure_payload()
     envs = tgt.agent.call("envs", timeout=60)
     installed = {b["name"] for b in envs.get("builds", [])}
     wheel_dir = None
@@ -62,12 +67,53 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
     args = torch_builds.swap_args(build, wheelhouse_dir=wheel_dir, requirements=requirements,
                                   reinstall=reinstall, dry_run=dry_run, install_only=install_only)
     if progress:
-        action = "switching to" if build.name in installed and not reinstall else "installing"
-        progress(f"{action} {build.name} in the container" +
-                 ("" if build.name in installed else " (pip + verify: minutes)"))
+        switch = build.name in installed and not reinstall
+        if dry_run:
+            progress(f"dry run: would {'switch to' if switch else 'install'} {build.name}"
+                     + ("" if switch or build.wheelhouse else
+                        f"; checking that {build.index_url} has torch {build.pin}"))
+        else:
+            progress(f"{'switching to' if switch else 'installing'} {build.name} in the container"
+                     + ("" if switch else " (pip + verify: minutes)"))
     report.update(tgt.agent.call("swap", *args, timeout=SWAP_TIMEOUT_S,
                                  on_stderr=_line_progress(progress)))
     return report
+
+
+#: The index URLs a swap accepts (the agent checks them too: ``INDEX_SCHEMES`` in
+#: ``remote_payload/agent/torchenv/swap.py``); ``file:`` names a PEP 503 directory in the container.
+INDEX_SCHEMES = ("http", "https", "file")
+
+
+def check_index_url(index_url: str | None) -> None:
+    """Refuse, before connecting, an ``--index-url`` pip could not use as an index.
+
+    Raises:
+        ConfigError: another scheme (``ftp:``, ``data:``, a bare path), or no host for http(s).
+    """
+    if index_url is None:
+        return
+    from urllib.parse import urlparse
+
+    parts = urlparse(index_url)
+    if (parts.scheme.lower() not in INDEX_SCHEMES or any(c.isspace() or ord(c) < 32 for c in index_url)
+            or (parts.scheme.lower() != "file" and not parts.netloc)):
+        raise ConfigError(f"--index-url {index_url!r}: not an index URL "
+                          f"(http://, https:// or file:///dir of a PEP 503 index)")
+
+
+def _payload_present(tgt: Target) -> None:
+    """A dry run asks the container's agent, and may not ship it.
+
+    Raises:
+        ConfigError: the container has no payload, or an older one.
+    """
+    from opsctl.remote import payload
+
+    if tgt.agent.remote_digest() != payload.build_manifest().digest:
+        raise ConfigError(f"{tgt.label}: dry run: the container has no current opsctl payload, "
+                          "and a dry run ships nothing, so it cannot ask there",
+                          hint="opsctl swap-torch without --dry-run (or any deploy) ships it")
 
 
 def _pip_progress(progress: Progress | None) -> t.Callable[[str], None] | None:

@@ -266,6 +266,9 @@ class Remote:
         import fabric
         import paramiko
 
+        from opsctl.remote import liblog
+
+        liblog.install()  # paramiko's thread logs tracebacks; the caller reports the failure
         # ~/.ssh/config was applied once, by opsctl/config/sshconfig.py, into ``spec``; fabric must
         # not apply it again (its gateways would trust any host key).
         config = fabric.Config(ssh_config=paramiko.SSHConfig())

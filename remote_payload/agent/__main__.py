@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import importlib
-import json
 import os
 import sys
 import types
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = wire.AGENT_ERROR_RC
     except Exception as exc:  # a bug in the agent: say so, with the traceback
         reply, rc = _crashed(verb, exc), wire.AGENT_ERROR_RC
-    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.write(wire.dumps_strict(reply) + "\n")
     sys.stdout.flush()
     return rc
 

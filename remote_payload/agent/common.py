@@ -6,6 +6,7 @@ import json
 import os
 import typing as t
 
+from remote_payload import wire
 from remote_payload.wire import ErrorType
 
 
@@ -23,7 +24,8 @@ def write_json_atomic(path: str, obj: t.Any) -> None:
     """Write-then-rename so readers never see half a file."""
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write(wire.dumps_strict(obj, indent=1, sort_keys=True) if isinstance(obj, dict)
+                else json.dumps(obj, indent=1, sort_keys=True, allow_nan=False))
         f.write("\n")
     os.replace(tmp, path)
 

@@ -115,7 +115,7 @@ def post(url: str, body: dict[str, t.Any], job_dir: str, *, tries: int | None = 
     budget = BUDGET_S if budget is None else budget
     label = label or redact(url)
     event = body.get("event")
-    data = json.dumps(body, separators=(",", ":")).encode()
+    data = wire.dumps_strict(body, separators=(",", ":")).encode()  # a webhook gets strict JSON
     end = time.monotonic() + budget
     why = "no try was made"
     for n in range(1, tries + 1):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import re
 import select
@@ -333,7 +332,7 @@ class Wrapper:
         ev = {**ev, "_at": ev.get("_at") or time.time()}
         try:
             with self.event_lock:
-                self.events.write(json.dumps(ev, separators=(",", ":")) + "\n")
+                self.events.write(wire.dumps_strict(ev, separators=(",", ":")) + "\n")
                 self.events.flush()
         except OSError as exc:  # disk full: the event still moves the state
             self.disk_error(jobs.EVENTS, exc)

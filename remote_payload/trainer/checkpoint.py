@@ -9,10 +9,12 @@ sees half a checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
 import shutil
+import sys
 import typing as t
 
 import torch
@@ -34,6 +36,42 @@ def _check_keys(keys: t.Iterable[str], where: str) -> None:
             "state_dict was used; save and load the raw module)")
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc)."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+@functools.cache
+def _warn_unreadable(mask: int, mode: int) -> None:
+    print(f"warning: umask {mask:03o} makes checkpoints and exports mode {mode:04o}, unreadable to "
+          "other users (a serving container running as another user cannot load them); "
+          "umask 022 gives 0644", file=sys.stderr, flush=True)
+
+
+def make_readable(paths: t.Iterable[pathlib.Path]) -> int:
+    """Give weight files 0644, as far as the umask allows; returns the mode given.
+
+    Why: safetensors' ``save_file`` creates its file 0600 while ``json``/``torch.save`` files
+    get 0644, so a server running as another user could read a checkpoint's config and not
+    its weights. A umask that takes read from group/others wins (the user chose it), with a
+    one-line warning on stderr, once per process."""
+    mask = _umask()
+    mode = 0o644 & ~mask
+    for p in paths:
+        os.chmod(p, mode)
+    if not mode & 0o004:
+        _warn_unreadable(mask, mode)
+    return mode
+
+
 def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optimizer,
          meta: dict[str, t.Any]) -> pathlib.Path:
     """Write ``ckpt-<step>`` and point ``latest`` at it; returns the checkpoint path."""
@@ -53,6 +91,7 @@ def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optim
                   metadata={"meta": json.dumps(full_meta, sort_keys=True)})
         torch.save({"optim": optim.state_dict(), "step": step}, tmp / "optim.pt")
         (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1, sort_keys=True))
+        make_readable(p for p in tmp.iterdir() if p.is_file())
         os.replace(tmp, final)
     latest_tmp = out / f".latest.tmp-{os.getpid()}"
     latest_tmp.write_text(final.name + "\n")

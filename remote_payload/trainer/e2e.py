@@ -6,6 +6,13 @@
 4. ``eval``: tau of the trained drafter and of an untrained one on held-out prompts;
 5. ``export`` the drafter in z-lab/dflash's format.
 
+``--fp8-compare`` then asks what FP8 features cost in acceptance: a second drafter trains
+from the same seed on the same data with ``--target-precision fp8`` (the target's features
+carry FP8 rounding), and both drafters are measured against the bf16 target (the one that is
+served) and against the same target served in FP8 (``eval --target-precision fp8``). Its
+taus land in the summary as ``fp8_compare``. FP8 needs compute capability 8.9+ on CUDA; the
+CPU runs it too (slowly), so ``--size tiny`` checks the whole path.
+
 ``--size tiny`` runs in well under a minute on one CPU core (the test and the
 ``dflash-cpu-e2e`` playbook); ``--size gpu`` is the same at a shape that fits one H200 in
 minutes (``benchmarks/dflash_e2e_gpu.py``). The last event is ``acceptance``, with
@@ -85,7 +92,43 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--min-margin", type=float, default=0.0,
                    help="fail (exit 2) unless tau exceeds the untrained drafter's by this much")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument("--drafter-epochs", type=int, default=None,
+                   help="the drafter's epochs instead of the size's (fewer: a drafter short of "
+                        "the ceiling, where a difference in acceptance can show)")
+    p.add_argument("--fp8-compare", action="store_true",
+                   help="also train a drafter on FP8 features and measure both drafters against "
+                        "the bf16 and an FP8-served target (summary: fp8_compare)")
+    a = p.parse_args(argv)
+    if a.drafter_epochs is not None and a.drafter_epochs < 1:
+        raise TrainerConfigError(f"--drafter-epochs {a.drafter_epochs}: at least 1")
+    return a
+
+
+def _train_drafter(train_main: t.Callable[[list[str]], int], argv: list[str]) -> list[dict[str, t.Any]]:
+    """Train one drafter; returns the step events it printed.
+
+    Raises:
+        TrainerConfigError: the run failed.
+    """
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):  # type: ignore[type-var,unused-ignore]
+        rc = train_main(argv)
+    if rc:
+        raise TrainerConfigError(f"e2e: drafter training failed (exit code {rc})")
+    return [e for e in tee.events if e.get("event") == wire.EVENT_STEP]
+
+
+def _fp8_compare(run_eval: t.Callable[[str, str], dict[str, t.Any]], bf16_ckpt: str,
+                 fp8_ckpt: str, bf16_tau: dict[str, t.Any]) -> dict[str, t.Any]:
+    """tau of each drafter (features bf16 | fp8) against each target (served bf16 | fp8)."""
+    cells: dict[str, dict[str, t.Any]] = {
+        "bf16_features/bf16_target": bf16_tau,
+        "fp8_features/bf16_target": run_eval(fp8_ckpt, "bf16"),
+        "fp8_features/fp8_target": run_eval(fp8_ckpt, "fp8"),
+        "bf16_features/fp8_target": run_eval(bf16_ckpt, "fp8"),
+    }
+    return {name: {k: c[k] for k in ("tau", "tau_pooled", "tau_cut", "blocks")}
+            for name, c in cells.items()}
 
 
 def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
@@ -125,25 +168,43 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                             "--batch-size", str(size["regen_batch"]), "--engine", "hf"], log)
     times["regenerate_s"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    tee = _Tee(sys.stdout)
-    with contextlib.redirect_stdout(tee):  # type: ignore[type-var,unused-ignore]
-        rc = train_main(["--preset", "tiny", *common, "--tokenizer", str(target_dir),
-                         "--data", str(out / "regen"), "--out-dir", str(out / "drafter"),
-                         "--seed", str(a.seed), *size["drafter"]])
-    if rc:
-        raise TrainerConfigError(f"e2e: drafter training failed (exit code {rc})")
-    times["train_s"] = time.perf_counter() - t0
-    steps = [e for e in tee.events if e.get("event") == wire.EVENT_STEP]
+    epochs = [] if a.drafter_epochs is None else ["--epochs", str(a.drafter_epochs)]
+
+    def train_argv(name: str, *extra: str) -> list[str]:
+        return ["--preset", "tiny", *common, "--tokenizer", str(target_dir), "--data",
+                str(out / "regen"), "--out-dir", str(out / name), "--seed", str(a.seed),
+                *size["drafter"], *epochs, *extra]
+
+    def run_eval(ckpt: str, precision: str, *extra: str) -> dict[str, t.Any]:
+        return evaluate.run([*common, "--ckpt", ckpt, "--prompts", str(out / "heldout.jsonl"),
+                             "--limit", "0", "--max-new-tokens", str(lang.length + 4),
+                             "--target-precision", precision, *extra], log)
 
     t0 = time.perf_counter()
-    acc = evaluate.run([*common, "--ckpt", str(out / "drafter"), "--prompts",
-                        str(out / "heldout.jsonl"), "--limit", "0", "--max-new-tokens",
-                        str(lang.length + 4), "--compare-untrained"], log)
+    steps = _train_drafter(train_main, train_argv("drafter"))
+    times["train_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    acc = run_eval(str(out / "drafter"), "bf16", "--compare-untrained")
     times["eval_s"] = time.perf_counter() - t0
     exp = export.export(str(out / "drafter"), str(out / "export"))
+    fp8_summary: dict[str, t.Any] = {}
+    if a.fp8_compare:
+        t0 = time.perf_counter()
+        torch._dynamo.reset()  # the second run compiles afresh, not against the first's guards
+        fp8_steps = _train_drafter(train_main, train_argv("drafter-fp8", "--target-precision",
+                                                           "fp8"))
+        times["train_fp8_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fp8_summary = {
+            "fp8_compare": _fp8_compare(run_eval, str(out / "drafter"), str(out / "drafter-fp8"),
+                                        acc),
+            "train_fp8_tok_s": fp8_steps[-1].get("tok_s") if fp8_steps else None,
+            "final_loss_fp8": fp8_steps[-1].get("loss") if fp8_steps else None}
+        times["eval_fp8_s"] = time.perf_counter() - t0
 
-    summary = {"tau": acc["tau"], "tau_untrained": acc["tau_untrained"],
+    summary = {"tau": acc["tau"], "tau_pooled": acc["tau_pooled"], "tau_cut": acc["tau_cut"],
+               "tau_untrained": acc["tau_untrained"],
                "per_position": acc["per_position"], "block_size": acc["block_size"],
                "target_acc": round(target["acc"], 4), "regenerate_tok_s": regen["tok_s"],
                "regenerate_engine": regen["engine"],
@@ -152,10 +213,12 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                "train_mfu_matmul": steps[-1].get("mfu_matmul") if steps else None,
                "train_steps": steps[-1].get("step") if steps else 0,
                "final_loss": steps[-1].get("loss") if steps else None,
-               "export": exp["out"], "device": dev, "size": a.size,
-               **{k: round(v, 2) for k, v in times.items()}}
+               "export": exp["out"], "device": dev, "size": a.size, "seed": a.seed,
+               "drafter_epochs": a.drafter_epochs,
+               **fp8_summary, **{k: round(v, 2) for k, v in times.items()}}
     log.event("e2e", **summary)
-    log.event(wire.EVENT_ACCEPTANCE, **{k: acc[k] for k in ("tau", "tau_untrained", "per_position",
+    log.event(wire.EVENT_ACCEPTANCE, **{k: acc[k] for k in ("tau", "tau_cut", "tau_untrained",
+                                                             "per_position",
                                                              "block_size", "blocks", "prompts")})
     if a.min_margin and not acc["tau"] > (acc["tau_untrained"] or 0.0) + a.min_margin:
         raise TrainerConfigError(f"e2e: tau {acc['tau']} is not {a.min_margin} above the "

@@ -4,8 +4,18 @@ Block-parallel speculative decoding, greedy, one prompt at a time, as the refere
 ``dflash_generate`` does it: the drafter fills a block [last token, MASK x (K-1)] from the
 target's features of everything before it; one target forward verifies the K-1 drafts,
 accepts the longest prefix that equals the target's own greedy choice and adds the target's
-next token. tau = tokens produced per verifying forward (1 means the drafter never helped;
-K is the ceiling). The output is exactly the target's greedy output (tested).
+next token. The output is exactly the target's greedy output (tested).
+
+tau is counted as z-lab/dflash's benchmark counts it (``dflash/model.py`` ``dflash_generate``
+appends ``acceptance_length + 1`` per verifying forward; ``dflash/benchmark.py``
+``_print_decode_summary`` prints the mean over prompts of each prompt's mean): every block
+counts its accepted drafts + 1 in full, also the block that runs past EOS or ``max_new``,
+and the loop has the reference's bounds (it runs while the newest token's position is below
+prompt + ``max_new``; it stops after the block that produced a stop token). 1 means the
+drafter never helped; K is the ceiling. ``tau_pooled``: the same lengths pooled over all
+blocks (long answers weigh more). ``tau_cut``: this project's earlier figure, the tokens that
+survive the EOS/``max_new`` cut per verifying forward, pooled (at most ``tau_pooled``; they
+differ by what each prompt's last block produced past the cut).
 
 Without a KV cache (each verify re-runs the target over the whole sequence): simple and
 exact, fine for held-out sets of a few hundred short prompts; a serving engine measures
@@ -29,9 +39,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import wire
-from . import checkpoint
+from . import checkpoint, fp8
 from .chat_data import iter_json, load_tokenizer, prompt_messages, render_prompt
-from .config import DrafterConfig, TrainerConfigError
+from .config import TARGET_PRECISIONS, DrafterConfig, TrainerConfigError
 from .events import Log
 from .model import Drafter, dense_mask
 from .target import add_target_args, inference_device, load_causal_lm
@@ -39,13 +49,28 @@ from .target import add_target_args, inference_device, load_causal_lm
 
 @dataclass
 class Acceptance:
+    """What speculative decoding of a set of prompts counted (see the module docstring)."""
+
     blocks: int = 0  # verifying target forwards
-    produced: int = 0  # tokens they produced (accepted drafts + the target's own token)
+    kept: int = 0  # tokens of the outputs that the blocks produced, after the EOS/max_new cut
     accepted_at: list[int] = field(default_factory=list)  # [k-1]: blocks accepting position k
+    lengths: list[list[int]] = field(default_factory=list)  # per prompt: accepted drafts + 1
 
     @property
     def tau(self) -> float:
-        return self.produced / self.blocks if self.blocks else 0.0
+        """z-lab/dflash's: the mean over prompts of each prompt's mean acceptance length."""
+        means = [sum(p) / len(p) for p in self.lengths if p]
+        return sum(means) / len(means) if means else 0.0
+
+    @property
+    def tau_pooled(self) -> float:
+        """The same acceptance lengths pooled over every block of every prompt."""
+        return sum(map(sum, self.lengths)) / self.blocks if self.blocks else 0.0
+
+    @property
+    def tau_cut(self) -> float:
+        """Kept tokens per verifying forward, pooled over prompts."""
+        return self.kept / self.blocks if self.blocks else 0.0
 
     def per_position(self) -> list[float]:
         return [round(c / self.blocks, 4) if self.blocks else 0.0 for c in self.accepted_at]
@@ -88,7 +113,9 @@ def speculative_decode(target: FeatureTarget, drafter: Drafter, cfg: DrafterConf
     greedy, feats = target(prompt, device)
     seq = [*prompt, int(greedy[-1])]
     ctx = feats  # features of every position before the anchor
-    while len(seq) - len(prompt) < max_new and seq[-1] != eos:
+    lengths: list[int] = []
+    stats.lengths.append(lengths)
+    while len(seq) - 1 < len(prompt) + max_new:  # dflash_generate's `while start < max_length`
         a = len(seq) - 1  # anchor: the newest token, whose features the target has not made
         block = torch.tensor([[seq[a]] + [cfg.mask_token_id] * (k - 1)], device=device)
         pos = torch.arange(a, a + k, device=device).unsqueeze(0)
@@ -103,15 +130,17 @@ def speculative_decode(target: FeatureTarget, drafter: Drafter, cfg: DrafterConf
         while n < k - 1 and drafts[n] == truth[n]:
             stats.accepted_at[n] += 1
             n += 1
-        new = [*drafts[:n], truth[n]]
-        if eos is not None and eos in new:
-            new = new[: new.index(eos) + 1]
-        new = new[: max_new - (len(seq) - len(prompt))]
         stats.blocks += 1
-        stats.produced += len(new)
-        seq += new
+        lengths.append(n + 1)
+        seq += [*drafts[:n], truth[n]]
         ctx = feats[: a + n + 1]  # positions up to a + n hold accepted tokens only
-    return seq[len(prompt):]
+        if eos is not None and eos in seq[len(prompt):]:  # checked after the block, as there
+            break
+    out = seq[len(prompt):][:max_new]
+    if eos is not None and eos in out:
+        out = out[: out.index(eos) + 1]
+    stats.kept += max(len(out) - 1, 0)  # the first token is the prefill's, not a block's
+    return out
 
 
 def load_drafter(ckpt: str, device: torch.device) -> tuple[Drafter, DrafterConfig, pathlib.Path]:
@@ -144,11 +173,21 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     add_target_args(p)
     p.add_argument("--prompts", required=True, help="held-out JSONL (messages | prompt)")
     p.add_argument("--limit", type=int, default=64, help="prompts to decode (0 = all)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per prompt (at least 1)")
     p.add_argument("--compare-untrained", action="store_true",
                    help="also measure a freshly initialised drafter (tau_untrained)")
+    p.add_argument("--target-precision", choices=TARGET_PRECISIONS, default="bf16",
+                   help="the target's decoder matmuls as served: bf16, or fp8 (e4m3 weights per "
+                        "output channel, activations per token, as --target-precision fp8 of "
+                        "training; embedding and LM head stay bf16; needs compute capability "
+                        "8.9+ on CUDA)")
     p.add_argument("--json-out", default=None, help="also write the result document here")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.max_new_tokens < 1:
+        raise TrainerConfigError(f"--max-new-tokens {a.max_new_tokens}: at least 1")
+    if a.limit < 0:
+        raise TrainerConfigError(f"--limit {a.limit}: 0 (all) or more")
+    return a
 
 
 def measure(target: FeatureTarget, drafter: Drafter, cfg: DrafterConfig,
@@ -175,6 +214,11 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     tok = load_tokenizer(a.tokenizer or a.target_path)
     drafter, cfg, path = load_drafter(a.ckpt, device)
     model = load_causal_lm(a.target_path, device, dtype)
+    if a.target_precision == "fp8":
+        if not fp8.supported(device):
+            raise TrainerConfigError(f"--target-precision fp8 needs compute capability 8.9+; "
+                                     f"{device} has {torch.cuda.get_device_capability(device)}")
+        fp8.serve_fp8(model.model.layers)
     target = FeatureTarget(model, cfg.target_layer_ids)
     prompts = []
     for where, rec in iter_json(a.prompts):
@@ -190,9 +234,11 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     trained = measure(target, drafter.to(dtype), cfg, prompts, a.max_new_tokens,
                       tok.eos_token_id, device)
     result: dict[str, t.Any] = {
-        "tau": round(trained.tau, 4), "tau_untrained": None,
+        "tau": round(trained.tau, 4), "tau_pooled": round(trained.tau_pooled, 4),
+        "tau_cut": round(trained.tau_cut, 4), "tau_untrained": None,
         "per_position": trained.per_position(), "block_size": cfg.block_size,
-        "blocks": trained.blocks, "new_tokens": trained.produced, "prompts": len(prompts),
+        "blocks": trained.blocks, "new_tokens": trained.kept, "prompts": len(prompts),
+        "target_precision": a.target_precision,
         "ckpt": str(path), "seconds": round(time.perf_counter() - t0, 3)}
     if a.compare_untrained:
         torch.manual_seed(0)
@@ -202,7 +248,8 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
         result["per_position_untrained"] = base.per_position()
     log.event(wire.EVENT_ACCEPTANCE, **result)
     untrained = f" (untrained {result['tau_untrained']:.2f})" if a.compare_untrained else ""
-    log.say(f"eval: tau {result['tau']:.2f}{untrained} over {trained.blocks} blocks of "
+    log.say(f"eval: tau {result['tau']:.2f}{untrained}, {result['tau_cut']:.2f} after the "
+            f"EOS/max_new cut, over {trained.blocks} blocks of "
             f"{len(prompts)} prompts; accepted per block position "
             + " ".join(f"{x:.2f}" for x in result["per_position"]))
     if a.json_out:

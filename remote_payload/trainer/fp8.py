@@ -64,3 +64,41 @@ def supported(device: torch.device) -> bool:
     if device.type != "cuda":
         return True
     return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+class Fp8Linear(torch.nn.Module):
+    """A frozen ``nn.Linear`` served in FP8 (``eval --target-precision fp8``): the weight as
+    :func:`quantize_weight` codes, each call's input quantized per token, as the trainer's
+    FP8 target does it (a fused q/k/v weight quantized per row is the three weights
+    quantized per row). Inference only."""
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__()
+        codes, scale = quantize_weight(lin.weight.detach())
+        self.register_buffer("data", codes)
+        self.register_buffer("scale", scale)
+        self.bias = lin.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        pad = -rows.shape[0] % 16  # keep M a multiple of 16 for every FP8 GEMM backend
+        if pad:
+            rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[-1])])
+        out = linear(rows, Fp8Weight(t.cast(torch.Tensor, self.data),
+                                     t.cast(torch.Tensor, self.scale)))[: rows.shape[0] - pad]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def serve_fp8(layers: torch.nn.Module) -> int:
+    """Swap every ``nn.Linear`` under ``layers`` (a causal LM's decoder layers: not its
+    embedding or LM head, which FP8 serving keeps in bf16) for :class:`Fp8Linear`; returns
+    how many."""
+    swapped = 0
+    for parent in list(layers.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, Fp8Linear(child))
+                swapped += 1
+    return swapped

@@ -32,7 +32,8 @@ def write_inventory(isolated_env: Path, sandbox, **host: object) -> None:
 
 
 def test_trust_records_exactly_the_key_it_showed_even_if_the_server_swaps_it_after(
-        sandbox, isolated_env, tmp_path):
+        sandbox, isolated_env, tmp_path, monkeypatch):
+    monkeypatch.setattr("opsctl.cli.app.interactive", lambda: True)  # a person answers "y"
     known = tmp_path / "known_hosts"
     with second_sshd(sandbox, tmp_path / "other") as other:
         # connection 1 reaches the sandbox sshd; every later one reaches a server with another key

@@ -142,6 +142,7 @@ def test_a_trained_drafter_is_accepted_far_more_often_than_an_untrained_one(pipe
     assert s["target_acc"] >= 0.99, s  # the target is confident on its language
     assert s["tau_untrained"] < 1.5, s
     assert s["tau"] > s["tau_untrained"] + 2.5, s
+    assert s["tau_cut"] <= s["tau_pooled"] <= s["block_size"], s  # the cut only removes tokens
     assert len(s["per_position"]) == s["block_size"] - 1, s
     assert s["per_position"] == sorted(s["per_position"], reverse=True), s
 
@@ -163,6 +164,60 @@ def test_speculative_decoding_gives_exactly_the_targets_greedy_output(pipeline):
                              eos_token_id=tk.eos_token_id, pad_token_id=tk.pad_token_id)
         assert got == ref[0, len(prompt):].tolist(), (got, ref)
         assert stats.blocks < len(got), stats  # fewer target forwards than tokens
+
+
+def test_tau_is_the_mean_over_prompts_of_each_prompts_mean_acceptance_length():
+    """z-lab/dflash benchmark.py _print_decode_summary: np.mean over responses of
+    np.mean(acceptance_lengths); dflash_generate appends accepted + 1 for every block."""
+    stats = evaluate.Acceptance(blocks=7, kept=30, lengths=[[1, 2, 2, 4, 8], [8, 8]])
+    assert stats.tau == pytest.approx((17 / 5 + 16 / 2) / 2), stats  # 5.7
+    assert stats.tau_pooled == pytest.approx(33 / 7), stats
+    assert stats.tau_cut == pytest.approx(30 / 7), stats
+    assert evaluate.Acceptance().tau == evaluate.Acceptance().tau_cut == 0.0
+
+
+def test_every_block_counts_in_full_and_the_loop_has_the_references_bounds(pipeline):
+    """The block that crosses max_new counts all it accepted; a block that ends exactly at
+    max_new is followed by one more (dflash_generate's `while start < max_length`)."""
+    out, _ = pipeline
+    from transformers import AutoModelForCausalLM
+
+    tk = chat_data.load_tokenizer(str(out / "target"))
+    drafter, cfg, _ = evaluate.load_drafter(str(out / "drafter"), torch.device("cpu"))
+    model = AutoModelForCausalLM.from_pretrained(str(out / "target"), local_files_only=True).eval()
+    target = evaluate.FeatureTarget(model, cfg.target_layer_ids)
+    prompt = chat_data.render_prompt(
+        tk, chat_data.prompt_messages(json.loads((out / "heldout.jsonl").read_text().splitlines()[0])))
+    for max_new in (1, 2, 3, 5, 9):
+        stats = evaluate.Acceptance()
+        got = evaluate.speculative_decode(target, drafter, cfg, prompt, max_new, None, stats,
+                                          torch.device("cpu"))
+        (lengths,) = stats.lengths
+        produced = [1 + sum(lengths[:i]) for i in range(len(lengths) + 1)]  # before each block
+        assert all(p <= max_new for p in produced[:-1]) and produced[-1] > max_new, (max_new, lengths)
+        assert len(got) == max_new and stats.kept == max_new - 1, (got, stats)
+
+
+def test_eval_refuses_absurd_counts_in_one_line(pipeline):
+    out, _ = pipeline
+    base = ["--ckpt", str(out / "drafter"), "--target-path", str(out / "target"), "--prompts",
+            str(out / "heldout.jsonl")]
+    with pytest.raises(TrainerConfigError, match="--max-new-tokens 0: at least 1"):
+        evaluate.parse([*base, "--max-new-tokens", "0"])
+    with pytest.raises(TrainerConfigError, match="--limit -3"):
+        evaluate.parse([*base, "--limit", "-3"])
+    with pytest.raises(TrainerConfigError, match="--drafter-epochs 0: at least 1"):
+        e2e.parse(["--out-dir", str(out / "never"), "--drafter-epochs", "0"])
+
+
+def test_eval_against_an_fp8_served_target_runs_on_the_cpu_and_says_so(pipeline, capsys):
+    out, s = pipeline
+    r = evaluate.run(["--ckpt", str(out / "drafter"), "--target-path", str(out / "target"),
+                      "--prompts", str(out / "heldout.jsonl"), "--limit", "4", "--device", "cpu",
+                      "--max-new-tokens", "20", "--target-precision", "fp8"])
+    assert r["target_precision"] == "fp8" and r["prompts"] == 4, r
+    assert r["tau"] > s["tau_untrained"] + 2.5, r  # FP8 rounding does not undo the training
+    capsys.readouterr()
 
 
 def test_regenerate_writes_the_targets_answers_and_skips_finished_shards(pipeline, capsys):

@@ -83,3 +83,22 @@ def test_a_run_with_the_fp8_target_follows_the_bf16_runs_loss_curve(capsys, tmp_
     # the checkpoint says which target's features the drafter learned from
     meta = json.loads((tmp_path / "fp8" / "ckpt-0000012" / "meta.json").read_text())
     assert meta["args"]["target_precision"] == "fp8"
+
+
+def test_an_fp8_served_target_swaps_every_decoder_matmul_and_keeps_its_greedy_choices():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = Qwen3ForCausalLM(hf).eval()
+    ids = torch.randint(0, 128, (1, 37))  # 37 rows: not a multiple of 16 (padded inside)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        assert fp8.serve_fp8(model.model.layers) == 2 * 7  # q k v o gate up down per layer
+        got = model(input_ids=ids).logits
+    assert isinstance(model.model.layers[0].self_attn.q_proj, fp8.Fp8Linear)
+    assert isinstance(model.lm_head, torch.nn.Linear)  # the head stays in full precision
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert 0 < rel < 0.1, rel
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9

@@ -69,3 +69,14 @@ def test_any_words_give_a_schema_or_exit_2_never_a_traceback(words):
     res = CliRunner().invoke(cli, ["schema", "--", *words])
     assert res.exit_code in (0, errors.USAGE), res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_a_document_that_had_a_nan_still_validates_with_its_nonfinite_paths():
+    from remote_payload import wire
+
+    doc = {"ok": True, **models.StopResult(job_id="j", state="CANCELLED").model_dump(mode="json"),
+           wire.NONFINITE_KEY: ["waited_s"]}
+    assert list(Draft202012Validator(schemas.document_schema("stop")).iter_errors(doc)) == []
+    event = wire.finite_doc({"event": "step", "step": 3, "loss": float("nan")})
+    assert event["loss"] is None and event[wire.NONFINITE_KEY] == ["loss"]
+    assert list(Draft202012Validator(schemas.event_schema()).iter_errors(event)) == []

@@ -29,7 +29,7 @@ from remote_payload.agent.torchenv.fingerprint import (
     parse_inspect_output,
     store_facts,
 )
-from remote_payload.agent.torchenv.jobguard import refuse_if_job_running
+from remote_payload.agent.torchenv.jobguard import refuse_if_job_running, running_job
 from remote_payload.agent.torchenv.layout import (
     MARKER,
     Layout,
@@ -123,9 +123,41 @@ class IndexView:
     versions: frozenset[str] | None  # None: inconclusive (HTTP error, page too big, auth)
 
 
+#: The index URL schemes a swap accepts (pip's own; ``file:`` names a PEP 503 directory).
+INDEX_SCHEMES = ("http", "https", "file")
+
+
+def _read_file_index(index_url: str) -> IndexView:
+    """A ``file:`` index: ``<dir>/torch/`` with an ``index.html`` or the wheels themselves."""
+    path = urllib.request.url2pathname(urllib.parse.urlparse(index_url).path)
+    project = os.path.join(path, "torch")
+    if not os.path.isdir(path):
+        return IndexView(f"cannot reach {index_url}: {path} is not a directory", None)
+    if not os.path.isdir(project):
+        return IndexView(f"cannot reach {index_url}: {path} is not a PEP 503 index "
+                         "(no torch/ directory in it)", None)
+    page = os.path.join(project, "index.html")
+    try:
+        if os.path.isfile(page):
+            with open(page, encoding="utf-8", errors="replace") as f:
+                text = f.read(16 << 20)
+            return IndexView(None, frozenset(urllib.parse.unquote(m.group(1))
+                                             for m in _HREF_RE.finditer(text)))
+        names = os.listdir(project)
+    except OSError as exc:
+        return IndexView(f"cannot read {index_url}: {exc.strerror}", None)
+    return IndexView(None, frozenset(m.group(1) for n in names
+                                     if (m := wire.TORCH_WHEEL_RE.match(n))))
+
+
 def read_index(index_url: str, timeout_s: float = 15.0, limit: int = 16 << 20) -> IndexView:
     """Read ``<index>/torch/`` (PEP 503). pip says only "from versions: none" when it
     cannot connect with retries off, so the agent asks the index itself."""
+    scheme = urllib.parse.urlparse(index_url).scheme.lower()
+    if scheme not in INDEX_SCHEMES:
+        return IndexView(f"{index_url}: not an index URL (use {', '.join(INDEX_SCHEMES)})", None)
+    if scheme == "file":
+        return _read_file_index(index_url)
     url = index_url.rstrip("/") + "/torch/"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -148,7 +180,10 @@ def missing_version_detail(index_url: str, pinned: str, versions: t.Iterable[str
     return f"torch {pinned} is not on {index_url} (it has: {shown})"
 
 
-def preflight_index(index_url: str, pinned: str) -> None:
+DRY_RUN_INDEX_TIMEOUT_S = 20.0  # a dry run's look at the index: never a hang
+
+
+def preflight_index(index_url: str, pinned: str, timeout_s: float = 15.0) -> None:
     """Fail fast, before a venv is made, when the index is down or lacks the version.
 
     Raises
@@ -156,13 +191,54 @@ def preflight_index(index_url: str, pinned: str) -> None:
     _StepFailed
         step ``index``: ``index-unreachable`` or ``no-such-version``.
     """
-    view = read_index(index_url)
+    view = read_index(index_url, timeout_s=timeout_s)
     if view.error is not None:
         raise _StepFailed("index", f"{_REASON_TEXT['index-unreachable']}: {view.error}",
                           "index-unreachable")
     if view.versions is not None and pinned not in view.versions:
         raise _StepFailed("index", missing_version_detail(index_url, pinned, view.versions),
                           "no-such-version")
+
+
+def dry_run(layout: Layout, build: str, req: SwapRequest) -> dict[str, t.Any]:
+    """What a swap would do, checked as far as it can be without writing anything: no lock
+    file, no directory (it once created ``envs/.lock`` while saying nothing changed). For
+    an install from an index: the index answers and has the version, within a time bound.
+
+    Raises
+    ------
+    AgentFailure
+        ``TorchInstallFailed`` (step ``index``): the index is unreachable or lacks the version.
+    """
+    t0 = time.monotonic()
+    previous = current_build(layout)
+    installed = read_marker(layout, build) is not None
+    if previous == build and not req.reinstall:
+        action = "noop"
+    elif installed and not req.reinstall:
+        action = "switch"
+    else:
+        action = "install"
+    checked: list[str] = []
+    if action == "install" and not req.wheelhouse and req.index_url:
+        pinned = f"{req.version}+{req.variant}"
+        try:
+            preflight_index(str(req.index_url), pinned,
+                            timeout_s=min(req.pip_timeout_s, DRY_RUN_INDEX_TIMEOUT_S))
+        except _StepFailed as exc:
+            raise AgentFailure(ErrorType.TorchInstallFailed,
+                               f"dry run: installing {build} would fail at step {exc.step}: "
+                               f"{exc.message}; nothing was changed", step=exc.step,
+                               reason=exc.reason, build=build, current=previous,
+                               dry_run=True) from None
+        checked.append(f"the index answers and has torch {pinned}")
+    job = None if req.install_only else running_job(layout)
+    if job is not None:
+        checked.append(f"job {job[0]} is {job[1]}: the real swap is refused until it ends")
+    return {"action": action, "build": build, "previous": previous, "dry_run": True,
+            "path": layout.build_dir(build), "log_path": None, "verification": None,
+            "install_seconds": None, "switch_seconds": None, "current": previous,
+            "checked": checked, "seconds": round(time.monotonic() - t0, 3)}
 
 
 def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
@@ -234,6 +310,8 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
     if not req.wheelhouse and not req.index_url:
         raise AgentFailure(ErrorType.TorchInstallFailed, "need --index-url or --wheelhouse",
                            step="args", build=build)
+    if req.dry_run:
+        return dry_run(layout, build, req)
     if not req.install_only:
         refuse_if_job_running(layout, f"swap torch to {build}")
     t0 = time.monotonic()
