@@ -75,9 +75,9 @@ def mux() -> None:
 @json_option
 def mux_status(as_json: bool) -> None:
     """List the live multiplexers of this OPSCTL_HOME."""
-    from opsctl.remote import mux_client as mux_mod
+    from opsctl.ops import hosts as hosts_ops
 
-    rows = mux_mod.list_muxes()
+    rows = hosts_ops.list_muxes()
     if as_json:
         from opsctl.cli import render
 
@@ -93,9 +93,9 @@ def mux_status(as_json: bool) -> None:
 @mux.command("stop")
 def mux_stop() -> None:
     """Stop every live multiplexer (the next command connects directly)."""
-    from opsctl.remote import mux_client as mux_mod
+    from opsctl.ops import hosts as hosts_ops
 
-    stopped = mux_mod.stop_all()
+    stopped = hosts_ops.stop_muxes()
     click.echo(f"stopped {len(stopped)} multiplexer(s)")
 
 

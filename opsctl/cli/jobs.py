@@ -228,36 +228,44 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     With --all: one row per container of the fleet; exit 27 when some rows are errors.
     With --nodes (or after `deploy --nodes`): one row per node of the run.
     """
+    # one function per mode; this only picks the mode (the plain one is the fast path)
     if all_hosts:
         if follow or job_id is not None or nodes_text is not None:
             raise errors.ConfigError("status --all shows each container's current job: "
                                      "--follow, --job and --nodes need a single target")
         _status_all(host, ctid, deadline_s, max_parallel, as_json)
-        return
-    run = _run_nodes(host, ctid, nodes_text, job_id)
-    if run is None and not follow and not host_log:
-        status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
-        return
-    if run is None and not follow:
-        _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
-        return
-    from opsctl.cli import render
-    from opsctl.ops import jobs, watch
-
-    if run is not None:
+    elif (run := _run_nodes(host, ctid, nodes_text, job_id)) is not None:
         if follow:
             raise errors.ConfigError("status --follow follows one container: pass --host and --ct "
                                      "(one node of the run)")
-        from opsctl.ops import multinode
+        _status_run(run, lines, accept_new_host_key, as_json)
+    elif follow:
+        _status_follow(host, ctid, accept_new_host_key, job_id, lines, poll_s, as_json)
+    elif host_log:
+        _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
+    else:
+        status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
 
-        try:
-            report = multinode.status(run[0], run[1], lines=lines,
-                                      accept_new_host_key=accept_new_host_key)
-        except errors.FleetIncomplete as exc:  # a node not asked: every row shown, never "ok"
-            _show_run(exc.report, as_json, render.run_table, exc)
-            raise
-        _show_run(report, as_json, render.run_table)
-        return
+
+def _status_run(run: t.Any, lines: int, accept_new_host_key: bool, as_json: bool) -> None:
+    """``status --nodes``: one row per node of a multi-node run."""
+    from opsctl.cli import render
+    from opsctl.ops import multinode
+
+    try:
+        report = multinode.status(run[0], run[1], lines=lines, accept_new_host_key=accept_new_host_key)
+    except errors.FleetIncomplete as exc:  # a node not asked: every row shown, never "ok"
+        _show_run(exc.report, as_json, render.run_table, exc)
+        raise
+    _show_run(report, as_json, render.run_table)
+
+
+def _status_follow(host: str | None, ctid: int | None, accept_new_host_key: bool,
+                   job_id: str | None, lines: int, poll_s: float, as_json: bool) -> None:
+    """``status --follow``: until the job ends; exit 0 only when it SUCCEEDED."""
+    from opsctl.cli import render
+    from opsctl.ops import jobs, watch
+
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         err = render.console(stderr=True)
         seen: dict[str, t.Any] = {"key": None}

@@ -153,3 +153,17 @@ def record(shown: ShownKey) -> Path:
     with kh.open("a", encoding="utf-8") as f:
         f.write(shown.known_hosts_line + "\n")
     return kh
+
+
+def list_muxes() -> list[dict[str, t.Any]]:
+    """The live connection multiplexers of this OPSCTL_HOME (``opsctl mux status``)."""
+    from opsctl.remote import mux_client
+
+    return mux_client.list_muxes()
+
+
+def stop_muxes() -> list[dict[str, t.Any]]:
+    """Stop every live multiplexer (``opsctl mux stop``); the next command connects directly."""
+    from opsctl.remote import mux_client
+
+    return mux_client.stop_all()
