@@ -299,7 +299,7 @@ class TorchBuildDoc(t.TypedDict):
     size_bytes: int | None
     installed_at: float | None
     index_url: str | None
-    wheelhouse: bool | None
+    wheelhouse: str | None  # the directory of streamed wheels it was installed from
     current: bool
 
 

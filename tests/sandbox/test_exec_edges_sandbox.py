@@ -8,7 +8,6 @@ the connection multiplexer, as a user's shell runs it (a child process):
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -64,9 +63,25 @@ def marker() -> str:
     return str(400000 + time.time_ns() % 100000)
 
 
-def test_exec_streams_in_constant_memory(via):
+# Linux carries a process's peak RSS across fork and exec (exec_mmap keeps the old mm's high
+# water mark), so a child of this test process starts at the xdist worker's own peak (torch
+# loaded by an earlier module: ~525 MB). A small launcher in between starts at its own size,
+# and reports its child's peak from wait4.
+_PEAK_OF = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_pid, status, usage = os.wait4(child.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_exec_streams_in_constant_memory(via, tmp_path):
     size = 200 * MB
-    proc = subprocess.Popen(opsctl_exec("head", "-c", str(size), "/dev/zero"),
+    peak_file = tmp_path / "peak-kib"
+    proc = subprocess.Popen([sys.executable, "-c", _PEAK_OF, str(peak_file),
+                             *opsctl_exec("head", "-c", str(size), "/dev/zero")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     got = 0
@@ -74,11 +89,10 @@ def test_exec_streams_in_constant_memory(via):
         assert not chunk.strip(b"\0"), "byte-exact: zeros only"
         got += len(chunk)
     stderr = proc.stderr.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the test's
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert (proc.returncode, stderr) == (0, b"")
+    assert (proc.wait(), stderr) == (0, b"")
     assert got == size
-    assert usage.ru_maxrss / 1024 < MAX_RSS_MB, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    peak_mb = int(peak_file.read_text()) / 1024
+    assert peak_mb < MAX_RSS_MB, f"peak RSS {peak_mb:.0f} MB"
 
 
 def test_exec_timeout_ends_the_whole_remote_tree(via):
