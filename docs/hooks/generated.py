@@ -7,6 +7,7 @@ time, with text made from the code itself:
 - ``module-map``: every module of ``opsctl`` and ``remote_payload`` with the first line of its
   docstring, read with :mod:`ast` (nothing is imported, so a module with heavy imports costs
   nothing and a missing docstring shows as such);
+- ``trainer-flags``: every flag of the trainer, from its ``TrainArgs`` dataclass;
 - ``wire-shapes``: every shape in ``remote_payload/wire_shapes.py`` (agent replies and the
   shapes inside them, trainer events) as a table of keys and types;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
@@ -154,9 +155,26 @@ def wire_shapes() -> str:
     return "\n".join(out)
 
 
+def trainer_flags() -> str:
+    """Every flag of ``python -m remote_payload.trainer``: one per ``TrainArgs`` field, with its
+    default and help, exactly as the trainer's own parser builds them (no torch import)."""
+    import dataclasses
+
+    _import_root()
+    from remote_payload.trainer.config import TrainArgs
+
+    rows = ["| flag | default | what |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(TrainArgs):
+        default = "" if f.default is dataclasses.MISSING else f"`{f.default!r}`"
+        what = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+        rows.append(f"| `--{f.name.replace('_', '-')}` | {default} | {what} |")
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
     "wire-shapes": wire_shapes,
+    "trainer-flags": trainer_flags,
 }
 
 

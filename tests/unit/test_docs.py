@@ -106,3 +106,14 @@ def test_the_contract_page_has_a_table_for_every_reply_and_event_shape():
     wanted = {s.__name__ for s in [*wire_shapes.REPLY_SHAPES.values(), *wire_shapes.EVENT_SHAPES.values()]}
     assert wanted <= titles
     assert "<!-- generated: wire-shapes -->" in (DOCS / "contracts.md").read_text(encoding="utf-8")
+
+
+def test_the_trainer_page_lists_every_trainer_flag():
+    import dataclasses
+
+    from remote_payload.trainer.config import TrainArgs
+
+    text = _hooks().trainer_flags()
+    flags = set(re.findall(r"^\| `(--[a-z0-9-]+)` \|", text, re.M))
+    assert flags == {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainArgs)}
+    assert "<!-- generated: trainer-flags -->" in (DOCS / "trainer.md").read_text(encoding="utf-8")
