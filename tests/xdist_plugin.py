@@ -41,6 +41,10 @@ LONGEST_FIRST = (
     "test_probe",  # ~210 s: a real flex-attention compile
     "test_hardening_sandbox",  # ~200 s
     "test_cli_sandbox",  # ~150 s
+    "test_files_edges_sandbox",  # ~120 s (2026-12-01): every push/pull edge, rsync and tar
+    "test_doctor_sandbox",  # a stopped container, a silent host, /dev/kmsg, a full tmpfs
+    "test_exec_edges_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
+    "test_edges_sandbox",  # a NaN job, host trust, swap-torch --dry-run
     "test_dashboard_browser",  # ~100 s
     "test_torch_sandbox",  # ~90 s: its fake-build tests
     "test_babysitting_sandbox",  # ~55 s
