@@ -211,14 +211,7 @@ def dry_run(layout: Layout, build: str, req: SwapRequest) -> dict[str, t.Any]:
         ``TorchInstallFailed`` (step ``index``): the index is unreachable or lacks the version.
     """
     t0 = time.monotonic()
-    previous = current_build(layout)
-    installed = read_marker(layout, build) is not None
-    if previous == build and not req.reinstall:
-        action = "noop"
-    elif installed and not req.reinstall:
-        action = "switch"
-    else:
-        action = "install"
+    previous, action = _plan(layout, build, req.reinstall)
     checked: list[str] = []
     if action == "install" and not req.wheelhouse and req.index_url:
         pinned = f"{req.version}+{req.variant}"
@@ -265,6 +258,17 @@ def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
         raise _StepFailed("wheelhouse", f"no torch wheel for {version}+{variant} in {wheelhouse} "
                           f"(found: {', '.join(found) or 'none'})", "no-such-version")
     return sorted(matching, key=lambda v: "+" not in v)[0]  # prefer the exact local tag
+
+
+def _plan(layout: Layout, build: str, reinstall: bool) -> tuple[str | None, str]:
+    """The current build, and what a swap to ``build`` does: noop, switch or install (the
+    dry run and the real swap decide it by this one rule)."""
+    previous = current_build(layout)
+    if previous == build and not reinstall:
+        return previous, "noop"
+    if read_marker(layout, build) is not None and not reinstall:
+        return previous, "switch"
+    return previous, "install"
 
 
 def _rewrite_bin(venv: str, old: str, new: str) -> None:
@@ -318,14 +322,7 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
     with locked(layout):
         if not req.dry_run:
             _remove_stale_builds(layout)
-        previous = current_build(layout)
-        installed = read_marker(layout, build) is not None
-        if previous == build and not req.reinstall:
-            action = "noop"
-        elif installed and not req.reinstall:
-            action = "switch"
-        else:
-            action = "install"
+        previous, action = _plan(layout, build, req.reinstall)
         reply: dict[str, t.Any] = {
             "action": action, "build": build, "previous": previous, "dry_run": req.dry_run,
             "path": layout.build_dir(build), "log_path": None, "verification": None,
