@@ -10,6 +10,7 @@ import json
 import shutil
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from tests.paths import FIXTURES
+from tests.sandbox_plugin import use_private_root
 
 pytestmark = pytest.mark.sandbox
 
@@ -293,16 +295,23 @@ class TestDiagnostics:
         human = run("stacks")
         assert "drafter_worker_compiling" in human.stdout
 
-    def test_a_probe_without_torch_in_the_container_still_says_what_happened(self, target):
-        res = CliRunner().invoke(cli, ["probe", "compile-race", "--host", target, "--ct", "200",
-                                       "--timeout", "20", "--json"])
+    def test_a_probe_without_torch_in_the_container_still_says_what_happened(self, target, sandbox,
+                                                                             isolated_env):
+        # a root with no torch build: the container's own python3, which has no torch (the real
+        # compile race is tests/trainer/test_probe.py's; whether this worker's /opt/opsctl holds
+        # the real CPU build must not decide what this test runs)
+        root = f"/opt/opsctl-test-notorch-{uuid.uuid4().hex[:8]}"
+        use_private_root(sandbox, isolated_env, root)
+        try:
+            res = CliRunner().invoke(cli, ["probe", "compile-race", "--host", target, "--ct", "200",
+                                           "--timeout", "20", "--json"])
+        finally:
+            cexec("rm", "-rf", root)
         report = json.loads(res.stdout)
-        if report["status"] == "crashed":  # the container's python3 has no torch
-            assert res.exit_code == errors.REMOTE_FAILED
-            assert "No module named 'torch'" in report["verdict"]
-            assert "No module named 'torch'" in res.stderr
-        else:
-            assert res.exit_code == 0 and set(report["modes"]) == {"unguarded", "guarded"}
+        assert report["status"] == "crashed", report
+        assert res.exit_code == errors.REMOTE_FAILED
+        assert "No module named 'torch'" in report["verdict"]
+        assert "No module named 'torch'" in res.stderr
 
     def test_status_names_the_fx_race_from_a_real_captured_crash(self, target, tmp_path):
         fixture = (FIXTURES / "h200-torch-2.11.0-cu130"

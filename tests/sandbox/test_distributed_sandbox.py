@@ -4,9 +4,10 @@ The never-silent contract for multi-process jobs: a deadlock is named as a hang 
 ``status --json`` with every rank's stacks, taken by the agent itself (nobody ran ``stacks``);
 ``stacks --json`` returns each process's whole dump; a rank that raises takes the other down
 and the job ends FAILED with that rank's error. The real CPU torch build goes into container
-200's default opsctl root, exactly as ``deploy`` does it: this module and the README demo in
-``tests/sandbox/test_torch_sandbox.py`` share it (one xdist group, so one worker's sandbox), so the
-first deploy of the session installs it (about a minute) and the next ones find it current.
+200's default opsctl root: this module and the README demo in ``tests/sandbox/test_torch_sandbox.py``
+share it (one xdist group, so one worker's sandbox). The first module of the session to need the
+real build installs it with ``swap-torch``; every other sandbox links that install
+(``tests/shared_torch.py``), and the deploys find it current.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from click.testing import CliRunner
 
 from opsctl.cli import cli
 from tests.paths import REPO
+from tests.shared_torch import real_cpu_build_in_default_root
 from tests.xdist_plugin import REAL_TORCH_GROUP
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.xdist_group(REAL_TORCH_GROUP)]
@@ -38,8 +40,15 @@ def run(*args: str) -> t.Any:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
+@pytest.fixture(scope="module")
+def real_build(sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The real CPU build current in ct 200's /opt/opsctl: installed once per session, linked
+    into every other sandbox that needs it (tests/shared_torch.py)."""
+    real_cpu_build_in_default_root(sandbox, tmp_path_factory.mktemp("real-build-home"))
+
+
 @pytest.fixture
-def target(sandbox, isolated_env: Path) -> t.Iterator[str]:
+def target(sandbox, real_build: None, isolated_env: Path) -> t.Iterator[str]:
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")

@@ -348,8 +348,11 @@ def test_ctrl_c_on_deploy_replace_never_launches_the_new_job_later(root, tmp_pat
     assert proc.returncode == errors.INTERRUPTED, text
     assert "was not launched and will not be" in text, text
     assert f"job {job_a} had already been sent the stop signal" in text, text
-    # the launch in the container finishes its stop (30 s grace, then SIGTERM) and then refuses:
-    # wait for that launch process to end (not a fixed 40 s), then nothing may have been made
+    # the launch in the container finishes its stop and then refuses. The stubborn job would
+    # hold that stop for its 30 s grace: end it now, as the SIGTERM would ([.]: the pattern
+    # never matches the exec guard's own command line). Then wait for that launch process to
+    # end (not a fixed time), and nothing may have been made.
+    cexec("pkill", "-KILL", "-f", "signal[.]SIG_IGN")
     launch = f"remote_payload[.]agent --root {root} launch"  # [.]: never matches this shell
     wait_for(lambda: cexec("sh", "-c", f"pgrep -f '{launch}' || echo gone").strip() == "gone",
              timeout=60, what="the interrupted launch to end in the container")

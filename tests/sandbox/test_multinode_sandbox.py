@@ -4,10 +4,11 @@
 network, so opsctl's rendezvous is 127.0.0.1 (it sees both in one network namespace). Each
 node runs one CPU/gloo rank of the tiny trainer, under torchrun: one world of two ranks.
 
-Set-up, once for the module: the CPU torch build is installed under a private opsctl root in
-ct 200 (``swap-torch``, ~50 s on an idle machine: the slow part), then that root's ``envs/``
-is copied into ct 201's rootfs with hard links (``cp -al`` on the host, ~1 s), so the deploy
-finds the same build current in both and installs nothing. The sandbox plugin keeps 201
+Set-up, once for the module: the real CPU torch build becomes current under a private opsctl
+root in ct 200 (``tests/shared_torch.py``: installed once per session by ``swap-torch``, linked
+into every other sandbox that needs it), then that root's ``envs/`` is copied into ct 201's
+rootfs with hard links (``cp -al`` on the host, ~1 s), so the deploy finds the same build
+current in both and installs nothing. The sandbox plugin keeps 201
 stopped for its own tests (``stopped_ct``): the module stops it again when it is done.
 """
 
@@ -26,13 +27,12 @@ from click.testing import CliRunner, Result
 from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import STOPPED_CT, sandbox_home, use_private_root
+from tests.shared_torch import real_cpu_build
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 SECOND_CT = 201  # the issue's pair: ct 200 and ct 201
 NODES = f"sandbox:200,sandbox:{SECOND_CT}"
-TORCH = ["cpu", "--version", "2.13.0", "--requirement", "transformers==5.24.0",
-         "--requirement", "safetensors==0.8.0"]
 TWO_NODES = {  # one rank per node (gpus: 0, no --nproc): a world of two over gloo
     "name": "two-nodes",
     "command": ["python3", "-m", "remote_payload.trainer", "--preset", "tiny", "--device", "cpu",
@@ -60,8 +60,7 @@ def two_containers(sandbox, tmp_path_factory) -> t.Iterator[str]:
     use_private_root(sandbox, home, root)
     env = {"OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
            "OPSCTL_MUX": "0"}
-    swapped = run("swap-torch", *TORCH, "--host", "sandbox", "--ct", "200", "--json", env=env)
-    assert swapped.exit_code == 0, swapped.output[-3000:]
+    real_cpu_build(sandbox, 200, root, env)  # installed once per session (tests/shared_torch.py)
     rootfs = {ct: Path(sandbox.lxc_path) / str(ct) / "rootfs" for ct in (200, SECOND_CT)}
     (rootfs[SECOND_CT] / root.lstrip("/")).mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-al", str(rootfs[200] / root.lstrip("/") / "envs"),

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from tests.paths import REPO
+from tests.shared_torch import real_cpu_build_in_default_root
 from tests.wheel_index import build_fake_torches, closed_port_url, serve_index, write_simple_index
 from tests.xdist_plugin import REAL_TORCH_GROUP
 
@@ -164,11 +165,19 @@ def test_a_new_build_is_verified_before_a_running_job_is_replaced(torch_target, 
     opsctl("stop", "--host", "sandbox", "--ct", "200", "--grace", "2")
 
 
+@pytest.fixture(scope="module")
+def real_build(sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The real CPU build current in ct 200's /opt/opsctl (tests/shared_torch.py: installed once
+    per session by ``swap-torch``, linked into every other sandbox that needs it)."""
+    real_cpu_build_in_default_root(sandbox, tmp_path_factory.mktemp("real-build-home"))
+
+
 @pytest.mark.slow
 @real_torch
-def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: Path):
-    """The README demo: wheelhouse install of torch 2.13.0 (once: a no-op when this sandbox has
-    it already, e.g. from tests/sandbox/test_distributed_sandbox.py), then the DFlash smoke job."""
+def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, real_build: None,
+                                                         isolated_env: Path):
+    """The README demo on the real CPU build (current already: see ``real_build``): the deploy
+    finds it, then runs the DFlash smoke job."""
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
@@ -187,7 +196,8 @@ def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, isolated_env: P
 
 @pytest.mark.slow
 @real_torch
-def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isolated_env: Path,
+def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, real_build: None,
+                                                                    isolated_env: Path,
                                                                     tmp_path: Path):
     """Runs after the demo test installed the real CPU build as /opt/opsctl's current one."""
     from tests.trainer.test_torch_real import WARMUP
@@ -205,6 +215,10 @@ def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isola
     assert doc["reuse_proven"] is True
     assert doc["cold"]["counters"].get("inductor.fxgraph_cache_miss", 0) >= 1
     assert doc["seeded"]["counters"].get("inductor.fxgraph_cache_hit", 0) >= 1
+    assert doc["seeded"]["counters"].get("inductor.fxgraph_cache_miss", 0) == 0
+    assert doc["artifact_bytes"] > 0
+    size = opsctl("exec", "--host", "sandbox", "--ct", "200", "--", "stat", "-c", "%s", doc["artifact"])
+    assert int(size.stdout) == doc["artifact_bytes"], size.output
     info = json.loads(opsctl("cache", "info", "--host", "sandbox", "--ct", "200", "--json").stdout)
     current = [c for c in info["caches"] if c["current"]]
     assert current and current[0]["mega_cache"]
@@ -212,7 +226,8 @@ def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, isola
 
 @pytest.mark.slow
 @real_torch
-def test_redeploying_over_a_running_job_leaves_a_current_build_alone(sandbox, isolated_env: Path,
+def test_redeploying_over_a_running_job_leaves_a_current_build_alone(sandbox, real_build: None,
+                                                                     isolated_env: Path,
                                                                      tmp_path: Path):
     """After the demo: the cpu build is current, so --replace only replaces the job."""
     inv = isolated_env / "inventory"

@@ -1,0 +1,93 @@
+"""One real CPU torch install per test session, shared by every sandbox container that needs it.
+
+Installing torch 2.13.0+cpu into a container through ``swap-torch`` (wheelhouse download on
+this side, push, pip, the verification's real ``torch.compile``) costs 60-150 s of a 2-core
+machine, and two groups of tests need the real build in a container: the distributed jobs and
+the README demo on ct 200's default root (``REAL_TORCH_GROUP``), and the multi-node run's
+private root. They run in different xdist workers, each with a sandbox of its own, so each
+used to install it again.
+
+Now the first one to ask installs it the product's way (``opsctl swap-torch``, so the real
+install path stays tested end to end, as ``tests/trainer/test_torch_real.py`` tests the agent's
+part on this machine), and publishes the finished build into the sandbox home
+(``<home>/shared/``, destroyed with the home by ``.ci/run``); every later one hard-links it into
+its own root (``cp -al``: every sandbox's rootfs is on the same filesystem, the containers are
+privileged, so owners match) and runs the same ``swap-torch``, which then finds the build
+installed and only switches to it. A build is relocatable for opsctl: every launch is
+``python -m``, ``envs/current`` is a relative link, and the build's marker holds no path
+(``remote_payload/agent/torchenv/layout.py``). A file lock orders the workers: the second
+waits for the first's install instead of doing its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import typing as t
+from collections.abc import Iterator
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+from opsctl.config.inventory import DEFAULT_ROOT
+from opsctl.sandbox import host as sandbox_mod
+from tests.sandbox_plugin import DEFAULT_HOME
+
+BUILD = "torch-2.13.0-cpu"
+#: the build and the requirements the CPU jobs of the suite import (the bundled smoke playbook's)
+SWAP_ARGS = ("cpu", "--version", "2.13.0", "--requirement", "transformers==5.24.0",
+             "--requirement", "safetensors==0.8.0")
+
+
+def _shared_dir() -> Path:
+    """Below the session's sandbox home (not a worker's): every worker sees the same one."""
+    return Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME) / "shared"
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[Path]:
+    shared = _shared_dir()
+    shared.mkdir(parents=True, exist_ok=True)
+    with open(shared / "real-torch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield shared
+
+
+def real_cpu_build(sandbox: sandbox_mod.SandboxInfo, ct: int, root: str,
+                   env: dict[str, str]) -> dict[str, t.Any]:
+    """Make the real CPU build current in ``root`` of container ``ct``; returns swap's reply.
+
+    ``env`` is the CLI's environment (``OPSCTL_HOME`` and an inventory that names ``root``)."""
+    envs_dir = Path(sandbox.lxc_path) / str(ct) / "rootfs" / root.lstrip("/") / "envs"
+    with _locked() as shared:
+        cached = shared / BUILD
+        if cached.is_dir() and not (envs_dir / BUILD).exists():
+            envs_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-al", str(cached), str(envs_dir / BUILD)], check=True)
+        res = CliRunner().invoke(cli, ["swap-torch", *SWAP_ARGS, "--host", "sandbox", "--ct", str(ct),
+                                       "--json"], catch_exceptions=False, env=env)
+        assert res.exit_code == 0, res.output[-3000:]
+        reply: dict[str, t.Any] = json.loads(res.stdout)
+        if not cached.is_dir():
+            staging = shared / f".staging-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            subprocess.run(["cp", "-al", str(envs_dir / BUILD), str(staging)], check=True)
+            staging.rename(cached)
+        return reply
+
+
+def real_cpu_build_in_default_root(sandbox: sandbox_mod.SandboxInfo, home: Path) -> dict[str, t.Any]:
+    """The real CPU build current in ct 200's default root (``/opt/opsctl``), as the README demo
+    and the distributed jobs use it; ``home`` is a scratch ``OPSCTL_HOME``."""
+    inv = home / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    env = {"OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(inv), "OPSCTL_MUX": "0"}
+    # a job another test left in this worker's /opt/opsctl would make the switch wait or refuse
+    CliRunner().invoke(cli, ["stop", "--host", "sandbox", "--ct", "200", "--grace", "1"], env=env)
+    return real_cpu_build(sandbox, 200, DEFAULT_ROOT, env)
