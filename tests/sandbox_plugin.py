@@ -11,8 +11,9 @@ Parallel runs (``./scripts/test`` runs ``pytest -n 3``, see ``tests/xdist_plugin
 xdist worker past the first has a sandbox of its own under the home, ``<home>/workers/gwN``
 (own sshd port, own containers 200/201, own sudo user), so each worker is exactly one plain
 session and tests never share a container with a test running at the same time. A worker
-makes its sandbox on first use (the Debian rootfs comes from LXC's cache, so a worker's cold
-start is about a minute); ``.ci/run`` destroys them with the home.
+makes its sandbox on first use from a copy of the session sandbox's template (made once, with
+every package the containers need, under that sandbox's lock: ``sandbox.up(template_from=)``),
+so a worker's cold start is a copy and a boot; ``.ci/run`` destroys them with the home.
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ STOPPED_CT = 201  # kept stopped; tests must not start it (use their own ctid fo
 MISSING_CT = 999  # never created
 
 
+def session_home() -> Path:
+    """The sandbox home of the whole test session (the first worker's sandbox lives there)."""
+    return Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME)
+
+
 def sandbox_home() -> Path:
     """This session's sandbox home: the shared one, or an xdist worker's own below it."""
-    home = Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME)
+    home = session_home()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # set by xdist in each worker
     return home if worker == "gw0" else worker_homes_dir(home) / worker
 
@@ -63,7 +69,8 @@ def _require_sandbox() -> None:
 def sandbox() -> Iterator[sandbox_mod.SandboxInfo]:
     """The running sandbox host with container 200 up; left running for the next session."""
     _require_sandbox()
-    yield sandbox_mod.up(sandbox_home(), containers=(200,))
+    # workers copy the session sandbox's template: one debootstrap and apt run for all of them
+    yield sandbox_mod.up(sandbox_home(), containers=(200,), template_from=session_home())
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from click.testing import CliRunner
 from opsctl.cli import cli
 from opsctl.config.inventory import DEFAULT_ROOT
 from opsctl.sandbox import host as sandbox_mod
-from tests.sandbox_plugin import DEFAULT_HOME
+from tests.sandbox_plugin import session_home
 
 BUILD = "torch-2.13.0-cpu"
 #: the build and the requirements the CPU jobs of the suite import (the bundled smoke playbook's)
@@ -46,7 +46,7 @@ SWAP_ARGS = ("cpu", "--version", "2.13.0", "--requirement", "transformers==5.24.
 
 def _shared_dir() -> Path:
     """Below the session's sandbox home (not a worker's): every worker sees the same one."""
-    return Path(os.environ.get("OPSCTL_TEST_SANDBOX_HOME") or DEFAULT_HOME) / "shared"
+    return session_home() / "shared"
 
 
 @contextlib.contextmanager

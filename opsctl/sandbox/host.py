@@ -168,11 +168,14 @@ def _require_prerequisites() -> None:
 
 
 def up(home: Path | None = None,
-       containers: Sequence[int] = DEFAULT_CONTAINERS) -> SandboxInfo:
+       containers: Sequence[int] = DEFAULT_CONTAINERS,
+       template_from: Path | None = None) -> SandboxInfo:
     """Bring the sandbox up (idempotent): keys, sshd, pct, running containers, inventory.
 
     Reuses what exists: a second call only checks liveness (well under 2 s). A dead sshd or
-    a stopped container is started again.
+    a stopped container is started again. ``template_from`` names another sandbox home whose
+    template this one copies instead of building its own (the test suite's parallel workers:
+    one debootstrap and one apt run for all of them, made under that sandbox's lock).
 
     Raises:
         ConfigError: prerequisites are missing (not root, lxc/sshd/debootstrap absent).
@@ -181,9 +184,12 @@ def up(home: Path | None = None,
     """
     _require_prerequisites()
     layout = _Layout.of(home)
+    source = _Layout.of(template_from) if template_from is not None else None
     with _locked(layout):
         _ensure_keys(layout)
         _install_pct(layout)
+        if source is not None and source.lxc_path != layout.lxc_path:
+            _ensure_base(layout, source)
         for ctid in containers:
             _ensure_container(layout, _ctid(ctid), running=True)
         port = _ensure_sshd(layout)
@@ -338,10 +344,11 @@ def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(layout: _Layout) -> Iterator[None]:
-    """One process at a time changes a sandbox (parallel test sessions share one)."""
+def _locked(layout: _Layout, name: str | None = None) -> Iterator[None]:
+    """One process at a time changes a sandbox (parallel test sessions share one); ``name``:
+    a lock file of its own in the state dir, for a part other sandboxes use (its template)."""
     layout.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(layout.lock_file, "a") as fh:
+    with open(layout.state_dir / name if name else layout.lock_file, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -573,16 +580,20 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
     _ensure_pve_config_lines(layout.lxc_path / name / "config")
     state = _container_state(layout, name)
     if running and state != "running":
-        _lxc(layout, "lxc-start", name)
-        _lxc(layout, "lxc-wait", name, "-s", "RUNNING", "-t", "10")
-        # Wait for the container's init to finish booting, so nothing a caller puts in
-        # /tmp right away (e.g. a tmux socket) is wiped by systemd-tmpfiles at boot.
-        _lxc(layout, "lxc-attach", name, "--clear-env", "--", "systemctl",
-             "is-system-running", "--wait", check=False, timeout=CONTAINER_BOOT_TIMEOUT_S)
+        _start(layout, name)
     if running:
         _ensure_late_packages(layout, name)
     elif not running and state == "running":
         _lxc(layout, "lxc-stop", name, "--kill")
+
+
+def _start(layout: _Layout, name: str) -> None:
+    _lxc(layout, "lxc-start", name)
+    _lxc(layout, "lxc-wait", name, "-s", "RUNNING", "-t", "10")
+    # Wait for the container's init to finish booting, so nothing a caller puts in
+    # /tmp right away (e.g. a tmux socket) is wiped by systemd-tmpfiles at boot.
+    _lxc(layout, "lxc-attach", name, "--clear-env", "--", "systemctl",
+         "is-system-running", "--wait", check=False, timeout=CONTAINER_BOOT_TIMEOUT_S)
 
 
 def _ensure_pve_config_lines(config: Path) -> None:
@@ -611,17 +622,37 @@ def _ensure_late_packages(layout: _Layout, name: str) -> None:
     marker.write_text(wanted + "\n")
 
 
-def _ensure_base(layout: _Layout) -> None:
-    """Create the template container once: debootstrap (cached in /var/cache/lxc) + apt."""
-    if _container_exists(layout, BASE) and (layout.lxc_path / BASE / ".opsctl-ready").is_file():
-        return
-    layout.lxc_path.mkdir(parents=True, exist_ok=True)
-    if (layout.lxc_path / BASE).exists():
-        _lxc(layout, "lxc-destroy", BASE, check=False)
-        shutil.rmtree(layout.lxc_path / BASE, ignore_errors=True)
+def _ensure_base(layout: _Layout, source: _Layout | None = None) -> None:
+    """Create the template container once: debootstrap (cached in /var/cache/lxc) + apt, with
+    :data:`LATE_PACKAGES` too, so its copies need no apt run of their own. With ``source``,
+    copy that sandbox's template (made first if it is not there yet). Only the template's own
+    lock is held meanwhile, never the source sandbox's: its tests go on while others copy."""
+    with _locked(layout, "template.lock"):
+        if _container_exists(layout, BASE) and (layout.lxc_path / BASE / ".opsctl-ready").is_file():
+            return
+        layout.lxc_path.mkdir(parents=True, exist_ok=True)
+        if (layout.lxc_path / BASE).exists():
+            _lxc(layout, "lxc-destroy", BASE, check=False)
+            shutil.rmtree(layout.lxc_path / BASE, ignore_errors=True)
+        if source is None:
+            _make_base(layout)
+            return
+        _ensure_base(source)
+        with _locked(source, "template.lock"):
+            _run(["lxc-copy", "-P", str(source.lxc_path), "-n", BASE, "-p", str(layout.lxc_path),
+                  "-N", BASE], log=layout.state_dir / "lxc.log", timeout=600, check=True)
+        (layout.lxc_path / BASE / ".opsctl-ready").write_text("ok\n")
+
+
+def _make_base(layout: _Layout) -> None:
     _lxc(layout, "lxc-create", BASE, "-t", "debian", "--", "-r", RELEASE,
          f"--packages={','.join(PACKAGES)}", timeout=1800)
     _configure_base(layout.lxc_path / BASE)
+    _start(layout, BASE)
+    try:
+        _ensure_late_packages(layout, BASE)
+    finally:
+        _lxc(layout, "lxc-stop", BASE, "--kill", check=False)
     (layout.lxc_path / BASE / ".opsctl-ready").write_text("ok\n")
 
 
