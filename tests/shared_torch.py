@@ -8,8 +8,8 @@ private root. They run in different xdist workers, each with a sandbox of its ow
 used to install it again.
 
 Now the first one to ask installs it the product's way (``opsctl swap-torch``, so the real
-install path stays tested end to end, as ``tests/trainer/test_torch_real.py`` tests the agent's
-part on this machine), and publishes the finished build into the sandbox home
+install path stays tested end to end: ``tests/sandbox/test_torch_sandbox.py`` checks that
+install's recorded reply), and publishes the finished build into the sandbox home
 (``<home>/shared/``, destroyed with the home by ``.ci/run``); every later one hard-links it into
 its own root (``cp -al``: every sandbox's rootfs is on the same filesystem, the containers are
 privileged, so owners match) and runs the same ``swap-torch``, which then finds the build
@@ -39,6 +39,7 @@ from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import session_home
 
 BUILD = "torch-2.13.0-cpu"
+INSTALL_REPLY = "install-reply.json"
 #: the build and the requirements the CPU jobs of the suite import (the bundled smoke playbook's)
 SWAP_ARGS = ("cpu", "--version", "2.13.0", "--requirement", "transformers==5.24.0",
              "--requirement", "safetensors==0.8.0")
@@ -66,19 +67,34 @@ def real_cpu_build(sandbox: sandbox_mod.SandboxInfo, ct: int, root: str,
     envs_dir = Path(sandbox.lxc_path) / str(ct) / "rootfs" / root.lstrip("/") / "envs"
     with _locked() as shared:
         cached = shared / BUILD
+        if cached.is_dir() and not (shared / INSTALL_REPLY).is_file():
+            shutil.rmtree(cached)  # published by an older suite: no record of its install
         if cached.is_dir() and not (envs_dir / BUILD).exists():
             envs_dir.mkdir(parents=True, exist_ok=True)
             subprocess.run(["cp", "-al", str(cached), str(envs_dir / BUILD)], check=True)
-        res = CliRunner().invoke(cli, ["swap-torch", *SWAP_ARGS, "--host", "sandbox", "--ct", str(ct),
-                                       "--json"], catch_exceptions=False, env=env)
-        assert res.exit_code == 0, res.output[-3000:]
-        reply: dict[str, t.Any] = json.loads(res.stdout)
+        reply = _swap(ct, env)
         if not cached.is_dir():
+            if reply["action"] != "install":  # a reused sandbox had it: the record needs a real one
+                reply = _swap(ct, env, "--reinstall")
             staging = shared / f".staging-{os.getpid()}"
             shutil.rmtree(staging, ignore_errors=True)
             subprocess.run(["cp", "-al", str(envs_dir / BUILD), str(staging)], check=True)
+            (shared / INSTALL_REPLY).write_text(json.dumps(reply))
             staging.rename(cached)
         return reply
+
+
+def _swap(ct: int, env: dict[str, str], *extra: str) -> dict[str, t.Any]:
+    res = CliRunner().invoke(cli, ["swap-torch", *SWAP_ARGS, "--host", "sandbox", "--ct", str(ct),
+                                   "--json", *extra], catch_exceptions=False, env=env)
+    assert res.exit_code == 0, res.output[-3000:]
+    return t.cast(dict[str, t.Any], json.loads(res.stdout))
+
+
+def install_reply() -> dict[str, t.Any]:
+    """``swap-torch --json``'s reply for the session's one real install (wheelhouse download,
+    pip, verification), kept with the shared build for the tests that check it."""
+    return t.cast(dict[str, t.Any], json.loads((_shared_dir() / INSTALL_REPLY).read_text()))
 
 
 def real_cpu_build_in_default_root(sandbox: sandbox_mod.SandboxInfo, home: Path) -> dict[str, t.Any]:

@@ -25,20 +25,22 @@ import os
 
 import pytest
 
-# Modules that deploy the real CPU torch build into container 200's default root: in one
-# worker they install it once (the first deploy installs, the others find it current)
-# instead of once per worker. A new module that needs real torch in the container joins it.
+# Modules that use the real CPU torch build in container 200's default root: one worker, so
+# its sandbox's /opt/opsctl gets the build once (tests/shared_torch.py installs it once per
+# session and links it into every other sandbox that needs it). A new module that needs real
+# torch in ct 200's default root joins it.
 REAL_TORCH_GROUP = "real-torch-ct200"
 
 # Work units measured longest (``--durations=0`` of a 3-worker run: seconds per unit, under
 # load); order only, not a limit. The rest keep collection order.
 LONGEST_FIRST = (
-    REAL_TORCH_GROUP,  # ~480 s: one real install, two-rank jobs, the demo training, a cache seed
-    "test_multinode_sandbox",  # ~300 s under load: its own CPU torch install, two torchrun nodes
-    "test_trainer_run",  # ~410 s: gloo ranks training on CPU
+    REAL_TORCH_GROUP,  # ~300 s: the session's one real install, two-rank jobs, the demo, a seed
+    "test_trainer_run",  # ~130 s: gloo ranks training on CPU
+    "test_probe",  # ~100 s: a real flex-attention compile
+    # after the two above: it links the real build the first group installs (a lock: started
+    # at once, it would only wait for that install)
+    "test_multinode_sandbox",  # ~150 s: two torchrun nodes
     "test_trainer_hf_export",  # ~40 s warm; its first run builds 3 transformers venvs (~3 min)
-    "test_torch_real",  # ~210 s: real torch into a host root, a real compile cold and seeded
-    "test_probe",  # ~210 s: a real flex-attention compile
     "test_hardening_sandbox",  # ~200 s
     "test_cli_sandbox",  # ~150 s
     "test_files_edges_sandbox",  # ~120 s (2026-12-01): every push/pull edge, rsync and tar

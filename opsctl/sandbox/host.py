@@ -616,7 +616,9 @@ def _ensure_late_packages(layout: _Layout, name: str) -> None:
     if marker.is_file() and marker.read_text().strip() == wanted:
         return
     script = ("export PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive; "
-              'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"')
+              'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@" '
+              # the template is copied for every container: no downloaded .debs or lists in it
+              '&& apt-get clean && rm -rf /var/lib/apt/lists/*')
     _lxc(layout, "lxc-attach", name, "--clear-env", "--", "sh", "-c", script, "sh",
          *LATE_PACKAGES, timeout=900)
     marker.write_text(wanted + "\n")

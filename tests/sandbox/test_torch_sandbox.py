@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from tests.paths import REPO
-from tests.shared_torch import real_cpu_build_in_default_root
+from tests.shared_torch import install_reply, real_cpu_build_in_default_root
 from tests.wheel_index import build_fake_torches, closed_port_url, serve_index, write_simple_index
 from tests.xdist_plugin import REAL_TORCH_GROUP
 
@@ -30,6 +30,32 @@ pytestmark = pytest.mark.sandbox
 # the tests on /opt/opsctl's real CPU build run in one worker with tests/sandbox/test_distributed_sandbox.py
 # (one real torch install); the fake-build tests above them, on a private root, run anywhere
 real_torch = pytest.mark.xdist_group(REAL_TORCH_GROUP)
+
+WARMUP = '''
+"""Stand-in warm-up entry point: real torch.compile + mega-cache save/load (CPU)."""
+import argparse, json, time
+import torch
+from torch._dynamo.utils import counters
+
+p = argparse.ArgumentParser()
+p.add_argument("--warmup-only", action="store_true")
+p.add_argument("--save-cache-artifacts")
+p.add_argument("--load-cache-artifacts")
+a = p.parse_args()
+if a.load_cache_artifacts:
+    with open(a.load_cache_artifacts, "rb") as f:
+        torch.compiler.load_cache_artifacts(f.read())
+step = torch.compile(lambda x, w: torch.nn.functional.gelu(x @ w).sum(-1))
+t0 = time.monotonic()
+step(torch.randn(4, 8), torch.randn(8, 8))
+secs = time.monotonic() - t0
+if a.save_cache_artifacts:
+    with open(a.save_cache_artifacts, "wb") as f:
+        f.write(torch.compiler.save_cache_artifacts()[0])
+cache = {f"{g}.{k}": v for g in ("inductor", "aot_autograd") for k, v in counters[g].items()
+         if "cache" in k}
+print(json.dumps({"event": "compile", "name": "step", "seconds": round(secs, 3), "cache": cache}))
+'''
 
 
 @pytest.fixture(scope="module")
@@ -200,8 +226,6 @@ def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, real_
                                                                     isolated_env: Path,
                                                                     tmp_path: Path):
     """Runs after the demo test installed the real CPU build as /opt/opsctl's current one."""
-    from tests.trainer.test_torch_real import WARMUP
-
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
@@ -248,3 +272,52 @@ def test_redeploying_over_a_running_job_leaves_a_current_build_alone(sandbox, re
     assert {"step": "torch", "build": "torch-2.13.0-cpu", "action": "noop"}.items() <= \
         next(s for s in steps if s["step"] == "torch").items()
     opsctl("stop", "--grace", "5")
+
+
+@pytest.mark.slow
+@real_torch
+def test_the_real_cpu_build_installs_from_a_wheelhouse_and_passes_verification(real_build: None,
+                                                                               sandbox):
+    """The air-gapped path with the real torch 2.13.0+cpu: ``pip download`` on this side into a
+    wheelhouse (pip finds the cached wheel while the PyTorch index is out of reach), pushed, then
+    ``pip install --no-index --find-links`` in the container and a verification that includes a
+    real ``torch.compile``. The session's one real install (tests/shared_torch.py) recorded
+    ``swap-torch --json``'s reply."""
+    reply = install_reply()
+    assert (reply["action"], reply["build"]) == ("install", "torch-2.13.0-cpu"), reply
+    wheelhouse = reply["wheelhouse"]  # every wheel sent, or found in the container already
+    assert wheelhouse["files"] >= 1 and wheelhouse["sent"] + wheelhouse["present"] == wheelhouse["files"]
+    checks = {c["name"]: c for c in reply["verification"]["checks"]}
+    assert checks["version"]["ok"] and "'2.13.0+cpu'" in checks["version"]["detail"]
+    assert checks["cuda-version"]["ok"] and "None" in checks["cuda-version"]["detail"]
+    assert checks["compile"]["ok"] and not checks["compile"]["skipped"]  # a real torch.compile
+    facts = reply["verification"]["facts"]
+    assert (facts["torch"], facts["cuda"], facts["fake"]) == ("2.13.0+cpu", None, False)
+    assert reply["path"].endswith("/envs/torch-2.13.0-cpu")
+
+
+@pytest.mark.slow
+@real_torch
+def test_the_real_builds_cache_dirs_are_the_ones_torch_uses(real_build: None, sandbox,
+                                                          isolated_env: Path, tmp_path: Path):
+    """A job on the real build compiles into the build's own cache: torch's inductor resolves
+    its cache dir to the job env's TORCHINDUCTOR_CACHE_DIR, under the build's fingerprint."""
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    probe = ("import json, os, torch._inductor.runtime.cache_dir_utils as c; "
+             "print('CACHE ' + json.dumps([c.cache_dir(), os.environ['TRITON_CACHE_DIR'], "
+             "os.environ['TORCHINDUCTOR_CACHE_DIR'], os.environ['OPSCTL_CACHE_FINGERPRINT']]))")
+    book = tmp_path / "cachedirs.yaml"
+    book.write_text(json.dumps({"name": "cachedirs", "command": ["python", "-c", probe],
+                                "torch": {"variant": "cpu", "version": "2.13.0"}}))
+    res = opsctl("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--replace",
+                 "--json")
+    assert res.exit_code == 0, res.output
+    st = json.loads(opsctl("status", "--follow", "--json", "--poll", "1").stdout)
+    assert (st["state"], st["exit_code"]) == ("SUCCEEDED", 0), st
+    line = next(x for x in opsctl("logs").stdout.splitlines() if x.startswith("CACHE "))
+    resolved, triton, inductor, fp = json.loads(line[len("CACHE "):])
+    assert fp.startswith("torch2.13.0+cpu-cudanone-triton") and "-nogpu-py3." in fp, fp
+    assert resolved == inductor == f"/opt/opsctl/cache/{fp}/inductor"
+    assert triton.startswith(f"/opt/opsctl/cache/{fp}/")
