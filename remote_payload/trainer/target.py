@@ -419,9 +419,6 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
     Raises:
         TrainerConfigError: no safetensors file, or one whose header is not safetensors'.
     """
-    import json as _json
-    import struct
-
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise TrainerConfigError(f"--target-path {root}: no *.safetensors files")
@@ -431,12 +428,7 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
     out: dict[str, torch.Tensor] = {}
     for f in files:
         with open(f, "rb", buffering=0) as fh:
-            try:
-                (hlen,) = struct.unpack("<Q", fh.read(8))
-                header = _json.loads(fh.read(hlen))
-            except (struct.error, ValueError) as e:
-                raise TrainerConfigError(f"--target-path {f}: not a safetensors file ({e})") from None
-            header.pop("__metadata__", None)
+            hlen, header = _header(fh, f)
             wanted = {k: v for k, v in header.items() if keys is None or k in keys}
             if not wanted:
                 continue
@@ -446,8 +438,6 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
             fh.seek(8 + hlen + lo)
             _read_into(fh, buf, stage, done_ev)
             for name, v in wanted.items():
-                if v["dtype"] not in _ST_DTYPES:
-                    raise TrainerConfigError(f"--target-path {f}: {name} has dtype {v['dtype']}")
                 a, b = v["data_offsets"]
                 x = buf[a - lo:b - lo].clone().view(_ST_DTYPES[v["dtype"]]).view(v["shape"])
                 out[name] = x.to(dtype) if dtype is not None and x.is_floating_point() else x
@@ -455,6 +445,47 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
     if cuda:
         torch.cuda.synchronize(device)
     return out
+
+
+def _header(fh: t.BinaryIO, f: pathlib.Path) -> tuple[int, dict[str, t.Any]]:
+    """A safetensors header, every entry checked against the file before anything is read.
+
+    Raises:
+        TrainerConfigError: not safetensors' layout (length, JSON, dtypes, offsets, sizes).
+    """
+    import json as _json
+    import math
+    import struct
+
+    size = f.stat().st_size
+
+    def bad(why: str) -> TrainerConfigError:
+        return TrainerConfigError(f"--target-path {f}: not a safetensors file ({why})")
+
+    try:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+    except struct.error:
+        raise bad("shorter than its 8-byte header length") from None
+    if hlen > min(size - 8, 100 << 20):  # safetensors' own limit: 100 MB of header
+        raise bad(f"header length {hlen} in a file of {size} bytes")
+    try:
+        header = _json.loads(fh.read(hlen))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    header.pop("__metadata__", None)
+    data = size - 8 - hlen
+    for name, v in header.items():
+        try:
+            dtype = _ST_DTYPES[v["dtype"]]
+            a, b = (int(x) for x in v["data_offsets"])
+            n = math.prod(int(d) for d in v["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"entry {name!r}: dtype, shape or offsets unreadable") from None
+        if not 0 <= a <= b <= data or b - a != n * dtype.itemsize:
+            raise bad(f"entry {name!r}: bytes {a}..{b} for {n} x {v['dtype']} in {data} bytes")
+    return hlen, header
 
 
 def _read_into(fh: t.BinaryIO, buf: torch.Tensor, stage: list[torch.Tensor],
