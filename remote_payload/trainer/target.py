@@ -308,13 +308,16 @@ def _meta_model(hf_cfg: t.Any, dtype: torch.dtype) -> t.Any:
         return Qwen3ForCausalLM(hf_cfg)
 
 
-def _fresh_rotary(model: t.Any, device: torch.device, dtype: torch.dtype) -> None:
+def _fresh_rotary(model: t.Any, device: torch.device, dtype: torch.dtype,
+                  on: torch.device | None = None) -> None:
     """RoPE tables are non-persistent buffers computed in the constructor: after
-    ``to_empty`` (or a load, which never carries them) they are recomputed on ``device``,
-    under the default dtype an eager build has."""
+    ``to_empty`` (or a load, which never carries them) they are recomputed where the eager
+    path computed them (``on``, default ``device``: a random build ran there, a loaded one
+    on the host) under the default dtype it had, and moved to ``device``."""
     rot = model.model.rotary_emb
-    with _default_dtype(dtype), torch.device(device):
-        model.model.rotary_emb = type(rot)(config=model.config)
+    with _default_dtype(dtype), torch.device(on or device):
+        fresh = type(rot)(config=model.config)
+    model.model.rotary_emb = fresh.to(device)
 
 
 def _reset_all(modules: t.Iterable[nn.Module]) -> None:
@@ -394,7 +397,7 @@ def _load_checkpoint(cfg: DrafterConfig, path: str, device: torch.device, dtype:
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.tie_weights()
-    _fresh_rotary(model, device, dtype)
+    _fresh_rotary(model, device, dtype, on=torch.device("cpu"))
     return model
 
 
@@ -423,7 +426,7 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
     if not files:
         raise TrainerConfigError(f"--target-path {root}: no *.safetensors files")
     cuda = device.type == "cuda"
-    stage = [torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=cuda) for _ in range(2 if cuda else 0)]
+    stage = [torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2 if cuda else 0)]
     done_ev: list[t.Any] = [None, None]
     out: dict[str, torch.Tensor] = {}
     for f in files:
@@ -436,7 +439,8 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
             hi = max(v["data_offsets"][1] for v in wanted.values())
             buf = torch.empty(hi - lo, dtype=torch.uint8, device=device)
             fh.seek(8 + hlen + lo)
-            _read_into(fh, buf, stage, done_ev)
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+                _read_into(fh, buf, stage, done_ev)
             for name, v in wanted.items():
                 a, b = v["data_offsets"]
                 x = buf[a - lo:b - lo].clone().view(_ST_DTYPES[v["dtype"]]).view(v["shape"])
@@ -509,7 +513,7 @@ def _read_into(fh: t.BinaryIO, buf: torch.Tensor, stage: list[torch.Tensor],
         if stage:
             buf[off:off + size].copy_(stage[i][:size], non_blocking=True)
             ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ev.record()
+            ev.record(torch.cuda.current_stream(buf.device))
             done_ev[i] = ev
             i ^= 1
         off += size

@@ -107,11 +107,12 @@ class TestTheCheckpointLoader:
         T.save_target(T._materialize_random(preset("tiny"), CPU, torch.bfloat16, 5, True), str(out))
         return out
 
-    def test_reads_the_tensors_transformers_reads(self, ckpt):
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_reads_the_tensors_transformers_reads(self, ckpt, dtype):
         from transformers import Qwen3ForCausalLM
 
-        ref = Qwen3ForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
-        ours = T._load_checkpoint(preset("tiny"), str(ckpt), CPU, torch.float32, body=True)
+        ref = Qwen3ForCausalLM.from_pretrained(str(ckpt), dtype=dtype)
+        ours = T._load_checkpoint(preset("tiny"), str(ckpt), CPU, dtype, body=True)
         assert _differing(ref, ours) == []
         buffers = dict(ours.named_buffers())
         assert all(torch.equal(b, buffers[n]) for n, b in ref.named_buffers())
