@@ -451,7 +451,7 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
     return out
 
 
-def _header(fh: t.BinaryIO, f: pathlib.Path) -> tuple[int, dict[str, t.Any]]:
+def _header(fh: t.Any, f: pathlib.Path) -> tuple[int, dict[str, t.Any]]:
     """A safetensors header, every entry checked against the file before anything is read.
 
     Raises:
@@ -492,18 +492,18 @@ def _header(fh: t.BinaryIO, f: pathlib.Path) -> tuple[int, dict[str, t.Any]]:
     return hlen, header
 
 
-def _read_into(fh: t.BinaryIO, buf: torch.Tensor, stage: list[torch.Tensor],
+def _read_into(fh: t.Any, buf: torch.Tensor, stage: list[torch.Tensor],
                done_ev: list[t.Any]) -> None:
     """Fill ``buf`` (uint8) from ``fh``'s current position, through ``stage`` when on CUDA."""
     n, off, i = buf.numel(), 0, 0
     while off < n:
         size = min(_CHUNK, n - off)
         if not stage:  # CPU: read straight into the tensor's memory
-            view = memoryview(buf[off:off + size].numpy()).cast("B")
+            view = memoryview(t.cast(t.Any, buf[off:off + size].numpy())).cast("B")
         else:
             if done_ev[i] is not None:
                 done_ev[i].synchronize()  # the copy out of this pinned buffer has finished
-            view = memoryview(stage[i].numpy()).cast("B")[:size]
+            view = memoryview(t.cast(t.Any, stage[i].numpy())).cast("B")[:size]
         got = 0
         while got < size:
             r = fh.readinto(view[got:])
