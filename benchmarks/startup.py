@@ -68,13 +68,16 @@ ROWS: list[tuple[str, str]] = [
 ]
 
 
-def child_env(root: pathlib.Path, cache: pathlib.Path, gpu: bool) -> dict[str, str]:
+def child_env(root: pathlib.Path, cache: pathlib.Path, gpu: bool,
+              artifacts: pathlib.Path | None = None) -> dict[str, str]:
     """The trainer's environment: ``root``'s code first, its own compile caches, no seeded
-    mega-cache (a cold run is cold), multicast off on the GPU."""
+    mega-cache unless ``artifacts`` (a cold run is cold), multicast off on the GPU."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPSCTL_CACHE_ARTIFACTS", "PYTHONPATH")}
     env.update(PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
                TRITON_CACHE_DIR=str(cache / "triton"), PYTHONUNBUFFERED="1")
+    if artifacts is not None:
+        env["OPSCTL_CACHE_ARTIFACTS"] = str(artifacts)  # as the agent exports a seeded build's
     if gpu:
         env.update(GPU_ENV)
     return env
@@ -214,7 +217,10 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON result file (the table goes to .md)")
     p.add_argument("--smoke", action="store_true", help="tiny preset on CPU (checks the script)")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run")
-    p.add_argument("--modes", default="cold,warm", help="cold, warm or both")
+    p.add_argument("--modes", default="cold,warm",
+                   help="comma-separated: cold, warm, seeded (a fresh cache folder with the "
+                        "mega-cache a --warmup-only --save-cache-artifacts run saved, as "
+                        "`opsctl cache seed` installs it)")
     p.add_argument("--no-target-path", action="store_true", help="skip the checkpoint read")
     p.add_argument("--path-baseline", action="store_true",
                    help="the baseline reads the checkpoint too (~1 min more on an H200)")
@@ -224,8 +230,8 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=420.0, help="seconds per trainer run")
     a = p.parse_args(argv)
     a.modes = [m for m in a.modes.split(",") if m]
-    if not set(a.modes) <= {"cold", "warm"} or not a.modes:
-        p.error(f"--modes {','.join(a.modes)}: cold, warm or both")
+    if not set(a.modes) <= {"cold", "warm", "seeded"} or not a.modes:
+        p.error(f"--modes {','.join(a.modes)}: cold, warm, seeded")
     if not (pathlib.Path(a.baseline) / "remote_payload" / "trainer").is_dir():
         p.error(f"--baseline {a.baseline}: no remote_payload/trainer there")
     if a.steps < 2:
@@ -264,10 +270,21 @@ def main(argv: t.Sequence[str] | None = None) -> int:
                 run_dir = work / f"run-{code}-{mode}"
                 if over_budget(name):
                     continue
+                env = child_env(root, cache, gpu)
+                if mode == "seeded":  # `cache seed`: a warm-up saves the mega-cache (on this
+                    art = work / f"artifacts-{code}.bin"  # code's cache: warm after cold/warm)
+                    print(f"[{time.monotonic() - began:6.1f}s] {code} seed ...", flush=True)
+                    seed = run_trainer(root, [*shape, "--warmup-only", "--save-cache-artifacts",
+                                              str(art), "--out-dir", str(run_dir)],
+                                       env, logs / f"{code}-seed.log", a.timeout)
+                    results[f"{code} seed run"] = seed
+                    fresh = work / f"cache-{code}-seeded"
+                    fresh.mkdir()
+                    env = child_env(root, fresh, gpu, art if art.is_file() else None)
                 argv_run = [*shape, "--steps", str(a.steps), "--out-dir", str(run_dir)]
                 print(f"[{time.monotonic() - began:6.1f}s] {name} ...", flush=True)
-                results[name] = run_trainer(root, argv_run, child_env(root, cache, gpu),
-                                            logs / f"{code}-{mode}.log", a.timeout)
+                results[name] = run_trainer(root, argv_run, env, logs / f"{code}-{mode}.log",
+                                            a.timeout)
                 print(f"    {json.dumps(results[name])[:400]}", flush=True)
                 shutil.rmtree(run_dir, ignore_errors=True)
         if not a.no_target_path:
