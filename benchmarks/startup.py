@@ -54,6 +54,7 @@ GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 #: (key, row label): the table's rows, in the order a run reaches them
 ROWS: list[tuple[str, str]] = [
+    ("first_event", "first event: python + imports (s after spawn)"),
     ("pg_ready", "process groups ready (s after spawn)"),
     ("target_built", "target built (s after spawn; new code only)"),
     ("built", "target + drafter built (s after spawn)"),
@@ -97,6 +98,7 @@ def phases(lines: list[tuple[float, str]], exit_at: float | None) -> dict[str, t
         ev = wire.parse_event(text)
         if ev is None:
             continue
+        out.setdefault("first_event", at)
         kind = ev["event"]
         if kind == "phase" and "torch" in ev:
             out.setdefault("torch", ev["torch"])

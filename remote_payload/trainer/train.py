@@ -536,6 +536,7 @@ def run(args: TrainArgs) -> int:
                   budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         device, _attn, compile_on, _amp = _resolve_runtime(args)
         if device.type == "cuda":
+            _start_cuda(device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         _apply_compile_settings(args, log)
@@ -567,6 +568,20 @@ def run(args: TrainArgs) -> int:
     except Exception as e:
         log.error(type(e).__name__, str(e))
         raise
+
+
+def _start_cuda(device: torch.device) -> None:
+    """Create the CUDA context of ``device`` on a thread, while the main thread sets up
+    compiles and the process group and imports transformers (a second or two; issue 28).
+    torch's lazy initialisation holds a lock, so the main thread's first CUDA call waits for
+    this one instead of racing it; a failure here is left to that call to raise."""
+    import threading
+
+    def init() -> None:
+        with contextlib.suppress(Exception):
+            torch.empty(0, device=device)
+
+    threading.Thread(target=init, name="cuda-init", daemon=True).start()
 
 
 def _warm_compile_pool() -> None:
