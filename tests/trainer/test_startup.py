@@ -294,3 +294,51 @@ def test_the_loss_curve_is_the_one_the_trainer_had_before(tmp_path):
     before = _losses(base, tmp_path / "before")
     after = _losses(REPO, tmp_path / "after")
     assert len(after) == 4 and after == before
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("startup_bench", REPO / "benchmarks" / "startup.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_benchmark_reads_the_phases_of_either_code_from_arrival_times():
+    bench = _bench()
+    ev = wire.format_event
+    lines = [(1.0, ev("phase", phase="loading", torch="2.11.0+cu130")),
+             (2.0, ev("phase", phase="loading", detail="process groups ready")),
+             (5.0, "dflash trainer: preset qwen3-8b, ..."),
+             (9.0, ev("compile", name="target_features", seconds=3.5)),
+             (14.0, ev("compile", name="drafter_step", seconds=4.0)),
+             (14.5, ev("step", step=1)),
+             (14.6, ev("startup", pg_ready_at=2.5, target_built_at=4.5, first_step_at=15.0)),
+             (15.5, ev("step", step=2)), (16.0, "not an event"),
+             (19.5, ev("done", step=2, ckpt_s=3.0))]
+    got = bench.phases(lines, exit_at=20.0)
+    assert {k: got[k] for k in ("first_event", "pg_ready", "built", "target_compile_s",
+                                "drafter_compile_s", "first_step", "last_step_to_done", "ckpt_s",
+                                "done_to_exit", "total", "torch")} == {
+        "first_event": 1.0, "pg_ready": 2.0, "built": 5.0, "target_compile_s": 3.5,
+        "drafter_compile_s": 4.0, "first_step": 14.5, "last_step_to_done": 4.0, "ckpt_s": 3.0,
+        "done_to_exit": 0.5, "total": 20.0, "torch": "2.11.0+cu130"}
+    assert got["target_built"] == 4.0  # the trainer's own clock, shifted onto the spawn's
+    base = bench.phases(lines[:6], exit_at=None)  # the old code: no startup event, no exit
+    assert "target_built" not in base and "done_to_exit" not in base
+    md = bench.table({"base warm": base, "new warm": got})
+    assert md.splitlines()[0] == "| phase | base warm | new warm |"
+    assert "| target + drafter built (s after spawn) | 5.00 | 5.00 |" in md
+
+
+def test_the_benchmark_refuses_a_baseline_without_the_trainer(tmp_path, capsys):
+    bench = _bench()
+    with pytest.raises(SystemExit) as e:
+        bench.parse(["--baseline", str(tmp_path), "--out", str(tmp_path / "o.json")])
+    assert e.value.code == 2 and "no remote_payload/trainer" in capsys.readouterr().err
+    (tmp_path / "remote_payload" / "trainer").mkdir(parents=True)
+    for bad in (["--modes", "hot"], ["--steps", "1"]):
+        with pytest.raises(SystemExit):
+            bench.parse(["--baseline", str(tmp_path), "--out", str(tmp_path / "o.json"), *bad])
