@@ -404,6 +404,7 @@ class StartupEvent(_Event, total=False):
     pg_ready_at: float  # process groups ready (or none needed)
     target_built_at: float  # the target on the device, weights included
     drafter_built_at: float  # the drafter and its optimizer on the device
+    resumed_at: float  # --resume: the checkpoint loaded (weights and optimizer state)
     first_step_at: float  # the first optimizer step finished
     target_compile_s: float  # the target graph's first call (compile or cache load)
     drafter_compile_s: float  # the drafter step's first call (compile or cache load)

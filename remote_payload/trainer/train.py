@@ -258,6 +258,7 @@ class Trainer:
             meta = checkpoint.load(pathlib.Path(path), self.engine.raw, self.engine.opt, self.device)
         else:
             meta = checkpoint.read_meta(pathlib.Path(path))
+        self.marks.mark("resumed_at")
         self.log.event(wire.EVENT_RESUME, step=meta["step"], path=path, from_run=meta.get("run_id"))
         self.log.say(f"resumed from {path} at step {meta['step']}")
         return int(meta["step"])

@@ -219,6 +219,14 @@ class TestTheRun:
             <= s["first_step_at"], s
         assert "load_gb_per_s" not in s and "drafter_compile_s" not in s  # random, no compile
 
+    def test_tells_when_a_resumed_run_had_its_checkpoint_back(self, capsys, tmp_path):
+        assert main([*FAST, "--steps", "1", "--out-dir", str(tmp_path)]) == 0
+        capsys.readouterr()
+        assert main([*FAST, "--steps", "2", "--resume", "auto", "--out-dir", str(tmp_path)]) == 0
+        events = [e for e in map(wire.parse_event, capsys.readouterr().out.splitlines()) if e]
+        s = next(e for e in events if e["event"] == "startup")
+        assert s["drafter_built_at"] <= s["resumed_at"] <= s["first_step_at"], s
+
     def test_reports_the_read_rate_of_a_target_checkpoint(self, capsys, tmp_path):
         ckpt = tmp_path / "target"
         T.save_target(T._materialize_random(preset("tiny"), CPU, torch.float32, 0, True), str(ckpt))
