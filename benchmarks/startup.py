@@ -4,22 +4,29 @@ Each code runs the trainer as a restart does: a new process, ``python -m remote_
 the ``qwen3-8b`` preset on synthetic data (block 32, 64 anchors, S 3072, budget 49152, a few
 steps). Per code, twice in a row on one inductor/Triton cache folder of its own: ``cold`` (the
 folder empty, no seeded mega-cache) and ``warm`` (the same folder, a new process). Then, with
-``--target-path`` (unless ``--no-target-path``), both codes read one generated checkpoint of
-the preset's shape (16 GB of bf16 safetensors, written by ``target.save_target``, the writer of
-the e2e recipe) with warm compile caches, the checkpoint's pages dropped from the page cache
-first (fsync + ``POSIX_FADV_DONTNEED``), so the read comes from the disk.
+``--target-path`` (unless ``--no-target-path``), the new code (and with ``--path-baseline`` the
+base code) reads one generated checkpoint of the preset's shape (16 GB of bf16 safetensors,
+written by ``target.save_target``, the e2e recipe's writer) with warm compile caches, the
+checkpoint's pages dropped from the page cache first (fsync + ``POSIX_FADV_DONTNEED``), so the
+read comes from the disk.
 
 Times are taken here, from the spawn of the trainer, as each line arrives (the same clock for
 both codes, whatever events they print); the new code adds its ``startup`` event, which splits
 the build into target and drafter and gives the checkpoint's read rate. Columns: ``base`` (the
 ``--baseline`` tree, the trainer before issue 28) and ``new`` (this tree).
 
-Usage (one H200; the lead's command, ~6-7 min)::
+Usage (one H200; ~7 min: base cold ~125 s, base warm ~60 s, new cold ~110 s, new warm ~40 s,
+the 16 GB checkpoint ~45 s, the new code's read run ~45 s; ``--budget`` cuts the whole at 530 s)::
 
+    mkdir -p benchmarks/baseline-00924ac
     git archive 00924ac remote_payload | tar -x -C benchmarks/baseline-00924ac  # once, with git
     python benchmarks/startup.py --baseline benchmarks/baseline-00924ac --out $OUT/startup.json
 
-    python benchmarks/startup.py --smoke --baseline DIR --out /tmp/s.json   # CPU, tiny, ~1-2 min
+    # a second run (~7 min): a fresh container with `opsctl cache seed`'s mega-cache
+    python benchmarks/startup.py --baseline benchmarks/baseline-00924ac --out $OUT/seeded.json \
+        --modes cold,seeded --no-target-path
+
+    python benchmarks/startup.py --smoke --baseline DIR --out /tmp/s.json   # CPU, tiny, ~2 min
 
 It prints one markdown table (phases by run) and writes it next to ``--out`` (``.md``).
 """
