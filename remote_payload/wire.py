@@ -100,6 +100,8 @@ EVENT_RESUME = "resume"  # {"event":"resume","step":int,"path":str}: continued f
 EVENT_CACHE = "cache"  # compile-cache counters after warm-up (hits, misses per cache)
 EVENT_CACHE_ARTIFACTS = "cache_artifacts"  # a mega-cache saved (--save-cache-artifacts)
 EVENT_CACHE_ARTIFACTS_LOADED = "cache_artifacts_loaded"  # a mega-cache loaded before compiling
+# when each start-up phase ended (seconds since the process started), once after the first step
+EVENT_STARTUP = "startup"
 EVENT_REPLICAS = "replicas"  # drafter replicas agree on their weights (digests per rank)
 EVENT_PROBE_REPORT = "probe_report"  # the compile-race probe's final report
 EVENT_PROBE_MODE_RESULT = "probe_mode_result"  # one probe mode's result (child -> probe)

@@ -375,6 +375,7 @@ class CheckpointEvent(_Event, total=False):
     event: t.Literal["checkpoint"]
     step: int
     path: str
+    seconds: float  # the final checkpoint: its write time (written while the run winds down)
 
 
 class ErrorEvent(_Event, total=False):
@@ -390,6 +391,26 @@ class DoneEvent(_Event, total=False):
     step: int
     reason: str  # finished | SIGINT | SIGTERM | stop-at-step
     warmup_only: bool
+    ckpt_s: float  # rank 0: writing the final checkpoint (durable before this event)
+    shutdown_s: float  # from the last step to this event
+
+
+class StartupEvent(_Event, total=False):
+    """Once, after the first optimizer step (rank 0): when each start-up phase ended, in
+    seconds since the process started (``*_at``), and what the first compiles and the
+    checkpoint read took (``*_s``). Keys of phases a run does not have are left out."""
+
+    event: t.Literal["startup"]
+    pg_ready_at: float  # process groups ready (or none needed)
+    target_built_at: float  # the target on the device, weights included
+    drafter_built_at: float  # the drafter and its optimizer on the device
+    resumed_at: float  # --resume: the checkpoint loaded (weights and optimizer state)
+    first_step_at: float  # the first optimizer step finished
+    target_compile_s: float  # the target graph's first call (compile or cache load)
+    drafter_compile_s: float  # the drafter step's first call (compile or cache load)
+    load_s: float  # --target-path: reading the checkpoint onto the device
+    load_gb: float
+    load_gb_per_s: float
 
 
 class ResumeEvent(_Event, total=False):
@@ -436,4 +457,5 @@ EVENT_SHAPES: dict[str, type] = {
     "phase": PhaseEvent, "step": StepEvent, "compile": CompileEvent, "checkpoint": CheckpointEvent,
     "error": ErrorEvent, "done": DoneEvent, "resume": ResumeEvent, "restart": RestartEvent,
     "time_limit": TimeLimitEvent, "acceptance": AcceptanceEvent, "regenerate": RegenerateEvent,
+    "startup": StartupEvent,
 }

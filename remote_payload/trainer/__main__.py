@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import sys
 
-from .commands import main
+from .commands import COMMANDS, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    if not sys.argv[1:] or sys.argv[1] not in COMMANDS:
+        # training: `done` was said after the checkpoint was durable; the interpreter's
+        # teardown (CUDA, inductor's workers, a 16 GB target) took seconds (issue 28)
+        from .train import _leave
+
+        _leave(rc)
+    sys.exit(rc)

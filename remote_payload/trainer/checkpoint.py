@@ -4,11 +4,13 @@ Layout of ``<out_dir>/ckpt-<step>/``: ``model.safetensors`` (drafter weights of 
 *uncompiled* module; metadata holds cfg, step, torch version, run id), ``optim.pt``
 (AdamW state) and ``meta.json``. The directory is written under a temporary name and
 renamed into place, then ``<out_dir>/latest`` is replaced the same way, so a reader never
-sees half a checkpoint.
+sees half a checkpoint. Files and directories are fsynced before each rename: once
+:func:`save` returns, the checkpoint is on the disk (the trainer says ``done`` only then).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -87,16 +89,38 @@ def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optim
         tmp = out / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file(state, str(tmp / "model.safetensors"),
-                  metadata={"meta": json.dumps(full_meta, sort_keys=True)})
-        torch.save({"optim": optim.state_dict(), "step": step}, tmp / "optim.pt")
+        # the weights and the optimizer state (2x their size) are written at the same time:
+        # both mostly wait on the disk (issue 28, the final checkpoint of an 8B run)
+        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ckpt") as pool:
+            jobs = [pool.submit(save_file, state, str(tmp / "model.safetensors"),
+                                metadata={"meta": json.dumps(full_meta, sort_keys=True)}),
+                    pool.submit(torch.save, {"optim": optim.state_dict(), "step": step},
+                                tmp / "optim.pt")]
+            for job in jobs:
+                job.result()
         (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1, sort_keys=True))
         make_readable(p for p in tmp.iterdir() if p.is_file())
+        for p in tmp.iterdir():
+            _fsync(p)
+        _fsync(tmp)
         os.replace(tmp, final)
+        _fsync(out)
     latest_tmp = out / f".latest.tmp-{os.getpid()}"
     latest_tmp.write_text(final.name + "\n")
+    _fsync(latest_tmp)
     os.replace(latest_tmp, out / "latest")
+    _fsync(out)
     return final
+
+
+def _fsync(path: pathlib.Path) -> None:
+    """Flush a file's data (or a directory's entries) to the disk: a checkpoint that
+    ``done`` announced must survive a power cut, not only a killed process."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def resolve(resume: str | None, out_dir: str) -> pathlib.Path | None:

@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import DDP_BUCKET_MB, DrafterConfig
 from .data import Batch, block_inputs
-from .model import Drafter, _ce_chunk, dense_mask, flex_block_mask, lm_head_loss, loss_weights
+from .model import _ce_chunk, build_drafter, dense_mask, flex_block_mask, lm_head_loss, loss_weights
 
 
 @dataclass
@@ -44,8 +44,7 @@ class Engine:
         self.autocast_dtype = autocast_dtype
         self.embed, self.head_weight = embed, head_weight
         self.grad_clip, self.ce_chunk = grad_clip, ce_chunk
-        torch.manual_seed(seed)
-        self.raw = Drafter(cfg, attn).to(device)  # fp32 master weights
+        self.raw = build_drafter(cfg, attn, device, seed)  # fp32 master weights, on device
         model: nn.Module = self.raw
         if ddp_group is not None:
             from torch.nn.parallel import DistributedDataParallel as DDP

@@ -9,7 +9,9 @@ silent). Every line is flushed, so a pane or pipe shows it at once.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import typing as t
 
 from .. import wire
@@ -42,3 +44,36 @@ class Log:
     def error(self, type_: str, message: str) -> None:
         """Reported by any rank, with the GPU it drives."""
         self._write(format_event(wire.EVENT_ERROR, type=type_, message=message, rank=self.rank, gpu=self.gpu))
+
+
+_IMPORTED = time.monotonic()
+
+
+def process_age() -> float:
+    """Seconds since this process started, as the kernel counts (``/proc/self/stat``'s start
+    time against ``/proc/uptime``, 10 ms ticks), so the start-up breakdown includes the
+    interpreter's start and ``import torch``; elsewhere, since this module was imported.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        # field 22 (starttime), counted after the ")" that closes the command name
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+class Marks:
+    """When each start-up phase ended, in seconds since the process started (the
+    ``startup`` event; docs/trainer.md, "Start-up")."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.sent = False
+
+    def mark(self, name: str) -> float:
+        self.at[name] = round(process_age(), 3)
+        return self.at[name]

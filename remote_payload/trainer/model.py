@@ -79,6 +79,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
+    def reset_parameters(self) -> None:
+        """Ones, as in the constructor (for :func:`build_drafter`'s ``to_empty``)."""
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -203,6 +208,29 @@ class Drafter(nn.Module):
 
 
 # --- loss ----------------------------------------------------------------------
+
+
+def build_drafter(cfg: DrafterConfig, attn: str, device: torch.device, seed: int) -> Drafter:
+    """A seeded :class:`Drafter` built on the meta device and materialised on ``device``.
+
+    The draws replay the eager ``torch.manual_seed(seed); Drafter(cfg, attn)`` exactly (each
+    submodule's ``reset_parameters`` in construction order, then the drafter's own), so on
+    the same device the weights are bit-identical (``tests/trainer/test_startup.py``). Why:
+    the eager build drew ~1 B fp32 weights twice on the host and copied 4 GB to the GPU
+    (issue 28). On CUDA the draws now come from the CUDA generator, so a GPU run's initial
+    drafter differs from the host-drawn one of the trainer before issue 28: the same
+    distribution, other values (loss curves agree statistically, not bit for bit)."""
+    with torch.device("meta"):
+        model = Drafter(cfg, attn)
+    model.to_empty(device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            reset = getattr(m, "reset_parameters", None)
+            if m is not model and callable(reset):
+                reset()
+        model.reset_parameters()
+    return model
 
 
 def loss_weights(valid: torch.Tensor, block_lm: torch.Tensor, block_size: int,

@@ -282,25 +282,71 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
     Random embedding/head weights come from a dedicated seeded generator so that ranks
     with and without the body agree on them.
 
+    Both paths build the model on the ``meta`` device (no storage, no init work) and then
+    give it storage on ``device`` only: random weights are drawn there by
+    :func:`_materialize_random` in the same order and from the same generator as an eager
+    build on ``device`` (bit-identical; ``tests/trainer/test_startup.py``), a checkpoint is
+    read by :func:`load_safetensors` straight into ``device`` memory. No CPU copy of the
+    weights is ever made (issue 28: a restart spent ~20 s building an 8B model on the host).
+
     Raises:
         TrainerConfigError: ``path`` is not a loadable checkpoint directory.
     """
+    if path is not None:
+        model = _load_checkpoint(cfg, path, device, dtype, body)
+        return Target(model, cfg.target_layer_ids if body else (), fused, precision)
+    model = _materialize_random(cfg, device, dtype, seed, body)
+    return Target(model.to(dtype), cfg.target_layer_ids if body else (), fused, precision)
+
+
+def _meta_model(hf_cfg: t.Any, dtype: torch.dtype) -> t.Any:
+    """A ``Qwen3ForCausalLM`` of ``hf_cfg`` on the meta device: shapes only, no init work."""
     from transformers import Qwen3ForCausalLM
 
-    if path is not None:
-        if not pathlib.Path(path).is_dir():
-            raise TrainerConfigError(f"--target-path {path} is not a directory")
-        model: t.Any = Qwen3ForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
-                                                 local_files_only=True)
-        if not body:
-            del model.model.layers[cfg.target_layers_run:]  # drop what no rank here runs
-            model.model.layers = nn.ModuleList(model.model.layers[:1])
-        return Target(model.to(device), cfg.target_layer_ids if body else (), fused, precision)
-    hf_cfg = qwen3_config(cfg, layers=None if body else 1)
     hf_cfg._attn_implementation = "sdpa"
+    with _default_dtype(dtype), torch.device("meta"):
+        return Qwen3ForCausalLM(hf_cfg)
+
+
+def _fresh_rotary(model: t.Any, device: torch.device, dtype: torch.dtype,
+                  on: torch.device | None = None) -> None:
+    """RoPE tables are non-persistent buffers computed in the constructor: after
+    ``to_empty`` (or a load, which never carries them) they are recomputed where the eager
+    path computed them (``on``, default ``device``: a random build ran there, a loaded one
+    on the host) under the default dtype it had, and moved to ``device``."""
+    rot = model.model.rotary_emb
+    with _default_dtype(dtype), torch.device(on or device):
+        fresh = type(rot)(config=model.config)
+    model.model.rotary_emb = fresh.to(device)
+
+
+def _reset_all(modules: t.Iterable[nn.Module]) -> None:
+    for m in modules:
+        reset = getattr(m, "reset_parameters", None)
+        if callable(reset):
+            reset()
+
+
+def _materialize_random(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
+                        seed: int, body: bool) -> t.Any:
+    """The random target, built on meta and materialised on ``device``.
+
+    The draws replay an eager ``Qwen3ForCausalLM(hf_cfg)`` under ``torch.device(device)``
+    exactly: each module's own ``reset_parameters`` in construction order (the inner
+    ``Qwen3Model`` first, whose ``post_init`` then runs transformers' init, then the LM head
+    and the outer ``post_init``), from the same seeded global generator, so the weights are
+    bit-identical to the eager build on the same device (the equality test pins this for
+    the installed transformers). Then the head's own generator as before."""
+    hf_cfg = qwen3_config(cfg, layers=None if body else 1)
+    model = _meta_model(hf_cfg, dtype)
     torch.manual_seed(seed + 1_000_003)
-    with _default_dtype(dtype), torch.device(device), torch.no_grad():
-        model = Qwen3ForCausalLM(hf_cfg)  # (t.Any: see above)
+    with _default_dtype(dtype), torch.no_grad():
+        model.to_empty(device=device)
+        _reset_all(model.model.modules())
+        model.model.init_weights()
+        _reset_all([model.lm_head])
+        model.init_weights()
+        _fresh_rotary(model, device, dtype)
         # std 2/sqrt(H): with an RMS-normed input the frozen head then gives logits of
         # O(1), so a random target still has a learnable head (0.02 makes them ~0).
         g = torch.Generator(device=device).manual_seed(seed + 17)
@@ -310,7 +356,173 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
         head = model.get_output_embeddings().weight
         if head.data_ptr() != emb.data_ptr():
             head.normal_(0.0, std, generator=g)
-    return Target(model.to(dtype), cfg.target_layer_ids if body else (), fused, precision)
+    return model
+
+
+def _load_checkpoint(cfg: DrafterConfig, path: str, device: torch.device, dtype: torch.dtype,
+                     body: bool) -> t.Any:
+    """``path`` (a ``save_pretrained`` directory: config.json + safetensors shards) onto
+    ``device``: the model on meta, each tensor read straight into ``device`` memory and
+    assigned. ``body=False``: only the embedding and LM head are read.
+
+    Raises:
+        TrainerConfigError: not a directory, no safetensors, or tensors missing/misshapen.
+    """
+    from transformers import AutoConfig
+
+    root = pathlib.Path(path)
+    if not root.is_dir():
+        raise TrainerConfigError(f"--target-path {path} is not a directory")
+    try:
+        hf_cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise TrainerConfigError(f"--target-path {path}: unreadable config.json ({e})") from None
+    hf_cfg.use_cache = False
+    if not body:
+        hf_cfg.num_hidden_layers = 1
+    model = _meta_model(hf_cfg, dtype)
+    want = {k: v for k, v in model.state_dict().items()
+            if body or not k.startswith("model.layers.")}
+    state = load_safetensors(root, device, dtype, keys=set(want))
+    tied = bool(getattr(hf_cfg, "tie_word_embeddings", False))
+    if tied:
+        state.pop("lm_head.weight", None)
+    missing = sorted(k for k in want if k not in state and not (tied and k == "lm_head.weight"))
+    shapes = sorted(k for k, v in state.items() if tuple(v.shape) != tuple(want[k].shape))
+    if missing or shapes:
+        raise TrainerConfigError(f"--target-path {path}: tensors missing {missing[:3]} or "
+                                 f"misshapen {shapes[:3]} for {hf_cfg.model_type}")
+    if not body:
+        model.model.layers = nn.ModuleList([nn.Identity()])  # no rank here runs a layer
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.tie_weights()
+    _fresh_rotary(model, device, dtype, on=torch.device("cpu"))
+    return model
+
+
+_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+              "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_CHUNK = 64 << 20  # bytes per read: large enough to stream, small enough for two pinned buffers
+
+
+def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtype | None = None,
+                     keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of every ``*.safetensors`` file under ``root`` (or those in ``keys``),
+    on ``device``, floating tensors cast to ``dtype``.
+
+    Why not ``safetensors.safe_open(..., device="cuda")``: it maps the file and copies each
+    tensor from pageable memory, one page fault at a time. Here each file's data section is
+    read sequentially in 64 MiB chunks into two pinned buffers that alternate, each chunk
+    copied to one ``device`` byte buffer per file asynchronously while the next is read;
+    tensors are then cut from that buffer on the device. Host memory stays at 128 MiB
+    whatever the checkpoint's size. On CPU the same loop reads into the tensor buffer.
+
+    Raises:
+        TrainerConfigError: no safetensors file, or one whose header is not safetensors'.
+    """
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise TrainerConfigError(f"--target-path {root}: no *.safetensors files")
+    cuda = device.type == "cuda"
+    stage = [torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2 if cuda else 0)]
+    done_ev: list[t.Any] = [None, None]
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            hlen, header = _header(fh, f)
+            wanted = {k: v for k, v in header.items() if keys is None or k in keys}
+            if not wanted:
+                continue
+            lo = min(v["data_offsets"][0] for v in wanted.values())
+            hi = max(v["data_offsets"][1] for v in wanted.values())
+            buf = torch.empty(hi - lo, dtype=torch.uint8, device=device)
+            fh.seek(8 + hlen + lo)
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+                _read_into(fh, buf, stage, done_ev)
+            for name, v in wanted.items():
+                a, b = v["data_offsets"]
+                x = buf[a - lo:b - lo].clone().view(_ST_DTYPES[v["dtype"]]).view(v["shape"])
+                out[name] = x.to(dtype) if dtype is not None and x.is_floating_point() else x
+            del buf
+    if cuda:
+        torch.cuda.synchronize(device)
+    return out
+
+
+def _header(fh: t.Any, f: pathlib.Path) -> tuple[int, dict[str, t.Any]]:
+    """A safetensors header, every entry checked against the file before anything is read.
+
+    Raises:
+        TrainerConfigError: not safetensors' layout (length, JSON, dtypes, offsets, sizes).
+    """
+    import json as _json
+    import math
+    import struct
+
+    size = f.stat().st_size
+
+    def bad(why: str) -> TrainerConfigError:
+        return TrainerConfigError(f"--target-path {f}: not a safetensors file ({why})")
+
+    try:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+    except struct.error:
+        raise bad("shorter than its 8-byte header length") from None
+    if hlen > min(size - 8, 100 << 20):  # safetensors' own limit: 100 MB of header
+        raise bad(f"header length {hlen} in a file of {size} bytes")
+    try:
+        header = _json.loads(fh.read(hlen))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    header.pop("__metadata__", None)
+    data = size - 8 - hlen
+    for name, v in header.items():
+        try:
+            dtype = _ST_DTYPES[v["dtype"]]
+            a, b = (int(x) for x in v["data_offsets"])
+            n = math.prod(int(d) for d in v["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"entry {name!r}: dtype, shape or offsets unreadable") from None
+        if not 0 <= a <= b <= data or b - a != n * dtype.itemsize:
+            raise bad(f"entry {name!r}: bytes {a}..{b} for {n} x {v['dtype']} in {data} bytes")
+    return hlen, header
+
+
+def _read_into(fh: t.Any, buf: torch.Tensor, stage: list[torch.Tensor],
+               done_ev: list[t.Any]) -> None:
+    """Fill ``buf`` (uint8) from ``fh``'s current position, through ``stage`` when on CUDA."""
+    n, off, i = buf.numel(), 0, 0
+    while off < n:
+        size = min(_CHUNK, n - off)
+        if not stage:  # CPU: read straight into the tensor's memory
+            view = memoryview(t.cast(t.Any, buf[off:off + size].numpy())).cast("B")
+        else:
+            if done_ev[i] is not None:
+                done_ev[i].synchronize()  # the copy out of this pinned buffer has finished
+            view = memoryview(t.cast(t.Any, stage[i].numpy())).cast("B")[:size]
+        got = 0
+        while got < size:
+            r = fh.readinto(view[got:])
+            if not r:
+                raise TrainerConfigError(f"--target-path {getattr(fh, 'name', '?')}: truncated")
+            got += r
+        if stage:
+            buf[off:off + size].copy_(stage[i][:size], non_blocking=True)
+            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ev.record(torch.cuda.current_stream(buf.device))
+            done_ev[i] = ev
+            i ^= 1
+        off += size
+
+
+def save_target(model: t.Any, out_dir: str) -> None:
+    """Write a target the way every consumer here reads one (``--target-path``, ``eval``,
+    ``regenerate``): transformers' ``save_pretrained``, safetensors shards of up to 5 GB."""
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="5GB")
 
 
 # --- the target for inference (``regenerate``, ``eval``): one set of flags, one loader ----------

@@ -109,5 +109,7 @@ def train_target(tok: t.Any, lang: Language, out_dir: str, *, hidden: int = 64, 
             log(f"target step {step + 1}/{steps} loss {loss_v:.4f} answer-token acc {acc:.3f}")
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out_dir, safe_serialization=True)
+    from .target import save_target
+
+    save_target(model, out_dir)
     return {"loss": loss_v, "acc": acc}

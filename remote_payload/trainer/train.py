@@ -30,7 +30,7 @@ from .checkpoint import CheckpointError
 from .config import DrafterConfig, TrainArgs, TrainerConfigError, parse_args
 from .data import Batch, Source, SyntheticSource, make_source
 from .engine import Engine, lr_at
-from .events import Log
+from .events import Log, Marks
 from .flops import mfu_fields, step_flops
 from .target import Target, build_target, config_from_dir
 
@@ -124,8 +124,9 @@ def _model_config(args: TrainArgs) -> DrafterConfig:
 
 
 class Trainer:
-    def __init__(self, args: TrainArgs, topo: dist.Topo, log: Log):
+    def __init__(self, args: TrainArgs, topo: dist.Topo, log: Log, marks: Marks | None = None):
         self.args, self.topo, self.log = args, topo, log
+        self.marks = marks or Marks()
         self.device, self.attn, self.compile_on, self.amp = _resolve_runtime(args)
         self.cfg = _model_config(args)
         self.run_id = args.run_id or uuid.uuid4().hex[:12]
@@ -142,8 +143,16 @@ class Trainer:
             raise TrainerConfigError(
                 f"--target-precision fp8 needs compute capability 8.9+; {self.device} has "
                 f"{'.'.join(map(str, torch.cuda.get_device_capability(self.device)))}")
+        t0 = time.perf_counter()
         self.target: Target = build_target(self.cfg, self.device, self.tdtype, args.target_path,
                                            args.seed, body=body, precision=args.target_precision)
+        self._sync()
+        self.marks.mark("target_built_at")
+        if args.target_path:  # the read rate of the checkpoint (meta build included)
+            load_s = time.perf_counter() - t0
+            gb = sum(p.stat().st_size for p in _safetensors(args.target_path)) / 1e9
+            self.marks.at.update(load_s=round(load_s, 3), load_gb=round(gb, 3),
+                                 load_gb_per_s=round(gb / max(load_s, 1e-9), 2))
         if self.compile_on:
             self.target.compile()  # per bucket shape; first call of each under the compile lock
         self.target_shapes: set[tuple[int, ...]] = set()
@@ -155,7 +164,10 @@ class Trainer:
                 head_weight=self.target.head_weight, lr=args.lr, weight_decay=args.weight_decay,
                 grad_clip=args.grad_clip, ce_chunk=args.ce_chunk, ddp_group=topo.drafter_group,
                 ddp_bucket_mb=args.ddp_bucket_mb, seed=args.seed)
+        self._sync()
+        self.marks.mark("drafter_built_at")
         self.seen_shapes: set[tuple[int, int]] = set()
+        self._saver: t.Any = None  # the final checkpoint's writer thread (see _finish)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -176,6 +188,7 @@ class Trainer:
             self._sync()
         secs = time.perf_counter() - t0
         self.target_shapes.add(shape)
+        self.marks.at.setdefault("target_compile_s", round(secs, 3))
         self.log.event(wire.EVENT_COMPILE, name="target_features", shape=list(shape),
                        seconds=round(secs, 3), recompiles=max(0, len(self.target_shapes) - 1),
                        cache=cache_counters())
@@ -212,19 +225,24 @@ class Trainer:
         secs = time.perf_counter() - t0
         self.seen_shapes.add(shape)
         if self.compile_on:
+            self.marks.at.setdefault("drafter_compile_s", round(secs, 3))
+        if self.compile_on:
             cc = cache_counters()
             self.log.event(wire.EVENT_COMPILE, name="drafter_step", shape=list(shape), seconds=round(secs, 3),
                            recompiles=max(0, len(self.seen_shapes) - 1), cache=cc)
             self.log.say(f"compiled drafter step for shape {shape} in {secs:.1f}s")
         return out, lr, secs
 
-    def _save(self, step: int) -> None:
+    def _save(self, step: int, announce: bool = True) -> t.Any:
+        """Rank 0 writes ``ckpt-<step>`` (atomic and durable: :func:`checkpoint.save`)."""
         if self.engine is None or self.topo.rank != 0:
-            return
+            return None
         meta = {"run_id": self.run_id, "cfg": _asdict(self.cfg), "args": _asdict(self.args)}
         path = checkpoint.save(self.args.out_dir, step, self.engine.raw, self.engine.opt, meta)
-        self.log.event(wire.EVENT_CHECKPOINT, step=step, path=str(path))
-        self.log.say(f"checkpoint saved: {path}")
+        if announce:
+            self.log.event(wire.EVENT_CHECKPOINT, step=step, path=str(path))
+            self.log.say(f"checkpoint saved: {path}")
+        return path
 
     def _resume(self) -> int:
         path = None
@@ -240,6 +258,7 @@ class Trainer:
             meta = checkpoint.load(pathlib.Path(path), self.engine.raw, self.engine.opt, self.device)
         else:
             meta = checkpoint.read_meta(pathlib.Path(path))
+        self.marks.mark("resumed_at")
         self.log.event(wire.EVENT_RESUME, step=meta["step"], path=path, from_run=meta.get("run_id"))
         self.log.say(f"resumed from {path} at step {meta['step']}")
         return int(meta["step"])
@@ -350,16 +369,60 @@ class Trainer:
             if step % args.log_every == 0 or step == args.steps:
                 self._log_step(step, lr, window)
                 window = _Window(self.device, window.step_time)
+            if not self.marks.sent:
+                self._startup_event()
             if args.ckpt_every and step % args.ckpt_every == 0 and step < args.steps:
                 self._save(step)
-        self._save(step)
+        last_step = time.perf_counter()
+        saver = self._start_final_save(step)
         if args.check_replicas:
             self._check_replicas()
+        dist.finish(topo)  # the other ranks leave while rank 0 writes (barrier, destroy)
+        ckpt_s = self._join_final_save(saver, step)
         why = _StopFlag.signame or ("stop-at-step" if step < args.steps else "finished")
         log.event(wire.EVENT_PHASE, phase="done")
-        log.event(wire.EVENT_DONE, step=step, reason=why)
+        done: dict[str, t.Any] = {"step": step, "reason": why}
+        if ckpt_s is not None:
+            done["ckpt_s"] = ckpt_s
+        done["shutdown_s"] = round(time.perf_counter() - last_step, 3)
+        log.event(wire.EVENT_DONE, **done)
         log.say(f"done at step {step} ({why})")
         return 0
+
+    def _startup_event(self) -> None:
+        """Once, after the first optimizer step: when each start-up phase ended (seconds
+        since the process started) and how long the first compiles took."""
+        self._sync()
+        self.marks.mark("first_step_at")
+        self.marks.sent = True
+        self.log.event(wire.EVENT_STARTUP, **self.marks.at)
+
+    def _start_final_save(self, step: int) -> t.Any:
+        """Rank 0 writes the final checkpoint on a thread while the run winds down (the
+        replica check, the process group's barrier and destroy); :meth:`_join_final_save`
+        waits for it to be durable before ``done`` is said."""
+        if self.engine is None or self.topo.rank != 0:
+            return None
+        import concurrent.futures
+
+        def write() -> tuple[t.Any, float]:
+            t0 = time.perf_counter()
+            path = self._save(step, announce=False)
+            return path, round(time.perf_counter() - t0, 3)
+
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="final-ckpt")
+        fut = pool.submit(write)
+        pool.shutdown(wait=False)
+        return fut
+
+    def _join_final_save(self, saver: t.Any, step: int) -> float | None:
+        """Wait for the final checkpoint; returns its write time (None: not this rank's)."""
+        if saver is None:
+            return None
+        path, secs = saver.result()  # re-raises the writer's error here, before any `done`
+        self.log.event(wire.EVENT_CHECKPOINT, step=step, path=str(path), seconds=secs)
+        self.log.say(f"checkpoint saved: {path} ({secs:.1f}s)")
+        return t.cast(float, secs)
 
     def _log_step(self, step: int, lr: float, w: _Window) -> None:
         self._sync()
@@ -467,24 +530,29 @@ def run(args: TrainArgs) -> int:
     rank = int(os.environ.get("RANK", "0"))
     log = Log(rank, local_rank=int(os.environ.get("LOCAL_RANK", str(rank))))
     topo: dist.Topo | None = None
+    marks = Marks()
     try:
         log.event(wire.EVENT_PHASE, phase="loading", preset=args.preset, topology=args.topology,
                   torch=torch.__version__, pid=os.getpid(),
                   budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
-        device = _resolve_runtime(args)[0]
+        device, _attn, compile_on, _amp = _resolve_runtime(args)
         if device.type == "cuda":
+            _start_cuda(device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         _apply_compile_settings(args, log)
+        if compile_on:
+            _warm_compile_pool()
         log.gpu = dist.gpu_label(device)
         wire.announce_process(rank=rank, role="starting", gpu=log.gpu)
         topo = dist.init(args, device)
+        marks.mark("pg_ready_at")
         log.rank, log.local_rank = topo.rank, topo.local_rank
         log.event(wire.EVENT_PHASE, phase="loading", detail="process groups ready", world=topo.world,
                   budget_s=LOAD_FROM_DISK_BUDGET_S if args.target_path else LOAD_BUDGET_S)
         wire.announce_process(rank=topo.rank, local_rank=topo.local_rank, world=topo.world,
                               role="drafter" if topo.is_drafter else "target", gpu=log.gpu)
-        trainer = Trainer(args, topo, log)
+        trainer = Trainer(args, topo, log, marks)
         log.say(f"dflash trainer: preset {args.preset}, {trainer.cfg.draft_layers} draft layers, "
                 f"block {trainer.cfg.block_size}, {trainer.cfg.max_anchors} anchors, device "
                 f"{trainer.device}, attn {trainer.attn}, compile {trainer.compile_on}, world "
@@ -501,6 +569,36 @@ def run(args: TrainArgs) -> int:
     except Exception as e:
         log.error(type(e).__name__, str(e))
         raise
+
+
+def _start_cuda(device: torch.device) -> None:
+    """Create the CUDA context of ``device`` on a thread, while the main thread sets up
+    compiles and the process group and imports transformers (a second or two; issue 28).
+    torch's lazy initialisation holds a lock, so the main thread's first CUDA call waits for
+    this one instead of racing it; a failure here is left to that call to raise."""
+    import threading
+
+    def init() -> None:
+        with contextlib.suppress(Exception):
+            torch.empty(0, device=device)
+
+    threading.Thread(target=init, name="cuda-init", daemon=True).start()
+
+
+def _warm_compile_pool() -> None:
+    """Start inductor's compile workers now, while the target is built, not at the first
+    compile (they take seconds to start; issue 28). Only a head start: failures are left to
+    the first compile, which starts the pool itself and reports them."""
+    with contextlib.suppress(Exception):
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+
+
+def _safetensors(path: str) -> list[t.Any]:
+    import pathlib
+
+    return sorted(pathlib.Path(path).glob("*.safetensors"))
 
 
 def _leave(rc: int) -> t.NoReturn:
