@@ -59,6 +59,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--secrets-stdin", action="store_true",
                        help="read the spec's secrets as a JSON object {NAME: value} on stdin "
                             "(never on the command line)")
+        p.add_argument("--slots", type=int, default=None,
+                       help="the container's GPU count (the inventory's gpus): slots for gpus: N")
         p.add_argument("--payload-digest", default=None,
                        help="launch only if the installed payload has this digest (deploy's "
                             "unchanged-payload fast path: one round trip instead of two)")
@@ -92,12 +94,17 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     root = args.root
     if verb == "launch":
         if args.payload_digest is not None:
-            if not args.replace:  # a refusal comes first: the client must not ship a payload
+            # a refusal comes first: the client must not ship a payload (a job with gpus: may
+            # run beside the current one; launch decides that under the queue lock)
+            if not args.replace and not _asks_for_gpus(args.spec_json):
                 _refuse_if_running(root)
             _check_payload_digest(args.payload_digest)
         secrets = _read_secrets() if args.secrets_stdin else None
         return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
-                      socket=_socket(args), force_gpus=args.force_gpus, secrets=secrets)
+                      socket=_socket(args), force_gpus=args.force_gpus, secrets=secrets,
+                      slots=args.slots or None)
+    if verb in ("status", "jobs"):
+        _advance_if_queued(root, args)
     if verb == "status":
         return status_document(root, jobs.resolve_job(root, args.job), lines=args.lines)
     if verb == "logs":
@@ -114,6 +121,30 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     if verb == "abort":
         return abort(root, args.job)
     raise AgentFailure(ErrorType.UnknownVerb, f"verbs.jobs does not handle {verb}")
+
+
+def _asks_for_gpus(spec_json: str) -> bool:
+    try:
+        spec = json.loads(spec_json)
+    except ValueError:
+        return False
+    return isinstance(spec, dict) and spec.get("gpus") is not None
+
+
+def _advance_if_queued(root: str, args: argparse.Namespace) -> None:
+    """After a container restart no wrapper is left to move the queue on: the next ``status``
+    or ``jobs`` does (never waiting for the lock; a queue that is empty costs one stat)."""
+    from remote_payload.agent import jobqueue as queue
+
+    try:
+        raw = read_json(queue.queue_path(root), None)
+    except (OSError, ValueError):
+        raw = {"order": ["?"]}  # damaged: advance rebuilds it from the job dirs
+    if not (isinstance(raw, dict) and raw.get("order")):
+        return
+    from remote_payload.agent.verbs import queue as qv
+
+    qv.advance_queue(root, _socket(args), blocking=False)
 
 
 def _read_secrets() -> t.Any:
@@ -281,7 +312,8 @@ def _diag_failure(exc: BaseException) -> dict[str, t.Any]:
 
 
 def launch(root: str, spec_json: str, *, replace: bool, grace: float,
-           socket: str, force_gpus: bool = False, secrets: t.Any = None) -> StatusDoc:
+           socket: str, force_gpus: bool = False, secrets: t.Any = None,
+           slots: int | None = None) -> StatusDoc:
     """Create ``jobs/<id>/`` and start the wrapper in tmux; return the first status document.
 
     Raises
@@ -291,8 +323,12 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         ``--force-gpus``; checked before the running job is touched), ``JobExists``,
         ``LaunchAborted`` (the deploy was interrupted: ``abort``), ``TmuxFailed`` or
         ``LaunchFailed`` (the wrapper never recorded a start).
+
+    A job with ``gpus`` (a count or a list of slots) runs beside the live jobs whose slots it
+    does not share; without, it takes the whole container (every live job is in its way).
+    ``slots``: the container's GPU count (the inventory's ``gpus``), kept for the queue.
     """
-    from remote_payload.agent import gpus, tmux
+    from remote_payload.agent import gpus
 
     try:
         raw = json.loads(spec_json)
@@ -314,71 +350,118 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
     if build_python and not spec.get("python"):
         spec["python"] = build_python
 
-    current = _refuse_if_running(root, replace=replace)
-    running = jobs.load(root, current) if current is not None else None
-    # GPUs held by anything but this job: visible foreign processes refuse before the running
-    # job is touched; memory (which inside a container has no visible owner) is judged once the
-    # job being replaced has stopped and freed its own
-    needed = gpus.needed_gpus(spec)
-    own = jobs.job_processes(running.job_id, running.pid.get("pgid"), running.pid.get("start_ticks"),
-                             running.pid.get("cgroup")) if running else []
-    check = gpus.preflight(needed, own, memory=running is None)
-    _refuse_busy_gpus(check, force_gpus)
-    check["rows"] = _refuse_failing_rows(root, needed, force_gpus)
+    from remote_payload.agent import jobqueue as queue
+    from remote_payload.agent.verbs import queue as qv
 
-    path = jobs.job_dir(root, job_id)
-    os.makedirs(jobs.jobs_root(root), exist_ok=True)
-    # An interrupted deploy (``abort``) and this launch serialize on the launch lock: the
-    # abort either lands before the old job is touched / the new one is created, or it
-    # sees exactly what was done.
-    with jobs.launch_lock(root):
-        _refuse_if_aborted(root, job_id)
-        current = _refuse_if_running(root, replace=replace)
-        if current is not None:
-            jobs.request_cancel(root, current, reason=f"replaced by job {job_id}")
-    if current is not None:
-        stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
-             reason=f"replaced by job {job_id}")
-        rows = check["rows"]
-        check = gpus.preflight(needed)
+    with queue.locked(root):  # one start at a time: two jobs never pick the same GPU slot
+        doc = queue.read(root)
+        if slots:
+            doc = doc._replace(slots=slots)
+        request = qv.gpu_request(spec, doc.slots)
+        holders = queue.live_holders(root, doc)
+        fits, got, in_the_way = qv.slot_conflicts(request, doc.slots or 0, holders)
+        if in_the_way and not replace:
+            first = in_the_way[0]
+            raise AgentFailure(ErrorType.JobAlreadyRunning, qv.in_the_way_message(root, first, request),
+                               job_id=first, state=jobs.load(root, first).state.value)
+        qv.set_slots(spec, got if fits else None, request)
+        running = [jobs.load(root, j) for j in in_the_way]
+        # GPUs held by anything but opsctl's jobs: visible foreign processes refuse before a
+        # running job is touched; memory (which inside a container has no visible owner) is
+        # judged once the jobs being replaced have stopped and freed their own
+        needed = gpus.needed_gpus(spec)
+        check = gpus.preflight(needed, qv.opsctl_job_pids(root, holders), memory=not running)
         _refuse_busy_gpus(check, force_gpus)
-        check["rows"] = rows
-    check["forced"] = force_gpus and (bool(check["busy"]) or any(
-        r["status"] == "fail" for r in check["rows"]))
-    with jobs.launch_lock(root):
-        _refuse_if_aborted(root, job_id)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists", job_id=job_id) from None
+        check["rows"] = _refuse_failing_rows(root, needed, force_gpus)
+
+        path = jobs.job_dir(root, job_id)
+        os.makedirs(jobs.jobs_root(root), exist_ok=True)
+        # An interrupted deploy (``abort``) and this launch serialize on the launch lock: the
+        # abort either lands before the old job is touched / the new one is created, or it
+        # sees exactly what was done.
+        with jobs.launch_lock(root):
+            _refuse_if_aborted(root, job_id)
+            for rec in running:
+                jobs.request_cancel(root, rec.job_id, reason=f"replaced by job {job_id}")
+        current = running[0].job_id if running else None
+        if running:
+            for rec in running:
+                stop(root, rec.job_id, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
+                     reason=f"replaced by job {job_id}")
+            holders = {k: v for k, v in holders.items() if k not in in_the_way}
+            fits, got, _ = qv.slot_conflicts(request, doc.slots or 0, holders)
+            qv.set_slots(spec, got if fits else None, request)
+            rows = check["rows"]
+            check = gpus.preflight(gpus.needed_gpus(spec), qv.opsctl_job_pids(root, holders))
+            _refuse_busy_gpus(check, force_gpus)
+            check["rows"] = rows
+        check["forced"] = force_gpus and (bool(check["busy"]) or any(
+            r["status"] == "fail" for r in check["rows"]))
+        with jobs.launch_lock(root):
+            _refuse_if_aborted(root, job_id)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists",
+                                   job_id=job_id) from None
+        write_launch_files(path, spec, socket=socket, payload=payload, replaced=current,
+                           secrets=secrets, check=check)
+        jobs.set_current_job(root, job_id)
+        queue.write(root, doc._replace(holders={**holders, job_id: spec.get("gpu_slots")}))
+        doc_ = start_wrapper(root, path, spec, socket)
+    # a launch that replaced jobs may have freed GPUs a queued job waits for
+    qv.advance_queue(root, socket)
+    return doc_
+
+
+def write_launch_files(path: str, spec: dict[str, t.Any], *, socket: str, payload: str,
+                       replaced: str | None, secrets: t.Any, check: dict[str, t.Any] | None,
+                       state: JobState = JobState.PENDING) -> None:
+    """Write a new job's spec, launch facts, first status (PENDING, or QUEUED for the queue)
+    and output log; a failure (a full disk) leaves no half-made job dir behind."""
+    from remote_payload.agent import gpus, tmux
+
     now = time.time()
-    session = tmux.session_name(job_id)
-    argv = jobs.job_argv(spec)
+    job_id = spec["job_id"]
     try:
         write_json_atomic(os.path.join(path, jobs.SPEC), spec)
         write_json_atomic(os.path.join(path, jobs.LAUNCH), {
-            "created_at": now, "tmux_socket": socket, "tmux_session": session,
-            "payload_dir": payload, "argv": argv, "agent_python": sys.executable,
-            "base_env": _base_env(), "replaced": current,
+            "created_at": now, "tmux_socket": socket, "tmux_session": tmux.session_name(job_id),
+            "payload_dir": payload, "argv": jobs.job_argv(spec), "agent_python": sys.executable,
+            "base_env": _base_env(), "replaced": replaced,
         })
         write_json_atomic(os.path.join(path, jobs.STATUS), {
-            "job_id": job_id, "name": spec["name"], "state": JobState.PENDING.value,
+            "job_id": job_id, "name": spec["name"], "state": state.value,
             "created_at": now, "healthy": False,
-            "transitions": [[JobState.PENDING.value, now, "launched"]],
+            "transitions": [[state.value, now, "launched" if state == JobState.PENDING
+                             else "queued"]],
         })
         open(os.path.join(path, jobs.OUTPUT), "ab").close()
         if secrets:
             from remote_payload.agent import jobsecrets
 
             jobsecrets.store(path, secrets)
-        write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
-        jobs.set_current_job(root, job_id)
+        if check is not None:
+            write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
     except OSError:  # e.g. a full disk: no half-made job dir is left to look PENDING forever
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
         raise
 
+
+def start_wrapper(root: str, path: str, spec: dict[str, t.Any], socket: str) -> StatusDoc:
+    """Start the job's wrapper in its tmux session and wait for its first state.
+
+    Raises:
+        AgentFailure: ``TmuxFailed`` or ``LaunchFailed`` (the job is then FAILED or LOST).
+    """
+    from remote_payload.agent import tmux
+
+    job_id = spec["job_id"]
+    session = tmux.session_name(job_id)
+    payload = (read_json(os.path.join(path, jobs.LAUNCH), {}) or {}).get("payload_dir") \
+        or _payload_dir()
     for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
         tmux.kill_session(socket, dead)
     jobs.prune_job_cgroups()  # empty ones of wrappers that died
@@ -599,6 +682,12 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
     pgid: int | None = rec.pid.get("pgid")
     ticks: int | None = rec.pid.get("start_ticks")
     cgroup: str | None = rec.pid.get("cgroup")
+    if rec.state == JobState.QUEUED:  # it never started: taken out of the queue (`queue rm`)
+        from remote_payload.agent import jobqueue as queue
+
+        queue.remove(root, job_id)
+        return {"job_id": job_id, "state": JobState.CANCELLED.value, "signals_sent": [],
+                "remaining_pids": [], "already_terminal": False}
     if rec.state.is_terminal():
         sent, remaining = jobs.escalate(job_id, None, ticks, cgroup, jobs.LEFTOVERS_PLAN)
         return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
