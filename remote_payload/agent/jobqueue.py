@@ -331,11 +331,11 @@ def live_holders(root: str, doc: QueueDoc) -> dict[str, Slots]:
     current = jobstore.current_job_id(root)
     if current and current not in holders and current not in doc.order:
         try:
-            rec = jobstore.load(root, current)
+            cur = jobstore.load(root, current)
         except (AgentFailure, ValueError, OSError):
-            rec = None
-        if rec is not None and not rec.state.is_terminal() and rec.state != JobState.QUEUED:
-            holders[current] = _spec_slots(rec.spec)
+            cur = None
+        if cur is not None and not cur.state.is_terminal() and cur.state != JobState.QUEUED:
+            holders[current] = _spec_slots(cur.spec)
     return holders
 
 

@@ -380,7 +380,7 @@ def test_a_bad_spec_is_refused_naming_the_field(agent: Agent, spec: dict[str, t.
     bad = agent.reply("launch", "--spec-json", json.dumps(spec))
     assert bad["error"]["type"] == "BadSpec"
     assert bad["error"]["fields"]["field"] == field
-    assert not (agent.root / "jobs").exists() or not jobs.list_job_ids(str(agent.root))  # no job dir (lock files may be there)
+    assert not (agent.root / "jobs").exists() or not jobs.list_job_ids(str(agent.root))
 
 
 def test_status_without_any_job_is_a_typed_error(agent: Agent) -> None:

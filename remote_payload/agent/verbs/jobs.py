@@ -33,6 +33,7 @@ if t.TYPE_CHECKING:
         JobListDoc,
         JobRowDoc,
         LogsChunkDoc,
+        QueueHolderDoc,
         StatusDoc,
         StopDoc,
     )
@@ -239,6 +240,10 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         "restarts": babysitting["restarts"], "end_reason": babysitting["end_reason"],
         "max_duration_s": babysitting["max_duration_s"], "run": babysitting["run"],
     }
+    doc["gpu_slots"] = rec.spec.get("gpu_slots")
+    doc["after"] = rec.spec.get("after")
+    if live:
+        doc["gpu_holders"] = _gpu_holders(root)
     # gpus.py, diagnosis.py and history.py build plain dicts of these shapes
     if gpu_query is not None:
         gpu_rows, doc["gpu_error"] = gpu_query.result()
@@ -258,6 +263,19 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         doc["pane_tail"] = pane.result()
         doc["tmux"]["error"] = pane.error
     return doc
+
+
+def _gpu_holders(root: str) -> list[QueueHolderDoc]:
+    """Which live job holds which GPU slots, as the queue recorded it (one small file read;
+    the states are not reconciled here: the status path stays cheap)."""
+    from remote_payload.agent import jobqueue
+
+    try:
+        raw = read_json(jobqueue.queue_path(root), None)
+        doc = jobqueue.parse_doc(raw) if raw is not None else jobqueue.EMPTY
+    except (OSError, ValueError):
+        return []
+    return [{"job_id": j, "gpu_slots": s, "state": None} for j, s in doc.holders.items()]
 
 
 def _babysitting(rec: jobs.JobRecord) -> BabysittingDoc:
@@ -836,6 +854,7 @@ def _job_row(root: str, job_id: str) -> JobRowDoc:
                       "summary": diag[0]["summary"]} if diag else None),
         "attempt": doc["attempt"], "max_restarts": doc["max_restarts"], "restarts": doc["restarts"],
         "end_reason": doc["end_reason"], "max_duration_s": doc["max_duration_s"], "run": doc["run"],
+        "gpu_slots": doc.get("gpu_slots"), "after": doc.get("after"),
     }
     if doc["state"] in _TERMINAL_NAMES and stamp:
         try:

@@ -227,7 +227,7 @@ def listing(root: str) -> QueueDoc:
     held: list[QueueHolderDoc] = []
     for jid, got in holders.items():
         try:
-            state: str | None = jobs.load(root, jid).state.value
+            state: t.Any = jobs.load(root, jid).state.value  # a JobStateName
         except (AgentFailure, ValueError, OSError):
             state = None
         held.append({"job_id": jid, "gpu_slots": got, "state": state})
