@@ -783,10 +783,10 @@ def advance_queue(path: str) -> None:
     failure here is recorded in ``queue_error.txt``; the next agent call advances again."""
     root = os.path.dirname(os.path.dirname(path))
     try:
-        from remote_payload.agent.verbs import queue as queue_verbs
+        from remote_payload.agent import launching
 
         socket = (read_json(os.path.join(path, jobs.LAUNCH), {}) or {}).get("tmux_socket")
-        queue_verbs.advance_queue(root, socket or wire.DEFAULT_TMUX_SOCKET)
+        launching.advance_queue(root, socket or wire.DEFAULT_TMUX_SOCKET)
     except Exception:
         import traceback
 

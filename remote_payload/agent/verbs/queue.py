@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import typing as t
 
 from remote_payload import wire
 from remote_payload.agent import jobqueue as queue
 from remote_payload.agent import jobstore as jobs
-from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
+from remote_payload.agent import launching
+from remote_payload.agent.common import AgentFailure, read_json
 from remote_payload.wire import ErrorType, JobState
 
 if t.TYPE_CHECKING:
@@ -47,14 +47,14 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     socket = tmux.socket_name(getattr(args, "tmux_socket", None))
     slots = _slots(args.slots)
     if verb == "queue":
-        advance_queue(root, socket, slots=slots, blocking=False)
+        launching.advance_queue(root, socket, slots=slots, blocking=False)
         return listing(root)
     if verb == "queue-add":
         return add(root, _read_stdin(), socket=socket, slots=slots)
     if verb == "queue-rm":
         job_id = jobs.resolve_job(root, args.job)
         queue.remove(root, job_id)
-        moved_on = advance_queue(root, socket, slots=slots)
+        moved_on = launching.advance_queue(root, socket, slots=slots)
         return {"job_id": job_id, "state": JobState.CANCELLED.value,
                 "end_reason": wire.END_REASON_REMOVED, "cancelled": moved_on["cancelled"],
                 "queue": listing(root)}
@@ -62,7 +62,7 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         job_id = jobs.resolve_job(root, args.job)
         anchor = jobs.resolve_job(root, args.before or args.after)
         move(root, job_id, anchor, before=args.before is not None)
-        advance_queue(root, socket, slots=slots)
+        launching.advance_queue(root, socket, slots=slots)
         return listing(root)
     raise AgentFailure(ErrorType.UnknownVerb, f"verbs.queue does not handle {verb}")
 
@@ -104,7 +104,6 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             cannot be met, a full queue), ``JobExists``.
     """
     from remote_payload.agent import jobsecrets
-    from remote_payload.agent.verbs import jobs as jobverbs
 
     if not isinstance(doc, dict) or not isinstance(doc.get("specs"), list) or not doc["specs"]:
         raise AgentFailure(ErrorType.BadSpec, 'queue-add: stdin must be {"specs": [spec, ...]}',
@@ -113,14 +112,14 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
     if len(raw_specs) > wire.MAX_PIPELINE_STEPS:
         raise _refused(f"{len(raw_specs)} jobs at once; at most {wire.MAX_PIPELINE_STEPS}",
                        "too many", count=len(raw_specs))
-    payload = jobverbs._payload_dir()
+    payload = launching.payload_dir()
     specs = []
     for i, raw in enumerate(raw_specs):
         try:
             spec = jobs.validate_spec(raw, payload)
         except AgentFailure as exc:
             raise AgentFailure(exc.type, f"job {i + 1}: {exc.message}", **exc.fields) from None
-        spec["workdir"] = jobverbs._bind_to_payload(root, spec["workdir"])
+        spec["workdir"] = launching.bind_to_payload(root, spec["workdir"])
         after = spec.get("after")
         if after is not None and not isinstance(after, str):
             raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: after must be a job id",
@@ -149,7 +148,7 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
                     raise _refused(f"job {spec['job_id']} cannot wait for itself", "dependency",
                                    job_id=spec["job_id"])
                 spec["after"] = _resolve_after(root, spec["after"], batch)
-            gpu_request(spec, qdoc.slots)
+            launching.gpu_request(spec, qdoc.slots)
             try:
                 queue.check_after(spec["job_id"], spec.get("after"),
                                   {**_known_states(root, spec.get("after")), **batch})
@@ -164,12 +163,12 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             path = jobs.job_dir(root, spec["job_id"])
             os.mkdir(path)
             mine = {n: secrets[n] for n in spec["secrets"]} if secrets else None
-            jobverbs.write_launch_files(path, spec, socket=socket, payload=payload, replaced=None,
+            launching.write_launch_files(path, spec, socket=socket, payload=payload, replaced=None,
                                         secrets=mine, check=None, state=JobState.QUEUED)
             added.append(spec["job_id"])
             qdoc = qdoc._replace(order=[*qdoc.order, spec["job_id"]])
             queue.write(root, qdoc)
-    moved_on = advance_queue(root, socket)
+    moved_on = launching.advance_queue(root, socket)
     return {"added": added, "started": moved_on["started"], "cancelled": moved_on["cancelled"],
             "queue": listing(root)}
 
@@ -232,108 +231,3 @@ def listing(root: str) -> QueueDoc:
             state = None
         held.append({"job_id": jid, "gpu_slots": got, "state": state})
     return {"jobs": rows, "slots": qdoc.slots, "holders": held}
-
-
-# --- GPU slots, shared with ``launch`` --------------------------------------------------------
-def gpu_request(spec: dict[str, t.Any], slots: int | None) -> wire.GpuRequest:
-    """The spec's ``gpus`` checked against the container's slot count.
-
-    Raises:
-        AgentFailure: ``BadSpec`` (a count with no known slot count, an index past it).
-    """
-    request = spec.get("gpus")
-    if isinstance(request, int) and not isinstance(request, bool) and not slots:
-        raise AgentFailure(ErrorType.BadSpec, f"gpus {request}: a count needs the container's GPU "
-                           "count; set `gpus:` for this container in the inventory", field="gpus")
-    try:
-        return wire.validate_gpu_request(request, slots or None)
-    except ValueError as exc:
-        raise AgentFailure(ErrorType.BadSpec, str(exc), field="gpus") from None
-
-
-def slot_conflicts(request: wire.GpuRequest, total: int, holders: dict[str, t.Any]
-                    ) -> tuple[bool, list[int] | None, list[str]]:
-    """``(fits, slots it gets, live jobs in its way)``; an unknown slot count takes a list as is."""
-    if isinstance(request, list) and not total:
-        total = wire.MAX_GPU_SLOTS
-    fits, got = queue.assign(request, total, holders)
-    if fits:
-        return True, got, []
-    want = list(range(request)) if isinstance(request, int) else request
-    return False, None, [j for j, h in holders.items() if queue.conflicts(want, h)]
-
-
-def set_slots(spec: dict[str, t.Any], got: list[int] | None, request: wire.GpuRequest) -> None:
-    """Record the job's slots in its spec and give it ``CUDA_VISIBLE_DEVICES`` (its slots)."""
-    spec["gpus"] = request
-    spec["gpu_slots"] = got
-    if got is not None:
-        spec["env"] = {**spec["env"], "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in got)}
-
-
-def in_the_way_message(root: str, first: str, request: wire.GpuRequest) -> str:
-    state = jobs.load(root, first).state.value
-    if request is None:
-        return f"job {first} is {state}; stop it or launch with --replace"
-    return (f"job {first} is {state} on GPUs this job needs ({request}); stop it, launch with "
-            "--replace, or queue this job (`opsctl queue add`)")
-
-
-def opsctl_job_pids(root: str, holders: t.Iterable[str]) -> list[int]:
-    """The processes of opsctl's live jobs: never leftovers for the GPU preflight."""
-    pids: list[int] = []
-    for jid in holders:
-        try:
-            rec = jobs.load(root, jid)
-        except (AgentFailure, ValueError, OSError):
-            continue
-        pids += jobs.job_processes(jid, rec.pid.get("pgid"), rec.pid.get("start_ticks"),
-                                   rec.pid.get("cgroup"))
-    return pids
-
-
-def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -> None:
-    """Start a queued job on ``slots`` (``queue.advance`` holds the queue lock): the launch
-    path of ``launch`` from the preflight on, so notify, restart, limits and checks apply.
-
-    Raises:
-        AgentFailure: the preflight refused (``GpusBusy``, ``PreflightFailed``), the torch
-            build is unreadable, or the wrapper did not start.
-    """
-    from remote_payload.agent import gpus
-    from remote_payload.agent.verbs import jobs as jobverbs
-
-    path = jobs.job_dir(root, job_id)
-    spec = read_json(os.path.join(path, jobs.SPEC), {}) or {}
-    build_env, build_python = jobverbs._torch_build(root)  # the build current when it starts
-    spec["env"] = {**build_env, **(spec.get("env") or {})}
-    if build_python and not spec.get("python"):
-        spec["python"] = build_python
-    set_slots(spec, slots, spec.get("gpus"))
-    holders = queue.live_holders(root, queue.read(root))
-    needed = gpus.needed_gpus(spec)
-    check = gpus.preflight(needed, opsctl_job_pids(root, holders))
-    jobverbs._refuse_busy_gpus(check, False)
-    check["rows"] = jobverbs._refuse_failing_rows(root, needed, False)
-    check["forced"] = False
-    now = time.time()
-    launch_rec = read_json(os.path.join(path, jobs.LAUNCH), {}) or {}
-    launch_rec.update(created_at=now, argv=jobs.job_argv(spec))
-    status = read_json(os.path.join(path, jobs.STATUS), {}) or {}
-    status.update(state=JobState.PENDING.value, started_from_queue_at=now)
-    status["transitions"] = [*(status.get("transitions") or []),
-                             [JobState.PENDING.value, now, "started from the queue"]]
-    write_json_atomic(os.path.join(path, jobs.SPEC), spec)
-    write_json_atomic(os.path.join(path, jobs.LAUNCH), launch_rec)
-    write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
-    write_json_atomic(os.path.join(path, jobs.STATUS), status)
-    jobs.set_current_job(root, job_id)
-    jobverbs.start_wrapper(root, path, spec, launch_rec.get("tmux_socket") or socket)
-
-
-def advance_queue(root: str, socket: str, *, slots: int | None = None,
-                  blocking: bool = True) -> dict[str, t.Any]:
-    """``queue.advance`` with this module's start path; ``blocking=False`` (``status``,
-    ``jobs``): skip when another process holds the queue lock (it is advancing already)."""
-    return queue.advance(root, lambda jid, got: start_queued(root, jid, got, socket),
-                         slots=slots, blocking=blocking)
