@@ -23,7 +23,7 @@ from jsonschema import Draft202012Validator
 
 from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
-from tests.sandbox_plugin import private_home, sandbox_home
+from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -89,16 +89,22 @@ class Queue:
         return self.file_state(job)
 
 
+def _inventory(sandbox: sandbox_mod.SandboxInfo, home: Path) -> None:
+    """The sandbox host with this module's root and its container, ``gpus: 8``."""
+    use_private_root(sandbox, home, ROOT)
+    inv = home / "inventory" / "sandbox.yaml"
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["sandbox"]["containers"] = {CT: {"gpus": 8}}
+    inv.write_text(yaml.safe_dump(doc))
+
+
 @pytest.fixture(scope="module")
-def q(sandbox: sandbox_mod.SandboxInfo, tmp_path_factory: pytest.TempPathFactory
-      ) -> t.Iterator[Queue]:
+def module_queue(sandbox: sandbox_mod.SandboxInfo, tmp_path_factory: pytest.TempPathFactory
+                 ) -> t.Iterator[Queue]:
     home = tmp_path_factory.mktemp("queue-home")
     sandbox_mod.ensure_container(CT, running=True, home=sandbox_home())
     with private_home(sandbox, home, ROOT):
-        inv = home / "inventory" / "sandbox.yaml"
-        doc = yaml.safe_load(inv.read_text())
-        doc["hosts"]["sandbox"]["containers"] = {CT: {"gpus": 8}}
-        inv.write_text(yaml.safe_dump(doc))
+        _inventory(sandbox, home)
         queue = Queue(sandbox, home)
         queue.pct("exec", str(CT), "--", "rm", "-rf", ROOT, GATES)
         yield queue
@@ -106,6 +112,12 @@ def q(sandbox: sandbox_mod.SandboxInfo, tmp_path_factory: pytest.TempPathFactory
         for job in ok_json("jobs", *T)["jobs"]:
             if job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
                 run("stop", *T, job["job_id"], "--grace", "1")
+
+
+@pytest.fixture
+def q(sandbox: sandbox_mod.SandboxInfo, module_queue: Queue, isolated_env: Path) -> Queue:
+    _inventory(sandbox, isolated_env)  # each test's own OPSCTL_HOME (tests/conftest.py)
+    return module_queue
 
 
 def test_two_jobs_run_side_by_side_on_disjoint_gpu_slots(q: Queue) -> None:
