@@ -368,7 +368,8 @@ class DoctorRowDoc(t.TypedDict):
 #: The replies the CLI parses or passes through, by verb.
 REPLY_SHAPES: dict[str, type] = {
     "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,
-    "logs": LogsChunkDoc, "envs": EnvsDoc,
+    "logs": LogsChunkDoc, "envs": EnvsDoc, "queue": QueueDoc, "queue-move": QueueDoc,
+    "queue-add": QueueAddDoc,
 }
 
 

@@ -149,6 +149,8 @@ def test_order_after_success_and_failure_and_removal(q: Queue) -> None:
     assert ok_json("queue", "rm", *T, removed)["end_reason"] == "removed"
     rows = {r["job_id"]: r for r in ok_json("jobs", *T)["jobs"]}
     assert rows[dep]["state"] == "QUEUED" and rows[dep]["after"] == fails
+    shown = run("status", *T, dep)
+    assert shown.exit_code == 0 and "QUEUED" in shown.output and f"after job {fails}" in shown.output
     q.open_gate("order")
     assert q.wait_file_state(dep, "CANCELLED")["end_reason"] == f"dependency {fails} FAILED"
     assert q.wait_file_state(after, "SUCCEEDED")["started_at"] < \
