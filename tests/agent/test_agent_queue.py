@@ -235,3 +235,30 @@ def test_stop_of_a_queued_job_takes_it_out_of_the_queue(agent: Agent, tmp_path: 
     assert doc["state"] == "CANCELLED"
     assert agent.status_file("q-12")["end_reason"] == wire.END_REASON_REMOVED
     agent.data("stop", "--job", "run-12", "--grace", "1")
+
+
+def test_a_launch_with_gpus_runs_beside_the_jobs_whose_slots_it_does_not_share(
+        agent: Agent, tmp_path: Path) -> None:
+    never = gate(tmp_path / "never")
+    first = agent.data("launch", "--slots", "8", "--spec-json", json.dumps(spec("l1-13", never, gpus=4)))
+    second = agent.data("launch", "--slots", "8", "--spec-json",
+                        json.dumps(spec("l2-13", never, gpus=4)))
+    assert (first["gpu_slots"], second["gpu_slots"]) == ([0, 1, 2, 3], [4, 5, 6, 7])
+    # no slot left: a third is refused naming a job in its way, as deploy always refused
+    third = agent.reply("launch", "--slots", "8", "--spec-json", json.dumps(spec("l3-13", gpus=1)))
+    assert third["error"]["type"] == "JobAlreadyRunning" and "opsctl queue add" in \
+        third["error"]["message"]
+    whole = agent.reply("launch", "--spec-json", json.dumps(spec("l4-13")))  # no gpus: all of it
+    assert whole["error"]["type"] == "JobAlreadyRunning"
+    # --replace stops only the jobs in its way
+    agent.data("launch", "--slots", "8", "--replace", "--grace", "1", "--spec-json",
+               json.dumps(spec("l5-13", never, gpus=[5])))
+    assert agent.state("l2-13") == "CANCELLED" and agent.state("l1-13") in ("RUNNING", "SETTING_UP")
+    agent.data("launch", "--replace", "--grace", "1", "--spec-json", json.dumps(spec("l6-13")))
+    assert agent.state("l1-13") == "CANCELLED" and agent.state("l5-13") == "CANCELLED"
+    agent.wait_state("l6-13", "SUCCEEDED")
+
+
+def test_a_count_of_gpus_needs_the_containers_gpu_count(agent: Agent) -> None:
+    reply = agent.reply("launch", "--spec-json", json.dumps(spec("c-14", gpus=2)))
+    assert reply["error"]["type"] == "BadSpec" and "inventory" in reply["error"]["message"]

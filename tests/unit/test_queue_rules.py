@@ -285,3 +285,33 @@ class TestQueueCli:
     def test_a_job_id_with_a_slash_is_refused_before_connecting(self) -> None:
         res = CliRunner().invoke(cli, ["queue", "rm", "--host", "10.9.9.9", "--ct", "200", "../x"])
         assert res.exit_code == 2
+
+
+class TestQueueAddInterrupted:
+    def test_ctrl_c_while_the_container_queues_names_every_job_id(self) -> None:
+        import types
+
+        from opsctl.ops import queue as queue_ops
+
+        calls: list[tuple[str, bytes | None]] = []
+
+        class Agent:
+            def ensure_payload(self, force: bool = False) -> None:
+                calls.append(("payload", None))
+
+            def call(self, verb: str, *args: str, timeout: float = 60,
+                     stdin: bytes | None = None) -> t.Any:
+                calls.append((verb, stdin))
+                raise KeyboardInterrupt
+
+        host = types.SimpleNamespace(root="/opt/opsctl", label="h", containers={200: None},
+                                     notify_urls=lambda ct: [])
+        tgt = t.cast(t.Any, types.SimpleNamespace(host=host, ctid=200, label="h ct 200",
+                                                  agent=Agent()))
+        book = Playbook(name="p", command=["true"])
+        with pytest.raises(errors.Interrupted) as exc:
+            queue_ops.add(tgt, [queue_ops.QueuedStep(book), queue_ops.QueuedStep(book, 0)])
+        sent = json.loads(t.cast(bytes, calls[-1][1]))["specs"]
+        ids = [s["job_id"] for s in sent]
+        assert sent[1]["after"] == ids[0]  # a step's dependency is the earlier step's job id
+        assert all(i in exc.value.message for i in ids) and "all or none" in exc.value.message

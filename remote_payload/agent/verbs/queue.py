@@ -134,6 +134,12 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             raise AgentFailure(ErrorType.BadSpec, str(exc), field="secrets") from None
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
     added: list[str] = []
+    # a client that goes away (Ctrl-C, a dropped connection: SIGINT/SIGHUP/SIGTERM) must not
+    # leave half a pipeline queued: from here the add runs to its end
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     with queue.locked(root):
         qdoc = queue.read(root)
         if slots:
@@ -159,15 +165,22 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
                 raise AgentFailure(ErrorType.JobExists, f"job {spec['job_id']} already exists",
                                    job_id=spec["job_id"])
             batch[spec["job_id"]] = JobState.QUEUED.value
-        for spec in specs:
-            path = jobs.job_dir(root, spec["job_id"])
-            os.mkdir(path)
-            mine = {n: secrets[n] for n in spec["secrets"]} if secrets else None
-            launching.write_launch_files(path, spec, socket=socket, payload=payload, replaced=None,
-                                        secrets=mine, check=None, state=JobState.QUEUED)
-            added.append(spec["job_id"])
-            qdoc = qdoc._replace(order=[*qdoc.order, spec["job_id"]])
-            queue.write(root, qdoc)
+        try:
+            for spec in specs:
+                path = jobs.job_dir(root, spec["job_id"])
+                os.mkdir(path)
+                added.append(spec["job_id"])
+                mine = {n: secrets[n] for n in spec["secrets"]} if secrets else None
+                launching.write_launch_files(path, spec, socket=socket, payload=payload,
+                                             replaced=None, secrets=mine, check=None,
+                                             state=JobState.QUEUED)
+            queue.write(root, qdoc._replace(order=[*qdoc.order, *added]))  # all at once
+        except OSError:  # e.g. a full disk: none of them is queued, no job dir is left
+            import shutil
+
+            for jid in added:
+                shutil.rmtree(jobs.job_dir(root, jid), ignore_errors=True)
+            raise
     moved_on = launching.advance_queue(root, socket)
     return {"added": added, "started": moved_on["started"], "cancelled": moved_on["cancelled"],
             "queue": listing(root)}
