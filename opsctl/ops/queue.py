@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 from opsctl.config.pipeline import Pipeline, resolve
 from opsctl.config.playbook import Playbook
-from opsctl.errors import Interrupted
+from opsctl.errors import ConfigError, Interrupted
 from opsctl.ops.deploy import collect_secrets, needs_torch_work
 from opsctl.ops.jobs import Target
 from opsctl.remote.models import QueueAdd, QueueList
+from remote_payload import wire
 
 Progress = t.Callable[[str], None]
 
@@ -74,6 +75,16 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
         if on_step is not None:
             on_step(name)
 
+    count = slots(tgt)
+    for s in steps:  # checked here, before anything is sent (the agent checks it again)
+        try:
+            wire.validate_gpu_request(s.book.gpus, count or None)
+        except ValueError as exc:
+            raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: {exc}") from None
+        if isinstance(s.book.gpus, int) and not count:
+            raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: gpus {s.book.gpus} needs the "
+                              f"container's GPU count", hint=f"set containers.{tgt.ctid}.gpus "
+                              "in the inventory (or give slot indices: --gpus 0,1)")
     if secrets is None:
         secrets = {}
         for s in steps:
