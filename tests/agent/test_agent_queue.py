@@ -262,3 +262,13 @@ def test_a_launch_with_gpus_runs_beside_the_jobs_whose_slots_it_does_not_share(
 def test_a_count_of_gpus_needs_the_containers_gpu_count(agent: Agent) -> None:
     reply = agent.reply("launch", "--spec-json", json.dumps(spec("c-14", gpus=2)))
     assert reply["error"]["type"] == "BadSpec" and "inventory" in reply["error"]["message"]
+
+
+def test_the_restart_policy_runs_before_a_failure_counts(agent: Agent, tmp_path: Path) -> None:
+    marker = tmp_path / "tried"
+    flaky = (f"import os,sys\nif not os.path.exists({str(marker)!r}):\n"
+             f"    open({str(marker)!r}, 'w').close(); sys.exit(1)\n")
+    agent.add(spec("flaky-15", flaky, restart={"max_restarts": 1}),
+              spec("next-15", "print('next ran')", after="flaky-15"))
+    agent.wait_state("next-15", "SUCCEEDED")
+    assert agent.status_file("flaky-15")["attempt"] == 2
