@@ -415,15 +415,15 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
             except FileExistsError:
                 raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists",
                                    job_id=job_id) from None
-        launching.write_launch_files(path, spec, socket=socket, payload=payload, replaced=current,
-                           secrets=secrets, check=check)
+        launching.write_launch_files(path, spec, socket=socket, payload=payload,
+                                     replaced=current, secrets=secrets, check=check)
         jobs.set_current_job(root, job_id)
         queue.write(root, doc._replace(holders={**holders, job_id: spec.get("gpu_slots")}))
         launching.start_wrapper(root, path, spec, socket)
-        doc_ = status_document(root, job_id)
+    first_status = status_document(root, job_id)
     # a launch that replaced jobs may have freed GPUs a queued job waits for
     launching.advance_queue(root, socket)
-    return doc_
+    return first_status
 
 
 def _refuse_if_running(root: str, replace: bool = False) -> str | None:
