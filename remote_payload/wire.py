@@ -55,6 +55,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 class JobState(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent runs on 3.10 too)
     """Job lifecycle (SkyPilot style, forward only)."""
 
+    QUEUED = "QUEUED"  # in the container's queue: waits for its dependency and its GPUs
     PENDING = "PENDING"  # spec written, wrapper not started yet
     SETTING_UP = "SETTING_UP"  # process started, loading / preparing
     COMPILING = "COMPILING"  # job said it is compiling (torch.compile warm-up)
@@ -72,6 +73,9 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 _TERMINAL = frozenset(TERMINAL_STATES)
 
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # a queued job starts (PENDING), is removed or its dependency failed (CANCELLED), or its
+    # start failed before any wrapper ran (FAILED: the preflight refused it)
+    JobState.QUEUED: frozenset({JobState.PENDING, JobState.CANCELLED, JobState.FAILED}),
     JobState.PENDING: frozenset({JobState.SETTING_UP} | _TERMINAL),
     JobState.SETTING_UP: frozenset({JobState.COMPILING, JobState.RUNNING} | _TERMINAL),
     JobState.COMPILING: frozenset({JobState.RUNNING} | _TERMINAL),
@@ -85,6 +89,86 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 
 def can_transition(old: JobState, new: JobState) -> bool:
     return new == old or new in ALLOWED_TRANSITIONS[old]
+
+
+# --- the queue and GPU slots (issue 27) ------------------------------------------------
+
+#: The most GPU slots a container can have (an inventory's ``gpus`` is 0-1024).
+MAX_GPU_SLOTS = 1024
+#: The most jobs one container's queue holds (queued, not yet started); a pipeline's steps count.
+MAX_QUEUE_JOBS = 256
+#: The most steps one pipeline playbook may have.
+MAX_PIPELINE_STEPS = 64
+#: ``end_reason`` of a queued job removed by ``queue rm`` (it never ran).
+END_REASON_REMOVED = "removed"
+#: The stdin document of the agent's ``queue-add`` may be at most this large.
+MAX_QUEUE_ADD_BYTES = 4 * 2**20
+
+GpuRequest = t.Union[int, list[int], None]  # noqa: UP007 (3.10 agent: evaluated at run time)
+
+
+def dependency_reason(dep: str, state: str) -> str:
+    """``end_reason`` of a queued job cancelled because its dependency ended without success."""
+    return f"dependency {dep} {state}"
+
+
+def validate_gpu_request(value: t.Any, slots: int | None = None) -> GpuRequest:
+    """A job's ``gpus``: None (the whole container), a count (1..slots) or a list of distinct
+    slot indices (each < slots). ``slots`` None: the container's count is not known here
+    (the bounds are then 1..MAX_GPU_SLOTS). One rule for the playbook, ``--gpus`` and the agent.
+
+    Raises:
+        ValueError: a bool, 0, a negative or too large number, a repeated index, an empty list.
+    """
+    limit = MAX_GPU_SLOTS if slots is None else slots
+    where = f"the container has {slots} GPU slot(s)" if slots is not None else \
+        f"at most {MAX_GPU_SLOTS}"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | list):
+        raise ValueError("gpus must be a count or a list of GPU indices")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"gpus {value}: a count is at least 1 (leave gpus out for the "
+                             "whole container)")
+        if value > limit:
+            raise ValueError(f"gpus {value}: more GPUs than exist ({where})")
+        return value
+    if not value:
+        raise ValueError("gpus []: name at least one GPU index")
+    if len(value) > MAX_GPU_SLOTS:
+        raise ValueError(f"gpus: at most {MAX_GPU_SLOTS} indices")
+    for g in value:
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ValueError(f"gpus: {g!r} is not a GPU index (0, 1, ...)")
+        if g >= limit:
+            raise ValueError(f"gpus: index {g} does not exist ({where})")
+    if len(set(value)) != len(value):
+        dup = sorted({g for g in value if value.count(g) > 1})
+        raise ValueError(f"gpus: index {dup[0]} given twice")
+    return list(value)
+
+
+def parse_gpu_request(text: str, slots: int | None = None) -> GpuRequest:
+    """``--gpus N`` or ``--gpus 0,1,3`` (a list needs a comma, or a single index written
+    ``3,``); surrounding blanks are ignored.
+
+    Raises:
+        ValueError: anything else, and what :func:`validate_gpu_request` refuses.
+    """
+    s = text.strip()
+    if len(s) > 8 * MAX_GPU_SLOTS:
+        raise ValueError("gpus: too long")
+    if "," in s:
+        parts = [p.strip() for p in s.split(",")]
+        if parts and parts[-1] == "":
+            parts.pop()
+        if not parts or not all(p.isascii() and p.isdigit() for p in parts):
+            raise ValueError(f"gpus {text!r}: a list is GPU indices separated by commas, e.g. 0,1,3")
+        return validate_gpu_request([int(p) for p in parts], slots)
+    if not (s.isascii() and s.isdigit()):
+        raise ValueError(f"gpus {text!r}: a count (e.g. 4) or a list of indices (e.g. 0,1,3)")
+    return validate_gpu_request(int(s), slots)
 
 
 # --- trainer events -----------------------------------------------------------
@@ -258,6 +342,9 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
     CacheSeedFailed = "CacheSeedFailed"
     # a launch refused by a failing doctor check (``fields.row``: the doctor row)
     PreflightFailed = "PreflightFailed"
+    # the queue (issue 27): a queue operation refused (unknown/own dependency, a cycle, a
+    # running job to remove, a full queue, GPUs that do not exist); ``fields.why`` says which
+    QueueRefused = "QueueRefused"
 
 
 

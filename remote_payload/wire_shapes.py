@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import typing as t
 
-JobStateName = t.Literal["PENDING", "SETTING_UP", "COMPILING", "RUNNING", "SUCCEEDED", "FAILED",
+JobStateName = t.Literal["QUEUED", "PENDING", "SETTING_UP", "COMPILING", "RUNNING", "SUCCEEDED", "FAILED",
                          "CANCELLED", "LOST"]
 Severity = t.Literal["error", "warning", "info"]
 
@@ -209,6 +209,9 @@ class StatusDoc(_StatusRequired, total=False):
     for a live status (not in the ``jobs`` list's internal use)."""
 
     history: HistoryDoc | None
+    gpu_slots: list[int] | None  # the GPU slots the job holds (None: the whole container)
+    after: str | None  # a queued job's dependency
+    gpu_holders: list[QueueHolderDoc]  # which live job holds which GPU slots (the queue's record)
 
 
 class JobHeadlineDoc(t.TypedDict):
@@ -244,6 +247,8 @@ class JobRowDoc(_JobRowRequired, total=False):
     end_reason: str | None
     max_duration_s: float | None
     run: RunDoc | None
+    gpu_slots: list[int] | None
+    after: str | None
 
 
 class JobListDoc(t.TypedDict):
@@ -253,6 +258,43 @@ class JobListDoc(t.TypedDict):
     jobs: list[JobRowDoc]
     total: int
     limit: int
+
+
+class QueueRowDoc(t.TypedDict):
+    """One queued job (``remote_payload/agent/verbs/queue.py``), first to start first."""
+
+    job_id: str
+    name: str | None
+    position: int  # 1 = next
+    after: str | None  # the job it waits for (to succeed)
+    gpus: int | list[int] | None  # what it asks for: a count, slots, or None (the whole container)
+    created_at: float | None
+    waiting_for: str  # "job <id> (<STATE>)", "GPUs" or "its turn"
+
+
+class QueueHolderDoc(t.TypedDict):
+    """A live job and the GPU slots it holds (None: the whole container)."""
+
+    job_id: str
+    gpu_slots: list[int] | None
+    state: JobStateName | None
+
+
+class QueueDoc(t.TypedDict):
+    """``queue`` (and the ``queue`` of ``queue-add``/``queue-rm``): the container's queue."""
+
+    jobs: list[QueueRowDoc]
+    slots: int | None  # the container's GPU slot count (the inventory's gpus), if known
+    holders: list[QueueHolderDoc]
+
+
+class QueueAddDoc(t.TypedDict):
+    """``queue-add``: the jobs queued (in order), those that started at once, and the queue."""
+
+    added: list[str]
+    started: list[str]
+    cancelled: list[str]
+    queue: QueueDoc
 
 
 class _StopRequired(t.TypedDict):
@@ -326,7 +368,8 @@ class DoctorRowDoc(t.TypedDict):
 #: The replies the CLI parses or passes through, by verb.
 REPLY_SHAPES: dict[str, type] = {
     "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,
-    "logs": LogsChunkDoc, "envs": EnvsDoc,
+    "logs": LogsChunkDoc, "envs": EnvsDoc, "queue": QueueDoc, "queue-move": QueueDoc,
+    "queue-add": QueueAddDoc,
 }
 
 

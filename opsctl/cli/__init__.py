@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     import typing as t
 
 #: The command families, in the order their commands are added.
-FAMILY_MODULES = ("sandbox", "jobs", "interactive", "files", "diag", "torch", "hosts", "view",
-                  "complete", "schema")
+FAMILY_MODULES = ("sandbox", "jobs", "queue", "interactive", "files", "diag", "torch", "hosts",
+                  "view", "complete", "schema")
 
 
 def _assemble() -> tuple[t.Any, tuple[t.Any, ...]]:

@@ -250,7 +250,7 @@ h1{font-size:1.2em;margin:0 0 .3em}.meta{color:#777;font-size:.85em}
 .host{margin:1em 0;padding:.5em 1em;background:#fff;border:1px solid #ddd;border-radius:6px}
 .ct{border-top:1px solid #eee;padding:.6em 0}.ct:first-of-type{border-top:none}
 .state{font-weight:bold;padding:0 .4em;border-radius:3px}
-.PENDING{color:#777}.SETTING_UP{color:#0aa}.COMPILING{color:#a0a}.RUNNING{color:#080}
+.QUEUED{color:#36c}.PENDING{color:#777}.SETTING_UP{color:#0aa}.COMPILING{color:#a0a}.RUNNING{color:#080}
 .SUCCEEDED{color:#fff;background:#080}.FAILED,.LOST{color:#fff;background:#c00}
 .CANCELLED{color:#a60}.err{color:#c00}.note{color:#777}
 .diag{margin:.3em 0;padding:.3em .6em;border-left:3px solid #c00;background:#fff5f5}

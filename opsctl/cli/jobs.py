@@ -62,6 +62,12 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
         raise errors.ConfigError("deploy needs --ct (the container id)")
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        from opsctl.config.pipeline import Pipeline, load_any
+
+        loaded = load_any(playbook_path or deploy_ops.default_playbook(tgt.host, tgt.ctid))
+        if isinstance(loaded, Pipeline):  # every step queued at once (opsctl queue)
+            _deploy_pipeline(tgt, loaded, replace=replace, env_file=env_file, as_json=as_json)
+            return
         book = deploy_ops.load_playbook(tgt, playbook_path)  # validated before anything remote
         secrets = deploy_ops.collect_secrets(book, env_file)  # so are the secrets
         if replace and not yes and interactive():
@@ -81,6 +87,28 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     out = render.console()
     render.status(out, report.target, report.status)
     out.print(render.deploy_verdict(report.job_id, report.outcome, report.status, report.elapsed_s))
+
+
+def _deploy_pipeline(tgt: t.Any, pipe: t.Any, *, replace: bool, env_file: str | None,
+                     as_json: bool) -> None:
+    """``deploy`` of a pipeline playbook: its steps go into the container's queue at once, each
+    after the step it names; the container runs them (``opsctl queue`` shows them)."""
+    from opsctl.cli import render
+    from opsctl.config.pipeline import resolve
+    from opsctl.ops import deploy as deploy_ops
+    from opsctl.ops import queue as queue_ops
+
+    if replace:
+        raise errors.ConfigError(f"{pipe.name} is a pipeline: its steps are queued; --replace "
+                                 "does not apply (`opsctl stop` a running job first)")
+    secrets: dict[str, str] = {}
+    for step in resolve(pipe):
+        secrets.update(deploy_ops.collect_secrets(step.book, env_file))
+    report = queue_ops.add_pipeline(tgt, pipe, secrets=secrets)
+    if as_json:
+        render.print_json(report.to_dict())
+        return
+    render.queue_added(render.console(), report)
 
 
 def _confirm_replacing(tgt: t.Any) -> None:

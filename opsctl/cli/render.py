@@ -28,10 +28,19 @@ from rich.text import Text
 
 from opsctl.cli.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.errors import OpsctlError
-from opsctl.remote.models import DiagnosisItem, GpuRow, JobList, JobStatus, RestartFields
+from opsctl.remote.models import (
+    DiagnosisItem,
+    GpuRow,
+    JobList,
+    JobStatus,
+    QueueHolder,
+    QueueList,
+    RestartFields,
+)
 from remote_payload.wire import EVENT_ACCEPTANCE, JobState, parse_event
 
 STATE_COLOR: dict[JobState, str] = {
+    JobState.QUEUED: "blue",
     JobState.PENDING: "grey50",
     JobState.SETTING_UP: "cyan",
     JobState.COMPILING: "magenta",
@@ -105,15 +114,63 @@ def _num(v: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def gpu_table(gpus: list[GpuRow]) -> Table:
+def gpu_table(gpus: list[GpuRow], holders: t.Sequence[QueueHolder] = ()) -> Table:
+    """The GPU table; with ``holders`` (the queue's record) a column says which job holds each."""
     table = Table(title="GPUs", title_justify="left", box=None, pad_edge=False)
-    for col in ("#", "name", "util %", "mem used/total MiB", "temp °C", "power W"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+    cols = ["#", "name", "util %", "mem used/total MiB", "temp °C", "power W"]
+    for col in [*cols, *(["job"] if holders else [])]:
+        table.add_column(col, justify="left" if col in ("name", "job") else "right")
     for g in gpus:
-        table.add_row(str(g.index), plain(g.name), _num(g.util_pct),
-                      f"{_num(g.mem_used_mib)}/{_num(g.mem_total_mib)}", _num(g.temp_c),
-                      _num(g.power_w, "{:.1f}"))
+        row: list[str | Text] = [str(g.index), plain(g.name), _num(g.util_pct),
+               f"{_num(g.mem_used_mib)}/{_num(g.mem_total_mib)}", _num(g.temp_c),
+               _num(g.power_w, "{:.1f}")]
+        if holders:
+            row.append(plain(holder_of(g.index, holders) or "-"))
+        table.add_row(*row)
     return table
+
+
+def holder_of(index: int, holders: t.Sequence[QueueHolder]) -> str | None:
+    """The job holding GPU ``index`` (a job without slots holds the whole container)."""
+    return next((h.job_id for h in holders if h.gpu_slots is None or index in h.gpu_slots), None)
+
+
+def slots_text(slots: list[int] | None) -> str:
+    return "all" if slots is None else ",".join(str(g) for g in slots)
+
+
+def queue_table(con: Console, label: str, q: QueueList) -> None:
+    """``opsctl queue``: the queued jobs in order, then who holds which GPU slots."""
+    slots = "unknown (set gpus: for the container in the inventory)" if q.slots is None \
+        else str(q.slots)
+    con.print(Text.assemble(("queue on ", "dim"), (safe(label), "bold"),
+                            (f"  ({len(q.jobs)} queued; GPU slots {slots})", "dim")))
+    if q.jobs:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col in ("#", "JOB", "PLAYBOOK", "AFTER", "GPUS", "WAITING FOR"):
+            table.add_column(col, no_wrap=col != "WAITING FOR", overflow="fold")
+        for r in q.jobs:
+            gpus = "all" if r.gpus is None else (str(r.gpus) if isinstance(r.gpus, int)
+                                                 else "slots " + slots_text(r.gpus))
+            table.add_row(str(r.position), plain(r.job_id), plain(r.name or "-"),
+                          plain(r.after or "-"), gpus, plain(r.waiting_for))
+        con.print(table)
+    for h in q.holders:
+        con.print(plain(f"running: {h.job_id} ({h.state or '?'}) holds GPU slots "
+                        f"{slots_text(h.gpu_slots)}", style="dim"))
+
+
+def queue_added(con: Console, report: t.Any) -> None:
+    """``opsctl queue add`` / ``deploy`` of a pipeline: each job id, and what started at once."""
+    for j in report.jobs:
+        what = f"after {j['after']}" if j.get("after") else "no dependency"
+        state = "started" if j["job_id"] in report.started else (
+            "cancelled" if j["job_id"] in report.cancelled else "queued")
+        step = f" [{j['step']}]" if j.get("step") else ""
+        con.print(plain(f"{j['job_id']}{step}: {state} ({what})"))
+    for note in report.notes:
+        con.print(plain(f"note: {note}", style="yellow"))
+    con.print(plain("the container runs the queue by itself: `opsctl queue` shows it", style="dim"))
 
 
 def diagnosis(items: list[DiagnosisItem]) -> Panel | None:
@@ -241,8 +298,12 @@ def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) ->
         shown = tail[-pane_lines:]
         con.print(Panel(Text("\n".join(safe(x) for x in shown)), title=f"{src} (last {len(shown)} lines)",
                         title_align="left", border_style="dim"))
+    if st.gpu_slots is not None:
+        con.print(plain(f"GPU slots {slots_text(st.gpu_slots)} (CUDA_VISIBLE_DEVICES)", style="dim"))
+    if st.after:
+        con.print(plain(f"after job {st.after} (starts when it succeeds)", style="dim"))
     if st.gpus:
-        con.print(gpu_table(st.gpus))
+        con.print(gpu_table(st.gpus, st.gpu_holders))
     elif st.gpu_error:
         con.print(plain(f"GPUs: {st.gpu_error}", style="yellow"))
     else:

@@ -164,9 +164,11 @@ class Playbook(BaseModel):
     # phase the job announces a longer budget for (the trainer's cold compile) gets that one.
     hang_after_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
     phase_budgets_s: dict[str, float] = Field(default_factory=dict)  # {phase: s}, wins over both
-    # GPUs the job uses (nvidia-smi indices); launch refuses when one is held by something
-    # else unless `deploy --force`. Default: CUDA_VISIBLE_DEVICES from env, else every GPU.
-    gpus: list[t.Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]] | None = None
+    # GPUs the job reserves in the container (issue 27): a count (the lowest free slots) or a
+    # list of slot indices; the agent gives the job CUDA_VISIBLE_DEVICES of its slots, so jobs
+    # run side by side. Absent: the whole container (a job runs alone, as deploy always did).
+    # Launch refuses a GPU held by something outside opsctl's jobs unless `deploy --force`.
+    gpus: int | list[int] | None = None
     torch: TorchSpec | None = None
     cache: t.Literal["keep", "clear", "seed"] = "keep"
     requirements: list[str] = Field(default_factory=list)
@@ -182,6 +184,11 @@ class Playbook(BaseModel):
     @classmethod
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpu_request(cls, v: t.Any) -> t.Any:
+        return wire.validate_gpu_request(v)  # one rule with --gpus and the agent
 
     @field_validator("secrets")
     @classmethod
@@ -269,7 +276,7 @@ class Playbook(BaseModel):
             "expect_tok_s": self.expect_tok_s,
             "hang_after_s": self.hang_after_s,
             "phase_budgets_s": dict(self.phase_budgets_s),
-            "gpus": list(self.gpus) if self.gpus is not None else None,
+            "gpus": list(self.gpus) if isinstance(self.gpus, list) else self.gpus,
             "python": python,
             "restart": self.restart.to_wire() if self.restart is not None else None,
             "max_duration_s": self.max_duration_s,

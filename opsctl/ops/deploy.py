@@ -189,7 +189,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
     job_id = spec["job_id"]
     pay: PayloadResult | None = None
     if force_payload or needs_torch_work(book):
-        if not replace:
+        if not replace and book.gpus is None:  # with gpus: it may run beside the live job
             step("check")
             refuse_if_running(tgt)  # a refused deploy touches nothing: no payload, no prepare
         pay = ship(force_payload)
@@ -199,7 +199,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
     if book.files:  # the playbook's files: before launch; rsync sends only what changed
         from opsctl.ops import files as files_mod
 
-        if not replace and pay is None:
+        if not replace and pay is None and book.gpus is None:
             step("check")
             refuse_if_running(tgt)  # never change a running job's files, then be refused
         step("files")
@@ -334,6 +334,9 @@ def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool
         args.append("--replace")
     if force_gpus:
         args.append("--force-gpus")
+    container = tgt.host.containers.get(tgt.ctid)
+    if container is not None and container.gpus and spec.get("gpus") is not None:
+        args += ["--slots", str(container.gpus)]  # a count of GPUs needs the container's count
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
     return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60, stdin=stdin))

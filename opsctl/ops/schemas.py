@@ -35,6 +35,10 @@ class _JobsDocument(models.JobList):
     target: str  # "host/ct"
 
 
+class _QueueDocument(models.QueueList):
+    target: str  # "host/ct"
+
+
 class _HostsDocument(te.TypedDict):
     hosts: list[HostRow]
 
@@ -54,6 +58,10 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
     "jobs": ("the container's jobs, newest first (`jobs --json`)", lambda: _JobsDocument),
     "deploy": ("what deploy did and the job's status (`deploy --json`)", lambda: DeployReport),
     "stop": ("the signals sent and what survived (`stop --json`)", lambda: models.StopResult),
+    "queue": ("the container's queue, first to start first, and who holds which GPU slots "
+              "(`queue --json`, `queue move --json`)", lambda: _QueueDocument),
+    "queue add": ("the jobs queued, those started at once, and the queue (`queue add --json`, "
+                  "`deploy --json` of a pipeline)", lambda: _queue_add_report()),
     "envs": ("the container's torch builds (`envs --json`)",
              lambda: shapes.pydantic_view(_wire_shapes().EnvsDoc)),
     "hosts": ("the inventory's hosts, reachability with --check (`hosts --json`)",
@@ -63,6 +71,12 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
     "doctor": ("the GPU chain's checks, a row each (`doctor --json`)", lambda: _doctor_document()),
 }
 EVENT = "event"
+
+
+def _queue_add_report() -> t.Any:
+    from opsctl.ops.queue import QueueAddReport
+
+    return QueueAddReport
 
 
 def _doctor_document() -> t.Any:

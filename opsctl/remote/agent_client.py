@@ -45,6 +45,7 @@ _HINTS: dict[ErrorType, str] = {
     ErrorType.LaunchAborted: "the deploy was interrupted; run it again",
     ErrorType.PreflightFailed: "apply the fix the row names (opsctl doctor shows every check), "
                                "or deploy with --force",
+    ErrorType.QueueRefused: "`opsctl queue` shows the queue, `opsctl jobs` every job",
 }
 
 

@@ -140,6 +140,9 @@ class RestartFields(_Wire):
 
 class JobStatus(RestartFields):
     job_id: str
+    gpu_slots: list[int] | None = None  # the GPU slots it holds (None: the whole container)
+    after: str | None = None  # a queued job's dependency
+    gpu_holders: list[QueueHolder] = Field(default_factory=list)  # which job holds which GPU
     name: str = ""
     state: JobState
     healthy: bool = False
@@ -207,6 +210,8 @@ class JobRow(RestartFields):
     """One line of ``opsctl jobs`` (the agent's ``jobs`` verb)."""
 
     job_id: str
+    gpu_slots: list[int] | None = None
+    after: str | None = None
     name: str | None = None
     state: JobState | None = None  # None: the job dir could not be read (``error`` says why)
     error: str | None = None
@@ -228,6 +233,37 @@ class JobList(_Wire):
     limit: int = 0
 
 
+class QueueRow(_Wire):
+    """One queued job of ``opsctl queue`` (the agent's ``queue`` verb), first to start first."""
+
+    job_id: str
+    name: str | None = None
+    position: int
+    after: str | None = None
+    gpus: int | list[int] | None = None
+    created_at: float | None = None
+    waiting_for: str = ""
+
+
+class QueueHolder(_Wire):
+    job_id: str
+    gpu_slots: list[int] | None = None
+    state: JobState | None = None
+
+
+class QueueList(_Wire):
+    jobs: list[QueueRow] = Field(default_factory=list)
+    slots: int | None = None
+    holders: list[QueueHolder] = Field(default_factory=list)
+
+
+class QueueAdd(_Wire):
+    added: list[str]
+    started: list[str] = Field(default_factory=list)
+    cancelled: list[str] = Field(default_factory=list)
+    queue: QueueList
+
+
 class StopResult(_Wire):
     job_id: str
     state: JobState
@@ -241,3 +277,6 @@ class AgentReply(_Wire):
     agent_version: int = 1
     data: t.Any = None
     error: dict[str, t.Any] | None = None
+
+
+JobStatus.model_rebuild()

@@ -155,7 +155,13 @@ def in_use():
             pid = json.load(open(os.path.join(jobs, j, "pid")))
         except (OSError, ValueError):
             pid = None
-        if pid is None:  # launched, the wrapper has not recorded its start yet
+        try:  # a queued job runs this payload when it starts (issue 27)
+            queued = json.load(open(os.path.join(jobs, j, "status.json"))).get("state") == "QUEUED"
+        except (OSError, ValueError, AttributeError):
+            queued = False
+        if queued:
+            live = True
+        elif pid is None:  # launched, the wrapper has not recorded its start yet
             live = time.time() - float(launch.get("created_at") or 0) < 120
         else:
             live = alive(pid.get("wrapper_pid"), pid.get("wrapper_start_ticks")) or alive(

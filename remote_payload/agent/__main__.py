@@ -38,6 +38,11 @@ VERBS: dict[str, str] = {
     "stacks": "remote_payload.agent.verbs.jobs",
     "jobs": "remote_payload.agent.verbs.jobs",
     "abort": "remote_payload.agent.verbs.jobs",  # an interrupted deploy
+    # the job queue (issue 27)
+    "queue": "remote_payload.agent.verbs.queue",
+    "queue-add": "remote_payload.agent.verbs.queue",
+    "queue-rm": "remote_payload.agent.verbs.queue",
+    "queue-move": "remote_payload.agent.verbs.queue",
     "history": "remote_payload.agent.verbs.history",  # plot data
     # torch builds and caches
     "envs": "remote_payload.agent.verbs.torch",

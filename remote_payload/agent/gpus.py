@@ -223,8 +223,11 @@ _IDS_ARGS = ("--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounit
 
 
 def needed_gpus(spec: dict[str, t.Any]) -> list[int] | None:
-    """The GPU indices a job uses: the spec's ``gpus``, else its ``CUDA_VISIBLE_DEVICES``,
-    else None (every GPU the container has)."""
+    """The GPU indices a job uses: the slots it was given (``gpu_slots``), the spec's ``gpus``
+    list, else its ``CUDA_VISIBLE_DEVICES``, else None (every GPU the container has)."""
+    slots = spec.get("gpu_slots")
+    if isinstance(slots, list):
+        return [int(x) for x in slots]
     listed = spec.get("gpus")
     if isinstance(listed, list):
         return [int(x) for x in listed]

@@ -243,10 +243,10 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
                                               for k, v in budgets.items())):
         raise _bad("phase_budgets_s must map phase names to positive seconds", "phase_budgets_s")
     spec["phase_budgets_s"] = budgets
-    gpu_list = spec.get("gpus")
-    if gpu_list is not None and not (isinstance(gpu_list, list) and all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpu_list)):
-        raise _bad("gpus must be a list of GPU indices or null", "gpus")
+    try:  # a count or a list of slots (the slot count is checked where it is known)
+        spec["gpus"] = wire.validate_gpu_request(spec.get("gpus"))
+    except ValueError as exc:
+        raise _bad(str(exc), "gpus") from None
     python = spec.get("python")
     if python is not None and not (isinstance(python, str) and python):
         raise _bad("python must be a path", "python")
@@ -685,6 +685,8 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
 
     if state.is_terminal():
         return record(state, proc_alive(pid.get("pid"), pid.get("start_ticks")), evidence)
+    if state == JobState.QUEUED:  # no process yet; it waits in the queue (it never expires)
+        return record(state, False, evidence)
     cancelled = os.path.exists(os.path.join(path, CANCEL))
     if not pid:
         # the wrapper has not recorded a start yet (launch waits for it)

@@ -762,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = os.path.abspath(args[0])
     try:
-        return Wrapper(path).run()
+        rc = Wrapper(path).run()
     except Exception:
         # a wrapper bug: leave the traceback where status finds it (LOST evidence)
         import traceback
@@ -773,6 +773,26 @@ def main(argv: list[str] | None = None) -> int:
                                                 encoding="utf-8") as f:
             f.write(text)
         return 70
+    advance_queue(path)
+    return rc
+
+
+def advance_queue(path: str) -> None:
+    """The job has ended (its restart policy is done): start what waited for it or for its
+    GPUs, and cancel its dependants if it failed, with no client connected (issue 27). A
+    failure here is recorded in ``queue_error.txt``; the next agent call advances again."""
+    root = os.path.dirname(os.path.dirname(path))
+    try:
+        from remote_payload.agent import launching
+
+        socket = (read_json(os.path.join(path, jobs.LAUNCH), {}) or {}).get("tmux_socket")
+        launching.advance_queue(root, socket or wire.DEFAULT_TMUX_SOCKET)
+    except Exception:
+        import traceback
+
+        with contextlib.suppress(OSError), open(os.path.join(path, "queue_error.txt"), "w",
+                                                encoding="utf-8") as f:
+            f.write(traceback.format_exc())
 
 
 if __name__ == "__main__":

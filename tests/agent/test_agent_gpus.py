@@ -194,6 +194,8 @@ def test_no_nvidia_smi_is_no_gpu_not_a_refusal(tmp_path: Path, monkeypatch: pyte
 
 @pytest.mark.parametrize(("spec", "needed"), [
     ({"gpus": [2, 3]}, [2, 3]),
+    ({"gpus": 4, "gpu_slots": [4, 5, 6, 7]}, [4, 5, 6, 7]),  # the slots the queue gave it
+    ({"gpus": 4}, None),  # a count not yet given slots: not a list of GPUs
     ({"env": {"CUDA_VISIBLE_DEVICES": "4,5"}}, [4, 5]),
     ({"env": {"CUDA_VISIBLE_DEVICES": "GPU-0928"}}, None),
     ({}, None),

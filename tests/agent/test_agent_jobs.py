@@ -380,7 +380,7 @@ def test_a_bad_spec_is_refused_naming_the_field(agent: Agent, spec: dict[str, t.
     bad = agent.reply("launch", "--spec-json", json.dumps(spec))
     assert bad["error"]["type"] == "BadSpec"
     assert bad["error"]["fields"]["field"] == field
-    assert not (agent.root / "jobs").exists() or not any((agent.root / "jobs").iterdir())
+    assert not (agent.root / "jobs").exists() or not jobs.list_job_ids(str(agent.root))
 
 
 def test_status_without_any_job_is_a_typed_error(agent: Agent) -> None:
@@ -442,7 +442,7 @@ def test_launch_refuses_gpus_held_by_another_process_unless_forced(agent: Agent,
     refused = agent.reply("launch", "--spec-json", spec)
     assert refused["error"]["type"] == "GpusBusy"
     assert "GPU 0: 1 process(es) from outside this job: pid 2444" in refused["error"]["message"]
-    assert not (agent.root / "jobs").exists() or not list((agent.root / "jobs").iterdir())
+    assert not (agent.root / "jobs").exists() or not jobs.list_job_ids(str(agent.root))
     doc = agent.data("launch", "--spec-json", spec, "--force-gpus")
     assert doc["preflight"]["forced"] is True
     found = {d["cause"]: d for d in doc["diagnosis"]}
@@ -468,7 +468,7 @@ def test_launch_refuses_on_a_failing_doctor_check_unless_forced(tmp_path: Path, 
         assert (row["name"], row["status"]) == ("disk-free", "fail")
         assert refused["error"]["message"].startswith("doctor check disk-free failed: less than 2.0 GiB free")
         assert "opsctl cache prune" in row["fix"] and row["fix"] in refused["error"]["message"]
-        assert not (agent.root / "jobs").exists() or not list((agent.root / "jobs").iterdir())
+        assert not (agent.root / "jobs").exists() or not jobs.list_job_ids(str(agent.root))
         doc = agent.data("launch", "--spec-json", spec, "--force-gpus")
         assert doc["preflight"]["forced"] is True
         assert [r["status"] for r in doc["preflight"]["rows"] if r["name"] == "disk-free"] == ["fail"]

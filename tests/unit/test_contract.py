@@ -23,6 +23,10 @@ from remote_payload import wire, wire_shapes
 MODEL_SHAPES: list[tuple[type[BaseModel], type]] = [
     (models.JobStatus, wire_shapes.StatusDoc),
     (models.JobList, wire_shapes.JobListDoc),
+    (models.QueueList, wire_shapes.QueueDoc),
+    (models.QueueRow, wire_shapes.QueueRowDoc),
+    (models.QueueHolder, wire_shapes.QueueHolderDoc),
+    (models.QueueAdd, wire_shapes.QueueAddDoc),
     (models.JobRow, wire_shapes.JobRowDoc),
     (models.StopResult, wire_shapes.StopDoc),
     (models.LogsChunk, wire_shapes.LogsChunkDoc),

@@ -15,7 +15,8 @@ import time
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent import history
+from remote_payload.agent import history, launching
+from remote_payload.agent import jobqueue as queue
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
@@ -33,6 +34,7 @@ if t.TYPE_CHECKING:
         JobListDoc,
         JobRowDoc,
         LogsChunkDoc,
+        QueueHolderDoc,
         StatusDoc,
         StopDoc,
     )
@@ -42,7 +44,6 @@ JobState = jobs.JobState
 DEFAULT_LINES = 20
 DIAGNOSIS_LINES = 200  # diagnosis sees more of the log than the user asked to display
 EVENTS_TAIL = 5
-LAUNCH_WAIT_S = 5.0
 DEFAULT_GRACE_S = jobs.STOP_GRACE_S
 DEFAULT_KILL_AFTER_S = jobs.STOP_KILL_AFTER_S
 LOGS_MAX_BYTES = 256 * 1024
@@ -59,6 +60,8 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--secrets-stdin", action="store_true",
                        help="read the spec's secrets as a JSON object {NAME: value} on stdin "
                             "(never on the command line)")
+        p.add_argument("--slots", type=int, default=None,
+                       help="the container's GPU count (the inventory's gpus): slots for gpus: N")
         p.add_argument("--payload-digest", default=None,
                        help="launch only if the installed payload has this digest (deploy's "
                             "unchanged-payload fast path: one round trip instead of two)")
@@ -92,12 +95,17 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     root = args.root
     if verb == "launch":
         if args.payload_digest is not None:
-            if not args.replace:  # a refusal comes first: the client must not ship a payload
+            # a refusal comes first: the client must not ship a payload (a job with gpus: may
+            # run beside the current one; launch decides that under the queue lock)
+            if not args.replace and not _asks_for_gpus(args.spec_json):
                 _refuse_if_running(root)
             _check_payload_digest(args.payload_digest)
         secrets = _read_secrets() if args.secrets_stdin else None
         return launch(root, args.spec_json, replace=args.replace, grace=args.grace,
-                      socket=_socket(args), force_gpus=args.force_gpus, secrets=secrets)
+                      socket=_socket(args), force_gpus=args.force_gpus, secrets=secrets,
+                      slots=args.slots or None)
+    if verb in ("status", "jobs"):
+        _advance_if_queued(root, args)
     if verb == "status":
         return status_document(root, jobs.resolve_job(root, args.job), lines=args.lines)
     if verb == "logs":
@@ -114,6 +122,27 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
     if verb == "abort":
         return abort(root, args.job)
     raise AgentFailure(ErrorType.UnknownVerb, f"verbs.jobs does not handle {verb}")
+
+
+def _asks_for_gpus(spec_json: str) -> bool:
+    try:
+        spec = json.loads(spec_json)
+    except ValueError:
+        return False
+    return isinstance(spec, dict) and spec.get("gpus") is not None
+
+
+def _advance_if_queued(root: str, args: argparse.Namespace) -> None:
+    """After a container restart no wrapper is left to move the queue on: the next ``status``
+    or ``jobs`` does (never waiting for the lock; a queue that is empty costs one stat)."""
+    try:
+        raw = read_json(queue.queue_path(root), None)
+    except (OSError, ValueError):
+        raw = {"order": ["?"]}  # damaged: advance rebuilds it from the job dirs
+    if not (isinstance(raw, dict) and raw.get("order")):
+        return
+
+    launching.advance_queue(root, _socket(args), blocking=False)
 
 
 def _read_secrets() -> t.Any:
@@ -208,6 +237,10 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         "restarts": babysitting["restarts"], "end_reason": babysitting["end_reason"],
         "max_duration_s": babysitting["max_duration_s"], "run": babysitting["run"],
     }
+    doc["gpu_slots"] = rec.spec.get("gpu_slots")
+    doc["after"] = rec.spec.get("after")
+    if live:
+        doc["gpu_holders"] = _gpu_holders(root)
     # gpus.py, diagnosis.py and history.py build plain dicts of these shapes
     if gpu_query is not None:
         gpu_rows, doc["gpu_error"] = gpu_query.result()
@@ -227,6 +260,17 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
         doc["pane_tail"] = pane.result()
         doc["tmux"]["error"] = pane.error
     return doc
+
+
+def _gpu_holders(root: str) -> list[QueueHolderDoc]:
+    """Which live job holds which GPU slots, as the queue recorded it (one small file read;
+    the states are not reconciled here: the status path stays cheap)."""
+    try:
+        raw = read_json(queue.queue_path(root), None)
+        doc = queue.parse_doc(raw) if raw is not None else queue.EMPTY
+    except (OSError, ValueError):
+        return []
+    return [{"job_id": j, "gpu_slots": s, "state": None} for j, s in doc.holders.items()]
 
 
 def _babysitting(rec: jobs.JobRecord) -> BabysittingDoc:
@@ -281,7 +325,8 @@ def _diag_failure(exc: BaseException) -> dict[str, t.Any]:
 
 
 def launch(root: str, spec_json: str, *, replace: bool, grace: float,
-           socket: str, force_gpus: bool = False, secrets: t.Any = None) -> StatusDoc:
+           socket: str, force_gpus: bool = False, secrets: t.Any = None,
+           slots: int | None = None) -> StatusDoc:
     """Create ``jobs/<id>/`` and start the wrapper in tmux; return the first status document.
 
     Raises
@@ -291,14 +336,18 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         ``--force-gpus``; checked before the running job is touched), ``JobExists``,
         ``LaunchAborted`` (the deploy was interrupted: ``abort``), ``TmuxFailed`` or
         ``LaunchFailed`` (the wrapper never recorded a start).
+
+    A job with ``gpus`` (a count or a list of slots) runs beside the live jobs whose slots it
+    does not share; without, it takes the whole container (every live job is in its way).
+    ``slots``: the container's GPU count (the inventory's ``gpus``), kept for the queue.
     """
-    from remote_payload.agent import gpus, tmux
+    from remote_payload.agent import gpus
 
     try:
         raw = json.loads(spec_json)
     except ValueError as exc:
         raise AgentFailure(ErrorType.BadSpec, f"--spec-json is not JSON: {exc}", field="") from None
-    payload = _payload_dir()
+    payload = launching.payload_dir()
     spec = jobs.validate_spec(raw, payload)
     if spec["secrets"] or secrets is not None:
         from remote_payload.agent import jobsecrets
@@ -307,152 +356,74 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
             secrets = jobsecrets.check(secrets if secrets is not None else {}, spec["secrets"])
         except ValueError as exc:
             raise AgentFailure(ErrorType.BadSpec, str(exc), field="secrets") from None
-    spec["workdir"] = _bind_to_payload(root, spec["workdir"])
+    spec["workdir"] = launching.bind_to_payload(root, spec["workdir"])
     job_id = spec["job_id"]
-    build_env, build_python = _torch_build(root)
+    build_env, build_python = launching.torch_build(root)
     spec["env"] = {**build_env, **spec["env"]}  # the spec's own values win
     if build_python and not spec.get("python"):
         spec["python"] = build_python
 
-    current = _refuse_if_running(root, replace=replace)
-    running = jobs.load(root, current) if current is not None else None
-    # GPUs held by anything but this job: visible foreign processes refuse before the running
-    # job is touched; memory (which inside a container has no visible owner) is judged once the
-    # job being replaced has stopped and freed its own
-    needed = gpus.needed_gpus(spec)
-    own = jobs.job_processes(running.job_id, running.pid.get("pgid"), running.pid.get("start_ticks"),
-                             running.pid.get("cgroup")) if running else []
-    check = gpus.preflight(needed, own, memory=running is None)
-    _refuse_busy_gpus(check, force_gpus)
-    check["rows"] = _refuse_failing_rows(root, needed, force_gpus)
+    with queue.locked(root):  # one start at a time: two jobs never pick the same GPU slot
+        doc = queue.read(root)
+        if slots:
+            doc = doc._replace(slots=slots)
+        request = launching.gpu_request(spec, doc.slots)
+        holders = queue.live_holders(root, doc)
+        fits, got, in_the_way = launching.slot_conflicts(request, doc.slots or 0, holders)
+        if in_the_way and not replace:
+            first = in_the_way[0]
+            raise AgentFailure(ErrorType.JobAlreadyRunning,
+                               launching.in_the_way_message(root, first, request),
+                               job_id=first, state=jobs.load(root, first).state.value)
+        launching.set_slots(spec, got if fits else None, request)
+        running = [jobs.load(root, j) for j in in_the_way]
+        # GPUs held by anything but opsctl's jobs: visible foreign processes refuse before a
+        # running job is touched; memory (which inside a container has no visible owner) is
+        # judged once the jobs being replaced have stopped and freed their own
+        needed = gpus.needed_gpus(spec)
+        check = gpus.preflight(needed, launching.opsctl_job_pids(root, holders), memory=not running)
+        launching.refuse_busy_gpus(check, force_gpus)
+        check["rows"] = launching.refuse_failing_rows(root, needed, force_gpus)
 
-    path = jobs.job_dir(root, job_id)
-    os.makedirs(jobs.jobs_root(root), exist_ok=True)
-    # An interrupted deploy (``abort``) and this launch serialize on the launch lock: the
-    # abort either lands before the old job is touched / the new one is created, or it
-    # sees exactly what was done.
-    with jobs.launch_lock(root):
-        _refuse_if_aborted(root, job_id)
-        current = _refuse_if_running(root, replace=replace)
-        if current is not None:
-            jobs.request_cancel(root, current, reason=f"replaced by job {job_id}")
-    if current is not None:
-        stop(root, current, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
-             reason=f"replaced by job {job_id}")
-        rows = check["rows"]
-        check = gpus.preflight(needed)
-        _refuse_busy_gpus(check, force_gpus)
-        check["rows"] = rows
-    check["forced"] = force_gpus and (bool(check["busy"]) or any(
-        r["status"] == "fail" for r in check["rows"]))
-    with jobs.launch_lock(root):
-        _refuse_if_aborted(root, job_id)
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists", job_id=job_id) from None
-    now = time.time()
-    session = tmux.session_name(job_id)
-    argv = jobs.job_argv(spec)
-    try:
-        write_json_atomic(os.path.join(path, jobs.SPEC), spec)
-        write_json_atomic(os.path.join(path, jobs.LAUNCH), {
-            "created_at": now, "tmux_socket": socket, "tmux_session": session,
-            "payload_dir": payload, "argv": argv, "agent_python": sys.executable,
-            "base_env": _base_env(), "replaced": current,
-        })
-        write_json_atomic(os.path.join(path, jobs.STATUS), {
-            "job_id": job_id, "name": spec["name"], "state": JobState.PENDING.value,
-            "created_at": now, "healthy": False,
-            "transitions": [[JobState.PENDING.value, now, "launched"]],
-        })
-        open(os.path.join(path, jobs.OUTPUT), "ab").close()
-        if secrets:
-            from remote_payload.agent import jobsecrets
-
-            jobsecrets.store(path, secrets)
-        write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
+        path = jobs.job_dir(root, job_id)
+        os.makedirs(jobs.jobs_root(root), exist_ok=True)
+        # An interrupted deploy (``abort``) and this launch serialize on the launch lock: the
+        # abort either lands before the old job is touched / the new one is created, or it
+        # sees exactly what was done.
+        with jobs.launch_lock(root):
+            _refuse_if_aborted(root, job_id)
+            for rec in running:
+                jobs.request_cancel(root, rec.job_id, reason=f"replaced by job {job_id}")
+        current = running[0].job_id if running else None
+        if running:
+            for rec in running:
+                stop(root, rec.job_id, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
+                     reason=f"replaced by job {job_id}")
+            holders = {k: v for k, v in holders.items() if k not in in_the_way}
+            fits, got, _ = launching.slot_conflicts(request, doc.slots or 0, holders)
+            launching.set_slots(spec, got if fits else None, request)
+            rows = check["rows"]
+            check = gpus.preflight(gpus.needed_gpus(spec), launching.opsctl_job_pids(root, holders))
+            launching.refuse_busy_gpus(check, force_gpus)
+            check["rows"] = rows
+        check["forced"] = force_gpus and (bool(check["busy"]) or any(
+            r["status"] == "fail" for r in check["rows"]))
+        with jobs.launch_lock(root):
+            _refuse_if_aborted(root, job_id)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                raise AgentFailure(ErrorType.JobExists, f"job {job_id} already exists",
+                                   job_id=job_id) from None
+        launching.write_launch_files(path, spec, socket=socket, payload=payload,
+                                     replaced=current, secrets=secrets, check=check)
         jobs.set_current_job(root, job_id)
-    except OSError:  # e.g. a full disk: no half-made job dir is left to look PENDING forever
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-
-    for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
-        tmux.kill_session(socket, dead)
-    jobs.prune_job_cgroups()  # empty ones of wrappers that died
-    wrapper_argv = ["env", f"PYTHONPATH={payload}", sys.executable, "-m",
-                    "remote_payload.agent.wrapper", path]
-    try:
-        tmux.start_session(socket, session, wrapper_argv, cwd=spec["workdir"])
-    except tmux.TmuxError as exc:
-        _fail_launch(path, f"tmux refused to start the session: {exc.stderr}")
-        raise AgentFailure(ErrorType.TmuxFailed, str(exc), job_id=job_id, socket=socket) from None
-
-    started = jobs.wait_until(lambda: _wrapper_started(path), LAUNCH_WAIT_S)
-    if not started:
-        pane = tmux.PaneCapture(socket, session, 30).result()
-        _fail_launch(path, f"the wrapper recorded no start within {LAUNCH_WAIT_S:g}s")
-        raise AgentFailure(ErrorType.LaunchFailed,
-                           f"job {job_id}: the wrapper did not start within {LAUNCH_WAIT_S:g}s",
-                           job_id=job_id, pane_tail=pane)
-    doc = status_document(root, job_id)
-    if doc["state"] == JobState.LOST.value:  # the wrapper crashed before starting the job
-        raise AgentFailure(ErrorType.LaunchFailed, f"job {job_id}: the wrapper crashed",
-                           job_id=job_id, evidence=doc["evidence"], pane_tail=doc["pane_tail"])
-    return doc
-
-
-def _refuse_busy_gpus(check: dict[str, t.Any], force: bool) -> None:
-    """GpusBusy with doctor's ``leftover-gpu-processes`` row (one definition of the check)."""
-    if check["busy"] and not force:
-        from remote_payload.agent import doctor
-
-        row = doctor.leftovers_row(check)
-        raise AgentFailure(ErrorType.GpusBusy, f"GPUs this job needs are in use: {row['evidence']}",
-                           busy=check["busy"], needed=check["needed"], row=row)
-
-
-def _refuse_failing_rows(root: str, needed: list[int] | None, force: bool) -> list[dict[str, str]]:
-    """The launch's doctor rows (device nodes, /dev/shm, free disk); the first failing one
-    refuses the launch unless ``force`` (deploy --force)."""
-    from remote_payload.agent import doctor
-
-    rows = doctor.launch_rows(root, needed)
-    bad = [r for r in rows if r["status"] == "fail"]
-    if bad and not force:
-        row = bad[0]
-        raise AgentFailure(ErrorType.PreflightFailed,
-                           f"doctor check {row['name']} failed: {row['reason']}"
-                           + (f" [{row['evidence']}]" if row["evidence"] else "")
-                           + (f"; fix: {row['fix']}" if row["fix"] else ""),
-                           row=row, rows=bad)
-    return rows
-
-
-def _torch_build(root: str) -> tuple[dict[str, str], str | None]:
-    """Cache env vars and python of the current torch build (docs/contracts.md).
-
-    Raises
-    ------
-    AgentFailure
-        ``TorchEnvError`` when a build exists but cannot be read: running the job
-        on another torch or without its compile cache would hide the problem.
-    """
-    import importlib
-
-    try:
-        torchenv = importlib.import_module("remote_payload.agent.torchenv")
-    except ModuleNotFoundError as exc:
-        if exc.name == "remote_payload.agent.torchenv":  # not shipped: plain python jobs only
-            return {}, None
-        raise
-    try:
-        return dict(torchenv.job_env(root)), torchenv.current_python(root)
-    except Exception as exc:
-        raise AgentFailure(ErrorType.TorchEnvError, f"cannot read the current torch build under {root}: "
-                           f"{type(exc).__name__}: {exc}", root=root) from None
+        queue.write(root, doc._replace(holders={**holders, job_id: spec.get("gpu_slots")}))
+        launching.start_wrapper(root, path, spec, socket)
+    first_status = status_document(root, job_id)
+    # a launch that replaced jobs may have freed GPUs a queued job waits for
+    launching.advance_queue(root, socket)
+    return first_status
 
 
 def _refuse_if_running(root: str, replace: bool = False) -> str | None:
@@ -482,56 +453,15 @@ def _refuse_if_aborted(root: str, job_id: str) -> None:
                            "(abort recorded); not launched", job_id=job_id)
 
 
-def _bind_to_payload(root: str, workdir: str) -> str:
-    """A workdir inside ``<root>/payload`` (a symlink the next deploy switches) becomes the
-    resolved ``payloads/<digest>`` dir, so the job keeps the code it started with."""
-    link = os.path.join(root, "payload")
-    if workdir == link or workdir.startswith(link + os.sep):
-        return os.path.realpath(workdir)
-    return workdir
-
-
 def _check_payload_digest(want: str) -> None:
     """Refuse (before touching any job) when the installed payload is not ``want``."""
     try:
-        have = (read_json(os.path.join(_payload_dir(), "MANIFEST.json"), {}) or {}).get("digest")
+        have = (read_json(os.path.join(launching.payload_dir(), "MANIFEST.json"), {}) or {}).get("digest")
     except (OSError, ValueError, AttributeError):  # unreadable manifest: ship the payload again
         have = None
     if have != want:
         raise AgentFailure(ErrorType.PayloadMismatch, f"installed payload is {str(have)[:12]}, "
                            f"deploy sends {want[:12]}", have=have, want=want)
-
-
-def _wrapper_started(path: str) -> bool:
-    """The wrapper wrote its first state (after the pid file) or an exit record."""
-    if os.path.exists(os.path.join(path, jobs.EXIT_CODE)) or os.path.exists(
-            os.path.join(path, jobs.WRAPPER_ERROR)):
-        return True
-    st = read_json(os.path.join(path, jobs.STATUS), {}) or {}
-    return bool(st.get("state", JobState.PENDING.value) != JobState.PENDING.value)
-
-
-def _payload_dir() -> str:
-    """The directory holding the ``remote_payload`` package the agent runs from, resolved
-    (``payloads/<digest>``, not the ``payload`` symlink): a job and its wrapper are bound
-    to the code they started with, and the payload store keeps it while they live."""
-    import remote_payload
-
-    return os.path.dirname(os.path.dirname(os.path.realpath(remote_payload.__file__)))
-
-
-def _base_env() -> dict[str, str]:
-    """The job's starting env: the agent's (what `pct exec` gives), minus tmux and our PYTHONPATH."""
-    drop = {"TMUX", "TMUX_PANE", "PYTHONPATH", wire.ENV_TMUX_SOCKET}
-    return {k: v for k, v in os.environ.items() if k not in drop}
-
-
-def _fail_launch(path: str, why: str) -> None:
-    now = time.time()
-    status = read_json(os.path.join(path, jobs.STATUS), {}) or {}
-    status.update(state=JobState.FAILED.value, ended_at=now, evidence=[why])
-    status["transitions"] = [*status.get("transitions", []), [JobState.FAILED.value, now, why]]
-    write_json_atomic(os.path.join(path, jobs.STATUS), status)
 
 
 # --- logs ---------------------------------------------------------------------
@@ -599,6 +529,10 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
     pgid: int | None = rec.pid.get("pgid")
     ticks: int | None = rec.pid.get("start_ticks")
     cgroup: str | None = rec.pid.get("cgroup")
+    if rec.state == JobState.QUEUED:  # it never started: taken out of the queue (`queue rm`)
+        queue.remove(root, job_id)
+        return {"job_id": job_id, "state": JobState.CANCELLED.value, "signals_sent": [],
+                "remaining_pids": [], "already_terminal": False}
     if rec.state.is_terminal():
         sent, remaining = jobs.escalate(job_id, None, ticks, cgroup, jobs.LEFTOVERS_PLAN)
         return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
@@ -747,6 +681,7 @@ def _job_row(root: str, job_id: str) -> JobRowDoc:
                       "summary": diag[0]["summary"]} if diag else None),
         "attempt": doc["attempt"], "max_restarts": doc["max_restarts"], "restarts": doc["restarts"],
         "end_reason": doc["end_reason"], "max_duration_s": doc["max_duration_s"], "run": doc["run"],
+        "gpu_slots": doc.get("gpu_slots"), "after": doc.get("after"),
     }
     if doc["state"] in _TERMINAL_NAMES and stamp:
         try:

@@ -1,0 +1,159 @@
+"""``opsctl queue``: the container's job queue (issue 27): add, list, remove, reorder; and
+``deploy`` of a pipeline playbook, which queues every step at once.
+
+The queue lives in the container (``remote_payload/agent/jobqueue.py``): once a job is queued
+the container starts it when its dependency succeeded and its GPUs are free, with no client
+connected. Here: ship the payload and the playbook's files, build the launch specs (as
+``deploy`` does), and send them in one ``queue-add`` call (specs and secrets on stdin), so a
+pipeline's steps are queued all or none.
+"""
+
+from __future__ import annotations
+
+import json
+import typing as t
+from dataclasses import dataclass, field
+
+from opsctl.config.pipeline import Pipeline, resolve
+from opsctl.config.playbook import Playbook
+from opsctl.errors import ConfigError, Interrupted
+from opsctl.ops.deploy import collect_secrets, needs_torch_work
+from opsctl.ops.jobs import Target
+from opsctl.remote.models import QueueAdd, QueueList
+from remote_payload import wire
+
+Progress = t.Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class QueuedStep:
+    """One job to queue: its playbook and what it waits for (a job id, or an earlier step)."""
+
+    book: Playbook
+    after: str | int | None = None  # a job id (or unique prefix), or the index of an earlier step
+    name: str | None = None  # the pipeline step's name
+
+
+@dataclass
+class QueueAddReport:
+    target: str
+    jobs: list[dict[str, t.Any]]  # {"job_id", "playbook", "step", "after"} per queued job
+    started: list[str]
+    cancelled: list[str]
+    queue: QueueList
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {"target": self.target, "jobs": self.jobs, "started": self.started,
+                "cancelled": self.cancelled, "queue": self.queue.model_dump(mode="json"),
+                "notes": self.notes}
+
+
+def slots(tgt: Target) -> int:
+    """The container's GPU count from the inventory (0: not given)."""
+    spec = tgt.host.containers.get(tgt.ctid)
+    return spec.gpus if spec is not None else 0
+
+
+def _slot_args(tgt: Target) -> list[str]:
+    n = slots(tgt)
+    return ["--slots", str(n)] if n else []
+
+
+def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] | None = None,
+        on_step: Progress | None = None) -> QueueAddReport:
+    """Queue ``steps`` in the container, in order, in one call (all or none).
+
+    Raises:
+        AgentError: the agent refused (``BadSpec``, ``QueueRefused``, ``JobExists``).
+        Interrupted: Ctrl-C; says which job ids may have been queued.
+        ConfigError: a secret is missing.
+    """
+    from opsctl.ops import files as files_mod
+
+    def step(name: str) -> None:
+        if on_step is not None:
+            on_step(name)
+
+    count = slots(tgt)
+    for s in steps:  # checked here, before anything is sent (the agent checks it again)
+        try:
+            wire.validate_gpu_request(s.book.gpus, count or None)
+        except ValueError as exc:
+            raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: {exc}") from None
+        if isinstance(s.book.gpus, int) and not count:
+            raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: gpus {s.book.gpus} needs the "
+                              f"container's GPU count", hint=f"set containers.{tgt.ctid}.gpus "
+                              "in the inventory (or give slot indices: --gpus 0,1)")
+    if secrets is None:
+        secrets = {}
+        for s in steps:
+            secrets.update(collect_secrets(s.book))
+    notes = [f"{s.name or s.book.name}: torch:/cache: are not applied by the queue; the job "
+             "runs on the torch build current when it starts (deploy or `opsctl swap` sets it)"
+             for s in steps if needs_torch_work(s.book)]
+    ids = [s.book.new_job_id() for s in steps]
+    specs = []
+    for i, s in enumerate(steps):
+        spec = s.book.job_spec(ids[i], root=tgt.host.root, notify=tgt.host.notify_urls(tgt.ctid),
+                               target={"host": tgt.host.label, "ct": tgt.ctid})
+        spec["after"] = ids[s.after] if isinstance(s.after, int) else s.after
+        specs.append(spec)
+    step("payload")
+    tgt.agent.ensure_payload()
+    for s in steps:
+        if s.book.files:
+            step("files")
+            files_mod.push_playbook_files(tgt, s.book)
+    step("queue")
+    names = {n for s in steps for n in s.book.secrets}
+    body = json.dumps({"specs": specs, "secrets": {k: v for k, v in secrets.items() if k in names}
+                       or None}).encode()
+    try:
+        data = tgt.agent.call("queue-add", "--specs-stdin", *_slot_args(tgt), timeout=120,
+                              stdin=body)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{tgt.label}: queue add interrupted while the container was queueing "
+                          f"{', '.join(ids)}: all or none of them are queued",
+                          hint="opsctl queue  (shows them if they are)  ·  "
+                               "opsctl queue rm JOB") from None
+    reply = QueueAdd.model_validate(data)
+    jobs = [{"job_id": jid, "playbook": s.book.name, "step": s.name, "after": spec["after"]}
+            for jid, s, spec in zip(reply.added, steps, specs, strict=True)]
+    return QueueAddReport(tgt.label, jobs, reply.started, reply.cancelled, reply.queue, notes)
+
+
+def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None,
+                 secrets: dict[str, str] | None = None) -> QueueAddReport:
+    """``deploy`` of a pipeline: every step queued at once, each after the step it names.
+
+    Raises:
+        ConfigError: a step's playbook is missing or invalid (before anything remote).
+    """
+    resolved = resolve(pipe)
+    return add(tgt, [QueuedStep(r.book, r.after, r.name) for r in resolved], secrets=secrets,
+               on_step=on_step)
+
+
+def listing(tgt: Target) -> QueueList:
+    """The queue, first to start first, and which job holds which GPU slots."""
+    return QueueList.model_validate(tgt.agent.call("queue", *_slot_args(tgt), timeout=120))
+
+
+def remove(tgt: Target, job_id: str) -> dict[str, t.Any]:
+    """``queue rm``: the queued job never runs (CANCELLED, ``end_reason: "removed"``).
+
+    Raises:
+        AgentError: ``QueueRefused`` for a job that is not queued (a running one: ``stop``).
+    """
+    data = tgt.agent.call("queue-rm", "--job", job_id, *_slot_args(tgt), timeout=120)
+    data["queue"] = QueueList.model_validate(data["queue"]).model_dump(mode="json")
+    return t.cast(dict[str, t.Any], data)
+
+
+def move(tgt: Target, job_id: str, *, before: str | None = None,
+         after: str | None = None) -> QueueList:
+    """``queue move``: reorder (refused when a job would come before its own dependency)."""
+    where = ["--before", before] if before is not None else ["--after", str(after)]
+    return QueueList.model_validate(tgt.agent.call("queue-move", "--job", job_id, *where,
+                                                   *_slot_args(tgt), timeout=120))

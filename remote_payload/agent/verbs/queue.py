@@ -1,0 +1,246 @@
+"""Queue verbs (issue 27): ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``; and the GPU
+slot steps that ``launch`` shares with a start from the queue.
+
+The rules live in :mod:`remote_payload.agent.queue` (pure functions and the file); this
+module turns them into verbs and starts a queued job through ``launch``'s own path
+(:func:`start_queued`), so notify, restart policy, time limit and preflight apply unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import typing as t
+
+from remote_payload import wire
+from remote_payload.agent import jobqueue as queue
+from remote_payload.agent import jobstore as jobs
+from remote_payload.agent import launching
+from remote_payload.agent.common import AgentFailure, read_json
+from remote_payload.wire import ErrorType, JobState
+
+if t.TYPE_CHECKING:
+    import argparse
+
+    from remote_payload.wire_shapes import QueueAddDoc, QueueDoc, QueueHolderDoc, QueueRowDoc
+
+
+def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slots", type=int, default=None,
+                   help="the container's GPU count (the inventory's gpus), kept for the queue")
+    if verb == "queue-add":
+        p.add_argument("--specs-stdin", action="store_true", required=True,
+                       help='read {"specs": [...], "secrets": {NAME: value} | null} on stdin')
+    if verb in ("queue-rm", "queue-move"):
+        p.add_argument("--job", required=True, help="the queued job (id or unique prefix)")
+    if verb == "queue-move":
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("--before", default=None, help="move it just before this queued job")
+        where.add_argument("--after", default=None, help="move it just after this queued job")
+
+
+def run(verb: str, args: argparse.Namespace) -> t.Any:
+    from remote_payload.agent import tmux
+
+    root = args.root
+    socket = tmux.socket_name(getattr(args, "tmux_socket", None))
+    slots = _slots(args.slots)
+    if verb == "queue":
+        launching.advance_queue(root, socket, slots=slots, blocking=False)
+        return listing(root)
+    if verb == "queue-add":
+        return add(root, _read_stdin(), socket=socket, slots=slots)
+    if verb == "queue-rm":
+        job_id = jobs.resolve_job(root, args.job)
+        queue.remove(root, job_id)
+        moved_on = launching.advance_queue(root, socket, slots=slots)
+        return {"job_id": job_id, "state": JobState.CANCELLED.value,
+                "end_reason": wire.END_REASON_REMOVED, "cancelled": moved_on["cancelled"],
+                "queue": listing(root)}
+    if verb == "queue-move":
+        job_id = jobs.resolve_job(root, args.job)
+        anchor = jobs.resolve_job(root, args.before or args.after)
+        move(root, job_id, anchor, before=args.before is not None)
+        launching.advance_queue(root, socket, slots=slots)
+        return listing(root)
+    raise AgentFailure(ErrorType.UnknownVerb, f"verbs.queue does not handle {verb}")
+
+
+def _slots(value: int | None) -> int | None:
+    if value is None:
+        return None
+    if not 0 <= value <= wire.MAX_GPU_SLOTS:
+        raise AgentFailure(ErrorType.UsageError, f"--slots {value}: 0-{wire.MAX_GPU_SLOTS}")
+    return value or None
+
+
+def _read_stdin() -> t.Any:
+    data = sys.stdin.buffer.read(wire.MAX_QUEUE_ADD_BYTES + 1)
+    if len(data) > wire.MAX_QUEUE_ADD_BYTES:
+        raise AgentFailure(ErrorType.BadSpec, f"queue-add: more than {wire.MAX_QUEUE_ADD_BYTES} "
+                           "bytes on stdin", field="")
+    try:
+        return json.loads(data or b"null")
+    except ValueError:  # never echo it: it may hold secret values
+        raise AgentFailure(ErrorType.BadSpec, "queue-add: stdin is not JSON", field="") from None
+
+
+def _refused(message: str, why: str, **fields: t.Any) -> AgentFailure:
+    return AgentFailure(ErrorType.QueueRefused, message, why=why, **fields)
+
+
+# --- verbs ----------------------------------------------------------------------------------
+
+
+def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc:
+    """Queue every spec of ``doc["specs"]`` at once (a pipeline's steps), in order.
+
+    Each spec is a launch spec plus ``after`` (a job id: an existing job, or a spec earlier in
+    the same document). Nothing is queued unless all are valid.
+
+    Raises:
+        AgentFailure: ``BadSpec`` (a spec, the secrets), ``QueueRefused`` (a dependency that
+            cannot be met, a full queue), ``JobExists``.
+    """
+    from remote_payload.agent import jobsecrets
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("specs"), list) or not doc["specs"]:
+        raise AgentFailure(ErrorType.BadSpec, 'queue-add: stdin must be {"specs": [spec, ...]}',
+                           field="specs")
+    raw_specs = doc["specs"]
+    if len(raw_specs) > wire.MAX_PIPELINE_STEPS:
+        raise _refused(f"{len(raw_specs)} jobs at once; at most {wire.MAX_PIPELINE_STEPS}",
+                       "too many", count=len(raw_specs))
+    payload = launching.payload_dir()
+    specs = []
+    for i, raw in enumerate(raw_specs):
+        try:
+            spec = jobs.validate_spec(raw, payload)
+        except AgentFailure as exc:
+            raise AgentFailure(exc.type, f"job {i + 1}: {exc.message}", **exc.fields) from None
+        spec["workdir"] = launching.bind_to_payload(root, spec["workdir"])
+        after = spec.get("after")
+        if after is not None and not isinstance(after, str):
+            raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: after must be a job id",
+                               field="after")
+        specs.append(spec)
+    secrets = doc.get("secrets")
+    names = sorted({n for s in specs for n in s["secrets"]})
+    if names or secrets:
+        try:
+            secrets = jobsecrets.check(secrets or {}, names)
+        except ValueError as exc:
+            raise AgentFailure(ErrorType.BadSpec, str(exc), field="secrets") from None
+    os.makedirs(jobs.jobs_root(root), exist_ok=True)
+    added: list[str] = []
+    # a client that goes away (Ctrl-C, a dropped connection: SIGINT/SIGHUP/SIGTERM) must not
+    # leave half a pipeline queued: from here the add runs to its end
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    with queue.locked(root):
+        qdoc = queue.read(root)
+        if slots:
+            qdoc = qdoc._replace(slots=slots)
+        if len(qdoc.order) + len(specs) > wire.MAX_QUEUE_JOBS:
+            raise _refused(f"the queue holds {len(qdoc.order)} jobs; at most {wire.MAX_QUEUE_JOBS}",
+                           "queue full", queued=len(qdoc.order))
+        batch: dict[str, str] = {}
+        for spec in specs:
+            if spec.get("after") is not None:
+                if spec["after"] == spec["job_id"]:
+                    raise _refused(f"job {spec['job_id']} cannot wait for itself", "dependency",
+                                   job_id=spec["job_id"])
+                spec["after"] = _resolve_after(root, spec["after"], batch)
+            launching.gpu_request(spec, qdoc.slots)
+            try:
+                queue.check_after(spec["job_id"], spec.get("after"),
+                                  {**_known_states(root, spec.get("after")), **batch})
+            except ValueError as exc:
+                raise _refused(str(exc), "dependency", job_id=spec["job_id"],
+                               after=spec.get("after")) from None
+            if os.path.exists(jobs.job_dir(root, spec["job_id"])) or spec["job_id"] in batch:
+                raise AgentFailure(ErrorType.JobExists, f"job {spec['job_id']} already exists",
+                                   job_id=spec["job_id"])
+            batch[spec["job_id"]] = JobState.QUEUED.value
+        try:
+            for spec in specs:
+                path = jobs.job_dir(root, spec["job_id"])
+                os.mkdir(path)
+                added.append(spec["job_id"])
+                mine = {n: secrets[n] for n in spec["secrets"]} if secrets else None
+                launching.write_launch_files(path, spec, socket=socket, payload=payload,
+                                             replaced=None, secrets=mine, check=None,
+                                             state=JobState.QUEUED)
+            queue.write(root, qdoc._replace(order=[*qdoc.order, *added]))  # all at once
+        except OSError:  # e.g. a full disk: none of them is queued, no job dir is left
+            import shutil
+
+            for jid in added:
+                shutil.rmtree(jobs.job_dir(root, jid), ignore_errors=True)
+            raise
+    moved_on = launching.advance_queue(root, socket)
+    return {"added": added, "started": moved_on["started"], "cancelled": moved_on["cancelled"],
+            "queue": listing(root)}
+
+
+def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
+    if after in batch:
+        return after
+    try:
+        return jobs.resolve_job(root, after)
+    except AgentFailure as exc:
+        if exc.type == ErrorType.BadJobId:
+            raise
+        raise _refused(f"--after {after}: no such job in this container (`opsctl jobs` lists "
+                       "them)", "dependency", after=after) from None
+
+
+def _known_states(root: str, job_id: str | None) -> dict[str, str]:
+    if job_id is None or not os.path.isdir(jobs.job_dir(root, job_id)):
+        return {}
+    return {job_id: jobs.load(root, job_id).state.value}
+
+
+def move(root: str, job_id: str, anchor: str, *, before: bool) -> None:
+    """``queue move``: reorder (refused when a job would come before its own dependency).
+
+    Raises:
+        AgentFailure: ``QueueRefused``.
+    """
+    with queue.locked(root):
+        qdoc = queue.read(root)
+        afters = {j: queue.job_request(root, j)[1] for j in qdoc.order}
+        try:
+            order = queue.moved(qdoc.order, job_id, anchor, before, afters)
+        except ValueError as exc:
+            raise _refused(str(exc), "order", job_id=job_id, anchor=anchor) from None
+        queue.write(root, qdoc._replace(order=order))
+
+
+def listing(root: str) -> QueueDoc:
+    """The queue in order, each job with what it waits for, and who holds which GPU slots."""
+    qdoc = queue.read(root)
+    holders = queue.live_holders(root, qdoc)
+    reqs = {j: queue.job_request(root, j) for j in qdoc.order}
+    states = queue.dep_states(root, {j: r[1] for j, r in reqs.items()})
+    rows: list[QueueRowDoc] = []
+    for i, jid in enumerate(qdoc.order):
+        request, after = reqs[jid]
+        st = read_json(os.path.join(jobs.job_dir(root, jid), jobs.STATUS), {}) or {}
+        if after is not None and states.get(after) != JobState.SUCCEEDED.value:
+            waits = f"job {after} ({states.get(after, 'gone')})"
+        else:
+            waits = "GPUs" if not queue.assign(request, qdoc.slots or 0, holders)[0] else "its turn"
+        rows.append({"job_id": jid, "name": st.get("name"), "position": i + 1, "after": after,
+                     "gpus": request, "created_at": st.get("created_at"), "waiting_for": waits})
+    held: list[QueueHolderDoc] = []
+    for jid, got in holders.items():
+        try:
+            state: t.Any = jobs.load(root, jid).state.value  # a JobStateName
+        except (AgentFailure, ValueError, OSError):
+            state = None
+        held.append({"job_id": jid, "gpu_slots": got, "state": state})
+    return {"jobs": rows, "slots": qdoc.slots, "holders": held}

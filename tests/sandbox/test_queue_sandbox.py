@@ -1,0 +1,181 @@
+"""The container's job queue (issue 27) on the real sandbox: order, ``--after`` success and
+failure, removal, two jobs side by side on disjoint GPU slots, the queue moving on with no
+client connected, and a container restart with a queue.
+
+One container of its own (ct 207, ``gpus: 8`` in this module's inventory: the sandbox has no
+GPUs, the slots come from that count) and a private opsctl root. The jobs wait on gate files
+the test creates in the container with a bare ``pct exec`` (no agent call), so what moves the
+queue on is the container's own wrappers. Waits poll.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import typing as t
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from jsonschema import Draft202012Validator
+
+from opsctl.cli import cli
+from opsctl.sandbox import host as sandbox_mod
+from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.sandbox
+
+CT = 207  # only this module uses it (it restarts it)
+ROOT = "/opt/opsctl-test-queue"
+T = ["--host", "sandbox", "--ct", str(CT)]
+GATES = "/tmp/opsctl-queue-gates"
+
+
+def run(*args: str) -> t.Any:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def ok_json(*args: str) -> dict[str, t.Any]:
+    res = run(*args, "--json")
+    assert res.exit_code == 0, res.output
+    return t.cast(dict[str, t.Any], json.loads(res.stdout))
+
+
+def valid(name: str, doc: dict[str, t.Any]) -> dict[str, t.Any]:
+    schema = Draft202012Validator(json.loads(run("schema", *name.split()).stdout))
+    assert [e.message for e in schema.iter_errors(doc)] == []
+    return doc
+
+
+class Queue:
+    def __init__(self, sandbox: sandbox_mod.SandboxInfo, home: Path):
+        self.sandbox, self.home = sandbox, home
+
+    def book(self, name: str, *, gate: str | None = None, rc: int = 0, **extra: t.Any) -> str:
+        """A playbook: print CUDA_VISIBLE_DEVICES, wait for the gate file (if any), exit ``rc``."""
+        code = ("import os,sys,time\nprint('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', '-'),"
+                " flush=True)\n")
+        if gate:
+            code += f"while not os.path.exists({GATES + '/' + gate!r}): time.sleep(0.1)\n"
+        code += f"sys.exit({rc})\n"
+        p = self.home / f"{name}.json"
+        p.write_text(json.dumps({"name": name, "command": ["python3", "-u", "-c", code],
+                                 "timeout_s": 60, **extra}))
+        return str(p)
+
+    def add(self, book: str, *args: str) -> dict[str, t.Any]:
+        return valid("queue add", ok_json("queue", "add", *T, "--playbook", book, *args))
+
+    def pct(self, *argv: str) -> subprocess.CompletedProcess[bytes]:
+        """A bare command in the container through the sandbox's pct (no opsctl agent)."""
+        return subprocess.run(self.sandbox.ssh_argv(shlex.join(["pct", *argv])),
+                              capture_output=True, timeout=60, check=False)
+
+    def open_gate(self, name: str) -> None:
+        assert self.pct("exec", str(CT), "--", "sh", "-c",
+                        f"mkdir -p {GATES} && touch {GATES}/{name}").returncode == 0
+
+    def file_state(self, job: str) -> dict[str, t.Any]:
+        """The job's status.json read in the container (no agent call: nothing advances)."""
+        out = self.pct("exec", str(CT), "--", "cat", f"{ROOT}/jobs/{job}/status.json")
+        return t.cast(dict[str, t.Any], json.loads(out.stdout)) if out.returncode == 0 else {}
+
+    def wait_file_state(self, job: str, *states: str, timeout: float = 30) -> dict[str, t.Any]:
+        wait_for(lambda: self.file_state(job).get("state") in states, timeout,
+                 what=f"job {job} in {states}", interval=0.3)
+        return self.file_state(job)
+
+
+def _inventory(sandbox: sandbox_mod.SandboxInfo, home: Path) -> None:
+    """The sandbox host with this module's root and its container, ``gpus: 8``."""
+    use_private_root(sandbox, home, ROOT)
+    inv = home / "inventory" / "sandbox.yaml"
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["sandbox"]["containers"] = {CT: {"gpus": 8}}
+    inv.write_text(yaml.safe_dump(doc))
+
+
+@pytest.fixture(scope="module")
+def module_queue(sandbox: sandbox_mod.SandboxInfo, tmp_path_factory: pytest.TempPathFactory
+                 ) -> t.Iterator[Queue]:
+    home = tmp_path_factory.mktemp("queue-home")
+    sandbox_mod.ensure_container(CT, running=True, home=sandbox_home())
+    with private_home(sandbox, home, ROOT):
+        _inventory(sandbox, home)
+        queue = Queue(sandbox, home)
+        queue.pct("exec", str(CT), "--", "rm", "-rf", ROOT, GATES)
+        yield queue
+        queue.open_gate("all")  # nothing of this module keeps running
+        for job in ok_json("jobs", *T)["jobs"]:
+            if job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
+                run("stop", *T, job["job_id"], "--grace", "1")
+
+
+@pytest.fixture
+def q(sandbox: sandbox_mod.SandboxInfo, module_queue: Queue, isolated_env: Path) -> Queue:
+    _inventory(sandbox, isolated_env)  # each test's own OPSCTL_HOME (tests/conftest.py)
+    return module_queue
+
+
+def test_two_jobs_run_side_by_side_on_disjoint_gpu_slots(q: Queue) -> None:
+    a = q.add(q.book("left", gate="sides", gpus=4))
+    b = q.add(q.book("right", gate="sides"), "--gpus", "4")
+    ids = [a["jobs"][0]["job_id"], b["jobs"][0]["job_id"]]
+    assert a["started"] == ids[:1] and b["started"] == ids[1:]
+    for job, want in zip(ids, ("CVD=0,1,2,3", "CVD=4,5,6,7"), strict=True):
+        wait_for(lambda j=job: "CVD=" in run("logs", *T, j).output, 15, what=f"{job}'s output")
+        assert want in run("logs", *T, job).output
+    listed = valid("queue", ok_json("queue", *T))
+    assert {h["job_id"]: h["gpu_slots"] for h in listed["holders"]} == {
+        ids[0]: [0, 1, 2, 3], ids[1]: [4, 5, 6, 7]}
+    st = ok_json("status", *T, ids[1])
+    assert st["gpu_slots"] == [4, 5, 6, 7]
+    q.open_gate("sides")
+    for job in ids:
+        q.wait_file_state(job, "SUCCEEDED")
+
+
+def test_order_after_success_and_failure_and_removal(q: Queue) -> None:
+    first = q.add(q.book("first", gate="order"))["jobs"][0]["job_id"]  # the whole container
+    after = q.add(q.book("after-ok"), "--after", first)["jobs"][0]["job_id"]
+    removed = q.add(q.book("removed"))["jobs"][0]["job_id"]
+    fails = q.add(q.book("fails", rc=3))["jobs"][0]["job_id"]
+    dep = q.add(q.book("after-fail"), "--after", fails)["jobs"][0]["job_id"]
+    assert [r["job_id"] for r in ok_json("queue", *T)["jobs"]] == [after, removed, fails, dep]
+    assert run("queue", "rm", *T, first).exit_code == 25  # running: refused, `opsctl stop` named
+    assert ok_json("queue", "rm", *T, removed)["end_reason"] == "removed"
+    rows = {r["job_id"]: r for r in ok_json("jobs", *T)["jobs"]}
+    assert rows[dep]["state"] == "QUEUED" and rows[dep]["after"] == fails
+    shown = run("status", *T, dep)
+    assert shown.exit_code == 0 and "QUEUED" in shown.output and f"after job {fails}" in shown.output
+    q.open_gate("order")
+    assert q.wait_file_state(dep, "CANCELLED")["end_reason"] == f"dependency {fails} FAILED"
+    assert q.wait_file_state(after, "SUCCEEDED")["started_at"] < \
+        q.file_state(fails)["started_at"]  # in queue order
+    assert q.file_state(removed)["state"] == "CANCELLED" and "started_at" not in \
+        q.file_state(removed)
+
+
+def test_the_queue_moves_on_with_no_client_connected(q: Queue) -> None:
+    a = q.add(q.book("night-a", gate="night"))["jobs"][0]["job_id"]
+    b = q.add(q.book("night-b"), "--after", a)["jobs"][0]["job_id"]
+    # every opsctl command has ended: from here only bare pct (no agent) until b is done
+    q.open_gate("night")
+    q.wait_file_state(b, "SUCCEEDED")
+
+
+def test_a_container_restart_keeps_the_queue(q: Queue) -> None:
+    a = q.add(q.book("reboot-a", gate="never"))["jobs"][0]["job_id"]
+    b = q.add(q.book("reboot-b"), "--after", a)["jobs"][0]["job_id"]
+    c = q.add(q.book("reboot-c"))["jobs"][0]["job_id"]
+    assert q.pct("stop", str(CT)).returncode == 0
+    assert q.pct("start", str(CT)).returncode == 0
+    assert q.file_state(c)["state"] == "QUEUED"  # it survived; nothing has advanced yet
+    listed = ok_json("queue", *T)  # the next agent call: a is LOST, the queue moves on
+    assert c not in [r["job_id"] for r in listed["jobs"]]
+    assert ok_json("status", *T, a)["state"] == "LOST"
+    assert q.wait_file_state(b, "CANCELLED")["end_reason"] == f"dependency {a} LOST"
+    q.wait_file_state(c, "SUCCEEDED")
