@@ -42,11 +42,13 @@ class QueueAddReport:
     cancelled: list[str]
     queue: QueueList
     notes: list[str] = field(default_factory=list)
+    # the container's boot hook (systemd unit, crontab line or none): {"kind", "path", "warning"}
+    boot_hook: dict[str, t.Any] | None = None
 
     def to_dict(self) -> dict[str, t.Any]:
         return {"target": self.target, "jobs": self.jobs, "started": self.started,
                 "cancelled": self.cancelled, "queue": self.queue.model_dump(mode="json"),
-                "notes": self.notes}
+                "notes": self.notes, "boot_hook": self.boot_hook}
 
 
 def slots(tgt: Target) -> int:
@@ -120,7 +122,11 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
     reply = QueueAdd.model_validate(data)
     jobs = [{"job_id": jid, "playbook": s.book.name, "step": s.name, "after": spec["after"]}
             for jid, s, spec in zip(reply.added, steps, specs, strict=True)]
-    return QueueAddReport(tgt.label, jobs, reply.started, reply.cancelled, reply.queue, notes)
+    hook = reply.boot_hook.model_dump(mode="json") if reply.boot_hook is not None else None
+    if reply.boot_hook is not None and reply.boot_hook.warning:
+        notes.append(reply.boot_hook.warning)
+    return QueueAddReport(tgt.label, jobs, reply.started, reply.cancelled, reply.queue, notes,
+                          hook)
 
 
 def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None,

@@ -41,6 +41,7 @@ class Agent:
         self.root, self.socket = root, socket
         self.env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
         self.env["PYTHONPATH"] = str(REPO)
+        self.env["OPSCTL_BOOT_HOOK"] = "off"  # never a unit or crontab line on this machine
 
     def reply(self, verb: str, *args: str, stdin: str | None = None) -> dict[str, t.Any]:
         proc = subprocess.run([PY, "-m", "remote_payload.agent", "--root", str(self.root),

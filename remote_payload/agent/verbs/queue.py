@@ -58,6 +58,9 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return {"job_id": job_id, "state": JobState.CANCELLED.value,
                 "end_reason": wire.END_REASON_REMOVED, "cancelled": moved_on["cancelled"],
                 "queue": listing(root)}
+    if verb == "queue-advance":  # the boot hook's: the same advance, under the queue lock
+        moved = launching.advance_queue(root, socket, slots=slots)
+        return {"started": moved["started"], "cancelled": moved["cancelled"]}
     if verb == "queue-move":
         job_id = jobs.resolve_job(root, args.job)
         anchor = jobs.resolve_job(root, args.before or args.after)
@@ -103,8 +106,13 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
         AgentFailure: ``BadSpec`` (a spec, the secrets), ``QueueRefused`` (a dependency that
             cannot be met, a full queue), ``JobExists``.
     """
-    from remote_payload.agent import jobsecrets
+    from remote_payload.agent import boothook, jobsecrets
 
+    try:  # refused before anything is queued: a hook could not name this root
+        boothook.check_root(root)
+    except ValueError as exc:
+        raise _refused(f"queue-add: {exc}; choose another root (the inventory's root:)",
+                       "root", root=root) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("specs"), list) or not doc["specs"]:
         raise AgentFailure(ErrorType.BadSpec, 'queue-add: stdin must be {"specs": [spec, ...]}',
                            field="specs")
@@ -181,9 +189,10 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             for jid in added:
                 shutil.rmtree(jobs.job_dir(root, jid), ignore_errors=True)
             raise
+    hook = boothook.ensure(root)  # after a restart the queue moves on with no client
     moved_on = launching.advance_queue(root, socket)
     return {"added": added, "started": moved_on["started"], "cancelled": moved_on["cancelled"],
-            "queue": listing(root)}
+            "queue": listing(root), "boot_hook": hook}
 
 
 def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
