@@ -15,8 +15,9 @@ and cancels the dependants of a job that failed, was cancelled or was lost. It r
 client connected: the agent calls it after every queue change and launch, and each job's
 wrapper calls it when its job has reached its terminal state (after the restart policy is
 done), so a chain moves on while the laptop is closed. After a container restart (no wrapper
-survives) the next agent call that reads the queue (``queue``, ``jobs``, ``status``,
-``deploy``) advances it.
+survives) the boot hook (:mod:`remote_payload.agent.boothook`, installed by the first
+``queue-add``) runs ``queue-advance``, and the next agent call that reads the queue
+(``queue``, ``jobs``, ``status``, ``deploy``) advances it too.
 
 GPU slots: a job's ``gpus`` is a count (the lowest free slots), a list of slot indices, or
 absent (the whole container, as ``deploy`` always meant). The queue is first in, first out

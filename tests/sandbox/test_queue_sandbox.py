@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 
 from opsctl.cli import cli
-from remote_payload.agent import boothook
 from opsctl.sandbox import host as sandbox_mod
+from remote_payload.agent import boothook
 from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
 from tests.waiting import wait_for
 

@@ -1,4 +1,5 @@
-"""Queue verbs (issue 27): ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``; and the GPU
+"""Queue verbs (issue 27): ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``,
+``queue-advance`` (the boot hook's, :mod:`remote_payload.agent.boothook`); and the GPU
 slot steps that ``launch`` shares with a start from the queue.
 
 The rules live in :mod:`remote_payload.agent.queue` (pure functions and the file); this
