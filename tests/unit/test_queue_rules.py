@@ -315,3 +315,31 @@ class TestQueueAddInterrupted:
         ids = [s["job_id"] for s in sent]
         assert sent[1]["after"] == ids[0]  # a step's dependency is the earlier step's job id
         assert all(i in exc.value.message for i in ids) and "all or none" in exc.value.message
+
+
+# --- a queued job's torch build (its playbook's torch:) ------------------------------------
+
+
+def test_a_job_on_another_build_waits_while_any_job_is_live_and_holds_back_the_rest() -> None:
+    p = q.plan(["new", "small"], {"new": 1, "small": 1}, {}, {}, 8, {"live": [0]},
+               {"new": "torch-2.14.0-cpu"}, "torch-2.13.0-cpu")
+    assert p.start == [] and p.cancel == []
+
+
+def test_with_nothing_live_it_starts_and_the_jobs_behind_it_run_on_its_build() -> None:
+    p = q.plan(["new", "any", "old"], {"new": 1, "any": 1, "old": 1}, {}, {}, 8, {},
+               {"new": "torch-2.14.0-cpu", "old": "torch-2.13.0-cpu"}, "torch-2.13.0-cpu")
+    assert [j for j, _ in p.start] == ["new", "any"]  # old waits: new now runs on 2.14
+
+
+def test_a_job_on_the_current_build_starts_beside_live_jobs() -> None:
+    p = q.plan(["same"], {"same": 1}, {}, {}, 8, {"live": [0]}, {"same": "torch-2.13.0-cpu"},
+               "torch-2.13.0-cpu")
+    assert p.start == [("same", [1])]
+
+
+@given(st.text(max_size=120))
+def test_a_build_name_the_agent_accepts_is_one_safe_path_component(name: str) -> None:
+    if q.wire_build_ok(name):
+        assert name.startswith("torch-") and "/" not in name and ".." not in name
+        assert name not in (".", "..") and "\x00" not in name

@@ -129,6 +129,10 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
         except AgentFailure as exc:
             raise AgentFailure(exc.type, f"job {i + 1}: {exc.message}", **exc.fields) from None
         spec["workdir"] = launching.bind_to_payload(root, spec["workdir"])
+        build = spec.get("torch_build")
+        if build is not None and not queue.wire_build_ok(build):
+            raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: torch_build must be a build "
+                               "name (torch-<version>-<variant>)", field="torch_build")
         after = spec.get("after")
         if after is not None and not isinstance(after, str):
             raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: after must be a job id",
@@ -236,12 +240,15 @@ def listing(root: str) -> QueueDoc:
     holders = queue.live_holders(root, qdoc)
     reqs = {j: queue.job_request(root, j) for j in qdoc.order}
     states = queue.dep_states(root, {j: r[1] for j, r in reqs.items()})
+    current = queue.current_build(root)
     rows: list[QueueRowDoc] = []
     for i, jid in enumerate(qdoc.order):
         request, after = reqs[jid]
         st = read_json(os.path.join(jobs.job_dir(root, jid), jobs.STATUS), {}) or {}
         if after is not None and states.get(after) != JobState.SUCCEEDED.value:
             waits = f"job {after} ({states.get(after, 'gone')})"
+        elif (need := queue.job_build(root, jid)) is not None and need != current and holders:
+            waits = f"torch build {need}: job {next(iter(holders))} runs on {current or 'no build'}"
         else:
             waits = "GPUs" if not queue.assign(request, qdoc.slots or 0, holders)[0] else "its turn"
         rows.append({"job_id": jid, "name": st.get("name"), "position": i + 1, "after": after,
