@@ -114,8 +114,14 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
     for i, s in enumerate(steps):  # installed now (install-only: allowed while jobs run)
         if i in builds and builds[i] not in installed and s.book.torch is not None:
             step("torch")
-            torch_ops.swap(tgt, s.book.torch.variant, version=s.book.torch.version,
-                           requirements=s.book.requirements, install_only=True, progress=on_step)
+            try:
+                torch_ops.swap(tgt, s.book.torch.variant, version=s.book.torch.version,
+                               requirements=s.book.requirements, install_only=True,
+                               progress=on_step)
+            except KeyboardInterrupt:
+                raise Interrupted(f"{tgt.label}: queue add interrupted while installing torch "
+                                  f"build {builds[i]}: nothing is queued",
+                                  hint="opsctl envs  (shows the builds installed)") from None
             installed.add(builds[i])
     for s in steps:
         if s.book.files:
