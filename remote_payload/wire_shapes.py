@@ -295,6 +295,23 @@ class QueueAddDoc(t.TypedDict):
     started: list[str]
     cancelled: list[str]
     queue: QueueDoc
+    boot_hook: BootHookDoc
+
+
+class BootHookDoc(t.TypedDict):
+    """The queue's boot hook in the container (``agent/boothook.py``): a systemd unit, a
+    crontab line, or none (``warning`` says why, and that a restart then waits for a call)."""
+
+    kind: t.Literal["systemd", "cron", "none"]
+    path: str | None  # the unit file, or which crontab
+    warning: str | None
+
+
+class QueueAdvanceDoc(t.TypedDict):
+    """``queue-advance`` (the boot hook's verb): what it started and cancelled."""
+
+    started: list[str]
+    cancelled: list[str]
 
 
 class _StopRequired(t.TypedDict):
@@ -369,7 +386,7 @@ class DoctorRowDoc(t.TypedDict):
 REPLY_SHAPES: dict[str, type] = {
     "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,
     "logs": LogsChunkDoc, "envs": EnvsDoc, "queue": QueueDoc, "queue-move": QueueDoc,
-    "queue-add": QueueAddDoc,
+    "queue-add": QueueAddDoc, "queue-advance": QueueAdvanceDoc,
 }
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from opsctl.config.pipeline import Pipeline, resolve
 from opsctl.config.playbook import Playbook
 from opsctl.errors import ConfigError, Interrupted
-from opsctl.ops.deploy import collect_secrets, needs_torch_work
+from opsctl.ops import torch as torch_ops
+from opsctl.ops.deploy import collect_secrets
 from opsctl.ops.jobs import Target
 from opsctl.remote.models import QueueAdd, QueueList
 from remote_payload import wire
@@ -42,11 +43,13 @@ class QueueAddReport:
     cancelled: list[str]
     queue: QueueList
     notes: list[str] = field(default_factory=list)
+    # the container's boot hook (systemd unit, crontab line or none): {"kind", "path", "warning"}
+    boot_hook: dict[str, t.Any] | None = None
 
     def to_dict(self) -> dict[str, t.Any]:
         return {"target": self.target, "jobs": self.jobs, "started": self.started,
                 "cancelled": self.cancelled, "queue": self.queue.model_dump(mode="json"),
-                "notes": self.notes}
+                "notes": self.notes, "boot_hook": self.boot_hook}
 
 
 def slots(tgt: Target) -> int:
@@ -89,18 +92,37 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
         secrets = {}
         for s in steps:
             secrets.update(collect_secrets(s.book))
-    notes = [f"{s.name or s.book.name}: torch:/cache: are not applied by the queue; the job "
-             "runs on the torch build current when it starts (deploy or `opsctl swap` sets it)"
-             for s in steps if needs_torch_work(s.book)]
+    notes = [f"{s.name or s.book.name}: cache: is not applied by the queue (deploy or "
+             "`opsctl cache` does it)" for s in steps if s.book.cache in ("clear", "seed")]
+    builds: dict[int, str] = {}  # step index -> the torch build its playbook names
+    for i, s in enumerate(steps):
+        if s.book.torch is not None:
+            builds[i] = torch_ops.builds_table(tgt).resolve(
+                s.book.torch.variant, version=s.book.torch.version).name
     ids = [s.book.new_job_id() for s in steps]
     specs = []
     for i, s in enumerate(steps):
         spec = s.book.job_spec(ids[i], root=tgt.host.root, notify=tgt.host.notify_urls(tgt.ctid),
                                target={"host": tgt.host.label, "ct": tgt.ctid})
         spec["after"] = ids[s.after] if isinstance(s.after, int) else s.after
+        if i in builds:  # the agent switches to it when it starts the job, with nothing live
+            spec["torch_build"] = builds[i]
         specs.append(spec)
     step("payload")
     tgt.agent.ensure_payload()
+    installed: set[str] = set()
+    for i, s in enumerate(steps):  # installed now (install-only: allowed while jobs run)
+        if i in builds and builds[i] not in installed and s.book.torch is not None:
+            step("torch")
+            try:
+                torch_ops.swap(tgt, s.book.torch.variant, version=s.book.torch.version,
+                               requirements=s.book.requirements, install_only=True,
+                               progress=on_step)
+            except KeyboardInterrupt:
+                raise Interrupted(f"{tgt.label}: queue add interrupted while installing torch "
+                                  f"build {builds[i]}: nothing is queued",
+                                  hint="opsctl envs  (shows the builds installed)") from None
+            installed.add(builds[i])
     for s in steps:
         if s.book.files:
             step("files")
@@ -120,7 +142,11 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
     reply = QueueAdd.model_validate(data)
     jobs = [{"job_id": jid, "playbook": s.book.name, "step": s.name, "after": spec["after"]}
             for jid, s, spec in zip(reply.added, steps, specs, strict=True)]
-    return QueueAddReport(tgt.label, jobs, reply.started, reply.cancelled, reply.queue, notes)
+    hook = reply.boot_hook.model_dump(mode="json") if reply.boot_hook is not None else None
+    if reply.boot_hook is not None and reply.boot_hook.warning:
+        notes.append(reply.boot_hook.warning)
+    return QueueAddReport(tgt.label, jobs, reply.started, reply.cancelled, reply.queue, notes,
+                          hook)
 
 
 def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None,

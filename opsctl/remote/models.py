@@ -257,11 +257,18 @@ class QueueList(_Wire):
     holders: list[QueueHolder] = Field(default_factory=list)
 
 
+class BootHook(_Wire):
+    kind: t.Literal["systemd", "cron", "none"]
+    path: str | None = None
+    warning: str | None = None
+
+
 class QueueAdd(_Wire):
     added: list[str]
     started: list[str] = Field(default_factory=list)
     cancelled: list[str] = Field(default_factory=list)
     queue: QueueList
+    boot_hook: BootHook | None = None  # None: an agent from before the hook
 
 
 class StopResult(_Wire):

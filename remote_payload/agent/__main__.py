@@ -43,6 +43,7 @@ VERBS: dict[str, str] = {
     "queue-add": "remote_payload.agent.verbs.queue",
     "queue-rm": "remote_payload.agent.verbs.queue",
     "queue-move": "remote_payload.agent.verbs.queue",
+    "queue-advance": "remote_payload.agent.verbs.queue",  # the boot hook's (agent/boothook.py)
     "history": "remote_payload.agent.verbs.history",  # plot data
     # torch builds and caches
     "envs": "remote_payload.agent.verbs.torch",

@@ -15,8 +15,9 @@ and cancels the dependants of a job that failed, was cancelled or was lost. It r
 client connected: the agent calls it after every queue change and launch, and each job's
 wrapper calls it when its job has reached its terminal state (after the restart policy is
 done), so a chain moves on while the laptop is closed. After a container restart (no wrapper
-survives) the next agent call that reads the queue (``queue``, ``jobs``, ``status``,
-``deploy``) advances it.
+survives) the boot hook (:mod:`remote_payload.agent.boothook`, installed by the first
+``queue-add``) runs ``queue-advance``, and the next agent call that reads the queue
+(``queue``, ``jobs``, ``status``, ``deploy``) advances it too.
 
 GPU slots: a job's ``gpus`` is a count (the lowest free slots), a list of slot indices, or
 absent (the whole container, as ``deploy`` always meant). The queue is first in, first out
@@ -135,7 +136,8 @@ class Plan(t.NamedTuple):
 
 def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
          afters: t.Mapping[str, str | None], states: t.Mapping[str, str], total: int,
-         holders: t.Mapping[str, Slots]) -> Plan:
+         holders: t.Mapping[str, Slots], builds: t.Mapping[str, str | None] | None = None,
+         current: str | None = None) -> Plan:
     """What :func:`advance` does now: the queued jobs to start (in order) and to cancel.
 
     ``states``: the state of every job a queued job depends on (a missing one is gone).
@@ -143,8 +145,14 @@ def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
     plan, is cancelled with ``dependency <id> <STATE>``; a job whose dependency succeeded
     (or that has none) starts when its GPUs are free, unless a job ahead of it waits for
     GPUs (first in, first out).
+
+    ``builds``: the torch build a job needs (its playbook's ``torch:``), ``current`` the
+    container's. A job that needs another build than the current one starts only when no
+    job holds anything (it switches ``current``, and every live job runs on the current
+    build); until then it waits, as for GPUs, and holds back the jobs behind it.
     """
     held = dict(holders)
+    cur = current
     start: list[tuple[str, Slots]] = []
     cancel: list[tuple[str, str]] = []
     ended: dict[str, str] = {}
@@ -165,12 +173,18 @@ def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
                 continue
         if waiting_for_gpus:
             continue
+        need = (builds or {}).get(jid)
+        if need is not None and need != cur and held:
+            waiting_for_gpus = True  # waits for the torch build: the live jobs run on cur
+            continue
         fits, slots = assign(requests.get(jid), total, held)
         if not fits:
             waiting_for_gpus = True
             continue
         start.append((jid, slots))
         held[jid] = slots
+        if need is not None:
+            cur = need
     return Plan(start, cancel)
 
 
@@ -350,6 +364,32 @@ def job_request(root: str, job_id: str) -> tuple[wire.GpuRequest, str | None]:
             after if isinstance(after, str) else None)
 
 
+def job_build(root: str, job_id: str) -> str | None:
+    """The torch build a queued job needs (``torch_build`` in its spec, checked when queued)."""
+    from remote_payload.agent import jobstore
+
+    spec = read_json(os.path.join(jobstore.job_dir(root, job_id), jobstore.SPEC), {}) or {}
+    build = spec.get("torch_build")
+    return build if isinstance(build, str) and wire_build_ok(build) else None
+
+
+def wire_build_ok(build: t.Any) -> bool:
+    """A torch build name (``torch-<version>-<variant>``): one path component, never ``..``."""
+    import re
+
+    return isinstance(build, str) and re.fullmatch(r"torch-[0-9A-Za-z_+-][0-9A-Za-z._+-]{0,99}",
+                                                   build) is not None and ".." not in build
+
+
+def current_build(root: str) -> str | None:
+    """The container's current torch build (None: none, or no torch module shipped)."""
+    try:
+        from remote_payload.agent.torchenv import layout
+    except ModuleNotFoundError:
+        return None
+    return layout.current_build(layout.Layout(root))
+
+
 def dep_states(root: str, afters: t.Mapping[str, str | None]) -> dict[str, str]:
     from remote_payload.agent import jobstore
 
@@ -395,7 +435,8 @@ def _advance_locked(root: str, start: Starter, slots: int | None) -> dict[str, t
         reqs = {j: job_request(root, j) for j in doc.order}
         afters = {j: r[1] for j, r in reqs.items()}
         p = plan(doc.order, {j: r[0] for j, r in reqs.items()}, afters,
-                 dep_states(root, afters), doc.slots or 0, holders)
+                 dep_states(root, afters), doc.slots or 0, holders,
+                 {j: job_build(root, j) for j in doc.order}, current_build(root))
         doc = doc._replace(holders=holders)
         if not p.start and not p.cancel:
             break

@@ -262,6 +262,9 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
 
     path = jobs.job_dir(root, job_id)
     spec = read_json(os.path.join(path, jobs.SPEC), {}) or {}
+    need = spec.get("torch_build")
+    if need is not None:  # its playbook's torch: (advance started it only with nothing live)
+        switch_build(root, need, job_id)
     build_env, build_python = torch_build(root)  # the build current when it starts
     spec["env"] = {**build_env, **(spec.get("env") or {})}
     if build_python and not spec.get("python"):
@@ -286,6 +289,29 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
     write_json_atomic(os.path.join(path, jobs.STATUS), status)
     jobs.set_current_job(root, job_id)
     start_wrapper(root, path, spec, launch_rec.get("tmux_socket") or socket)
+
+
+def switch_build(root: str, build: str, job_id: str) -> None:
+    """Make ``build`` (installed by ``queue add``) the current torch build for a queued job.
+
+    Raises:
+        AgentFailure: ``TorchEnvError`` when it is not installed (any more), ``TorchEnvBusy``
+            when a swap runs.
+    """
+    from remote_payload.agent.torchenv import layout as tl
+
+    lay = tl.Layout(root)
+    if not queue.wire_build_ok(build) or build not in tl.list_builds(lay):
+        raise AgentFailure(ErrorType.TorchEnvError, f"torch build {build!r} that job {job_id} "
+                           "needs is not installed in the container (`opsctl envs`)", root=root)
+    with tl.locked(lay):
+        previous = tl.current_build(lay)
+        if previous == build:
+            return
+        tl.switch_current(lay, build)
+        tl.append_history(lay, {"time": time.time(), "from": previous, "to": build,
+                                "action": "switch", "result": "ok", "log_path": None,
+                                "seconds": 0.0, "by": f"queue: job {job_id}"})
 
 
 def advance_queue(root: str, socket: str, *, slots: int | None = None,

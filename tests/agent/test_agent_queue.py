@@ -41,6 +41,7 @@ class Agent:
         self.root, self.socket = root, socket
         self.env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
         self.env["PYTHONPATH"] = str(REPO)
+        self.env["OPSCTL_BOOT_HOOK"] = "off"  # never a unit or crontab line on this machine
 
     def reply(self, verb: str, *args: str, stdin: str | None = None) -> dict[str, t.Any]:
         proc = subprocess.run([PY, "-m", "remote_payload.agent", "--root", str(self.root),
@@ -272,3 +273,60 @@ def test_the_restart_policy_runs_before_a_failure_counts(agent: Agent, tmp_path:
               spec("next-15", "print('next ran')", after="flaky-15"))
     agent.wait_state("next-15", "SUCCEEDED")
     assert agent.status_file("flaky-15")["attempt"] == 2
+
+
+def _fake_build(root: Path, build: str) -> None:
+    """An installed torch build as the swap leaves it (a venv whose python is this one)."""
+    from remote_payload.agent.torchenv import fingerprint, layout
+
+    build_dir = root / "envs" / build
+    (build_dir / "bin").mkdir(parents=True)
+    (build_dir / "bin" / "python").symlink_to(PY)
+    (build_dir / layout.MARKER).write_text("{}")
+    fingerprint.store_facts(str(build_dir), {"torch": build, "cuda": None, "triton": None,
+                                             "gpu": None, "python": "3.11"})
+
+
+def test_a_job_on_another_torch_build_waits_until_nothing_runs_then_switches(
+        agent: Agent, tmp_path: Path) -> None:
+    old, new = "torch-2.13.0-cpu", "torch-2.14.0-cpu"
+    _fake_build(agent.root, old)
+    _fake_build(agent.root, new)
+    (agent.root / "envs" / "current").symlink_to(old)
+    go = tmp_path / "go"
+    show = "import os; print('BUILD=' + os.environ['OPSCTL_TORCH_BUILD'])"
+    out = agent.add(spec("live-7", gate(go), gpus=1),
+                    spec("newer-7", show, gpus=1, torch_build=new),
+                    spec("behind-7", show, gpus=1))  # FIFO: held back by newer-7
+    assert out["started"] == ["live-7"]
+    rows = {r["job_id"]: r["waiting_for"] for r in agent.data("queue")["jobs"]}
+    assert rows["newer-7"] == f"torch build {new}: job live-7 runs on {old}"
+    assert os.readlink(agent.root / "envs" / "current") == old  # never switched under a job
+    go.touch()  # no agent call from here: live-7's wrapper starts newer-7, which switches
+    agent.wait_state("behind-7", "SUCCEEDED")
+    assert os.readlink(agent.root / "envs" / "current") == new
+    for job in ("newer-7", "behind-7"):
+        assert f"BUILD={new}".encode() in (agent.root / "jobs" / job / "output.log").read_bytes()
+
+
+def test_a_torch_build_that_is_gone_fails_the_start_and_names_it(agent: Agent) -> None:
+    agent.add(spec("gone-8", torch_build="torch-9.9.9-cpu"), spec("dep-8", after="gone-8"))
+    agent.wait_state("dep-8", "CANCELLED")
+    reason = agent.status_file("gone-8")["end_reason"]
+    assert agent.state("gone-8") == "FAILED" and "torch-9.9.9-cpu" in reason, reason
+
+
+@pytest.mark.parametrize("bad", ["../../etc", "torch-../x", "/abs", "torch-a/b", "", 7, "torch-"])
+def test_a_torch_build_that_is_not_a_build_name_is_refused(agent: Agent, bad: t.Any) -> None:
+    reply = agent.reply("queue-add", "--specs-stdin", stdin=json.dumps(
+        {"specs": [spec("bad-9", torch_build=bad)]}))
+    assert reply["error"]["type"] == "BadSpec" and reply["error"]["fields"]["field"] == "torch_build"
+    assert not (agent.root / "jobs" / "bad-9").exists()
+
+
+def test_a_root_no_boot_hook_can_name_is_refused_before_anything_is_queued(
+        agent: Agent, tmp_path: Path) -> None:
+    bad = Agent(tmp_path / "new\nline", agent.socket)
+    reply = bad.reply("queue-add", "--specs-stdin", stdin=json.dumps({"specs": [spec("r-10")]}))
+    assert reply["error"]["type"] == "QueueRefused" and reply["error"]["fields"]["why"] == "root"
+    assert not (tmp_path / "new\nline" / "jobs" / "r-10").exists()

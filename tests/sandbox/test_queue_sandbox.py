@@ -1,6 +1,6 @@
 """The container's job queue (issue 27) on the real sandbox: order, ``--after`` success and
 failure, removal, two jobs side by side on disjoint GPU slots, the queue moving on with no
-client connected, and a container restart with a queue.
+client connected, and a container restart with a queue (its boot hook moves it on).
 
 One container of its own (ct 207, ``gpus: 8`` in this module's inventory: the sandbox has no
 GPUs, the slots come from that count) and a private opsctl root. The jobs wait on gate files
@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 
 from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
+from remote_payload.agent import boothook
 from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
 from tests.waiting import wait_for
 
@@ -69,9 +70,9 @@ class Queue:
     def add(self, book: str, *args: str) -> dict[str, t.Any]:
         return valid("queue add", ok_json("queue", "add", *T, "--playbook", book, *args))
 
-    def pct(self, *argv: str) -> subprocess.CompletedProcess[bytes]:
+    def pct(self, *argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
         """A bare command in the container through the sandbox's pct (no opsctl agent)."""
-        return subprocess.run(self.sandbox.ssh_argv(shlex.join(["pct", *argv])),
+        return subprocess.run(self.sandbox.ssh_argv(shlex.join(["pct", *argv])), input=stdin,
                               capture_output=True, timeout=60, check=False)
 
     def open_gate(self, name: str) -> None:
@@ -109,7 +110,8 @@ def module_queue(sandbox: sandbox_mod.SandboxInfo, tmp_path_factory: pytest.Temp
         queue.pct("exec", str(CT), "--", "rm", "-rf", ROOT, GATES)
         yield queue
         queue.open_gate("all")  # nothing of this module keeps running
-        for job in ok_json("jobs", *T)["jobs"]:
+        listed = run("jobs", *T, "--json")  # exit 25 when no test shipped a payload
+        for job in json.loads(listed.stdout)["jobs"] if listed.exit_code == 0 else []:
             if job["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
                 run("stop", *T, job["job_id"], "--grace", "1")
 
@@ -167,15 +169,28 @@ def test_the_queue_moves_on_with_no_client_connected(q: Queue) -> None:
     q.wait_file_state(b, "SUCCEEDED")
 
 
-def test_a_container_restart_keeps_the_queue(q: Queue) -> None:
-    a = q.add(q.book("reboot-a", gate="never"))["jobs"][0]["job_id"]
+def test_a_container_restart_moves_the_queue_on_with_no_client(q: Queue) -> None:
+    added = q.add(q.book("reboot-a", gate="never", gpus=8))
+    assert added["boot_hook"]["kind"] == "systemd"  # the container runs systemd: a unit
+    a = added["jobs"][0]["job_id"]
     b = q.add(q.book("reboot-b"), "--after", a)["jobs"][0]["job_id"]
-    c = q.add(q.book("reboot-c"))["jobs"][0]["job_id"]
+    c = q.add(q.book("reboot-c", gpus=1))["jobs"][0]["job_id"]  # waits for a's GPU slots
+    assert q.file_state(c)["state"] == "QUEUED"
     assert q.pct("stop", str(CT)).returncode == 0
     assert q.pct("start", str(CT)).returncode == 0
-    assert q.file_state(c)["state"] == "QUEUED"  # it survived; nothing has advanced yet
-    listed = ok_json("queue", *T)  # the next agent call: a is LOST, the queue moves on
-    assert c not in [r["job_id"] for r in listed["jobs"]]
-    assert ok_json("status", *T, a)["state"] == "LOST"
+    # no opsctl call from here: the container's boot hook runs the queue's advance
+    q.wait_file_state(a, "LOST")
     assert q.wait_file_state(b, "CANCELLED")["end_reason"] == f"dependency {a} LOST"
     q.wait_file_state(c, "SUCCEEDED")
+    assert ok_json("status", *T, a)["state"] == "LOST"
+
+
+def test_the_real_systemd_reads_a_hostile_root_as_one_argument(q: Queue) -> None:
+    root = "/opt/my \"root\" it's 100%n $HOME ${X} $$ back\\slash ; \u00fc"
+    code = "import json,sys; open('/tmp/opsctl-argv.json','w').write(json.dumps(sys.argv[1:]))"
+    unit = "/etc/systemd/system/opsctl-queue-quoting-test.service"
+    text = boothook.unit_text(root, ["/usr/bin/python3", "-c", code, "--root", root])
+    ran = q.pct("exec", str(CT), "--", "sh", "-c", f"cat > {unit} && systemctl daemon-reload && "
+                "systemctl start opsctl-queue-quoting-test && cat /tmp/opsctl-argv.json; "
+                f"rm -f {unit} /tmp/opsctl-argv.json; systemctl daemon-reload", stdin=text.encode())
+    assert json.loads(ran.stdout) == ["--root", root], ran.stderr

@@ -315,3 +315,91 @@ class TestQueueAddInterrupted:
         ids = [s["job_id"] for s in sent]
         assert sent[1]["after"] == ids[0]  # a step's dependency is the earlier step's job id
         assert all(i in exc.value.message for i in ids) and "all or none" in exc.value.message
+
+
+# --- a queued job's torch build (its playbook's torch:) ------------------------------------
+
+
+class _TorchAgent:
+    """A scripted agent: ``envs`` lists no build; ``swap`` (install-only) runs or is Ctrl-C'd."""
+
+    def __init__(self, interrupt_swap: bool = False) -> None:
+        self.calls: list[tuple[str, tuple[str, ...], bytes | None]] = []
+        self.interrupt_swap = interrupt_swap
+
+    def ensure_payload(self, force: bool = False) -> None:
+        self.calls.append(("payload", (), None))
+
+    def call(self, verb: str, *args: str, timeout: float = 60, stdin: bytes | None = None,
+             on_stderr: t.Any = None) -> t.Any:
+        self.calls.append((verb, args, stdin))
+        if verb == "envs":
+            return {"builds": [], "current": None}
+        if verb == "swap":
+            if self.interrupt_swap:
+                raise KeyboardInterrupt
+            return {"action": "install-only", "build": "torch-2.13.0-cpu"}
+        empty = {"jobs": [], "slots": None, "holders": []}
+        return {"added": [json.loads(t.cast(bytes, stdin))["specs"][0]["job_id"]],
+                "started": [], "cancelled": [], "queue": empty,
+                "boot_hook": {"kind": "none", "path": None, "warning": "no boot hook here"}}
+
+
+def _torch_target(agent: _TorchAgent) -> t.Any:
+    import types
+
+    host = types.SimpleNamespace(root="/opt/opsctl", label="h", containers={200: None},
+                                 notify_urls=lambda ct: [], torch_builds=None)
+    return types.SimpleNamespace(host=host, ctid=200, label="h ct 200", agent=agent,
+                                 inventory=types.SimpleNamespace(torch_builds=None))
+
+
+def test_queue_add_installs_the_playbooks_torch_build_and_the_job_records_it() -> None:
+    from opsctl.ops import queue as queue_ops
+
+    agent = _TorchAgent()
+    book = Playbook(name="p", command=["true"], torch={"variant": "cpu"})
+    report = queue_ops.add(_torch_target(agent), [queue_ops.QueuedStep(book)])
+    swaps = [args for verb, args, _ in agent.calls if verb == "swap"]
+    assert len(swaps) == 1 and "--install-only" in swaps[0]
+    [sent] = [json.loads(t.cast(bytes, stdin))["specs"] for verb, _, stdin in agent.calls
+              if verb == "queue-add"]
+    assert sent[0]["torch_build"] == "torch-2.13.0-cpu"
+    assert report.notes == ["no boot hook here"] and report.boot_hook == {
+        "kind": "none", "path": None, "warning": "no boot hook here"}
+
+
+def test_ctrl_c_while_the_torch_build_installs_queues_nothing() -> None:
+    from opsctl.ops import queue as queue_ops
+
+    agent = _TorchAgent(interrupt_swap=True)
+    book = Playbook(name="p", command=["true"], torch={"variant": "cpu"})
+    with pytest.raises(errors.Interrupted) as exc:
+        queue_ops.add(_torch_target(agent), [queue_ops.QueuedStep(book)])
+    assert "nothing is queued" in exc.value.message
+    assert "queue-add" not in [verb for verb, _, _ in agent.calls]
+
+
+def test_a_job_on_another_build_waits_while_any_job_is_live_and_holds_back_the_rest() -> None:
+    p = q.plan(["new", "small"], {"new": 1, "small": 1}, {}, {}, 8, {"live": [0]},
+               {"new": "torch-2.14.0-cpu"}, "torch-2.13.0-cpu")
+    assert p.start == [] and p.cancel == []
+
+
+def test_with_nothing_live_it_starts_and_the_jobs_behind_it_run_on_its_build() -> None:
+    p = q.plan(["new", "any", "old"], {"new": 1, "any": 1, "old": 1}, {}, {}, 8, {},
+               {"new": "torch-2.14.0-cpu", "old": "torch-2.13.0-cpu"}, "torch-2.13.0-cpu")
+    assert [j for j, _ in p.start] == ["new", "any"]  # old waits: new now runs on 2.14
+
+
+def test_a_job_on_the_current_build_starts_beside_live_jobs() -> None:
+    p = q.plan(["same"], {"same": 1}, {}, {}, 8, {"live": [0]}, {"same": "torch-2.13.0-cpu"},
+               "torch-2.13.0-cpu")
+    assert p.start == [("same", [1])]
+
+
+@given(st.text(max_size=120))
+def test_a_build_name_the_agent_accepts_is_one_safe_path_component(name: str) -> None:
+    if q.wire_build_ok(name):
+        assert name.startswith("torch-") and "/" not in name and ".." not in name
+        assert name not in (".", "..") and "\x00" not in name

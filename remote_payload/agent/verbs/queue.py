@@ -1,4 +1,5 @@
-"""Queue verbs (issue 27): ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``; and the GPU
+"""Queue verbs (issue 27): ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``,
+``queue-advance`` (the boot hook's, :mod:`remote_payload.agent.boothook`); and the GPU
 slot steps that ``launch`` shares with a start from the queue.
 
 The rules live in :mod:`remote_payload.agent.queue` (pure functions and the file); this
@@ -58,6 +59,9 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return {"job_id": job_id, "state": JobState.CANCELLED.value,
                 "end_reason": wire.END_REASON_REMOVED, "cancelled": moved_on["cancelled"],
                 "queue": listing(root)}
+    if verb == "queue-advance":  # the boot hook's: the same advance, under the queue lock
+        moved = launching.advance_queue(root, socket, slots=slots)
+        return {"started": moved["started"], "cancelled": moved["cancelled"]}
     if verb == "queue-move":
         job_id = jobs.resolve_job(root, args.job)
         anchor = jobs.resolve_job(root, args.before or args.after)
@@ -103,8 +107,13 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
         AgentFailure: ``BadSpec`` (a spec, the secrets), ``QueueRefused`` (a dependency that
             cannot be met, a full queue), ``JobExists``.
     """
-    from remote_payload.agent import jobsecrets
+    from remote_payload.agent import boothook, jobsecrets
 
+    try:  # refused before anything is queued: a hook could not name this root
+        boothook.check_root(root)
+    except ValueError as exc:
+        raise _refused(f"queue-add: {exc}; choose another root (the inventory's root:)",
+                       "root", root=root) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("specs"), list) or not doc["specs"]:
         raise AgentFailure(ErrorType.BadSpec, 'queue-add: stdin must be {"specs": [spec, ...]}',
                            field="specs")
@@ -120,6 +129,10 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
         except AgentFailure as exc:
             raise AgentFailure(exc.type, f"job {i + 1}: {exc.message}", **exc.fields) from None
         spec["workdir"] = launching.bind_to_payload(root, spec["workdir"])
+        build = spec.get("torch_build")
+        if build is not None and not queue.wire_build_ok(build):
+            raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: torch_build must be a build "
+                               "name (torch-<version>-<variant>)", field="torch_build")
         after = spec.get("after")
         if after is not None and not isinstance(after, str):
             raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: after must be a job id",
@@ -181,9 +194,10 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             for jid in added:
                 shutil.rmtree(jobs.job_dir(root, jid), ignore_errors=True)
             raise
+    hook = boothook.ensure(root)  # after a restart the queue moves on with no client
     moved_on = launching.advance_queue(root, socket)
     return {"added": added, "started": moved_on["started"], "cancelled": moved_on["cancelled"],
-            "queue": listing(root)}
+            "queue": listing(root), "boot_hook": hook}
 
 
 def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
@@ -226,12 +240,15 @@ def listing(root: str) -> QueueDoc:
     holders = queue.live_holders(root, qdoc)
     reqs = {j: queue.job_request(root, j) for j in qdoc.order}
     states = queue.dep_states(root, {j: r[1] for j, r in reqs.items()})
+    current = queue.current_build(root)
     rows: list[QueueRowDoc] = []
     for i, jid in enumerate(qdoc.order):
         request, after = reqs[jid]
         st = read_json(os.path.join(jobs.job_dir(root, jid), jobs.STATUS), {}) or {}
         if after is not None and states.get(after) != JobState.SUCCEEDED.value:
             waits = f"job {after} ({states.get(after, 'gone')})"
+        elif (need := queue.job_build(root, jid)) is not None and need != current and holders:
+            waits = f"torch build {need}: job {next(iter(holders))} runs on {current or 'no build'}"
         else:
             waits = "GPUs" if not queue.assign(request, qdoc.slots or 0, holders)[0] else "its turn"
         rows.append({"job_id": jid, "name": st.get("name"), "position": i + 1, "after": after,
