@@ -83,8 +83,9 @@ def test_bundled_playbooks_are_found_from_any_directory(installed, tmp_path):
     home = tmp_path / "home"
     listed = json.loads(opsctl(installed, "playbooks", "--json", cwd=tmp_path, home=home).stdout)
     origins = {p["name"]: p["origin"] for p in listed["playbooks"]}
-    assert origins == {"dflash-8gpu": "bundled", "dflash-cpu-smoke": "bundled",
-                       "dflash-cpu-e2e": "bundled"}
+    bundled = {p.stem for p in (REPO / "opsctl" / "bundled" / "playbooks").glob("*.yaml")}
+    assert {"dflash-8gpu", "dflash-cpu-smoke", "dflash-chain"} <= bundled
+    assert origins == dict.fromkeys(bundled, "bundled")
 
 
 def test_fresh_install_dials_no_host(installed, tmp_path):

@@ -168,14 +168,18 @@ def test_bad_modes_are_a_usage_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_real_cpu_compile_of_flex_attention_gives_a_well_formed_report(tmp_path: Path) -> None:
     t0 = time.monotonic()
+    # The guarded mode only: two threads compiling for real, the second waiting for the lock.
+    # The unguarded race is the GPU's (docs/benchmarks.md); here its report shape is covered by
+    # the simulated modes above, and a second real CPU compile would double this test's minute.
     rc, _, rep = probe(tmp_path, "--device", "cpu", "--threads", "2", "--timeout", "100",
-                       "--backward", timeout=300)
+                       "--backward", "--modes", "guarded", timeout=300)
     wall = time.monotonic() - t0
     assert rep["status"] in ("ok", "affected"), rep["verdict"]
     assert rc == (0 if rep["status"] == "ok" else 1)
     assert rep["env"]["torch"].startswith("2.")
     assert rep["env"]["device"] == "cpu"
-    for mode in ("unguarded", "guarded"):
+    assert set(rep["modes"]) == {"guarded"}
+    for mode in ("guarded",):
         m = rep["modes"][mode]
         assert m["status"] in ("ok", "error", "hang"), m
         assert m["backward"] is False and "no CPU backward" in m["backward_note"]
