@@ -3,9 +3,10 @@ the file's exact weights and the trainer's exact outputs, and every file is read
 server running as another user.
 
 The slow test checks the modeling file under the oldest and the newest transformers the
-project claims (pyproject's trainer extra), each from a ``pip install --target`` directory of
-its own (first on ``PYTHONPATH``, beside this environment's torch), kept under /var/tmp between
-runs (cold: ~20 s per version; warm: seconds).
+project claims (pyproject's trainer extra): this environment's own (the newest), and each older
+one from a ``pip install --no-deps --target`` directory holding it with the hub and tokenizers
+it needs (first on ``PYTHONPATH``, beside this environment's torch and numpy), kept under
+/var/tmp between runs (cold: a few seconds per version).
 """
 
 from __future__ import annotations
@@ -273,20 +274,35 @@ def _pip(python: pathlib.Path, *args: str) -> None:
         raise AssertionError(f"pip install {' '.join(args)} failed:\n{tail}")
 
 
-def _compat_env(version: str) -> tuple[pathlib.Path, pathlib.Path]:
-    """(this interpreter, a directory holding transformers ``version`` and its dependencies),
-    the directory built once and kept; a lock keeps two test runs from building it at once.
-    On ``PYTHONPATH`` the directory comes before site-packages, so its transformers (and its own
-    huggingface-hub, tokenizers) win over this environment's; torch is this environment's, as a
-    server's would be. The check script reports the version it imported: a leak fails it."""
-    COMPAT_HOME.mkdir(parents=True, exist_ok=True)
-    lib = COMPAT_HOME / f"transformers-{version}"
+#: what each older transformers needs that this environment's newer one does not (hub < 1.0, its
+#: own tokenizers range), pinned to what pip resolved for it; the rest (numpy, regex, requests,
+#: safetensors, ...) is this environment's, as a server's would be
+OLDER_DEPS = {"4.51.3": ("huggingface_hub==0.36.2", "tokenizers==0.21.4"),
+              "4.57.6": ("huggingface_hub==0.36.2", "tokenizers==0.22.2")}
+
+
+def _compat_env(version: str) -> tuple[pathlib.Path, pathlib.Path | None]:
+    """(this interpreter, a directory holding transformers ``version``, or None when this
+    environment has that version itself), the directory built once and kept; a lock keeps two
+    test runs from building it at once. On ``PYTHONPATH`` the directory comes before
+    site-packages, so its transformers (and its hub, its tokenizers) win over this
+    environment's. The check script reports the version it imported: a leak fails it."""
+    import importlib.metadata
+
     python = pathlib.Path(sys.executable)
+    if importlib.metadata.version("transformers") == version:
+        return python, None
+    COMPAT_HOME.mkdir(parents=True, exist_ok=True)
+    lib = COMPAT_HOME / f"transformers-{version}-nodeps"
     with (COMPAT_HOME / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (lib / ".complete").is_file():
-            # --target installs every dependency into lib, whatever site-packages holds
-            _pip(python, "--upgrade", "--target", str(lib), f"transformers=={version}")
+            extra = OLDER_DEPS.get(version)
+            if extra is None:  # a version this table does not know: every dependency in lib
+                _pip(python, "--upgrade", "--target", str(lib), f"transformers=={version}")
+            else:
+                _pip(python, "--upgrade", "--no-deps", "--target", str(lib),
+                     f"transformers=={version}", *extra)
             (lib / ".complete").write_text("")
     return python, lib
 
@@ -306,7 +322,7 @@ def test_automodel_loads_the_export_exactly_under_each_claimed_transformers(vers
                "position_ids": torch.cat([x["ctx_pos"], x["pos"]], dim=1).contiguous()},
               str(tmp_path / "io.safetensors"))
     (tmp_path / "check.py").write_text(_CHECK)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(lib),
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(lib or ""),
            "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path),
            "OMP_NUM_THREADS": "1"}
     r = subprocess.run([str(python), str(tmp_path / "check.py"), str(path),
