@@ -37,13 +37,13 @@ LONGEST_FIRST = (
     REAL_TORCH_GROUP,  # ~300 s: the session's one real install, two-rank jobs, the demo, a seed
     "test_trainer_run",  # ~130 s: gloo ranks training on CPU
     "test_probe",  # ~100 s: a real flex-attention compile
-    "test_hardening_sandbox",  # ~160 s
-    "test_cli_sandbox",  # ~125 s
-    "test_files_edges_sandbox",  # ~130 s (2026-12-01): every push/pull edge, rsync and tar
-    # not before: it links the real build the first group installs (~200 s into the run, under
-    # a lock), so started earlier it would only wait for that install
+    # after the two above: it links the real build the first group installs (a lock: started
+    # at once, it would only wait for that install)
     "test_multinode_sandbox",  # ~150 s: two torchrun nodes
-    "test_trainer_hf_export",  # ~65 s; its first run on a machine installs 2 older transformers
+    "test_trainer_hf_export",  # ~40 s warm; its first run builds 3 transformers venvs (~3 min)
+    "test_hardening_sandbox",  # ~200 s
+    "test_cli_sandbox",  # ~150 s
+    "test_files_edges_sandbox",  # ~120 s (2026-12-01): every push/pull edge, rsync and tar
     "test_doctor_sandbox",  # a stopped container, a silent host, /dev/kmsg, a full tmpfs
     "test_exec_edges_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
     "test_edges_sandbox",  # a NaN job, host trust, swap-torch --dry-run
