@@ -629,8 +629,9 @@ def _ensure_base(layout: _Layout, source: _Layout | None = None) -> None:
     :data:`LATE_PACKAGES` too, so its copies need no apt run of their own. With ``source``,
     copy that sandbox's template (made first if it is not there yet). Only the template's own
     lock is held meanwhile, never the source sandbox's: its tests go on while others copy."""
+    ready = layout.lxc_path / BASE / ".opsctl-ready"
     with _locked(layout, "template.lock"):
-        if _container_exists(layout, BASE) and (layout.lxc_path / BASE / ".opsctl-ready").is_file():
+        if _container_exists(layout, BASE) and ready.is_file():
             return
         layout.lxc_path.mkdir(parents=True, exist_ok=True)
         if (layout.lxc_path / BASE).exists():
@@ -638,12 +639,13 @@ def _ensure_base(layout: _Layout, source: _Layout | None = None) -> None:
             shutil.rmtree(layout.lxc_path / BASE, ignore_errors=True)
         if source is None:
             _make_base(layout)
-            return
-        _ensure_base(source)
-        with _locked(source, "template.lock"):
-            _run(["lxc-copy", "-P", str(source.lxc_path), "-n", BASE, "-p", str(layout.lxc_path),
-                  "-N", BASE], log=layout.state_dir / "lxc.log", timeout=600, check=True)
-        (layout.lxc_path / BASE / ".opsctl-ready").write_text("ok\n")
+        else:
+            _ensure_base(source)
+            with _locked(source, "template.lock"):
+                _run(["lxc-copy", "-P", str(source.lxc_path), "-n", BASE, "-p",
+                      str(layout.lxc_path), "-N", BASE], log=layout.state_dir / "lxc.log",
+                     timeout=600, check=True)
+        ready.write_text("ok\n")  # last: a half-made template is made again
 
 
 def _make_base(layout: _Layout) -> None:
@@ -655,7 +657,6 @@ def _make_base(layout: _Layout) -> None:
         _ensure_late_packages(layout, BASE)
     finally:
         _lxc(layout, "lxc-stop", BASE, "--kill", check=False)
-    (layout.lxc_path / BASE / ".opsctl-ready").write_text("ok\n")
 
 
 def _configure_base(ct_dir: Path) -> None:
