@@ -132,17 +132,19 @@ class TestDeploy:
 class TestFailures:
     def test_a_crash_is_reported_failed_with_traceback_within_the_detection_bound(self, target, tmp_path):
         book = playbook(tmp_path, "crash", CRASHER, healthy_when={"event": "step"})
-        start = time.monotonic()
         res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
                                        str(book), "--json", "--replace"])
-        elapsed = time.monotonic() - start
+        reported_at = time.time()
         assert res.exit_code == errors.JOB_FAILED, res.output
         doc = json.loads(res.stdout)
         st = doc["status"]
         assert st["state"] == "FAILED" and st["exit_code"] == 1
         assert any("boom: simulated crash" in line for line in st["output_tail"])
-        # crash at ~1 s after start; default poll 2 s + one round trip + launch overhead
-        assert elapsed < 1.0 + 2.0 + 3.0, f"reported after {elapsed:.1f}s"
+        # The bound is on detection, from the crash (the container's own record; LXC shares the
+        # host's clock) to the report: the default 2 s poll plus one round trip. Launch overhead
+        # is not part of it: on a loaded 2-core machine it alone varies by seconds.
+        detected_after = reported_at - st["ended_at"]
+        assert 0 <= detected_after < 2.0 + 3.0, f"reported {detected_after:.1f} s after the crash"
 
     def test_a_job_killed_by_a_signal_is_failed_with_the_signal(self, target, tmp_path):
         script = ("import os, signal, time; print('x', flush=True); time.sleep(0.5); "
