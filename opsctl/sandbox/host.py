@@ -466,7 +466,12 @@ def _sshd_pid(layout: _Layout) -> int | None:
 
 
 def _sshd_config(layout: _Layout, port: int) -> str:
-    env = f"PATH={layout.bin_dir}:{SYSTEM_PATH} OPSCTL_SANDBOX_LXCPATH={layout.lxc_path}"
+    # SHLVL=1: bash sources ~/.bashrc for a command sshd runs only when it is the top-level
+    # shell (bash's shell.c: ``run_by_ssh ... && shell_level < 2``). The sandbox stands in for a
+    # Proxmox host, whose root has a stock start-up; this machine's root may not (a pyenv
+    # ``init`` costs ~0.2 s of CPU per remote command and its rehash races, printing to stderr).
+    env = (f"PATH={layout.bin_dir}:{SYSTEM_PATH} OPSCTL_SANDBOX_LXCPATH={layout.lxc_path} "
+           "SHLVL=1")
     return "\n".join([
         "# opsctl sandbox sshd: loopback only, key auth only, pct on PATH",
         f"Port {port}", f"ListenAddress {HOST}", f"HostKey {layout.host_key}",
