@@ -76,9 +76,19 @@ def poll_status(until: t.Callable[[dict[str, t.Any]], bool], within_s: float) ->
         time.sleep(2)
 
 
-def test_a_deadlock_is_named_with_every_ranks_stacks_without_asking_for_them(target, tmp_path):
+#: the deadlocked job's collectives time out after this: long enough for the hang to be named
+#: and every stack taken first (~15-30 s on a loaded 2-core machine), short enough to wait for
+PG_TIMEOUT_S = 75
+
+
+def test_a_deadlock_is_named_with_every_ranks_stacks_then_the_pg_timeout_ends_the_job(target,
+                                                                                     tmp_path):
+    """One two-rank job shows the whole never-silent story of a deadlock: named as a hang with
+    every rank's stacks while it lasts (the job left alone), then ended by the process group's
+    timeout, FAILED, with each rank's timeout error in its log (a hang never runs forever)."""
     book = two_rank_book(tmp_path, "deadlock", "--debug-fault", "hang", "--debug-fault-rank", "1",
-                         "--debug-fault-step", "3", phase_budgets_s={"training": 15})
+                         "--debug-fault-step", "3", "--pg-timeout", str(PG_TIMEOUT_S),
+                         phase_budgets_s={"training": 15})
     deployed = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace")
     assert deployed.exit_code == 0, deployed.output[-3000:]
     quiet_from = time.monotonic()
@@ -102,6 +112,15 @@ def test_a_deadlock_is_named_with_every_ranks_stacks_without_asking_for_them(tar
         assert lines[-1].endswith("in <module>"), f"rank {rank}'s dump is cut short"
         assert "hang_forever" in dump if rank == 1 else "all_drafters_max" in dump
     assert "all ranks in collectives" in doc["summary"]
+
+    # --pg-timeout: the blocked collectives fail, and with them the job (no stop needed)
+    st = poll_status(lambda s: s["state"] in ("FAILED", "SUCCEEDED", "LOST"),
+                     within_s=PG_TIMEOUT_S + 60)
+    assert st["state"] == "FAILED", json.dumps(st["diagnosis"])[-2000:]
+    errors = [json.loads(line) for line in run("logs").stdout.splitlines()
+              if line.startswith('{"event":"error"')]
+    assert errors and all(isinstance(e["rank"], int) for e in errors), errors
+    assert any("timed out" in e["message"].lower() for e in errors), errors
 
 
 def test_a_rank_that_raises_fails_the_job_with_its_error_and_leaves_no_rank(target, tmp_path):

@@ -98,7 +98,11 @@ def step_losses(ct: int) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in events}
 
 
-def test_a_two_node_run_trains_one_world_on_both_nodes_and_stop_stops_every_node(book):
+def test_a_two_node_run_trains_one_world_and_a_killed_node_fails_it_by_name(book):
+    """One real two-node run (each deploy starts four torch processes: the suite's budget keeps
+    it to one): it trains one world; then node 1 is killed and the run fails naming it, with no
+    rank left on either node. ``stop`` ending every node's job is
+    ``test_nodes_commands_act_only_on_one_run``'s (same code path, plain jobs)."""
     deployed = run("deploy", "--nodes", NODES, "--playbook", book, "--json")
     assert deployed.exit_code == 0, deployed.output[-3000:]
     doc = json.loads(deployed.stdout)
@@ -116,17 +120,6 @@ def test_a_two_node_run_trains_one_world_on_both_nodes_and_stop_stops_every_node
     common = sorted(set(first) & set(second))
     assert common and all(first[s] == second[s] for s in common), (first, second)
 
-    stopped = run("stop", "--grace", "5", "--json")
-    assert stopped.exit_code == 0, stopped.output[-3000:]
-    assert [n["stop"]["state"] for n in json.loads(stopped.stdout)["nodes"]] == \
-        ["CANCELLED", "CANCELLED"]
-    assert status()["state"] == "CANCELLED"
-    assert trainer_pids(200) == [] and trainer_pids(SECOND_CT) == []
-
-
-def test_a_node_killed_mid_run_fails_the_run_and_the_diagnosis_names_it(book):
-    deployed = run("deploy", "--nodes", NODES, "--playbook", book, "--json")
-    assert deployed.exit_code == 0, deployed.output[-3000:]
     pids = trainer_pids(SECOND_CT)  # torchrun and its rank (a session of its own)
     assert len(pids) == 2, pids
     killed = run("exec", "--host", "sandbox", "--ct", str(SECOND_CT), "--", "kill", "-KILL", *pids)
@@ -143,6 +136,14 @@ def test_a_node_killed_mid_run_fails_the_run_and_the_diagnosis_names_it(book):
     assert st["summary"].startswith(f"run {st['job_id']} failed: node 1 (sandbox ct {SECOND_CT}) "
                                     "FAILED (SIGKILL)"), st["summary"]
     assert st["nodes"][0]["status"]["state"] == "FAILED", "torchrun: the other node fails too"
+    assert trainer_pids(200) == [] and trainer_pids(SECOND_CT) == [], "no rank left anywhere"
+
+    # `stop` with no flags (the last deploy --nodes) on a run that already failed: it changes
+    # nothing and says so (never a false CANCELLED)
+    stopped = run("stop", "--grace", "1", "--json")
+    assert stopped.exit_code == 0, stopped.output[-3000:]
+    assert [n["stop"]["state"] for n in json.loads(stopped.stdout)["nodes"]] == \
+        ["FAILED", "FAILED"], stopped.stdout
 
 
 # --- issue 23, class 4: --nodes acts on one run only, and is never "ok" with a node unreached ---

@@ -198,17 +198,10 @@ def test_every_phase_and_step_says_how_long_the_job_may_stay_silent_after_it(cap
 # test_distributed_sandbox.py::test_a_rank_that_raises_fails_the_job_with_its_error_and_leaves_no_rank
 
 
-def test_a_collective_that_never_completes_ends_the_job_after_the_pg_timeout(tmp_path):
-    t0 = time.monotonic()
-    p = _spawn("--nproc", "2", "--steps", "50", "--token-budget", "384", "--out-dir", str(tmp_path),
-               "--pg-timeout", "4", "--debug-fault", "hang", "--debug-fault-rank", "1",
-               "--debug-fault-step", "2")
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode != 0, out[-2000:]
-    assert time.monotonic() - t0 < 90
-    errors = [e for e in _events(out) if e["event"] == "error"]
-    assert errors and all(isinstance(e["rank"], int) for e in errors), out[-2000:]
-    assert any("Timed out" in e["message"] or "timed out" in e["message"] for e in errors), errors
+# A collective that never completes ends the job after --pg-timeout, each rank's error event
+# saying it timed out: the same deadlocked two-rank run under deploy, after its hang was named,
+# is tests/sandbox/test_distributed_sandbox.py::
+# test_a_deadlock_is_named_with_every_ranks_stacks_then_the_pg_timeout_ends_the_job
 
 
 def test_the_pg_timeout_must_be_a_positive_number(capsys):
