@@ -34,24 +34,33 @@ REAL_TORCH_GROUP = "real-torch-ct200"
 # Work units measured longest (``--durations=0`` of a 3-worker run: seconds per unit, under
 # load); order only, not a limit. The rest keep collection order.
 LONGEST_FIRST = (
+    # builds the session's sandbox template (debootstrap + apt: ~2 min of a core on a fresh
+    # machine) and its one real torch install, while the other workers run the modules that
+    # need no sandbox (next): started before them, a sandbox module would only wait for that
+    # template, a core idle (measured 2026-12-01: 14 min 14 s with a cold LXC cache)
     REAL_TORCH_GROUP,  # ~300 s: the session's one real install, two-rank jobs, the demo, a seed
-    "test_trainer_run",  # ~130 s: gloo ranks training on CPU
-    "test_probe",  # ~100 s: a real flex-attention compile
-    # after the two above: it links the real build the first group installs (a lock: started
-    # at once, it would only wait for that install)
-    "test_multinode_sandbox",  # ~150 s: two torchrun nodes
-    "test_trainer_hf_export",  # ~40 s warm; its first run builds 3 transformers venvs (~3 min)
-    "test_hardening_sandbox",  # ~200 s
-    "test_cli_sandbox",  # ~150 s
-    "test_files_edges_sandbox",  # ~120 s (2026-12-01): every push/pull edge, rsync and tar
-    "test_doctor_sandbox",  # a stopped container, a silent host, /dev/kmsg, a full tmpfs
-    "test_exec_edges_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
-    "test_edges_sandbox",  # a NaN job, host trust, swap-torch --dry-run
-    "test_dashboard_browser",  # ~100 s
-    "test_torch_sandbox",  # ~90 s: its fake-build tests
+    "test_trainer_run",  # ~90 s: gloo ranks training on CPU
+    "test_probe",  # ~75 s: a real flex-attention compile
+    "test_torch_swap",  # ~90 s: fake builds, a real venv and pip each
+    "test_dflash_recipe",  # ~50 s: the CPU end-to-end recipe
+    "test_trainer_hf_export",  # ~45 s warm; its first run builds 3 transformers venvs (~3 min)
+    "test_startup",  # ~45 s: the base commit's trainer beside this one
+    "test_agent_jobs",  # ~45 s
+    "test_agent_queue",  # ~40 s
+    # then the sandbox modules, longest first; the multi-node one links the real build the
+    # first group installs
+    "test_multinode_sandbox",  # ~170 s: two torchrun nodes
+    "test_hardening_sandbox",  # ~100 s
+    "test_cli_sandbox",  # ~90 s
+    "test_files_edges_sandbox",  # ~90 s: every push/pull edge, rsync and tar
+    "test_queue_sandbox",  # ~50 s
     "test_babysitting_sandbox",  # ~55 s
-    "test_files_sandbox",  # ~55 s
-    "test_dflash_recipe",  # ~45 s: the CPU end-to-end recipe
+    "test_exec_edges_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
+    "test_doctor_sandbox",  # a stopped container, a silent host, /dev/kmsg, a full tmpfs
+    "test_edges_sandbox",  # a NaN job, host trust, swap-torch --dry-run
+    "test_dashboard_browser",  # a real browser
+    "test_torch_sandbox",  # its fake-build tests
+    "test_files_sandbox",  # ~30 s
 )
 
 
