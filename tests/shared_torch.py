@@ -2,10 +2,10 @@
 
 Installing torch 2.13.0+cpu into a container through ``swap-torch`` (wheelhouse download on
 this side, push, pip, the verification's real ``torch.compile``) costs 60-150 s of a 2-core
-machine, and two groups of tests need the real build in a container: the distributed jobs and
-the README demo on ct 200's default root (``REAL_TORCH_GROUP``), and the multi-node run's
-private root. They run in different xdist workers, each with a sandbox of its own, so each
-used to install it again.
+machine, and three groups of tests need the real build in a container: the distributed jobs
+(``REAL_TORCH_GROUP``) and the README demo (``REAL_TORCH_DEMO_GROUP``) on ct 200's default root,
+and the multi-node run's private root. They run in different xdist workers, each with a
+sandbox of its own, so each used to install it again.
 
 Now the first one to ask installs it the product's way (``opsctl swap-torch``, so the real
 install path stays tested end to end: ``tests/sandbox/test_torch_sandbox.py`` checks that

@@ -30,6 +30,10 @@ import pytest
 # session and links it into every other sandbox that needs it). A new module that needs real
 # torch in ct 200's default root joins it.
 REAL_TORCH_GROUP = "real-torch-ct200"
+# The README demo and the cache checks on the same real build (tests/sandbox/test_torch_sandbox.py):
+# a group of their own, so that after the session's one install they run beside the two-rank
+# jobs in another worker (its sandbox links the build: seconds) instead of after them in one.
+REAL_TORCH_DEMO_GROUP = "real-torch-demo"
 
 # Work units measured longest (``--durations=0`` of a 3-worker run: seconds per unit, under
 # load); order only, not a limit. The rest keep collection order.
@@ -47,11 +51,12 @@ LONGEST_FIRST = (
     "test_startup",  # ~45 s: the base commit's trainer beside this one
     "test_agent_jobs",  # ~45 s
     "test_agent_queue",  # ~40 s
-    # then the sandbox modules, longest first; the multi-node one links the real build the
-    # first group installs
-    "test_multinode_sandbox",  # ~170 s: two torchrun nodes
+    # then the sandbox modules, longest first; those that link the real build the first
+    # group installs come after two others, by when that install is done
     "test_hardening_sandbox",  # ~100 s
     "test_cli_sandbox",  # ~90 s
+    "test_multinode_sandbox",  # ~170 s: two torchrun nodes
+    REAL_TORCH_DEMO_GROUP,  # ~130 s: the demo, a cache seed, the build's cache dirs
     "test_files_edges_sandbox",  # ~90 s: every push/pull edge, rsync and tar
     "test_queue_sandbox",  # ~50 s
     "test_babysitting_sandbox",  # ~55 s

@@ -4,10 +4,9 @@ The never-silent contract for multi-process jobs: a deadlock is named as a hang 
 ``status --json`` with every rank's stacks, taken by the agent itself (nobody ran ``stacks``);
 ``stacks --json`` returns each process's whole dump; a rank that raises takes the other down
 and the job ends FAILED with that rank's error. The real CPU torch build goes into container
-200's default opsctl root: this module and the README demo in ``tests/sandbox/test_torch_sandbox.py``
-share it (one xdist group, so one worker's sandbox). The first module of the session to need the
-real build installs it with ``swap-torch``; every other sandbox links that install
-(``tests/shared_torch.py``), and the deploys find it current.
+200's default opsctl root, as for the README demo in ``tests/sandbox/test_torch_sandbox.py``.
+The first module of the session to need the real build installs it with ``swap-torch``; every
+other sandbox links that install (``tests/shared_torch.py``), and the deploys find it current.
 """
 
 from __future__ import annotations

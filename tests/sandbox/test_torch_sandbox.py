@@ -24,12 +24,13 @@ from opsctl.cli import cli
 from tests.paths import REPO
 from tests.shared_torch import install_reply, real_cpu_build_in_default_root
 from tests.wheel_index import build_fake_torches, closed_port_url, serve_index, write_simple_index
-from tests.xdist_plugin import REAL_TORCH_GROUP
+from tests.xdist_plugin import REAL_TORCH_DEMO_GROUP
 
 pytestmark = pytest.mark.sandbox
-# the tests on /opt/opsctl's real CPU build run in one worker with tests/sandbox/test_distributed_sandbox.py
-# (one real torch install); the fake-build tests above them, on a private root, run anywhere
-real_torch = pytest.mark.xdist_group(REAL_TORCH_GROUP)
+# the tests on /opt/opsctl's real CPU build run in one worker (tests/shared_torch.py links the
+# session's one real install into its sandbox); the fake-build tests above them, on a private
+# root, run anywhere
+real_torch = pytest.mark.xdist_group(REAL_TORCH_DEMO_GROUP)
 
 WARMUP = '''
 """Stand-in warm-up entry point: real torch.compile + mega-cache save/load (CPU)."""
