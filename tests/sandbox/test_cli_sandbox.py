@@ -53,14 +53,20 @@ CRASHER = textwrap.dedent("""
 
 @pytest.fixture(autouse=True, params=["direct", "mux"])
 def transport_mode(request: pytest.FixtureRequest, isolated_env: Path, monkeypatch: pytest.MonkeyPatch):
-    """Every workflow twice: each command on its own SSH connection, and through the connection
-    multiplexer users run with (on by default)."""
+    """Each workflow twice (but the :data:`ONE_TRANSPORT` ones): each command on its own SSH
+    connection, and through the connection multiplexer users run with (on by default)."""
     monkeypatch.setenv("OPSCTL_MUX", "1" if request.param == "mux" else "0")
     yield request.param
     if request.param == "mux":
         from opsctl.remote import mux_client
 
         mux_client.stop_all()
+
+
+#: A job-state behaviour (what the agent decides and records) reads the same through either
+#: transport: it runs once, through the multiplexer users run with. Both transports stay on
+#: what a connection can change: deploying, refusals, streaming, the host check.
+ONE_TRANSPORT = pytest.mark.parametrize("transport_mode", ["mux"], indirect=True)
 
 
 @pytest.fixture
@@ -103,6 +109,7 @@ class TestDeploy:
         assert st["last_step"]["event"] == "step" and st["last_step"]["tok_s"] == 1234.0
         assert any("loading model" in line for line in st["pane_tail"] + st["output_tail"])
 
+    @ONE_TRANSPORT
     def test_a_job_that_exits_zero_ends_succeeded(self, target, tmp_path):
         book = playbook(tmp_path, "quick", trainer_like(steps=3, sleep=0.05))
         res = run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--json",
@@ -112,6 +119,7 @@ class TestDeploy:
         st = json.loads(res.stdout)
         assert (st["state"], st["exit_code"], res.exit_code) == ("SUCCEEDED", 0, 0)
 
+    @ONE_TRANSPORT
     def test_an_unchanged_payload_is_not_sent_again(self, target, tmp_path):
         book = playbook(tmp_path, "quick", trainer_like(steps=1, sleep=0.01))
         run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace", "--no-wait")
@@ -119,6 +127,7 @@ class TestDeploy:
                   "--replace", "--no-wait")
         assert json.loads(res.stdout)["payload"]["sent"] is False
 
+    @ONE_TRANSPORT
     def test_a_second_launch_is_refused_while_a_job_runs(self, target, tmp_path):
         book = playbook(tmp_path, "long", trainer_like(steps=100, sleep=0.5))
         assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
@@ -130,6 +139,7 @@ class TestDeploy:
 
 
 class TestFailures:
+    @ONE_TRANSPORT
     def test_a_crash_is_reported_failed_with_traceback_within_the_detection_bound(self, target, tmp_path):
         book = playbook(tmp_path, "crash", CRASHER, healthy_when={"event": "step"})
         res = CliRunner().invoke(cli, ["deploy", "--host", target, "--ct", "200", "--playbook",
@@ -146,6 +156,7 @@ class TestFailures:
         detected_after = reported_at - st["ended_at"]
         assert 0 <= detected_after < 2.0 + 3.0, f"reported {detected_after:.1f} s after the crash"
 
+    @ONE_TRANSPORT
     def test_a_job_killed_by_a_signal_is_failed_with_the_signal(self, target, tmp_path):
         script = ("import os, signal, time; print('x', flush=True); time.sleep(0.5); "
                   "os.kill(os.getpid(), signal.SIGKILL)")
@@ -156,6 +167,7 @@ class TestFailures:
         st = json.loads(res.stdout)["status"]
         assert (st["state"], st["signal"]) == ("FAILED", "SIGKILL")
 
+    @ONE_TRANSPORT
     def test_killing_the_tmux_server_makes_the_job_lost(self, target, tmp_path):
         book = playbook(tmp_path, "lost", trainer_like(steps=200, sleep=0.5))
         assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
@@ -170,6 +182,7 @@ class TestFailures:
         assert st["state"] == "LOST", st
         assert st["evidence"]
 
+    @ONE_TRANSPORT
     def test_stop_cancels_the_job_and_leaves_no_process(self, target, tmp_path):
         marker = f"opsctl-stop-marker-{time.time_ns()}"
         script = trainer_like(steps=500, sleep=0.5) + f"\n# {marker}\n"
@@ -243,6 +256,7 @@ class TestRefusals:
         assert res.exit_code == errors.HOST_KEY
         assert f"but the inventory pins {wrong}" in res.output
 
+    @ONE_TRANSPORT
     def test_a_malformed_playbook_changes_nothing_remotely(self, target, tmp_path):
         before = cexec("sh", "-c", "ls /opt/opsctl/jobs 2>/dev/null | sort")
         bad = tmp_path / "bad.yaml"
@@ -269,6 +283,7 @@ class TestObserving:
         assert rows["sandbox"]["reachable"] is True
         assert {"vmid": "200", "status": "running"}.items() <= rows["sandbox"]["remote_containers"][0].items()
 
+    @ONE_TRANSPORT
     def test_status_without_flags_uses_the_last_deploys_target(self, target, tmp_path):
         book = playbook(tmp_path, "quick", trainer_like(steps=1, sleep=0.01))
         run("deploy", "--host", target, "--ct", "200", "--playbook", str(book), "--replace")
@@ -277,6 +292,7 @@ class TestObserving:
 
 
 class TestDiagnostics:
+    @ONE_TRANSPORT
     def test_stacks_shows_every_thread_of_a_live_job(self, target, tmp_path):
         script = textwrap.dedent("""
             import threading, time
@@ -297,6 +313,7 @@ class TestDiagnostics:
         human = run("stacks")
         assert "drafter_worker_compiling" in human.stdout
 
+    @ONE_TRANSPORT
     def test_a_probe_without_torch_in_the_container_still_says_what_happened(self, target, sandbox,
                                                                              isolated_env):
         # a root with no torch build: the container's own python3, which has no torch (the real
@@ -315,6 +332,7 @@ class TestDiagnostics:
         assert "No module named 'torch'" in report["verdict"]
         assert "No module named 'torch'" in res.stderr
 
+    @ONE_TRANSPORT
     def test_status_names_the_fx_race_from_a_real_captured_crash(self, target, tmp_path):
         fixture = (FIXTURES / "h200-torch-2.11.0-cu130"
                    / "fx-race-error-forward.txt")
