@@ -41,8 +41,8 @@ LONGEST_FIRST = (
     # builds the session's sandbox template (debootstrap + apt: ~2 min of a core on a fresh
     # machine) and its one real torch install, while the other workers run the modules that
     # need no sandbox (next): started before them, a sandbox module would only wait for that
-    # template, a core idle (measured 2026-12-01: 14 min 14 s with a cold LXC cache)
-    REAL_TORCH_GROUP,  # ~300 s: the session's one real install, two-rank jobs, the demo, a seed
+    # template, a core idle (2026-12-02, a cold LXC cache: 14 min 14 s before, 13 min 45 s after)
+    REAL_TORCH_GROUP,  # ~330 s: the template, the session's one real install, two-rank jobs
     "test_trainer_run",  # ~90 s: gloo ranks training on CPU
     "test_probe",  # ~75 s: a real flex-attention compile
     "test_torch_swap",  # ~90 s: fake builds, a real venv and pip each
