@@ -2,8 +2,9 @@
 
 Each code runs the trainer as a restart does: a new process, ``python -m remote_payload.trainer``,
 the ``qwen3-8b`` preset on synthetic data (block 32, 64 anchors, S 3072, budget 49152, a few
-steps). Per code, twice in a row on one inductor/Triton cache folder of its own: ``cold`` (the
-folder empty, no seeded mega-cache) and ``warm`` (the same folder, a new process). Then, with
+steps). Per code, twice in a row on one cache folder of its own (inductor, Triton and, for the
+new code, the bytecode of a torch env that cannot keep its own): ``cold`` (the folder empty, no
+seeded mega-cache) and ``warm`` (the same folder, a new process). Then, with
 ``--target-path`` (unless ``--no-target-path``), the new code (and with ``--path-baseline`` the
 base code) reads one generated checkpoint of the preset's shape (16 GB of bf16 safetensors,
 written by ``target.save_target``, the e2e recipe's writer) with warm compile caches, the
@@ -78,12 +79,15 @@ ROWS: list[tuple[str, str]] = [
 
 def child_env(root: pathlib.Path, cache: pathlib.Path, gpu: bool,
               artifacts: pathlib.Path | None = None) -> dict[str, str]:
-    """The trainer's environment: ``root``'s code first, its own compile caches, no seeded
-    mega-cache unless ``artifacts`` (a cold run is cold), multicast off on the GPU."""
+    """The trainer's environment: ``root``'s code first, its own compile caches (and, as the
+    agent gives a job, ``OPSCTL_CACHE_DIR``: where the new code keeps bytecode the torch env
+    cannot keep itself), no seeded mega-cache unless ``artifacts`` (a cold run is cold),
+    multicast off on the GPU."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OPSCTL_CACHE_ARTIFACTS", "PYTHONPATH")}
+           if k not in ("OPSCTL_CACHE_ARTIFACTS", "PYTHONPATH", "PYTHONPYCACHEPREFIX")}
     env.update(PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-               TRITON_CACHE_DIR=str(cache / "triton"), PYTHONUNBUFFERED="1")
+               TRITON_CACHE_DIR=str(cache / "triton"), OPSCTL_CACHE_DIR=str(cache),
+               PYTHONUNBUFFERED="1")
     if artifacts is not None:
         env["OPSCTL_CACHE_ARTIFACTS"] = str(artifacts)  # as the agent exports a seeded build's
     if gpu:

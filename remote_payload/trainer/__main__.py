@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from .commands import COMMANDS, main
+from .bytecode import cache_bytecode
+
+cache_bytecode()  # before torch is imported: see the module for why
+
+from .commands import COMMANDS, main  # noqa: E402
 
 if __name__ == "__main__":
     rc = main()

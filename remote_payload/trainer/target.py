@@ -17,6 +17,7 @@ H200, its features carrying FP8's rounding (docs/benchmarks.md, "Third pass", sa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import pathlib
 import typing as t
@@ -27,6 +28,17 @@ from torch import nn
 
 from . import fp8
 from .config import TARGET_PRECISIONS, DrafterConfig, TrainerConfigError
+from .target_weights import (
+    GLOBAL_SEED_OFFSET,
+    HEAD_SEED_OFFSET,
+    LayerWeights,
+    Rope,
+    TargetWeights,
+    default_inv_freq,
+    fuse_layer,
+    layout,
+    random_weights,
+)
 
 #: a matmul weight of :class:`FusedLayer`: the bf16 tensor, or its FP8 codes and scales
 Weight = torch.Tensor | fp8.Fp8Weight
@@ -38,33 +50,47 @@ class _Stop(Exception):
     """Raised by the last feature hook: the layers after it are not needed."""
 
 
-def qwen3_config(cfg: DrafterConfig, layers: int | None = None) -> t.Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=layers or cfg.target_layers,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tie_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        max_position_embeddings=32768, use_cache=False)
-
-
 def config_from_dir(path: str, base: DrafterConfig) -> dict[str, t.Any]:
-    """Shape overrides read from ``path/config.json`` (so a real checkpoint wins over a preset)."""
-    cfg_file = pathlib.Path(path) / "config.json"
-    if not cfg_file.is_file():
-        raise TrainerConfigError(f"--target-path {path}: no config.json there")
-    c = json.loads(cfg_file.read_text())
-    rope = c.get("rope_parameters") or {}
+    """Shape overrides read from ``path/config.json`` (so a real checkpoint wins over a preset).
+
+    Raises:
+        TrainerConfigError: no config.json, or one that does not describe a Qwen3 shape.
+    """
+    return config_from_raw(_read_config(pathlib.Path(path)), base, path)
+
+
+def config_from_raw(c: dict[str, t.Any], base: DrafterConfig, path: str) -> dict[str, t.Any]:
+    """The target-shape fields of a parsed config.json (``base`` fills what it leaves out).
+
+    Raises:
+        TrainerConfigError: a shape field missing, of the wrong type, or out of range.
+    """
+    def count(v: t.Any, key: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24:
+            raise TrainerConfigError(f"--target-path {path}: config.json {key} is {v!r}, "
+                                     "not a positive integer")
+        return v
+
+    def real(v: t.Any, key: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise TrainerConfigError(f"--target-path {path}: config.json {key} is {v!r}, "
+                                     "not a positive number")
+        return float(v)
+
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    heads = count(c.get("num_attention_heads"), "num_attention_heads")
+    hidden = count(c.get("hidden_size"), "hidden_size")
     return {
-        "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
-        "target_layers": c["num_hidden_layers"], "num_heads": c["num_attention_heads"],
-        "num_kv_heads": c.get("num_key_value_heads", c["num_attention_heads"]),
-        "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-        "intermediate_size": c["intermediate_size"],
-        "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", base.rope_theta))),
-        "rms_eps": c.get("rms_norm_eps", base.rms_eps),
+        "vocab_size": count(c.get("vocab_size"), "vocab_size"), "hidden_size": hidden,
+        "target_layers": count(c.get("num_hidden_layers"), "num_hidden_layers"),
+        "num_heads": heads,
+        "num_kv_heads": count(c.get("num_key_value_heads", heads), "num_key_value_heads"),
+        "head_dim": count(c.get("head_dim") or hidden // heads, "head_dim"),
+        "intermediate_size": count(c.get("intermediate_size"), "intermediate_size"),
+        "rope_theta": real(theta if theta is not None else c.get("rope_theta", base.rope_theta),
+                           "rope_theta"),
+        "rms_eps": real(c.get("rms_norm_eps", base.rms_eps), "rms_norm_eps"),
         "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
     }
 
@@ -120,35 +146,21 @@ def fused_layer_forward(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 class FusedLayer(nn.Module):
-    """A frozen ``Qwen3DecoderLayer``'s weights, q/k/v and gate/up concatenated (buffers:
-    nothing here trains). Built from the transformers layer, which can then be freed.
-    ``precision="fp8"``: the four matmul weights as e4m3 codes (``<name>``) and per-row
-    scales (``<name>_scale``)."""
+    """A frozen Qwen3 decoder layer's weights, q/k/v and gate/up concatenated (buffers:
+    nothing here trains). ``precision="fp8"``: the four matmul weights as e4m3 codes
+    (``<name>``) and per-row scales (``<name>_scale``)."""
 
-    def __init__(self, layer: t.Any, precision: str = "bf16"):
+    def __init__(self, w: LayerWeights, heads: tuple[int, int, int], eps: float,
+                 precision: str = "bf16"):
         super().__init__()
-        att, mlp = layer.self_attn, layer.mlp
-        if any(getattr(m, "bias", None) is not None
-               for m in (att.q_proj, att.k_proj, att.v_proj, att.o_proj)):
-            raise TrainerConfigError("target with attention biases: not a Qwen3 layout")
-        if getattr(att, "sliding_window", None):
-            raise TrainerConfigError("target uses sliding-window attention: not supported")
-        self.eps = float(layer.input_layernorm.variance_epsilon)
-        self.heads = (att.config.num_attention_heads, att.config.num_key_value_heads, att.head_dim)
-        cat = torch.cat
-        for name, tensor in (
-                ("in_norm", layer.input_layernorm.weight),
-                ("qkv", cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
-                ("q_norm", att.q_norm.weight), ("k_norm", att.k_norm.weight),
-                ("o", att.o_proj.weight), ("post_norm", layer.post_attention_layernorm.weight),
-                ("gate_up", cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                ("down", mlp.down_proj.weight)):
+        self.eps, self.heads = float(eps), heads
+        for name, tensor in w._asdict().items():
             if precision == "fp8" and name in _MATMULS:
                 codes, scale = fp8.quantize_weight(tensor.detach())
                 self.register_buffer(name, codes, persistent=False)
                 self.register_buffer(name + "_scale", scale, persistent=False)
             else:
-                self.register_buffer(name, tensor.detach().clone(), persistent=False)
+                self.register_buffer(name, tensor.detach(), persistent=False)
         self.precision = precision
 
     def weights(self) -> tuple[Weight, ...]:
@@ -158,47 +170,42 @@ class FusedLayer(nn.Module):
                 return fp8.Fp8Weight(w, t.cast(torch.Tensor, getattr(self, n + "_scale")))
             return w
 
-        return tuple(get(n) for n in
-                     ("in_norm", "qkv", "q_norm", "k_norm", "o", "post_norm", "gate_up", "down"))
+        return tuple(get(n) for n in LayerWeights._fields)
 
 
 class Target(nn.Module):
-    """Wraps a ``Qwen3ForCausalLM``; ``features(ids)`` returns the concatenated hidden
-    states of the feature layers, (B, S, L*H), L = ``len(layer_ids)``.
+    """The frozen target: ``features(ids)`` returns the concatenated hidden states of the
+    feature layers, (B, S, L*H), L = ``len(layer_ids)``; :attr:`embed` and :attr:`head_weight`
+    are what the drafter shares.
 
-    ``fused=True`` (the trainer's path): the layers up to the deepest feature layer are
-    rebuilt as :class:`FusedLayer` and transformers' copies freed; :meth:`compile` makes the
-    per-layer function a compiled one (one graph per input shape, shared by all layers).
-    ``fused=False``: transformers' own forward with hooks (the reference).
-    ``precision``: the fused layers' matmul weights (``TARGET_PRECISIONS``)."""
+    Built by :func:`build_target`, one of two ways:
 
-    def __init__(self, model: nn.Module, layer_ids: t.Sequence[int], fused: bool = True,
-                 precision: str = "bf16"):
+    * fused (the trainer's path): the layers up to the deepest feature layer as
+      :class:`FusedLayer` (``fused``), the embedding, the head and RoPE, and nothing of
+      transformers; :meth:`compile` makes the per-layer function a compiled one (one graph per
+      input shape, shared by all layers). ``fused`` is None on a rank that keeps no layer.
+    * reference (``fused=False``): transformers' own model and forward, the feature layers'
+      outputs caught by hooks (the yardstick of the equality tests and benchmarks)."""
+
+    def __init__(self, embed: nn.Embedding, head_weight: torch.Tensor, layer_ids: t.Sequence[int],
+                 rope: nn.Module | None = None, fused: t.Sequence[FusedLayer] | None = None,
+                 reference: t.Any = None):
         super().__init__()
-        if precision not in TARGET_PRECISIONS:
-            raise TrainerConfigError(f"target precision {precision!r}; choices: "
-                                     f"{', '.join(TARGET_PRECISIONS)}")
-        if precision != "bf16" and not fused:
-            raise TrainerConfigError(f"target precision {precision} needs the fused target")
-        # a transformers model: its submodules (model.layers, heads) are dynamic attributes
-        self.model: t.Any = model.eval().requires_grad_(False)
+        self.embed = embed.requires_grad_(False)
+        self.read_bytes = 0  # from a checkpoint: the bytes read (the read rate counts these)
+        self.head_weight = head_weight
         self.layer_ids = tuple(layer_ids)
+        self.rope = rope
+        self.fused: nn.ModuleList | None = nn.ModuleList(fused) if fused else None
+        self._layer_fn: t.Callable[..., torch.Tensor] = fused_layer_forward
+        # transformers' model (reference only): its submodules are dynamic attributes
+        self.model: t.Any = reference
         self._captured: dict[int, torch.Tensor] = {}
         self._active = False  # hooks only act inside features(), not on plain model calls
-        self._layer_fn: t.Callable[..., torch.Tensor] = fused_layer_forward
-        self.fused: nn.ModuleList | None = None
-        hf: t.Any = self.model
-        layers = hf.model.layers
-        last = max(self.layer_ids, default=-1)
-        if fused and self.layer_ids:
-            self.fused = nn.ModuleList()
-            for i in range(len(layers)):
-                if i <= last:
-                    self.fused.append(FusedLayer(layers[i], precision))
-                layers[i] = nn.Identity()  # free transformers' copy as we go (peak +1 layer)
-            return
-        for i in set(self.layer_ids):
-            layers[i].register_forward_hook(self._hook(i, stop=i == last))
+        if reference is not None:
+            last = max(self.layer_ids, default=-1)
+            for i in set(self.layer_ids):
+                reference.model.layers[i].register_forward_hook(self._hook(i, stop=i == last))
 
     def compile(self, **kwargs: t.Any) -> None:
         """Compile the per-layer function (``dynamic=False``: one graph per bucket shape).
@@ -231,17 +238,9 @@ class Target(nn.Module):
 
         return hook
 
-    @property
-    def embed(self) -> nn.Embedding:
-        return t.cast(nn.Embedding, self.model.get_input_embeddings())
-
-    @property
-    def head_weight(self) -> torch.Tensor:
-        return t.cast(torch.Tensor, self.model.get_output_embeddings().weight)
-
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None:
+        if self.model is None:
             return self._fused_features(input_ids)
         self._captured.clear()
         self._active = True
@@ -256,12 +255,12 @@ class Target(nn.Module):
         return feats
 
     def _fused_features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        assert self.fused is not None
-        hf: t.Any = self.model
-        h = hf.model.embed_tokens(input_ids)
+        if self.fused is None or self.rope is None:
+            raise RuntimeError("features() on a target that keeps no layer (a split drafter rank)")
+        h = self.embed(input_ids)
         pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         pos = pos.expand(input_ids.shape[0], -1)
-        cos, sin = hf.model.rotary_emb(h, pos)  # transformers' own RoPE (any rope_type)
+        cos, sin = self.rope(h, pos)
         wanted = set(self.layer_ids)
         out: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.fused):
@@ -282,42 +281,63 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
     Random embedding/head weights come from a dedicated seeded generator so that ranks
     with and without the body agree on them.
 
-    Both paths build the model on the ``meta`` device (no storage, no init work) and then
-    give it storage on ``device`` only: random weights are drawn there by
-    :func:`_materialize_random` in the same order and from the same generator as an eager
-    build on ``device`` (bit-identical; ``tests/trainer/test_startup.py``), a checkpoint is
-    read by :func:`load_safetensors` straight into ``device`` memory. No CPU copy of the
-    weights is ever made (issue 28: a restart spent ~20 s building an 8B model on the host).
+    The fused target is built without transformers (:mod:`.target_weights` says why): random
+    weights are drawn on ``device`` by :func:`.target_weights.random_weights`, bit-identical to
+    the eager transformers build the trainer used before (``tests/trainer/test_startup.py``); a
+    checkpoint is read by :func:`load_safetensors` straight into ``device`` memory. No CPU copy
+    of the weights is ever made, and only the layers up to the deepest feature layer are kept.
+    ``fused=False`` builds transformers' own model with the same weights (the reference).
 
     Raises:
-        TrainerConfigError: ``path`` is not a loadable checkpoint directory.
+        TrainerConfigError: an unknown precision, or ``path`` is not a loadable checkpoint.
     """
+    if precision not in TARGET_PRECISIONS:
+        raise TrainerConfigError(f"target precision {precision!r}; choices: "
+                                 f"{', '.join(TARGET_PRECISIONS)}")
+    if precision != "bf16" and not fused:
+        raise TrainerConfigError(f"target precision {precision} needs the fused target")
+    layer_ids = cfg.target_layer_ids if body else ()
+    if not fused:
+        model = (load_causal_lm(path, device, dtype) if path is not None
+                 else _materialize_random(cfg, device, dtype, seed, body).to(dtype))
+        model.eval().requires_grad_(False)
+        return Target(model.get_input_embeddings(), model.get_output_embeddings().weight,
+                      layer_ids, reference=model)
+    read_bytes = 0
     if path is not None:
-        model = _load_checkpoint(cfg, path, device, dtype, body)
-        return Target(model, cfg.target_layer_ids if body else (), fused, precision)
-    model = _materialize_random(cfg, device, dtype, seed, body)
-    return Target(model.to(dtype), cfg.target_layer_ids if body else (), fused, precision)
+        weights, rope, shape, read_bytes = _load_checkpoint(cfg, path, device, dtype, body)
+    else:
+        weights, shape = random_weights(cfg, device, dtype, seed, body), cfg
+        # the eager build computed the tables on ``device`` and then cast the model to ``dtype``
+        rope = Rope(default_inv_freq(cfg, device).to(dtype))
+    last = max(layer_ids, default=-1)
+    if last >= len(weights.layers) and body:
+        raise TrainerConfigError(f"feature layer {last} of a target with {len(weights.layers)} layers")
+    heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)
+    layers = [FusedLayer(w, heads, shape.rms_eps, precision) for w in weights.layers[:last + 1]]
+    weights.layers.clear()  # the unused deeper layers are freed here
+    vocab, hidden = weights.embed.shape
+    embed = nn.Embedding(vocab, hidden, _weight=weights.embed, _freeze=True)
+    head = (embed.weight if weights.head is weights.embed
+            else nn.Parameter(weights.head, requires_grad=False))
+    target = Target(embed, head, layer_ids, rope if layers else None, layers or None)
+    target.read_bytes = read_bytes
+    return target
 
 
-def _meta_model(hf_cfg: t.Any, dtype: torch.dtype) -> t.Any:
-    """A ``Qwen3ForCausalLM`` of ``hf_cfg`` on the meta device: shapes only, no init work."""
-    from transformers import Qwen3ForCausalLM
-
-    hf_cfg._attn_implementation = "sdpa"
-    with _default_dtype(dtype), torch.device("meta"):
-        return Qwen3ForCausalLM(hf_cfg)
+# --- transformers' own build of the random target: the reference and the checkpoint writer ----
 
 
-def _fresh_rotary(model: t.Any, device: torch.device, dtype: torch.dtype,
-                  on: torch.device | None = None) -> None:
-    """RoPE tables are non-persistent buffers computed in the constructor: after
-    ``to_empty`` (or a load, which never carries them) they are recomputed where the eager
-    path computed them (``on``, default ``device``: a random build ran there, a loaded one
-    on the host) under the default dtype it had, and moved to ``device``."""
-    rot = model.model.rotary_emb
-    with _default_dtype(dtype), torch.device(on or device):
-        fresh = type(rot)(config=model.config)
-    model.model.rotary_emb = fresh.to(device)
+def qwen3_config(cfg: DrafterConfig, layers: int | None = None) -> t.Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=layers or cfg.target_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        max_position_embeddings=32768, use_cache=False)
 
 
 def _reset_all(modules: t.Iterable[nn.Module]) -> None:
@@ -329,27 +349,31 @@ def _reset_all(modules: t.Iterable[nn.Module]) -> None:
 
 def _materialize_random(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
                         seed: int, body: bool) -> t.Any:
-    """The random target, built on meta and materialised on ``device``.
+    """transformers' ``Qwen3ForCausalLM`` holding the random target's weights: what
+    ``--compile``-free references (``fused=False``) run and what :func:`save_target` writes
+    (benchmarks and tests make checkpoints with it). Built on meta and materialised on
+    ``device``, its draws those of an eager build under ``torch.device(device)``: each
+    module's own ``reset_parameters`` in construction order, then transformers' init, then the
+    LM head's, then the head generator (:func:`.target_weights.random_weights` replays the
+    same draws without transformers)."""
+    from transformers import Qwen3ForCausalLM
 
-    The draws replay an eager ``Qwen3ForCausalLM(hf_cfg)`` under ``torch.device(device)``
-    exactly: each module's own ``reset_parameters`` in construction order (the inner
-    ``Qwen3Model`` first, whose ``post_init`` then runs transformers' init, then the LM head
-    and the outer ``post_init``), from the same seeded global generator, so the weights are
-    bit-identical to the eager build on the same device (the equality test pins this for
-    the installed transformers). Then the head's own generator as before."""
     hf_cfg = qwen3_config(cfg, layers=None if body else 1)
-    model = _meta_model(hf_cfg, dtype)
-    torch.manual_seed(seed + 1_000_003)
+    hf_cfg._attn_implementation = "sdpa"
+    with _default_dtype(dtype), torch.device("meta"):
+        model: t.Any = Qwen3ForCausalLM(hf_cfg)
+    torch.manual_seed(seed + GLOBAL_SEED_OFFSET)
     with _default_dtype(dtype), torch.no_grad():
         model.to_empty(device=device)
         _reset_all(model.model.modules())
         model.model.init_weights()
         _reset_all([model.lm_head])
         model.init_weights()
-        _fresh_rotary(model, device, dtype)
-        # std 2/sqrt(H): with an RMS-normed input the frozen head then gives logits of
-        # O(1), so a random target still has a learnable head (0.02 makes them ~0).
-        g = torch.Generator(device=device).manual_seed(seed + 17)
+        # RoPE tables are non-persistent buffers computed in the constructor: recomputed here
+        rot = model.model.rotary_emb
+        with torch.device(device):
+            model.model.rotary_emb = type(rot)(config=model.config)
+        g = torch.Generator(device=device).manual_seed(seed + HEAD_SEED_OFFSET)
         std = 2.0 / cfg.hidden_size ** 0.5
         emb = model.get_input_embeddings().weight
         emb.normal_(0.0, std, generator=g)
@@ -359,46 +383,105 @@ def _materialize_random(cfg: DrafterConfig, device: torch.device, dtype: torch.d
     return model
 
 
+# --- a checkpoint directory, read without transformers -----------------------------------------
+
+
+class Loaded(t.NamedTuple):
+    weights: TargetWeights
+    rope: nn.Module
+    shape: DrafterConfig  # the target shape config.json describes
+    read_bytes: int  # bytes read from the safetensors files (what the read rate counts)
+
+
 def _load_checkpoint(cfg: DrafterConfig, path: str, device: torch.device, dtype: torch.dtype,
-                     body: bool) -> t.Any:
+                     body: bool) -> Loaded:
     """``path`` (a ``save_pretrained`` directory: config.json + safetensors shards) onto
-    ``device``: the model on meta, each tensor read straight into ``device`` memory and
-    assigned. ``body=False``: only the embedding and LM head are read.
+    ``device``: the tensors its config.json's shape names, each read straight into ``device``
+    memory; with the RoPE it asks for and that shape. ``body=False``: only the embedding and LM
+    head are read. The layers past the deepest feature layer are not read at all.
 
     Raises:
-        TrainerConfigError: not a directory, no safetensors, or tensors missing/misshapen.
+        TrainerConfigError: not a directory, an unreadable config.json, an unsupported layout
+            (attention biases, sliding windows), no safetensors, or tensors missing/misshapen.
     """
-    from transformers import AutoConfig
-
     root = pathlib.Path(path)
     if not root.is_dir():
         raise TrainerConfigError(f"--target-path {path} is not a directory")
-    try:
-        hf_cfg = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise TrainerConfigError(f"--target-path {path}: unreadable config.json ({e})") from None
-    hf_cfg.use_cache = False
-    if not body:
-        hf_cfg.num_hidden_layers = 1
-    model = _meta_model(hf_cfg, dtype)
-    want = {k: v for k, v in model.state_dict().items()
-            if body or not k.startswith("model.layers.")}
-    state = load_safetensors(root, device, dtype, keys=set(want))
-    tied = bool(getattr(hf_cfg, "tie_word_embeddings", False))
-    if tied:
-        state.pop("lm_head.weight", None)
-    missing = sorted(k for k in want if k not in state and not (tied and k == "lm_head.weight"))
-    shapes = sorted(k for k, v in state.items() if tuple(v.shape) != tuple(want[k].shape))
+    raw = _read_config(root)
+    shape = _shape_of(raw, cfg, path)
+    if raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ()):
+        raise TrainerConfigError(f"--target-path {path}: sliding-window attention is not supported")
+    keep = max(cfg.target_layer_ids, default=-1) + 1 if body else 0
+    tied = shape.tie_embeddings
+    want = {k: s for k, s in layout(shape, tied=tied).items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < keep}
+    read: list[int] = []
+    state = load_safetensors(root, device, dtype, keys=set(want) | _bias_keys(keep), read=read)
+    if any(k.endswith(".bias") for k in state):
+        raise TrainerConfigError(f"--target-path {path}: attention biases: not a Qwen3 layout")
+    missing = sorted(k for k in want if k not in state)
+    shapes = sorted(k for k, v in state.items() if tuple(v.shape) != want[k])
     if missing or shapes:
         raise TrainerConfigError(f"--target-path {path}: tensors missing {missing[:3]} or "
-                                 f"misshapen {shapes[:3]} for {hf_cfg.model_type}")
-    if not body:
-        model.model.layers = nn.ModuleList([nn.Identity()])  # no rank here runs a layer
-    model.load_state_dict(state, strict=False, assign=True)
-    if tied:
-        model.tie_weights()
-    _fresh_rotary(model, device, dtype, on=torch.device("cpu"))
-    return model
+                                 f"misshapen {shapes[:3]} for {raw.get('model_type', '?')}")
+    layers = [fuse_layer(state, n) for n in range(keep)]
+    embed = state["model.embed_tokens.weight"]
+    head = embed if tied else state["lm_head.weight"]
+    return Loaded(TargetWeights(embed, head, layers), _checkpoint_rope(raw, root, shape, device),
+                  shape, sum(read))
+
+
+def _bias_keys(layers: int) -> set[str]:
+    return {f"model.layers.{n}.self_attn.{p}_proj.bias" for n in range(layers) for p in "qkvo"}
+
+
+def _read_config(root: pathlib.Path) -> dict[str, t.Any]:
+    """``root/config.json`` as a JSON object.
+
+    Raises:
+        TrainerConfigError: missing, unreadable, not JSON, or not an object.
+    """
+    f = root / "config.json"
+    if not f.is_file():
+        raise TrainerConfigError(f"--target-path {root}: no config.json there")
+    try:
+        raw = json.loads(f.read_bytes())
+    except (OSError, ValueError) as e:
+        raise TrainerConfigError(f"--target-path {root}: unreadable config.json ({e})") from None
+    if not isinstance(raw, dict):
+        raise TrainerConfigError(f"--target-path {root}: config.json is not a JSON object")
+    return raw
+
+
+def _shape_of(raw: dict[str, t.Any], base: DrafterConfig, path: str) -> DrafterConfig:
+    """The target shape a checkpoint's config.json describes (the drafter fields of ``base``)."""
+    over = config_from_raw(raw, base, path)
+    return dataclasses.replace(base, **over, target_layer_ids=(), feature_layers=0,
+                               mask_token_id=-1)
+
+
+def _rope_type(raw: dict[str, t.Any]) -> str:
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "?"
+    return str(kind or "default")
+
+
+def _checkpoint_rope(raw: dict[str, t.Any], root: pathlib.Path, shape: DrafterConfig,
+                     device: torch.device) -> nn.Module:
+    """RoPE for a checkpoint: the default tables computed here, on the host in fp32 as
+    transformers' loader computes them; any other ``rope_type`` (YaRN, linear, ...) from
+    transformers' own rotary module, the one case that still imports it."""
+    if _rope_type(raw) == "default":
+        return Rope(default_inv_freq(shape, torch.device("cpu"))).to(device)
+    from transformers import AutoConfig
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    try:
+        hf_cfg = AutoConfig.from_pretrained(str(root), local_files_only=True)
+        return Qwen3RotaryEmbedding(config=hf_cfg).to(device)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise TrainerConfigError(f"--target-path {root}: RoPE {_rope_type(raw)!r} not "
+                                 f"buildable ({e})") from None
 
 
 _ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
@@ -408,7 +491,8 @@ _CHUNK = 64 << 20  # bytes per read: large enough to stream, small enough for tw
 
 
 def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtype | None = None,
-                     keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+                     keys: set[str] | None = None,
+                     read: list[int] | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of every ``*.safetensors`` file under ``root`` (or those in ``keys``),
     on ``device``, floating tensors cast to ``dtype``.
 
@@ -418,6 +502,7 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
     copied to one ``device`` byte buffer per file asynchronously while the next is read;
     tensors are then cut from that buffer on the device. Host memory stays at 128 MiB
     whatever the checkpoint's size. On CPU the same loop reads into the tensor buffer.
+    ``read``, when given, gets the number of bytes read appended (the tensors' byte ranges).
 
     Raises:
         TrainerConfigError: no safetensors file, or one whose header is not safetensors'.
@@ -438,6 +523,8 @@ def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtyp
             lo = min(v["data_offsets"][0] for v in wanted.values())
             hi = max(v["data_offsets"][1] for v in wanted.values())
             buf = torch.empty(hi - lo, dtype=torch.uint8, device=device)
+            if read is not None:
+                read.append(hi - lo)
             fh.seek(8 + hlen + lo)
             with torch.cuda.device(device) if cuda else contextlib.nullcontext():
                 _read_into(fh, buf, stage, done_ev)

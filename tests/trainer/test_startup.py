@@ -1,7 +1,8 @@
-"""Start-up and wind-down of the trainer (issue 28): the meta-device builds draw exactly what
-the eager builds drew, a checkpoint directory loads straight to the device with the same
-tensors transformers reads, the run says when each start-up phase ended, and ``done`` comes
-only after a durable, loadable final checkpoint."""
+"""Start-up and wind-down of the trainer (issue 28): the target built without transformers and
+the meta-device drafter draw exactly what the eager builds drew, RoPE gives transformers' tables,
+a checkpoint directory loads straight to the device with the same tensors transformers reads,
+the run says when each start-up phase ended, and ``done`` comes only after a durable, loadable
+final checkpoint."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import os
 import pathlib
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tarfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.paths import REPO
 from tests.waiting import wait_for
@@ -25,6 +29,7 @@ pytest.importorskip("transformers")
 from remote_payload import wire  # noqa: E402
 from remote_payload.trainer import checkpoint  # noqa: E402
 from remote_payload.trainer import target as T  # noqa: E402
+from remote_payload.trainer import target_weights as TW  # noqa: E402
 from remote_payload.trainer.config import TrainerConfigError, preset  # noqa: E402
 from remote_payload.trainer.model import Drafter, build_drafter  # noqa: E402
 from remote_payload.trainer.train import _StopFlag, main  # noqa: E402
@@ -68,21 +73,101 @@ def _differing(a, b) -> list[str]:
     return [k for k in sa if sa[k].dtype != sb[k].dtype or not torch.equal(sa[k], sb[k])]
 
 
+def _as_state(w: TW.TargetWeights, cfg) -> dict[str, torch.Tensor]:
+    """``random_weights``' fused tensors under transformers' names, split back."""
+    nh, nkv, hd, i = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    out = {"model.embed_tokens.weight": w.embed}
+    if w.head is not w.embed:
+        out["lm_head.weight"] = w.head
+    for n, lw in enumerate(w.layers):
+        q, k, v = lw.qkv.split([nh * hd, nkv * hd, nkv * hd])
+        gate, up = lw.gate_up.split([i, i])
+        out.update({f"model.layers.{n}.{name}.weight": x for name, x in (
+            ("self_attn.q_proj", q), ("self_attn.k_proj", k), ("self_attn.v_proj", v),
+            ("self_attn.o_proj", lw.o), ("self_attn.q_norm", lw.q_norm),
+            ("self_attn.k_norm", lw.k_norm), ("mlp.gate_proj", gate), ("mlp.up_proj", up),
+            ("mlp.down_proj", lw.down), ("input_layernorm", lw.in_norm),
+            ("post_attention_layernorm", lw.post_norm))})
+    return out
+
+
+def _differing_from(model, state: dict[str, torch.Tensor], skip: str = "model.norm.") -> list[str]:
+    """transformers' tensors that ``state`` lacks or holds differently (the final norm is
+    never used by the features: the fused target keeps no copy)."""
+    ref = {k: v for k, v in model.state_dict().items() if not k.startswith(skip)}
+    if model.config.tie_word_embeddings:
+        ref.pop("lm_head.weight", None)
+    return sorted(k for k, v in ref.items()
+                  if k not in state or state[k].dtype != v.dtype or not torch.equal(state[k], v))
+
+
+class TestTheTargetWithoutTransformers:
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    def test_draws_every_target_weight_the_eager_build_drew(self, dtype):
+        cfg = preset("tiny")
+        eager = _eager_target(cfg, dtype, seed=3, body=True)
+        ours = TW.random_weights(cfg, CPU, dtype, seed=3, body=True)
+        assert _differing_from(eager, _as_state(ours, cfg)) == []
+
+    def test_draws_the_tied_target_the_eager_build_drew(self):
+        cfg = preset("tiny", tie_embeddings=True)
+        ours = TW.random_weights(cfg, CPU, torch.float32, 0, True)
+        assert ours.head is ours.embed
+        assert _differing_from(_eager_target(cfg, torch.float32, 0, True), _as_state(ours, cfg)) == []
+
+    def test_gives_a_split_drafter_rank_the_eager_embedding_and_head_and_no_layer(self):
+        cfg = preset("tiny")
+        eager = _eager_target(cfg, torch.float32, seed=2, body=False)
+        ours = TW.random_weights(cfg, CPU, torch.float32, seed=2, body=False)
+        assert ours.layers == []
+        assert torch.equal(ours.embed, eager.get_input_embeddings().weight)
+        assert torch.equal(ours.head, eager.get_output_embeddings().weight)
+
+    def test_leaves_the_generators_where_the_eager_build_left_them(self):
+        cfg = preset("tiny")
+        _eager_target(cfg, torch.float32, seed=4, body=True)
+        after_eager = torch.rand(4)
+        TW.random_weights(cfg, CPU, torch.float32, seed=4, body=True)
+        assert torch.equal(torch.rand(4), after_eager)
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    @pytest.mark.parametrize("theta", [10_000.0, 1_000_000.0])
+    def test_makes_transformers_rope_tables(self, dtype, theta):
+        cfg = preset("tiny", rope_theta=theta, head_dim=32)
+        model = _eager_target(cfg, dtype, seed=0, body=False).to(dtype)  # as the trainer did
+        x = torch.zeros(2, 300, cfg.hidden_size, dtype=dtype)
+        pos = torch.arange(300).unsqueeze(0).expand(2, -1)
+        want = model.model.rotary_emb(x, pos)
+        got = TW.Rope(TW.default_inv_freq(cfg, CPU).to(dtype))(x, pos)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+    def test_names_every_tensor_transformers_has(self):
+        cfg = preset("tiny")
+        model = _eager_target(cfg, torch.float32, seed=0, body=True)
+        assert TW.layout(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+    def test_imports_nothing_of_transformers_to_build_and_run_the_fused_target(self):
+        code = ("import sys, torch; from remote_payload.trainer.config import preset; "
+                "from remote_payload.trainer.target import build_target; "
+                "t = build_target(preset('tiny'), torch.device('cpu'), torch.float32); "
+                "t.features(torch.zeros(1, 8, dtype=torch.long)); "
+                "print(sorted(m for m in sys.modules if m.startswith('transformers')))")
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "[]"
+
+
 class TestTheMetaBuild:
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
     @pytest.mark.parametrize("body", [True, False])
-    def test_draws_every_target_weight_and_buffer_the_eager_build_drew(self, dtype, body):
+    def test_draws_every_reference_weight_and_buffer_the_eager_build_drew(self, dtype, body):
         cfg = preset("tiny")
         eager = _eager_target(cfg, dtype, seed=3, body=body)
         meta = T._materialize_random(cfg, CPU, dtype, seed=3, body=body)
         assert _differing(eager, meta) == []
         buffers = dict(meta.named_buffers())
         assert [n for n, b in eager.named_buffers() if not torch.equal(b, buffers[n])] == []
-
-    def test_draws_the_tied_target_the_eager_build_drew(self):
-        cfg = preset("tiny", tie_embeddings=True)
-        assert _differing(_eager_target(cfg, torch.float32, 0, True),
-                          T._materialize_random(cfg, CPU, torch.float32, 0, True)) == []
 
     def test_draws_every_drafter_weight_the_eager_build_drew_and_leaves_the_rng_alike(self):
         cfg = preset("tiny")
@@ -111,18 +196,35 @@ class TestTheCheckpointLoader:
     def test_reads_the_tensors_transformers_reads(self, ckpt, dtype):
         from transformers import Qwen3ForCausalLM
 
+        cfg = preset("tiny", target_layer_ids=(1, 5))  # the deepest layer: every layer is read
         ref = Qwen3ForCausalLM.from_pretrained(str(ckpt), dtype=dtype)
-        ours = T._load_checkpoint(preset("tiny"), str(ckpt), CPU, dtype, body=True)
-        assert _differing(ref, ours) == []
-        buffers = dict(ours.named_buffers())
-        assert all(torch.equal(b, buffers[n]) for n, b in ref.named_buffers())
+        ours, rope, _shape, _read = T._load_checkpoint(cfg, str(ckpt), CPU, dtype, body=True)
+        assert _differing_from(ref, _as_state(ours, cfg)) == []
+        x, pos = torch.zeros(1, 64, cfg.hidden_size, dtype=dtype), torch.arange(64).unsqueeze(0)
+        assert all(torch.equal(a, b) for a, b in zip(rope(x, pos), ref.model.rotary_emb(x, pos),
+                                                     strict=True))
+
+    def test_reads_no_layer_past_the_deepest_feature_layer_and_counts_what_it_read(self, ckpt):
+        cfg = preset("tiny")
+        ours, _rope, _shape, read = T._load_checkpoint(cfg, str(ckpt), CPU, torch.float32, True)
+        assert len(ours.layers) == max(cfg.target_layer_ids) + 1
+        size = (ckpt / "model.safetensors").stat().st_size
+        kept = sum(v.numel() * 2 for k, v in T.load_safetensors(ckpt, CPU).items()
+                   if not k.startswith("model.layers.") or int(k.split(".")[2]) < len(ours.layers))
+        assert kept <= read < size
 
     def test_gives_a_split_drafter_rank_the_embedding_and_head_only(self, ckpt):
         full = T.build_target(preset("tiny"), CPU, torch.bfloat16, path=str(ckpt))
         head_only = T.build_target(preset("tiny"), CPU, torch.bfloat16, path=str(ckpt), body=False)
         assert torch.equal(full.head_weight, head_only.head_weight)
         assert torch.equal(full.embed.weight, head_only.embed.weight)
-        assert head_only.fused is None and len(head_only.model.model.layers) == 1
+        assert head_only.fused is None and head_only.rope is None
+
+    def test_computes_the_features_transformers_computes(self, ckpt):
+        fused = T.build_target(preset("tiny"), CPU, torch.float32, path=str(ckpt))
+        ref = T.build_target(preset("tiny"), CPU, torch.float32, path=str(ckpt), fused=False)
+        ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+        torch.testing.assert_close(fused.features(ids), ref.features(ids), rtol=1e-5, atol=1e-5)
 
     def test_reads_a_file_larger_than_one_chunk_in_order(self, tmp_path, monkeypatch):
         from safetensors.torch import save_file
@@ -151,15 +253,83 @@ class TestTheCheckpointLoader:
             T.build_target(preset("tiny"), CPU, torch.float32, path=str(tmp_path))
 
     def test_names_tensors_that_do_not_fit_the_config(self, ckpt, tmp_path):
-        import json
+        bad = _edited(ckpt, tmp_path, lambda c: c.update(intermediate_size=c["intermediate_size"] * 2))
+        with pytest.raises(TrainerConfigError, match="misshapen"):
+            T.build_target(preset("tiny"), CPU, torch.float32, path=str(bad))
+
+    @pytest.mark.parametrize(("edit", "says"), [
+        (lambda c: c.update(use_sliding_window=True), "sliding-window"),
+        (lambda c: c.update(hidden_size="64"), "hidden_size is '64'"),
+        (lambda c: c.pop("num_hidden_layers"), "num_hidden_layers is None"),
+        (lambda c: c.update(rms_norm_eps=-1), "rms_norm_eps is -1"),
+        (lambda c: c.update(num_attention_heads=3), "num_heads"),
+    ])
+    def test_names_a_config_it_cannot_build_in_one_line(self, ckpt, tmp_path, edit, says):
+        bad = _edited(ckpt, tmp_path, edit)
+        with pytest.raises(TrainerConfigError, match=says):
+            T.build_target(preset("tiny"), CPU, torch.float32, path=str(bad))
+
+    @pytest.mark.parametrize("text", ["", "{", "[1, 2]", "\xff\xfe", "null"])
+    def test_names_an_unreadable_config_json(self, ckpt, tmp_path, text):
+        bad = tmp_path / "bad"
+        shutil.copytree(ckpt, bad)
+        (bad / "config.json").write_bytes(text.encode("latin-1"))
+        with pytest.raises(TrainerConfigError, match=r"config\.json"):
+            T.build_target(preset("tiny"), CPU, torch.float32, path=str(bad))
+
+    def test_names_attention_biases(self, ckpt, tmp_path):
+        from safetensors.torch import load_file, save_file
 
         bad = tmp_path / "bad"
         shutil.copytree(ckpt, bad)
-        cfg = json.loads((bad / "config.json").read_text())
-        cfg["intermediate_size"] *= 2
-        (bad / "config.json").write_text(json.dumps(cfg))
-        with pytest.raises(TrainerConfigError, match="misshapen"):
+        state = load_file(str(bad / "model.safetensors"))
+        state["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64, dtype=torch.bfloat16)
+        save_file(state, str(bad / "model.safetensors"))
+        with pytest.raises(TrainerConfigError, match="attention biases"):
             T.build_target(preset("tiny"), CPU, torch.float32, path=str(bad))
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
+                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+_KEYS = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "intermediate_size", "rope_theta", "rms_norm_eps",
+         "tie_word_embeddings", "rope_parameters", "rope_scaling"]
+
+
+@given(st.dictionaries(st.sampled_from(_KEYS), _JSON | st.integers(1, 64)))
+def test_a_config_json_of_any_content_gives_a_shape_or_one_named_error(raw):
+    try:
+        shape = T.config_from_raw(raw, preset("tiny"), "/ckpt")
+    except TrainerConfigError as e:
+        assert "/ckpt" in str(e) and "\n" not in str(e)
+    else:
+        assert all(shape[k] >= 1 for k in ("vocab_size", "hidden_size", "num_heads", "head_dim"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 300))
+def test_a_safetensors_header_of_any_bytes_is_read_or_named(tmp_path_factory, body, hlen):
+    f = tmp_path_factory.mktemp("st") / "x.safetensors"
+    f.write_bytes(struct.pack("<Q", hlen) + body)
+    with open(f, "rb") as fh:
+        try:
+            n, header = T._header(fh, f)
+        except TrainerConfigError as e:
+            assert str(f) in str(e)
+        else:
+            assert n == hlen and isinstance(header, dict)
+
+
+def _edited(ckpt: pathlib.Path, tmp_path: pathlib.Path, edit) -> pathlib.Path:
+    import json
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    edit(cfg)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    return bad
 
 
 class _Recorder:

@@ -1,0 +1,152 @@
+"""The trainer keeps the bytecode of a torch env that cannot keep its own in the build's cache
+folder, never next to the sources, and changes nothing anywhere else (issue 28)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from remote_payload.trainer import bytecode
+from tests.paths import REPO
+
+
+@pytest.fixture
+def pkg(tmp_path, monkeypatch):
+    """A package ``fakepkg`` on sys.path, its folder read-only, no bytecode anywhere."""
+    root = tmp_path / "site"
+    (root / "fakepkg").mkdir(parents=True)
+    (root / "fakepkg" / "__init__.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    os.chmod(root / "fakepkg", 0o555)
+    yield root
+    os.chmod(root / "fakepkg", 0o755)
+
+
+def _env(tmp_path, **extra: str) -> dict[str, str]:
+    return {"OPSCTL_CACHE_DIR": str(tmp_path / "cache"), **extra}
+
+
+def test_a_read_only_env_gets_its_bytecode_kept_in_the_cache_folder(pkg, tmp_path, monkeypatch):
+    if os.geteuid() == 0:  # root may write into a 0555 folder: answer as a read-only mount does
+        real = os.access
+        monkeypatch.setattr(bytecode.os, "access", lambda p, m: real(p, m) and "fakepkg" not in str(p))
+    env = _env(tmp_path)
+    got = bytecode.cache_bytecode("fakepkg", env)
+    assert got == str(tmp_path / "cache" / "pycache") == sys.pycache_prefix
+    assert env["PYTHONPYCACHEPREFIX"] == got and "PYTHONDONTWRITEBYTECODE" not in env
+
+
+def test_bytecode_that_cannot_be_written_next_to_the_sources_goes_to_the_cache(pkg, tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE=1
+    env = _env(tmp_path, PYTHONDONTWRITEBYTECODE="1")
+    assert bytecode.cache_bytecode("fakepkg", env) == str(tmp_path / "cache" / "pycache")
+    assert sys.dont_write_bytecode is False
+
+
+def test_a_writable_env_is_left_to_python(pkg, tmp_path):
+    os.chmod(pkg / "fakepkg", 0o755)
+    env = _env(tmp_path)
+    assert bytecode.cache_bytecode("fakepkg", env) is None
+    assert sys.pycache_prefix is None and "PYTHONPYCACHEPREFIX" not in env
+
+
+def test_bytecode_shipped_with_the_sources_is_used_as_it_is(pkg, tmp_path, monkeypatch):
+    os.chmod(pkg / "fakepkg", 0o755)
+    import py_compile
+
+    py_compile.compile(str(pkg / "fakepkg" / "__init__.py"), doraise=True)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.cache_bytecode("fakepkg", _env(tmp_path)) is None
+
+
+def test_stale_shipped_bytecode_does_not_count(pkg, tmp_path, monkeypatch):
+    os.chmod(pkg / "fakepkg", 0o755)
+    import py_compile
+
+    src = pkg / "fakepkg" / "__init__.py"
+    py_compile.compile(str(src), doraise=True)
+    src.write_text("VALUE = 43  # edited after compiling\n")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.cache_bytecode("fakepkg", _env(tmp_path)) is not None
+
+
+@pytest.mark.parametrize("env", [{"OPSCTL_PYCACHE": "off"}, {"OPSCTL_PYCACHE": " OFF "}])
+def test_the_switch_leaves_python_as_configured(pkg, tmp_path, monkeypatch, env):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.cache_bytecode("fakepkg", {**_env(tmp_path), **env}) is None
+    assert sys.pycache_prefix is None
+
+
+def test_a_prefix_the_user_chose_stands(pkg, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "mine"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.cache_bytecode("fakepkg", _env(tmp_path)) is None
+    assert sys.pycache_prefix == str(tmp_path / "mine")
+
+
+def test_a_cache_folder_it_cannot_make_costs_only_the_speed_up(pkg, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert bytecode.cache_bytecode("fakepkg", {"OPSCTL_CACHE_DIR": str(blocker)}) is None
+    assert sys.pycache_prefix is None
+
+
+@pytest.mark.parametrize("name", ["no_such_package_xyz", "os.path", ""])
+def test_a_package_it_cannot_find_changes_nothing(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.cache_bytecode(name, _env(tmp_path)) is None
+
+
+def test_a_process_started_so_keeps_every_module_it_imports_out_of_the_source_tree(tmp_path):
+    """A real interpreter under PYTHONDONTWRITEBYTECODE: the second start finds the bytecode
+    the first one wrote under the cache folder; nothing appears next to the sources."""
+    site = tmp_path / "site"
+    (site / "fakepkg").mkdir(parents=True)
+    (site / "fakepkg" / "__init__.py").write_text("from . import sub\n")
+    (site / "fakepkg" / "sub.py").write_text("X = 1\n")
+    code = textwrap.dedent("""
+        import sys
+        from remote_payload.trainer.bytecode import cache_bytecode
+        print(cache_bytecode("fakepkg"))
+        import fakepkg, os
+        print(os.environ.get("PYTHONPYCACHEPREFIX"))
+    """)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}", "PYTHONDONTWRITEBYTECODE": "1",
+           "OPSCTL_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    env.pop("OPSCTL_PYCACHE", None)
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=60, check=True)
+    prefix = str(tmp_path / "cache" / "pycache")
+    assert first.stdout.split() == [prefix, prefix]
+    cached = importlib.util.cache_from_source(str(site / "fakepkg" / "sub.py"))
+    tagged = os.path.basename(cached)
+    kept = list((tmp_path / "cache" / "pycache").rglob(tagged))
+    assert len(kept) == 1 and not list(site.rglob("__pycache__"))
+
+
+@given(st.binary(max_size=40), st.integers(0, 2**40), st.integers(0, 2**40))
+def test_the_pyc_header_reader_takes_any_bytes(head, mtime, size):
+    assert bytecode.header_matches(head, mtime, size) in (True, False)
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_a_timestamp_header_matches_only_its_own_source(mtime, size):
+    head = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, mtime, size)
+    assert bytecode.header_matches(head, mtime, size)
+    assert not bytecode.header_matches(head, mtime + 1, size)
+    assert not bytecode.header_matches(head, mtime, size + 1)
+    assert not bytecode.header_matches(b"\0\0\0\0" + head[4:], mtime, size)
