@@ -46,18 +46,6 @@ Weight = torch.Tensor | fp8.Fp8Weight
 _MATMULS = ("qkv", "o", "gate_up", "down")  # the weights --target-precision applies to
 
 
-#: inductor options of the target's per-layer graph. ``coordinate_descent_tuning``: tuned
-#: launch configs for the norm/RoPE reductions (0.48 -> 0.30 ms per layer on an H200, ~8 ms a
-#: step; the first compile takes ~5 s longer): benchmarks/trainer_knobs.py.
-#: ``use_static_cuda_launcher`` off: on a warm start, torch 2.11 loads the graph's kernels
-#: through its static launcher, which ignores a tuned config cached for a kernel of one
-#: heuristic config (``CachingAutotuner.recheck_autotune_cache`` needs two or more), so
-#: every restart re-ran the tuning (2.65 s of a warm start's profile, 2026-12-02); Triton's
-#: own launcher takes the cached config. torch 2.13 reads the cache on both paths.
-TARGET_COMPILE_OPTIONS: dict[str, t.Any] = {"coordinate_descent_tuning": True,
-                                            "use_static_cuda_launcher": False}
-
-
 class _Stop(Exception):
     """Raised by the last feature hook: the layers after it are not needed."""
 
@@ -234,7 +222,9 @@ class Target(nn.Module):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 64))
         if "mode" not in kwargs:  # torch.compile takes a mode or options, not both
-            kwargs.setdefault("options", TARGET_COMPILE_OPTIONS)
+            # tuned launch configs for the norm/RoPE reductions (0.48 -> 0.30 ms per layer on an
+            # H200, ~8 ms a step; the first call compiles ~5 s longer): benchmarks/trainer_knobs.py
+            kwargs.setdefault("options", {"coordinate_descent_tuning": True})
         self._layer_fn = t.cast(t.Callable[..., torch.Tensor],
                                 torch.compile(fused_layer_forward, dynamic=False, **kwargs))
 
