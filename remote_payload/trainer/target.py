@@ -223,7 +223,9 @@ class Target(nn.Module):
                 setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 64))
         if "mode" not in kwargs:  # torch.compile takes a mode or options, not both
             # tuned launch configs for the norm/RoPE reductions (0.48 -> 0.30 ms per layer on an
-            # H200, ~8 ms a step; the first call compiles ~5 s longer): benchmarks/trainer_knobs.py
+            # H200, ~8 ms a step; the first call compiles ~5 s longer): benchmarks/trainer_knobs.py.
+            # torch 2.11 tunes them again at every warm start (~2.7 s; its static launcher skips
+            # a cached tuned config for a one-config kernel, 2.13 takes it): docs/benchmarks.md
             kwargs.setdefault("options", {"coordinate_descent_tuning": True})
         self._layer_fn = t.cast(t.Callable[..., torch.Tensor],
                                 torch.compile(fused_layer_forward, dynamic=False, **kwargs))
