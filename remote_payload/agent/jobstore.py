@@ -670,6 +670,13 @@ def load(root: str, job_id: str) -> JobRecord:
     return rec._replace(evidence=[*rec.evidence, *extra]) if extra else rec
 
 
+def _terminal(status: t.Mapping[str, t.Any]) -> bool:
+    try:
+        return JobState(status.get("state", JobState.PENDING.value)).is_terminal()
+    except ValueError:
+        return False
+
+
 def _reconcile(root: str, job_id: str) -> JobRecord:
     path = job_dir(root, job_id)
     spec = read_json(os.path.join(path, SPEC), {}) or {}
@@ -711,7 +718,15 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
         if state.is_terminal():
             return record(state, False, evidence)
     if exit_rec is not None:
-        # the wrapper recorded the exit but not yet the final status.json
+        # the wrapper recorded the exit but not yet the final status.json: it writes that
+        # next, with the evidence of the end (leftovers reaped, why), so wait for it briefly
+        # rather than report the end without its evidence
+        if wrapper_ok:
+            status_path = os.path.join(path, STATUS)
+            wait_until(lambda: _terminal(read_json(status_path, {}) or {}), EXIT_RECORD_WAIT_S)
+            status = read_json(status_path, status) or status
+            if _terminal(status):
+                return record(JobState(status["state"]), False, list(status.get("evidence") or []))
         return record(final_state(exit_rec, cancelled), False, evidence)
     if wrapper_ok:
         return record(state, True, evidence)

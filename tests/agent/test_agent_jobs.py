@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 import uuid
@@ -475,3 +476,55 @@ def test_launch_refuses_on_a_failing_doctor_check_unless_forced(tmp_path: Path, 
         agent.data("stop", "--grace", "1")
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_status_read_between_the_exit_record_and_the_final_status_carries_the_ends_evidence(
+        tmp_path: Path) -> None:
+    """The wrapper writes the exit record, then status.json with the end's evidence (the
+    leftovers it reaped, why it ended). A status read in between used to report the end from
+    the exit record with the evidence of before (a flaky sandbox test); it now waits for the
+    final status.json while the wrapper lives."""
+    root, job_id = str(tmp_path), "j-race"
+    path = Path(jobs.job_dir(root, job_id))
+    path.mkdir(parents=True)
+    # a live "wrapper": its pid, start time and a command line naming the job dir
+    wrapper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(path)])
+    try:
+        ticks = jobs.start_ticks(wrapper.pid)
+        (path / jobs.PID).write_text(json.dumps({
+            "pid": 2**22 + 7, "pgid": 2**22 + 7, "start_ticks": 1,
+            "wrapper_pid": wrapper.pid, "wrapper_start_ticks": ticks}))
+        (path / jobs.STATUS).write_text(json.dumps({"state": "RUNNING", "evidence": []}))
+        (path / jobs.EXIT_CODE).write_text(json.dumps({"exit_code": 0, "signal": None}))
+        final = {"state": "SUCCEEDED", "exit_code": 0,
+                 "evidence": ["killed 3 leftover process(es) of the job's group: [1, 2, 3]",
+                              "exited with code 0"]}
+
+        def write_final() -> None:
+            time.sleep(0.3)
+            tmp = path / (jobs.STATUS + ".tmp")
+            tmp.write_text(json.dumps(final))
+            os.replace(tmp, path / jobs.STATUS)
+
+        writer = threading.Thread(target=write_final)
+        writer.start()
+        rec = jobs.load(root, job_id)
+        writer.join()
+        assert (rec.state.value, rec.evidence) == ("SUCCEEDED", final["evidence"])
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+
+
+def test_status_after_the_exit_record_of_a_dead_wrapper_is_the_records(tmp_path: Path) -> None:
+    root, job_id = str(tmp_path), "j-dead"
+    path = Path(jobs.job_dir(root, job_id))
+    path.mkdir(parents=True)
+    (path / jobs.PID).write_text(json.dumps({"pid": 2**22 + 7, "start_ticks": 1,
+                                             "wrapper_pid": 2**22 + 9, "wrapper_start_ticks": 1}))
+    (path / jobs.STATUS).write_text(json.dumps({"state": "RUNNING", "evidence": ["before"]}))
+    (path / jobs.EXIT_CODE).write_text(json.dumps({"exit_code": 3, "signal": None}))
+    t0 = time.monotonic()
+    rec = jobs.load(root, job_id)
+    assert (rec.state.value, rec.evidence[:1]) == ("FAILED", ["before"])
+    assert time.monotonic() - t0 < 0.5  # no wait: nobody will write the final status
