@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remote_payload.trainer import bytecode
@@ -138,11 +138,13 @@ def test_a_process_started_so_keeps_every_module_it_imports_out_of_the_source_tr
     assert len(kept) == 1 and not list(site.rglob("__pycache__"))
 
 
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=40), st.integers(0, 2**40), st.integers(0, 2**40))
 def test_the_pyc_header_reader_takes_any_bytes(head, mtime, size):
     assert bytecode.header_matches(head, mtime, size) in (True, False)
 
 
+@settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
 def test_a_timestamp_header_matches_only_its_own_source(mtime, size):
     head = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, mtime, size)
