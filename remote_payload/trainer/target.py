@@ -79,6 +79,10 @@ def config_from_raw(c: dict[str, t.Any], base: DrafterConfig, path: str) -> dict
 
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    tied = c.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):  # "false" must not read as true
+        raise TrainerConfigError(f"--target-path {path}: config.json tie_word_embeddings is "
+                                 f"{tied!r}, not true or false")
     heads = count(c.get("num_attention_heads"), "num_attention_heads")
     hidden = count(c.get("hidden_size"), "hidden_size")
     return {
@@ -91,7 +95,7 @@ def config_from_raw(c: dict[str, t.Any], base: DrafterConfig, path: str) -> dict
         "rope_theta": real(theta if theta is not None else c.get("rope_theta", base.rope_theta),
                            "rope_theta"),
         "rms_eps": real(c.get("rms_norm_eps", base.rms_eps), "rms_norm_eps"),
-        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "tie_embeddings": tied,
     }
 
 
@@ -458,8 +462,11 @@ def _read_config(root: pathlib.Path) -> dict[str, t.Any]:
 def _shape_of(raw: dict[str, t.Any], base: DrafterConfig, path: str) -> DrafterConfig:
     """The target shape a checkpoint's config.json describes (the drafter fields of ``base``)."""
     over = config_from_raw(raw, base, path)
-    return dataclasses.replace(base, **over, target_layer_ids=(), feature_layers=0,
-                               mask_token_id=-1)
+    try:
+        return dataclasses.replace(base, **over, target_layer_ids=(), feature_layers=0,
+                                   mask_token_id=-1)
+    except TrainerConfigError as e:  # e.g. query heads not a multiple of the key/value heads
+        raise TrainerConfigError(f"--target-path {path}: config.json: {e}") from None
 
 
 def _rope_type(raw: dict[str, t.Any]) -> str:

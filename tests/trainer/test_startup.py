@@ -262,7 +262,8 @@ class TestTheCheckpointLoader:
         (lambda c: c.update(hidden_size="64"), "hidden_size is '64'"),
         (lambda c: c.pop("num_hidden_layers"), "num_hidden_layers is None"),
         (lambda c: c.update(rms_norm_eps=-1), "rms_norm_eps is -1"),
-        (lambda c: c.update(num_attention_heads=3), "num_heads"),
+        (lambda c: c.update(num_attention_heads=3), r"config\.json: num_heads \(3\)"),
+        (lambda c: c.update(tie_word_embeddings="false"), "not true or false"),
     ])
     def test_names_a_config_it_cannot_build_in_one_line(self, ckpt, tmp_path, edit, says):
         bad = _edited(ckpt, tmp_path, edit)
