@@ -18,7 +18,7 @@ the build into target and drafter and gives the checkpoint's read rate. Columns:
 
 Usage (one H200; ~8 min: new cold ~120 s, new warm ~40 s, base cold ~180 s, base warm ~75 s,
 the 16 GB checkpoint ~45 s, the new code's read run ~45 s; ``--budget`` cuts the whole at 530 s,
-the baseline's runs first: the new code runs first)::
+and as the new code runs first, a cut drops baseline runs)::
 
     mkdir -p benchmarks/baseline-00924ac
     git archive 00924ac remote_payload | tar -x -C benchmarks/baseline-00924ac  # once, with git

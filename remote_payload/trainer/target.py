@@ -193,10 +193,10 @@ class Target(nn.Module):
 
     def __init__(self, embed: nn.Embedding, head_weight: torch.Tensor, layer_ids: t.Sequence[int],
                  rope: nn.Module | None = None, fused: t.Sequence[FusedLayer] | None = None,
-                 reference: t.Any = None):
+                 reference: t.Any = None, read_bytes: int = 0):
         super().__init__()
         self.embed = embed.requires_grad_(False)
-        self.read_bytes = 0  # from a checkpoint: the bytes read (the read rate counts these)
+        self.read_bytes = read_bytes  # from a checkpoint: the bytes read (the read rate counts these)
         self.head_weight = head_weight
         self.layer_ids = tuple(layer_ids)
         self.rope = rope
@@ -317,7 +317,7 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
         # the eager build computed the tables on ``device`` and then cast the model to ``dtype``
         rope = Rope(default_inv_freq(cfg, device).to(dtype))
     last = max(layer_ids, default=-1)
-    if last >= len(weights.layers) and body:
+    if last >= len(weights.layers):
         raise TrainerConfigError(f"feature layer {last} of a target with {len(weights.layers)} layers")
     heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)
     layers = [FusedLayer(w, heads, shape.rms_eps, precision) for w in weights.layers[:last + 1]]
@@ -326,9 +326,8 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
     embed = nn.Embedding(vocab, hidden, _weight=weights.embed, _freeze=True)
     head = (embed.weight if weights.head is weights.embed
             else nn.Parameter(weights.head, requires_grad=False))
-    target = Target(embed, head, layer_ids, rope if layers else None, layers or None)
-    target.read_bytes = read_bytes
-    return target
+    return Target(embed, head, layer_ids, rope if layers else None, layers or None,
+                  read_bytes=read_bytes)
 
 
 # --- transformers' own build of the random target: the reference and the checkpoint writer ----
@@ -419,7 +418,7 @@ def _load_checkpoint(cfg: DrafterConfig, path: str, device: torch.device, dtype:
         raise TrainerConfigError(f"--target-path {path}: sliding-window attention is not supported")
     keep = max(cfg.target_layer_ids, default=-1) + 1 if body else 0
     tied = shape.tie_embeddings
-    want = {k: s for k, s in layout(shape, tied=tied).items()
+    want = {k: s for k, s in layout(shape).items()
             if not k.startswith("model.layers.") or int(k.split(".")[2]) < keep}
     read: list[int] = []
     state = load_safetensors(root, device, dtype, keys=set(want) | _bias_keys(keep), read=read)

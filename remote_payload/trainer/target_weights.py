@@ -54,10 +54,9 @@ class TargetWeights(t.NamedTuple):
     layers: list[LayerWeights]  # the decoder layers kept (all, or none for a head-only rank)
 
 
-def layout(cfg: DrafterConfig, layers: int | None = None,
-           tied: bool | None = None) -> dict[str, tuple[int, ...]]:
+def layout(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of a Qwen3 causal LM of ``cfg``'s shape: transformers' state-dict name ->
-    shape (``layers`` decoder layers, default all; no ``lm_head.weight`` when tied)."""
+    shape (no ``lm_head.weight`` when the embeddings are tied)."""
     h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     nh, nkv = cfg.num_heads, cfg.num_kv_heads
     per_layer = {"self_attn.q_proj": (nh * hd, h), "self_attn.k_proj": (nkv * hd, h),
@@ -66,10 +65,10 @@ def layout(cfg: DrafterConfig, layers: int | None = None,
                  "mlp.up_proj": (i, h), "mlp.down_proj": (h, i), "input_layernorm": (h,),
                  "post_attention_layernorm": (h,)}
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
-    for n in range(cfg.target_layers if layers is None else layers):
+    for n in range(cfg.target_layers):
         out.update({f"model.layers.{n}.{k}.weight": s for k, s in per_layer.items()})
     out["model.norm.weight"] = (h,)
-    if not (cfg.tie_embeddings if tied is None else tied):
+    if not cfg.tie_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, h)
     return out
 

@@ -148,8 +148,8 @@ class Trainer:
                                            args.seed, body=body, precision=args.target_precision)
         self._sync()
         self.marks.mark("target_built_at")
-        if args.target_path:  # the read rate of the checkpoint: the bytes read, not the layers
-            load_s = time.perf_counter() - t0  # past the deepest feature layer, which are skipped
+        if args.target_path:  # the read rate: bytes read (deeper layers than the features need
+            load_s = time.perf_counter() - t0  # are skipped, so not the files' size)
             gb = self.target.read_bytes / 1e9
             self.marks.at.update(load_s=round(load_s, 3), load_gb=round(gb, 3),
                                  load_gb_per_s=round(gb / max(load_s, 1e-9), 2))
