@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fp8
+from . import fp8, safetensors_reader
 from .config import TARGET_PRECISIONS, DrafterConfig, TrainerConfigError
 from .target_weights import (
     GLOBAL_SEED_OFFSET,
@@ -44,6 +44,26 @@ from .target_weights import (
 Weight = torch.Tensor | fp8.Fp8Weight
 
 _MATMULS = ("qkv", "o", "gate_up", "down")  # the weights --target-precision applies to
+
+
+#: inductor options of the target's per-layer graph (docs/benchmarks.md, "Start-up of the
+#: trainer, third day", has the measurements).
+#:
+#: - ``coordinate_descent_tuning``: tuned launch configs for the norm/RoPE reductions (0.48 ->
+#:   0.30 ms per layer on an H200, ~8 ms a step; the first compile takes ~5 s longer):
+#:   benchmarks/trainer_knobs.py. The tuned configs are cached, but two paths of torch 2.11
+#:   drop them when a warm start, or a container seeded by ``opsctl cache seed``, loads the
+#:   graph, and the tuning then runs again (2.7-6 s):
+#: - ``use_static_cuda_launcher`` off: the static launcher ignores the config cached for a
+#:   kernel of one heuristic config (``CachingAutotuner.recheck_autotune_cache`` wants two or
+#:   more); Triton's own launcher reads it.
+#: - ``compile_threads`` 1: a kernel built in a compile worker reaches this process pickled,
+#:   and ``triton.Config.__setstate__`` keeps only its own fields, so the config loses inductor's
+#:   ``found_by_coordesc`` mark and is tuned again. In this process it keeps the mark. The
+#:   graph has a handful of kernels: building them here costs a few seconds only when cold.
+TARGET_COMPILE_OPTIONS: dict[str, t.Any] = {"coordinate_descent_tuning": True,
+                                            "use_static_cuda_launcher": False,
+                                            "compile_threads": 1}
 
 
 class _Stop(Exception):
@@ -226,11 +246,7 @@ class Target(nn.Module):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 64))
         if "mode" not in kwargs:  # torch.compile takes a mode or options, not both
-            # tuned launch configs for the norm/RoPE reductions (0.48 -> 0.30 ms per layer on an
-            # H200, ~8 ms a step; the first call compiles ~5 s longer): benchmarks/trainer_knobs.py.
-            # torch 2.11 tunes them again at every warm start (~2.7 s; its static launcher skips
-            # a cached tuned config for a one-config kernel, 2.13 takes it): docs/benchmarks.md
-            kwargs.setdefault("options", {"coordinate_descent_tuning": True})
+            kwargs.setdefault("options", dict(TARGET_COMPILE_OPTIONS))
         self._layer_fn = t.cast(t.Callable[..., torch.Tensor],
                                 torch.compile(fused_layer_forward, dynamic=False, **kwargs))
 
@@ -290,8 +306,9 @@ def build_target(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype,
     The fused target is built without transformers (:mod:`.target_weights` says why): random
     weights are drawn on ``device`` by :func:`.target_weights.random_weights`, bit-identical to
     the eager transformers build the trainer used before (``tests/trainer/test_startup.py``); a
-    checkpoint is read by :func:`load_safetensors` straight into ``device`` memory. No CPU copy
-    of the weights is ever made, and only the layers up to the deepest feature layer are kept.
+    checkpoint is read by :func:`.safetensors_reader.load` straight into ``device`` memory. No
+    CPU copy of the weights is ever made, and only the layers up to the deepest feature layer
+    are kept.
     ``fused=False`` builds transformers' own model with the same weights (the reference).
 
     Raises:
@@ -421,7 +438,8 @@ def _load_checkpoint(cfg: DrafterConfig, path: str, device: torch.device, dtype:
     want = {k: s for k, s in layout(shape).items()
             if not k.startswith("model.layers.") or int(k.split(".")[2]) < keep}
     read: list[int] = []
-    state = load_safetensors(root, device, dtype, keys=set(want) | _bias_keys(keep), read=read)
+    state = safetensors_reader.load(root, device, dtype, keys=set(want) | _bias_keys(keep),
+                                    read=read)
     if any(k.endswith(".bias") for k in state):
         raise TrainerConfigError(f"--target-path {path}: attention biases: not a Qwen3 layout")
     missing = sorted(k for k in want if k not in state)
@@ -490,128 +508,6 @@ def _checkpoint_rope(raw: dict[str, t.Any], root: pathlib.Path, shape: DrafterCo
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise TrainerConfigError(f"--target-path {root}: RoPE {_rope_type(raw)!r} not "
                                  f"buildable ({e})") from None
-
-
-_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-              "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
-_CHUNK = 64 << 20  # bytes per read: large enough to stream, small enough for two pinned buffers
-
-
-def load_safetensors(root: pathlib.Path, device: torch.device, dtype: torch.dtype | None = None,
-                     keys: set[str] | None = None,
-                     read: list[int] | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of every ``*.safetensors`` file under ``root`` (or those in ``keys``),
-    on ``device``, floating tensors cast to ``dtype``.
-
-    Why not ``safetensors.safe_open(..., device="cuda")``: it maps the file and copies each
-    tensor from pageable memory, one page fault at a time. Here each file's data section is
-    read sequentially in 64 MiB chunks into two pinned buffers that alternate, each chunk
-    copied to one ``device`` byte buffer per file asynchronously while the next is read;
-    tensors are then cut from that buffer on the device. Host memory stays at 128 MiB
-    whatever the checkpoint's size. On CPU the same loop reads into the tensor buffer.
-    ``read``, when given, gets the number of bytes read appended (the tensors' byte ranges).
-
-    Raises:
-        TrainerConfigError: no safetensors file, or one whose header is not safetensors'.
-    """
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise TrainerConfigError(f"--target-path {root}: no *.safetensors files")
-    cuda = device.type == "cuda"
-    stage = [torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2 if cuda else 0)]
-    done_ev: list[t.Any] = [None, None]
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        with open(f, "rb", buffering=0) as fh:
-            hlen, header = _header(fh, f)
-            wanted = {k: v for k, v in header.items() if keys is None or k in keys}
-            if not wanted:
-                continue
-            lo = min(v["data_offsets"][0] for v in wanted.values())
-            hi = max(v["data_offsets"][1] for v in wanted.values())
-            buf = torch.empty(hi - lo, dtype=torch.uint8, device=device)
-            if read is not None:
-                read.append(hi - lo)
-            fh.seek(8 + hlen + lo)
-            with torch.cuda.device(device) if cuda else contextlib.nullcontext():
-                _read_into(fh, buf, stage, done_ev)
-            for name, v in wanted.items():
-                a, b = v["data_offsets"]
-                x = buf[a - lo:b - lo].clone().view(_ST_DTYPES[v["dtype"]]).view(v["shape"])
-                out[name] = x.to(dtype) if dtype is not None and x.is_floating_point() else x
-            del buf
-    if cuda:
-        torch.cuda.synchronize(device)
-    return out
-
-
-def _header(fh: t.Any, f: pathlib.Path) -> tuple[int, dict[str, t.Any]]:
-    """A safetensors header, every entry checked against the file before anything is read.
-
-    Raises:
-        TrainerConfigError: not safetensors' layout (length, JSON, dtypes, offsets, sizes).
-    """
-    import json as _json
-    import math
-    import struct
-
-    size = f.stat().st_size
-
-    def bad(why: str) -> TrainerConfigError:
-        return TrainerConfigError(f"--target-path {f}: not a safetensors file ({why})")
-
-    try:
-        (hlen,) = struct.unpack("<Q", fh.read(8))
-    except struct.error:
-        raise bad("shorter than its 8-byte header length") from None
-    if hlen > min(size - 8, 100 << 20):  # safetensors' own limit: 100 MB of header
-        raise bad(f"header length {hlen} in a file of {size} bytes")
-    try:
-        header = _json.loads(fh.read(hlen))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"header is not JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    header.pop("__metadata__", None)
-    data = size - 8 - hlen
-    for name, v in header.items():
-        try:
-            dtype = _ST_DTYPES[v["dtype"]]
-            a, b = (int(x) for x in v["data_offsets"])
-            n = math.prod(int(d) for d in v["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise bad(f"entry {name!r}: dtype, shape or offsets unreadable") from None
-        if not 0 <= a <= b <= data or b - a != n * dtype.itemsize:
-            raise bad(f"entry {name!r}: bytes {a}..{b} for {n} x {v['dtype']} in {data} bytes")
-    return hlen, header
-
-
-def _read_into(fh: t.Any, buf: torch.Tensor, stage: list[torch.Tensor],
-               done_ev: list[t.Any]) -> None:
-    """Fill ``buf`` (uint8) from ``fh``'s current position, through ``stage`` when on CUDA."""
-    n, off, i = buf.numel(), 0, 0
-    while off < n:
-        size = min(_CHUNK, n - off)
-        if not stage:  # CPU: read straight into the tensor's memory
-            view = memoryview(t.cast(t.Any, buf[off:off + size].numpy())).cast("B")
-        else:
-            if done_ev[i] is not None:
-                done_ev[i].synchronize()  # the copy out of this pinned buffer has finished
-            view = memoryview(t.cast(t.Any, stage[i].numpy())).cast("B")[:size]
-        got = 0
-        while got < size:
-            r = fh.readinto(view[got:])
-            if not r:
-                raise TrainerConfigError(f"--target-path {getattr(fh, 'name', '?')}: truncated")
-            got += r
-        if stage:
-            buf[off:off + size].copy_(stage[i][:size], non_blocking=True)
-            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ev.record(torch.cuda.current_stream(buf.device))
-            done_ev[i] = ev
-            i ^= 1
-        off += size
 
 
 def save_target(model: t.Any, out_dir: str) -> None:

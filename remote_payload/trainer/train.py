@@ -177,7 +177,11 @@ class Trainer:
 
     def _features(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The target's features; the first call of each shape compiles (timed, reported,
-        under the same process-wide lock as the drafter's first step)."""
+        under the same process-wide lock as the drafter's first step).
+
+        The time is the call's own: compiling (or loading) the graph and queueing the
+        forward. It does not wait for the GPU to run that forward (~1.1 s of the 8B preset on
+        an H200), so the drafter's first step traces its graph while the GPU runs it."""
         shape = tuple(input_ids.shape)
         if not self.compile_on or shape in self.target_shapes:
             return self.target.features(input_ids)
@@ -185,7 +189,6 @@ class Trainer:
         t0 = time.perf_counter()
         with serialized_compile():
             feats = self.target.features(input_ids)
-            self._sync()
         secs = time.perf_counter() - t0
         self.target_shapes.add(shape)
         self.marks.at.setdefault("target_compile_s", round(secs, 3))
@@ -217,7 +220,8 @@ class Trainer:
         if self.compile_on:
             self.log.event(wire.EVENT_PHASE, phase="compiling", shape=list(shape),
                            budget_s=COMPILE_BUDGET_S)
-        self._sync()
+        # no sync before: the target's first forward may still run on the GPU while this
+        # step traces (see _features); the time then holds what is left of that forward
         t0 = time.perf_counter()
         with serialized_compile():
             out = self.engine.train_step(feats, batch, lr)
@@ -588,7 +592,12 @@ def _start_cuda(device: torch.device) -> None:
 def _warm_compile_pool() -> None:
     """Start inductor's compile workers now, while the target is built, not at the first
     compile (they take seconds to start; issue 28). Only a head start: failures are left to
-    the first compile, which starts the pool itself and reports them."""
+    the first compile, which starts the pool itself and reports them.
+
+    Only the pool's sidecar starts here; its workers start at the first compile job. Starting
+    them too (``AsyncCompile.wakeup``) made an H200's warm start 1.1 s slower (16 workers
+    importing torch beside this process's own start) and the cold start no faster
+    (2026-12-02, docs/benchmarks.md)."""
     with contextlib.suppress(Exception):
         from torch._inductor.async_compile import AsyncCompile
 
