@@ -157,6 +157,29 @@ class TestTheTargetWithoutTransformers:
         assert out.stdout.strip() == "[]"
 
 
+class TestTheTargetsCompileOptions:
+    """The options that keep the target's tuned kernel configs across restarts (torch 2.11 lost
+    them on two paths: ``target.TARGET_COMPILE_OPTIONS`` says which)."""
+
+    def test_are_options_this_torch_knows(self):
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(T.TARGET_COMPILE_OPTIONS):  # raises on an unknown knob
+            assert inductor_config.compile_threads == 1
+
+    def test_are_what_the_target_compiles_with_and_leave_the_process_settings_alone(
+            self, monkeypatch):
+        import torch._inductor.config as inductor_config
+
+        seen: dict = {}
+        monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+        threads = inductor_config.compile_threads
+        T.build_target(preset("tiny"), CPU, torch.float32).compile()
+        assert seen == {"dynamic": False, "options": T.TARGET_COMPILE_OPTIONS}
+        assert seen["options"] is not T.TARGET_COMPILE_OPTIONS  # a copy: torch may keep it
+        assert inductor_config.compile_threads == threads
+
+
 class TestTheMetaBuild:
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
     @pytest.mark.parametrize("body", [True, False])
