@@ -16,19 +16,22 @@ both codes, whatever events they print); the new code adds its ``startup`` event
 the build into target and drafter and gives the checkpoint's read rate. Columns: ``base`` (the
 ``--baseline`` tree, the trainer before issue 28) and ``new`` (this tree).
 
-Usage (one H200; ~8 min: new cold ~120 s, new warm ~40 s, base cold ~180 s, base warm ~75 s,
-the 16 GB checkpoint ~45 s, the new code's read run ~45 s; ``--budget`` cuts the whole at 530 s,
-and as the new code runs first, a cut drops baseline runs)::
+Usage (one H200; ~9 min, as run on 2026-12-02: new cold ~135 s, new warm ~35 s, the seed and
+the seeded start ~60 s, the 16 GB checkpoint ~45 s, the new code's read ~50 s, base cold
+~145 s, base warm ~70 s; ``--budget`` cuts the whole. The new code runs first and reads the
+checkpoint before the baseline runs, so a cut drops baseline runs)::
 
     mkdir -p benchmarks/baseline-00924ac
     git archive 00924ac remote_payload | tar -x -C benchmarks/baseline-00924ac  # once, with git
-    python benchmarks/startup.py --baseline benchmarks/baseline-00924ac --out $OUT/startup.json
+    python benchmarks/startup.py --baseline benchmarks/baseline-00924ac --out $OUT/startup.json \
+        --modes cold,warm,seeded --base-modes cold,warm --work /dev/shm --target-dir /tmp/disk
 
-    # a second run (~7 min): a fresh container with `opsctl cache seed`'s mega-cache
-    python benchmarks/startup.py --baseline benchmarks/baseline-00924ac --out $OUT/seeded.json \
-        --modes cold,seeded --no-target-path
+    python benchmarks/startup.py --smoke --baseline DIR --out /tmp/s.json   # CPU, tiny, ~1 min
 
-    python benchmarks/startup.py --smoke --baseline DIR --out /tmp/s.json   # CPU, tiny, ~2 min
+``seeded`` is a fresh container with ``opsctl cache seed``'s mega-cache: a ``--warmup-only
+--save-cache-artifacts`` run on the code's warm cache, then a start on an empty cache folder
+with that mega-cache loaded. ``--work /dev/shm`` keeps the runs' final checkpoints in memory;
+``--target-dir`` puts the generated checkpoint on the local disk, which the read is about.
 
 It prints one markdown table (phases by run) and writes it next to ``--out`` (``.md``).
 """
