@@ -288,7 +288,9 @@ def test_cache_clear_removes_current_then_all(root: Path) -> None:
 
 
 FAKE_WARMUP = '''
-import argparse, json, sys, time
+import argparse, json, os, sys, time
+with open(sys.argv[0] + ".cache-dirs", "a") as f:  # where each run was told to keep its caches
+    f.write(json.dumps([os.environ.get(k) for k in ("OPSCTL_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")]) + "\\n")
 p = argparse.ArgumentParser()
 p.add_argument("--warmup-only", action="store_true")
 p.add_argument("--save-cache-artifacts")
@@ -329,6 +331,10 @@ def test_cache_seed_installs_the_artifact_only_when_hits_prove_reuse(root: Path,
     prov = json.loads((root / "cache" / fp / "provenance.json").read_text())
     assert prov["seed"]["seeded"]["hits"] == 1
     assert not [n for n in os.listdir(root / "cache") if n.startswith(".seed")]
+    # both runs keep bytecode where jobs do (the build's folder), compile caches of their own
+    runs = [json.loads(ln) for ln in (tmp_path / "warm.py.cache-dirs").read_text().splitlines()]
+    assert [d for d, _ in runs[-2:]] == [str(root / "cache" / fp)] * 2
+    assert all(ind.startswith(str(root / "cache" / ".seed-")) for _, ind in runs[-2:])
 
 
 def test_reinstalling_the_current_build_keeps_it_current(root: Path, index_url: str) -> None:

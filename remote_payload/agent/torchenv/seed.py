@@ -17,6 +17,7 @@ from remote_payload import wire
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.agent.torchenv.caches import (
     ENV_BUILD,
+    ENV_CACHE_DIR,
     ENV_FINGERPRINT,
     ENV_INDUCTOR,
     ENV_TRITON,
@@ -76,13 +77,21 @@ def summarize_events(events: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.A
 
 
 def _run(layout: Layout, name: str, argv: list[str], scratch: str, env_extra: dict[str, str],
-         build: str, fp: str, workdir: str, log_path: str, timeout_s: float
+         build: str, fp: str, workdir: str, log_path: str, timeout_s: float, cache_dir: str
          ) -> dict[str, t.Any]:
+    """One warm-up run on empty compile caches of its own (under ``scratch``).
+
+    ``OPSCTL_CACHE_DIR`` is the build's cache folder, as in a job: the trainer keeps the
+    Python bytecode of a torch env that cannot keep its own there (``pycache/``), so the
+    first job after a seed does not compile torch's modules from source again (7 s of a
+    seeded start on an H200, 2026-12-02). Bytecode is not compiled code of the job's graphs,
+    so the runs stay cold where it matters."""
     caches = os.path.join(scratch, name)
     env = clean_env(**env_extra)
     env.update({ENV_INDUCTOR: os.path.join(caches, "inductor"),
                 ENV_TRITON: os.path.join(caches, "triton"), ENV_BUILD: build,
-                ENV_FINGERPRINT: fp, "PYTHONUNBUFFERED": "1", "TMPDIR": scratch})
+                ENV_FINGERPRINT: fp, ENV_CACHE_DIR: cache_dir, "PYTHONUNBUFFERED": "1",
+                "TMPDIR": scratch})
     env.setdefault("PYTHONPATH", layout.payload)
     os.makedirs(env[ENV_INDUCTOR])
     os.makedirs(env[ENV_TRITON])
@@ -132,12 +141,12 @@ def seed(layout: Layout, command: t.Sequence[str], *, workdir: str | None = None
         artifact = os.path.join(scratch, MEGA_CACHE)
         try:
             cold = _run(layout, "cold", [*base, *WARMUP_FLAGS, SAVE_FLAG, artifact], scratch,
-                        extra, build, fp, wd, log_path, timeout_s)
+                        extra, build, fp, wd, log_path, timeout_s, paths["dir"])
             if not os.path.isfile(artifact) or os.path.getsize(artifact) == 0:
                 raise AgentFailure(ErrorType.CacheSeedFailed, f"the cold run saved no artifact at "
                                    f"{artifact}; see {log_path}", step="save", log_path=log_path)
             seeded = _run(layout, "seeded", [*base, *WARMUP_FLAGS, LOAD_FLAG, artifact], scratch,
-                          extra, build, fp, wd, log_path, timeout_s)
+                          extra, build, fp, wd, log_path, timeout_s, paths["dir"])
             if seeded["hits"] <= 0:
                 raise AgentFailure(
                     ErrorType.CacheSeedFailed, "the seeded run reported no cache hits, so the artifact "
