@@ -10,6 +10,7 @@ import pathlib
 import re
 import struct
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -92,18 +93,19 @@ class TestWhenItFails:
         calls, lock = [0], threading.Lock()
         real = SR._pread_full
 
-        def failing(span, into):
+        def failing(*args):
             with lock:
                 calls[0] += 1
                 n = calls[0]
             if n == 5:
                 raise stop
-            real(span, into)
+            real(*args)
+            time.sleep(0.002)  # a disk's pace: the failure is seen before the others read on
 
         monkeypatch.setattr(SR, "_pread_full", failing)
         with pytest.raises(type(stop)):
             SR.load(tmp_path, CPU, readers=4, chunk=64)
-        assert calls[0] < 50  # of 400 chunks: the others took few (or no) more after the 5th
+        assert calls[0] < 30  # of 400 chunks: the others took few (or no) more after the 5th
 
     def test_closes_every_file_it_opened_whatever_happens(self, tmp_path):
         _write(tmp_path, [{"a": torch.ones(2)}])
