@@ -185,17 +185,15 @@ def _cuda_reader(next_span: t.Callable[[], _Span | None], device: torch.device,
     view = memoryview(t.cast(t.Any, stage.numpy())).cast("B")
     stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     copied: t.Any = None  # the event of the last copy out of ``stage``
-    try:
-        while (s := next_span()) is not None:
-            if copied is not None:
-                copied.synchronize()  # ``stage`` is free again
-            _pread_full(s, view[:s.size])
-            with torch.cuda.stream(stream):
-                s.dst[s.at:s.at + s.size].copy_(stage[:s.size], non_blocking=True)
-                copied = stream.record_event()
-    finally:  # also on a failure: no copy may still read ``stage`` once it is freed
+    while (s := next_span()) is not None:
         if copied is not None:
-            copied.synchronize()
+            copied.synchronize()  # ``stage`` is free again
+        _pread_full(s, view[:s.size])
+        with torch.cuda.stream(stream):
+            s.dst[s.at:s.at + s.size].copy_(stage[:s.size], non_blocking=True)
+            copied = stream.record_event()
+    if copied is not None:
+        copied.synchronize()
 
 
 def _pread_full(s: _Span, into: memoryview) -> None:
