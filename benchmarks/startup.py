@@ -88,12 +88,12 @@ def child_env(root: pathlib.Path, cache: pathlib.Path, gpu: bool,
     cannot keep itself), no seeded mega-cache unless ``artifacts`` (a cold run is cold),
     multicast off on the GPU."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OPSCTL_CACHE_ARTIFACTS", "PYTHONPATH", "PYTHONPYCACHEPREFIX")}
-    env.update(PYTHONPATH=str(root), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-               TRITON_CACHE_DIR=str(cache / "triton"), OPSCTL_CACHE_DIR=str(cache),
-               PYTHONUNBUFFERED="1")
+           if k not in (wire.ENV_ARTIFACTS, "PYTHONPATH", "PYTHONPYCACHEPREFIX")}
+    env.update({"PYTHONPATH": str(root), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+                "TRITON_CACHE_DIR": str(cache / "triton"), wire.ENV_CACHE_DIR: str(cache),
+                "PYTHONUNBUFFERED": "1"})
     if artifacts is not None:
-        env["OPSCTL_CACHE_ARTIFACTS"] = str(artifacts)  # as the agent exports a seeded build's
+        env[wire.ENV_ARTIFACTS] = str(artifacts)  # as the agent exports a seeded build's
     if gpu:
         env.update(GPU_ENV)
     return env

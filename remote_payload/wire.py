@@ -374,6 +374,10 @@ def error_reply(verb: str, type_: ErrorType, message: str, **fields: t.Any) -> d
 STACKS_SIGNAL = signal.SIGRTMIN + 7
 PROCS_DIR = "procs"
 ENV_JOB_DIR = "OPSCTL_JOB_DIR"  # exported to every job process by the wrapper
+#: a job's torch build's cache folder and its seeded mega-cache (the agent exports both;
+#: the trainer keeps its bytecode under the first and loads the second)
+ENV_CACHE_DIR = "OPSCTL_CACHE_DIR"
+ENV_ARTIFACTS = "OPSCTL_CACHE_ARTIFACTS"
 
 
 def proc_stacks_path(job_dir: str, pid: int) -> str:

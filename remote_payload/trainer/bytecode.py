@@ -24,8 +24,9 @@ import struct
 import sys
 import typing as t
 
+from .. import wire
+
 ENV_SWITCH = "OPSCTL_PYCACHE"  # "off": leave Python's bytecode caching alone
-ENV_CACHE_DIR = "OPSCTL_CACHE_DIR"  # the torch build's cache folder (the agent's job env)
 SUBDIR = "pycache"
 
 
@@ -45,7 +46,7 @@ def cache_bytecode(package: str = "torch",
         return None
     if _keeps_its_own(spec.origin):
         return None
-    base = env.get(ENV_CACHE_DIR) or os.path.join(
+    base = env.get(wire.ENV_CACHE_DIR) or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "opsctl")
     prefix = os.path.join(base, SUBDIR)
     try:

@@ -84,7 +84,7 @@ def _apply_compile_settings(args: TrainArgs, log: Log) -> None:
     # The agent exports OPSCTL_CACHE_ARTIFACTS (the build's seeded mega-cache) to launched jobs;
     # a seeding run itself (--save-cache-artifacts) must start cold, so it ignores the env.
     path = args.load_cache_artifacts or (
-        None if args.save_cache_artifacts else os.environ.get("OPSCTL_CACHE_ARTIFACTS"))
+        None if args.save_cache_artifacts else os.environ.get(wire.ENV_ARTIFACTS))
     if path and os.path.isfile(path):
         with open(path, "rb") as f:
             data = f.read()

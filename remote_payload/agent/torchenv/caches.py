@@ -17,6 +17,7 @@ import tempfile
 import time
 import typing as t
 
+from remote_payload import wire
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.agent.torchenv.fingerprint import build_facts, fingerprint_of
 from remote_payload.agent.torchenv.jobguard import refuse_if_job_running
@@ -32,8 +33,8 @@ ENV_INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"
 ENV_TRITON = "TRITON_CACHE_DIR"
 ENV_BUILD = "OPSCTL_TORCH_BUILD"
 ENV_FINGERPRINT = "OPSCTL_CACHE_FINGERPRINT"
-ENV_CACHE_DIR = "OPSCTL_CACHE_DIR"
-ENV_ARTIFACTS = "OPSCTL_CACHE_ARTIFACTS"
+ENV_CACHE_DIR = wire.ENV_CACHE_DIR
+ENV_ARTIFACTS = wire.ENV_ARTIFACTS
 
 
 def cache_paths(layout: Layout, fingerprint: str) -> dict[str, str]:
