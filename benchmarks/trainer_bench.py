@@ -468,7 +468,7 @@ class Bench:
                     torch.cuda.empty_cache()
 
         an, va = b.anchors, b.valid
-        bm = flex_block_mask(an, va, seq, cfg.block_size, compile_mask=self.cuda)
+        bm = flex_block_mask(an, va, seq, cfg.block_size)
         run("flex_compiled", rows, lambda q, k, v, m: cflex(q, k, v, block_mask=m, enable_gqa=True), bm)
         d = dense_mask(an, va, seq, cfg.block_size)
         rep = nh // nkv
@@ -483,7 +483,7 @@ class Bench:
 
         run("sdpa_dense", rows, sdpa, (d, d.any(-1, keepdim=True)))
         small = 2  # eager flex materialises (rows, heads, Q, KV) scores: run it on 2 rows
-        bm2 = flex_block_mask(an[:small], va[:small], seq, cfg.block_size, compile_mask=self.cuda)
+        bm2 = flex_block_mask(an[:small], va[:small], seq, cfg.block_size)
         run("flex_eager", small,
             lambda q, k, v, m: flex_attention(q, k, v, block_mask=m, enable_gqa=True), bm2)
         base = out.get("flex_compiled", {}).get("ms_per_row")
@@ -534,8 +534,7 @@ class Bench:
             cf = torch.compile(fx, dynamic=False)
             ctx = contextlib.nullcontext() if self.cuda else torch.no_grad()  # no CPU flex bwd
             with ctx:
-                o1 = cf(feats, emb, pos, flex_block_mask(b.anchors, b.valid, seq, cfg.block_size,
-                                                         compile_mask=self.cuda))
+                o1 = cf(feats, emb, pos, flex_block_mask(b.anchors, b.valid, seq, cfg.block_size))
                 dm = dense_mask(b.anchors, b.valid, seq, cfg.block_size)
                 o2 = sd(feats, emb, pos, (dm, dm.any(-1, keepdim=True)))
             r = {"out_rel": float((o1 - o2).float().norm() / o2.float().norm())}

@@ -129,7 +129,7 @@ class Knobs:
         k = rnd(rows, cfg.num_kv_heads, seq + q_len, cfg.head_dim)
         v = rnd(rows, cfg.num_kv_heads, seq + q_len, cfg.head_dim)
         go = torch.randn_like(q)
-        mask = flex_block_mask(b.anchors, b.valid, seq, cfg.block_size, compile_mask=True)
+        mask = flex_block_mask(b.anchors, b.valid, seq, cfg.block_size)
         ref = None
         out: dict[str, t.Any] = {}
 

@@ -66,8 +66,7 @@ class Engine:
     def make_mask(self, batch: Batch) -> t.Any:
         seq_len, k = batch.input_ids.shape[1], self.cfg.block_size
         if self.attn == "flex":
-            return flex_block_mask(batch.anchors, batch.valid, seq_len, k,
-                                   compile_mask=self.compiled and self.device.type == "cuda")
+            return flex_block_mask(batch.anchors, batch.valid, seq_len, k)
         dense = dense_mask(batch.anchors, batch.valid, seq_len, k)
         return dense, dense.any(-1, keepdim=True)
 

@@ -55,16 +55,60 @@ def dense_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
     return fn(b, torch.zeros_like(b), q, kv)
 
 
-def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
-                    compile_mask: bool = False) -> t.Any:
-    """BlockMask for ``flex_attention`` (rebuilt per batch: anchors change every step)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+#: flex_attention's tile: the BlockMask's granularity (``create_block_mask``'s default)
+MASK_TILE = 128
+
+
+def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
+                    block_size: int) -> t.Any:
+    """BlockMask for ``flex_attention`` (rebuilt per batch: anchors change every step), the
+    same BlockMask as ``create_block_mask(make_mask_mod(...), B, None, Q, S + Q)`` gives,
+    tensor for tensor (the tests hold the two to it), so flex computes the same numbers.
+
+    Why not ``create_block_mask``: it evaluates the mask function at every (query, key) pair,
+    B x Q x (S+Q) of them, then sums tiles and sorts them. Compiled (needed for its speed on
+    the GPU), its sort kernel took ~36 s to build on the H200 (2026-12-02, torch 2.11: three
+    configs of one persistent reduction, built one after another), which was half of the
+    drafter's cold first step. This mask's rows are intervals known from the anchors (context
+    before the anchor, then the row's own block), so each tile's count of visible pairs is
+    interval arithmetic on B x Q x tiles integers, in eager mode, with nothing to compile.
+    ``make_mask_mod`` stays the one definition of what is visible: flex applies it inside
+    partial tiles, exactly as before.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
 
     bsz, n = anchors.shape
     q_len = n * block_size
-    fn = make_mask_mod(anchors, valid, seq_len, block_size)
-    return create_block_mask(fn, bsz, None, q_len, seq_len + q_len, device=anchors.device,
-                             _compile=compile_mask)
+    kv_len = seq_len + q_len
+    tile = MASK_TILE
+    q_tiles, kv_tiles = -(-q_len // tile), -(-kv_len // tile)
+    dev = anchors.device
+    q = torch.arange(q_tiles * tile, device=dev)  # the rows of every tile, padding included
+    blk = q // block_size
+    blk_c = torch.clamp(blk, max=n - 1)
+    seen = valid[:, blk_c] & (q < q_len)  # (B, rows): padding and invalid blocks see nothing
+    ctx_end = torch.clamp(anchors[:, blk_c], 0, seq_len) * seen  # context [0, ctx_end)
+    own = seq_len + blk * block_size  # own block [own, own + K), for rows that see
+    lo = torch.arange(kv_tiles, device=dev) * tile  # tile j covers keys [lo_j, lo_j + tile)
+    hi = lo + tile
+    ctx = torch.clamp(torch.minimum(ctx_end.unsqueeze(-1), hi) - lo, min=0)
+    mine = torch.clamp(torch.minimum((own + block_size).unsqueeze(-1), hi)
+                       - torch.maximum(own.unsqueeze(-1), lo), min=0) * seen.unsqueeze(-1)
+    pairs = (ctx + mine).view(bsz, 1, q_tiles, tile, kv_tiles).sum(3)  # (B, 1, Qt, KVt)
+    full = pairs == tile * tile
+    partial = (pairs > 0) & ~full
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full),
+                                    BLOCK_SIZE=(tile, tile),
+                                    mask_mod=make_mask_mod(anchors, valid, seq_len, block_size),
+                                    seq_lengths=(q_len, kv_len))
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of tiles: how many are set, and their columns first, in ascending order (the
+    order ``create_block_mask`` gives, and so the order flex visits them in)."""
+    dense = tiles.to(torch.int32)
+    return (dense.sum(-1).to(torch.int32),
+            torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32))
 
 
 #: (cos, sin) of the block queries, (cos, sin) of [context ; block] keys: :meth:`Drafter.rope`
