@@ -152,3 +152,126 @@ def test_a_timestamp_header_matches_only_its_own_source(mtime, size):
     assert not bytecode.header_matches(head, mtime + 1, size)
     assert not bytecode.header_matches(head, mtime, size + 1)
     assert not bytecode.header_matches(b"\0\0\0\0" + head[4:], mtime, size)
+
+
+# --- a cold prefix is filled in parallel --------------------------------------------------
+
+
+@pytest.fixture
+def cold(tmp_path, monkeypatch):
+    """A package ``fakecold`` of a few modules (one of them in a ``tests`` folder), and an
+    empty prefix that Python uses (``sys.pycache_prefix``), as ``cache_bytecode`` leaves it."""
+    site = tmp_path / "site"
+    pkg = site / "fakecold"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "tests").mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("A = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("B = 2\n")
+    (pkg / "tests" / "test_x.py").write_text("X = 3\n")
+    prefix = tmp_path / "cache" / "pycache"
+    prefix.mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
+    return pkg, prefix
+
+
+def _kept(prefix, source) -> bool:
+    """Whether current bytecode of ``source`` lies under ``prefix``."""
+    pyc = importlib.util.cache_from_source(str(source))
+    return pyc.startswith(str(prefix)) and bytecode.pyc_is_current(pyc, str(source))
+
+
+def _wait_unlocked(prefix, timeout: float = 60.0) -> None:
+    """Until no primer holds ``prefix`` (the child holds the lock while it runs)."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + timeout
+    fd = os.open(prefix / ".priming", os.O_RDWR)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the primer never finished"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def test_a_cold_prefix_gets_every_module_compiled_by_one_child(cold):
+    pkg, prefix = cold
+    child = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert child is not None and child.wait(timeout=60) == 0
+    for src in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py"):
+        assert _kept(prefix, pkg / src), src
+    assert not _kept(prefix, pkg / "tests" / "test_x.py")  # never imported by a trainer
+    assert not list(pkg.rglob("__pycache__"))  # nothing next to the sources
+
+
+def test_a_warm_prefix_is_not_compiled_again(cold):
+    _pkg, prefix = cold
+    first = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert first is not None and first.wait(timeout=60) == 0
+    assert bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",)) is None
+
+
+def test_a_prefix_being_primed_gets_no_second_primer(cold):
+    import fcntl
+
+    _pkg, prefix = cold
+    held = os.open(prefix / ".priming", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another rank's primer
+        assert bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",)) is None
+    finally:
+        os.close(held)
+
+
+@pytest.mark.parametrize("workers", [0, -3])
+def test_no_workers_no_primer(cold, workers):
+    _pkg, prefix = cold
+    assert bytecode.prime(str(prefix), dict(os.environ), workers, packages=("fakecold",)) is None
+    assert not (prefix / ".priming").exists()
+
+
+@pytest.mark.parametrize("names", [("no_such_package_xyz",), ("os",), ()])
+def test_nothing_to_prime_starts_nothing(cold, names):
+    _pkg, prefix = cold
+    assert bytecode.prime(str(prefix), dict(os.environ), 2, packages=names) is None
+
+
+def test_a_prefix_it_cannot_write_costs_only_the_speed_up(cold, tmp_path):
+    _pkg, _prefix = cold
+    gone = tmp_path / "no" / "such" / "prefix"
+    assert bytecode.prime(str(gone), dict(os.environ), 2, packages=("fakecold",)) is None
+
+
+def test_a_module_that_does_not_compile_leaves_the_others_compiled(cold):
+    pkg, prefix = cold
+    (pkg / "broken.py").write_text("def (:\n")
+    child = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert child is not None
+    child.wait(timeout=60)  # compileall says 1; the trainer never looks: only a speed-up
+    assert _kept(prefix, pkg / "a.py") and _kept(prefix, pkg / "sub" / "b.py")
+
+
+@pytest.mark.parametrize(("cpus", "primed"), [(16, True), (bytecode.PRIME_MIN_CPUS, True),
+                                              (2, False), (None, False)])
+def test_the_trainer_primes_a_cold_prefix_only_with_cores_to_spare(pkg, tmp_path, monkeypatch,
+                                                                   cpus, primed):
+    if os.geteuid() == 0:  # as in the first test: a read-only mount, even for root
+        real = os.access
+        monkeypatch.setattr(bytecode.os, "access", lambda p, m: real(p, m) and "fakepkg" not in str(p))
+    monkeypatch.setattr(bytecode.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(bytecode, "PRIME_PACKAGES", ("fakepkg",))
+    prefix = bytecode.cache_bytecode("fakepkg", _env(tmp_path))
+    assert prefix is not None
+    lock = tmp_path / "cache" / "pycache" / ".priming"
+    assert lock.exists() is primed
+    if primed:
+        _wait_unlocked(tmp_path / "cache" / "pycache")
+        assert _kept(prefix, pkg / "fakepkg" / "__init__.py")
