@@ -196,7 +196,8 @@ class TrainArgs:
     attn: str = field(default="auto", metadata=_h("auto | flex | sdpa (auto: flex on cuda)"))
     compile: str = field(default="auto", metadata=_h("auto | on | off (auto: on for cuda)"))
     dtype: str = field(default="auto", metadata=_h("auto | bf16 | fp32 autocast (auto: bf16 on cuda)"))
-    ce_chunk: int = field(default=4096, metadata=_h("block tokens per LM-head cross-entropy chunk"))
+    ce_chunk: int = field(default=4096, metadata=_h("most block tokens per LM-head cross-entropy chunk "
+                                                     "(cut into equal chunks: one compiled shape)"))
     ddp_bucket_mb: int = field(default=DDP_BUCKET_MB, metadata=_h(
         "DDP gradient bucket size in MiB among drafter ranks (torch's bucket_cap_mb, default 25 "
         "there). Compiled, the drafter's graph is split at every bucket boundary so that each "

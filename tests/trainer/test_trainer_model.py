@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -20,8 +22,10 @@ from remote_payload.trainer.data import (  # noqa: E402
     sample_anchors,
 )
 from remote_payload.trainer.model import (  # noqa: E402
+    MASK_TILE,
     Drafter,
     _ce_chunk,
+    chunk_rows,
     dense_mask,
     flex_block_mask,
     lm_head_loss,
@@ -56,6 +60,58 @@ def test_mask_function_handles_queries_past_the_padded_block_length():
     assert out[4:].sum().item() == 0, out[4:].nonzero()[:3]
     bm = flex_block_mask(anchors, valid, 6, 2)
     assert bm.shape[-2:] == (4, 10), bm.shape
+
+
+_BLOCK_MASK_PARTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                     "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def _same_block_mask(got, want) -> None:
+    """Tensor for tensor, strides too (what flex reads, and what compiled graphs guard on)."""
+    assert got.shape == want.shape and got.BLOCK_SIZE == want.BLOCK_SIZE, (got.shape, want.shape)
+    for part in _BLOCK_MASK_PARTS:
+        a, b = getattr(got, part), getattr(want, part)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), part
+        assert torch.equal(a, b), (part, a, b)
+
+
+@st.composite
+def _mask_inputs(draw):
+    """Any batch the mask may meet: anchors inside, at or past the context's ends, invalid
+    blocks, block sizes that do and do not divide flex's 128-token tile, a context of 1."""
+    rows, n = draw(st.integers(1, 3)), draw(st.integers(1, 9))
+    k = draw(st.sampled_from([1, 2, 3, 7, 16, 32, 33, 64, 129, 200]))
+    s_len = draw(st.integers(1, 700))
+    anchors = draw(st.lists(st.integers(-3, s_len + 3), min_size=rows * n, max_size=rows * n))
+    valid = draw(st.lists(st.booleans(), min_size=rows * n, max_size=rows * n))
+    return (torch.tensor(anchors).view(rows, n), torch.tensor(valid).view(rows, n), s_len, k)
+
+
+@given(_mask_inputs())
+@settings(max_examples=60, deadline=None)
+def test_the_block_mask_is_the_one_create_block_mask_builds_from_the_mask_function(inputs):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    anchors, valid, s_len, k = inputs
+    rows, n = anchors.shape
+    want = create_block_mask(make_mask_mod(anchors, valid, s_len, k), rows, None, n * k,
+                             s_len + n * k, device="cpu")
+    _same_block_mask(flex_block_mask(anchors, valid, s_len, k), want)
+
+
+def test_the_block_mask_of_the_preset_shape_is_create_block_masks():
+    # qwen3-8b's batch: 16 rows, 64 anchors, block 32, S 3072 (a 2048 x 5120 mask per row)
+    g = torch.Generator().manual_seed(0)
+    anchors = torch.randint(1, 3072, (16, 64), generator=g).sort(-1).values
+    valid = torch.rand(16, 64, generator=g) < 0.9
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    want = create_block_mask(make_mask_mod(anchors, valid, 3072, 32), 16, None, 2048, 5120,
+                             device="cpu")
+    got = flex_block_mask(anchors, valid, 3072, 32)
+    _same_block_mask(got, want)
+    assert got.BLOCK_SIZE == (MASK_TILE, MASK_TILE)
+    assert got.mask_mod is not None  # flex applies the mask function inside partial tiles
 
 
 def test_flex_and_sdpa_drafters_agree_on_the_forward_pass():
@@ -105,6 +161,30 @@ def test_chunked_cross_entropy_matches_the_dense_reference_in_value_and_gradient
     pred = (h2 @ head.t()).argmax(-1)
     assert correct.item() == int(((pred == tgt) & (w > 0)).sum()), correct
     _ = _ce_chunk  # the per-chunk kernel is what torch.compile fuses on GPU
+
+
+def test_the_loss_chunks_all_have_one_shape_so_the_compiled_chunk_is_built_once():
+    seen: list[tuple[int, ...]] = []
+
+    def recording(logits, target, w):
+        seen.append(tuple(logits.shape))
+        return _ce_chunk(logits, target, w)
+
+    h = torch.randn(124, 8)  # cut at 16 exactly: 7 x 16 + 12, two shapes
+    loss, _c, _n = lm_head_loss(h, torch.randn(5, 8), torch.randint(0, 5, (124,)),
+                                torch.rand(124), chunk=16, chunk_fn=recording)
+    assert seen == [(16, 5)] * 8 and torch.isfinite(loss)  # 8 x 16, 4 rows of padding
+
+
+@given(rows=st.integers(0, 10**7), chunk=st.integers(-5, 10**6))
+@settings(max_examples=300, deadline=None)
+def test_rows_are_cut_into_the_fewest_equal_chunks_with_less_than_a_row_of_padding_each(rows, chunk):
+    size, pad = chunk_rows(rows, chunk)
+    n = (rows + pad) // size
+    assert (rows + pad) % size == 0 and size >= 1 and pad >= 0
+    assert size <= max(chunk, 1) or rows == 0
+    assert n == max(1, -(-rows // max(chunk, 1)))  # no more chunks than cutting at `chunk`
+    assert pad < n or rows == 0
 
 
 def test_the_step_skips_each_blocks_anchor_in_the_lm_head_and_keeps_the_same_loss_and_grads():
