@@ -275,3 +275,26 @@ def test_the_trainer_primes_a_cold_prefix_only_with_cores_to_spare(pkg, tmp_path
     if primed:
         _wait_unlocked(tmp_path / "cache" / "pycache")
         assert _kept(prefix, pkg / "fakepkg" / "__init__.py")
+
+
+def test_a_primer_stopped_midway_leaves_whole_bytecode_and_frees_the_prefix(cold):
+    """Ctrl-C reaches the primer with its process group: what it wrote is whole (Python writes
+    each pyc atomically), and the next start may prime again."""
+    import signal
+    import time
+
+    pkg, prefix = cold
+    for i in range(400):
+        (pkg / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n" for j in range(50)))
+    child = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert child is not None
+    time.sleep(0.3)
+    child.send_signal(signal.SIGINT)
+    child.wait(timeout=60)
+    _wait_unlocked(prefix, timeout=10)
+    for pyc in prefix.rglob("*.pyc"):
+        head = pyc.read_bytes()[:16]
+        assert len(head) == 16 and head[:4] == importlib.util.MAGIC_NUMBER, pyc
+    again = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    if again is not None:  # the package's __init__ was not reached: still cold, primed again
+        assert again.wait(timeout=120) == 0
