@@ -54,13 +54,8 @@ def cache_bytecode(package: str = "torch",
     env = os.environ if environ is None else environ
     if env.get(ENV_SWITCH, "").strip().lower() in ("off", "0", "no") or sys.pycache_prefix:
         return None
-    try:
-        spec = importlib.util.find_spec(package)  # locates a top-level package, imports nothing
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    if _keeps_its_own(spec.origin):
+    found = _source(package)
+    if found is None or _keeps_its_own(found[0]):
         return None
     base = env.get(wire.ENV_CACHE_DIR) or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "opsctl")
@@ -112,17 +107,25 @@ def prime(prefix: str, environ: t.Mapping[str, str], workers: int,
 def _cold(package: str) -> str | None:
     """``package``'s folder when the prefix (``sys.pycache_prefix``, set by then) holds no
     current bytecode of its ``__init__``, else None."""
+    found = _source(package)
+    if found is None or not found[1]:
+        return None
+    origin = found[0]
+    if pyc_is_current(importlib.util.cache_from_source(origin), origin):
+        return None
+    return os.path.dirname(origin)
+
+
+def _source(name: str) -> tuple[str, bool] | None:
+    """``name``'s ``.py`` source and whether it is a package's ``__init__`` (located, not
+    imported), or None when Python would not load it from a ``.py`` source."""
     try:
-        spec = importlib.util.find_spec(package)
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
-    if not spec.submodule_search_locations:
-        return None
-    if pyc_is_current(importlib.util.cache_from_source(spec.origin), spec.origin):
-        return None
-    return os.path.dirname(spec.origin)
+    return spec.origin, bool(spec.submodule_search_locations)
 
 
 def _keeps_its_own(source: str) -> bool:
