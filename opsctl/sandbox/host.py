@@ -57,7 +57,11 @@ MASKED_UNITS = ("ssh.service", "sshd.service", "ssh.socket", "networking.service
                 "apt-daily.timer", "apt-daily-upgrade.timer")
 SSHD_START_TIMEOUT_S = 10.0
 PVE_CONFIG_LINES = ("lxc.environment = TERM=linux",)
-CONTAINER_BOOT_TIMEOUT_S = 20
+CONTAINER_BOOT_TIMEOUT_S = 60  # a loaded 2-core machine booting three sandboxes at once
+#: `systemctl is-system-running` states after boot: "degraded" is booted with a failed unit
+BOOTED_STATES = frozenset({"running", "degraded"})
+#: states that waiting longer will not turn into a booted container
+FAILED_BOOT_STATES = frozenset({"maintenance", "stopping", "offline"})
 
 
 @dataclass(frozen=True)
@@ -595,10 +599,41 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
 def _start(layout: _Layout, name: str) -> None:
     _lxc(layout, "lxc-start", name)
     _lxc(layout, "lxc-wait", name, "-s", "RUNNING", "-t", "10")
-    # Wait for the container's init to finish booting, so nothing a caller puts in
-    # /tmp right away (e.g. a tmux socket) is wiped by systemd-tmpfiles at boot.
-    _lxc(layout, "lxc-attach", name, "--clear-env", "--", "systemctl",
-         "is-system-running", "--wait", check=False, timeout=CONTAINER_BOOT_TIMEOUT_S)
+    _wait_booted(layout, name)
+
+
+def _wait_booted(layout: _Layout, name: str) -> None:
+    """Return once the container's systemd has finished booting.
+
+    Until then its ``systemd-tmpfiles-setup`` may still empty /tmp (Debian's tmp.conf:
+    ``D /tmp``, removed at boot), taking with it whatever a caller put there right away: a
+    test's opsctl root half-deleted under a running deploy. ``systemctl is-system-running
+    --wait`` waits for that, but only once PID 1's bus is up: right after ``lxc-start`` it
+    fails at once ("Failed to connect to bus"), so it is asked again until it answers.
+
+    Raises:
+        ContainerError: the boot did not finish within :data:`CONTAINER_BOOT_TIMEOUT_S`, or
+            ended in a state no test can use (the last answer is named).
+    """
+    deadline = time.monotonic() + CONTAINER_BOOT_TIMEOUT_S
+    answer = "no answer"
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            result = _lxc(layout, "lxc-attach", name, "--clear-env", "--", "systemctl",
+                          "is-system-running", "--wait", check=False, timeout=left)
+        except subprocess.TimeoutExpired:
+            break
+        state = result.stdout.strip()
+        answer = state or (result.stderr.strip().splitlines() or ["no answer"])[-1]
+        if state in BOOTED_STATES:
+            return
+        if state in FAILED_BOOT_STATES:
+            break
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+    raise ContainerError(f"sandbox container {name} did not finish booting within "
+                         f"{CONTAINER_BOOT_TIMEOUT_S} s (systemctl is-system-running: {answer})",
+                         hint=f"lxc-attach -P {layout.lxc_path} -n {name} -- systemctl "
+                              "list-jobs  (what is still starting)")
 
 
 def _ensure_pve_config_lines(config: Path) -> None:

@@ -350,6 +350,27 @@ def test_push_to_a_stopped_container_is_refused(sandbox, stopped_ct, tmp_path):
         (ENOTTY, b"can only push files to a running CT\n")
 
 
+def test_a_container_the_sandbox_starts_has_finished_booting(sandbox):
+    """What a test puts in /tmp right after the start stays: the container's boot empties /tmp
+    (systemd-tmpfiles, `D /tmp`), and once wiped a fresh opsctl root mid-deploy. Asked straight
+    through lxc-attach (milliseconds), not ssh, so a boot still under way is seen."""
+    ct = sandbox_mod.ensure_container(START_STOP_CT, running=False, home=sandbox_home())
+
+    def attach(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["lxc-attach", "-P", str(sandbox.lxc_path), "-n", str(ct),
+                               "--clear-env", "--", *argv], capture_output=True, text=True,
+                              timeout=30, check=False)
+
+    try:
+        sandbox_mod.ensure_container(ct, running=True, home=sandbox_home())
+        assert attach("systemctl", "is-system-running").stdout in ("running\n", "degraded\n")
+        assert attach("sh", "-c", "mkdir -p /tmp/early/deep && echo kept > /tmp/early/deep/f"
+                      ).returncode == 0
+        assert pct_exec(sandbox, ct, ["cat", "/tmp/early/deep/f"]).stdout == b"kept\n"
+    finally:
+        sandbox_mod.ensure_container(ct, running=False, home=sandbox_home())
+
+
 def test_start_and_stop_change_the_status(sandbox):
     ct = str(sandbox_mod.ensure_container(START_STOP_CT, running=False, home=sandbox_home()))
     assert ssh(sandbox, ["pct", "start", ct]).returncode == 0

@@ -1,0 +1,73 @@
+"""The sandbox waits for a started container's boot, and names a boot that never ends.
+
+Pure logic: ``_lxc`` answers as ``systemctl is-system-running --wait`` does (the real
+container's answers are covered in tests/sandbox/test_sandbox.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opsctl.errors import ContainerError
+from opsctl.sandbox import host
+
+BUS_DOWN = "Failed to connect to bus: No such file or directory"
+
+
+def answers(monkeypatch: pytest.MonkeyPatch, replies: list[tuple[str, str]]) -> list[float]:
+    """Make ``_lxc`` give these (stdout, stderr) in turn (the last one forever); the timeouts
+    it was called with are returned."""
+    timeouts: list[float] = []
+
+    def fake(layout: object, tool: str, name: str, *args: str, check: bool = True,
+             timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        timeouts.append(float(timeout or 0))
+        out, err = replies[min(len(timeouts), len(replies)) - 1]
+        return subprocess.CompletedProcess([tool], 0 if out == "running" else 1, out, err)
+
+    monkeypatch.setattr(host, "_lxc", fake)
+    monkeypatch.setattr(host.time, "sleep", lambda s: None)
+    return timeouts
+
+
+LAYOUT = host._Layout(home=Path("/nonexistent"), state_dir=Path("/nonexistent/sandbox"))
+
+
+def test_a_bus_that_is_not_up_yet_is_asked_again_until_the_boot_is_over(monkeypatch):
+    calls = answers(monkeypatch, [("", BUS_DOWN), ("", BUS_DOWN), ("running\n", "")])
+    host._wait_booted(LAYOUT, "200")
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("state", ["running", "degraded"])
+def test_a_booted_state_ends_the_wait(monkeypatch, state):
+    calls = answers(monkeypatch, [(state + "\n", "")])
+    host._wait_booted(LAYOUT, "200")
+    assert len(calls) == 1
+
+
+def test_a_boot_that_never_ends_is_named_with_the_last_answer(monkeypatch):
+    monkeypatch.setattr(host, "CONTAINER_BOOT_TIMEOUT_S", 0.05)
+    answers(monkeypatch, [("", BUS_DOWN)])
+    with pytest.raises(ContainerError, match="container 200 did not finish booting within "
+                       r"0.05 s \(systemctl is-system-running: Failed to connect to bus"):
+        host._wait_booted(LAYOUT, "200")
+
+
+def test_a_container_stuck_in_maintenance_is_not_waited_for(monkeypatch):
+    calls = answers(monkeypatch, [("maintenance\n", "")])
+    with pytest.raises(ContainerError, match="is-system-running: maintenance"):
+        host._wait_booted(LAYOUT, "200")
+    assert len(calls) == 1
+
+
+def test_a_wait_that_hangs_is_cut_at_the_deadline(monkeypatch):
+    def hang(*args: object, timeout: float | None = None, **kw: object) -> None:
+        raise subprocess.TimeoutExpired("lxc-attach", timeout or 0)
+
+    monkeypatch.setattr(host, "_lxc", hang)
+    with pytest.raises(ContainerError, match="did not finish booting"):
+        host._wait_booted(LAYOUT, "200")
