@@ -629,7 +629,7 @@ def _wait_booted(layout: _Layout, name: str) -> None:
             return
         if state in FAILED_BOOT_STATES:
             break
-        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+        time.sleep(0.2)  # the loop's condition keeps the deadline
     raise ContainerError(f"sandbox container {name} did not finish booting within "
                          f"{CONTAINER_BOOT_TIMEOUT_S} s (systemctl is-system-running: {answer})",
                          hint=f"lxc-attach -P {layout.lxc_path} -n {name} -- systemctl "
