@@ -1,6 +1,7 @@
 """``opsctl dashboard``: a read-only web page of the fleet, on 127.0.0.1.
 
-Every inventory host's containers, each job's state, charts, diagnosis and pane tail.
+Every inventory host's containers, each job's state, charts, diagnosis and pane tail;
+``/metrics`` is the same snapshot in Prometheus' text format (:mod:`.prometheus_metrics`).
 The status comes from the same operations as ``opsctl status``
 (:func:`opsctl.jobs.open_target` + :func:`opsctl.watch.fetch_status`); nothing here
 talks to the agent another way.
@@ -61,6 +62,7 @@ class ContainerView:
     error: str | None = None
     stale_s: float | None = None  # no answer this refresh: the data shown is this old
     stale_note: str | None = None
+    unreachable: bool = False  # its connection failed or it never answered (/metrics: host down)
 
 
 @dataclass
@@ -124,6 +126,7 @@ class Fleet:
         except TransportError as exc:
             self._drop(host, ctid)  # reconnect at the next refresh
             view.error = exc.message
+            view.unreachable = True
         except OpsctlError as exc:
             view.error = exc.message
         except Exception as exc:  # a bug: shown on the page, the other containers still render
@@ -195,7 +198,7 @@ class Fleet:
                 last = self.answers.get(key)
                 if last is None:
                     views[key] = ContainerView(*key, error=f"{key[0]} ct {key[1]}: no answer "
-                                                           f"within {wait_s:g} s")
+                                                           f"within {wait_s:g} s", unreachable=True)
                 else:
                     age = time.time() - last[1]
                     views[key] = dataclasses.replace(
@@ -385,8 +388,8 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: t.Any) -> None:
         pass  # the terminal stays quiet; errors show on the page
 
-    def _send(self, code: int, body: str, ctype: str = "text/html; charset=utf-8") -> None:
-        data = body.encode("utf-8")
+    def _send(self, code: int, body: str | bytes, ctype: str = "text/html; charset=utf-8") -> None:
+        data = body.encode("utf-8") if isinstance(body, str) else body
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -421,6 +424,10 @@ class Handler(BaseHTTPRequestHandler):
                      "status": None if c.status is None else c.status.model_dump(mode="json")}
                     for c in h.containers]} for h in snap.hosts]}
             self._send(200, dumps_strict(doc), "application/json")
+        elif path == "/metrics":
+            from opsctl.cli import prometheus_metrics
+
+            self._send(200, prometheus_metrics.render(app.snapshot()), prometheus_metrics.CONTENT_TYPE)
         else:
             self._send(404, "not found", "text/plain")
 

@@ -1,0 +1,170 @@
+"""The dashboard's ``/metrics`` text, rendered from snapshots built here (pure logic): every
+series read back through prometheus-client's own parser of the text format."""
+
+from __future__ import annotations
+
+import math
+import typing as t
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from opsctl.cli import prometheus_metrics
+from opsctl.cli.dashboard import ContainerView, HostView, Snapshot
+from opsctl.remote.models import JobStatus
+from remote_payload.wire import JobState, finite_doc
+
+NOW = 1_800_000_000.0
+
+
+def status(**fields: t.Any) -> JobStatus:
+    doc: dict[str, t.Any] = {"job_id": "j-1", "state": "RUNNING",
+                             "last_step": {"event": "step", "step": 42, "loss": 1.5,
+                                           "tok_s": 12800.0, "_at": NOW - 30},
+                             "gpus": [{"index": 0, "name": "NVIDIA H200", "util_pct": 97.0,
+                                       "mem_used_mib": 1024.0, "mem_total_mib": 2048.0,
+                                       "temp_c": 61.0, "power_w": 650.0}]}
+    doc.update(fields)
+    return JobStatus.model_validate(doc)
+
+
+def snap(*hosts: HostView) -> Snapshot:
+    return Snapshot(list(hosts), NOW, 0.1)
+
+
+def series(snapshot: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """name -> [(labels, value)] as Prometheus' text parser reads the rendering."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    text = prometheus_metrics.render(snapshot).decode("utf-8")
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def one(found: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    values = found.get(name, [])
+    assert len(values) == 1, (name, values)
+    return values[0][1]
+
+
+def test_a_running_job_is_labelled_by_host_container_and_job_with_units_as_suffixes():
+    found = series(snap(HostView("pve1", "root@10.1.2.6", [ContainerView("pve1", 200, status=status())])))
+    job = {"host": "pve1", "container": "200", "job": "j-1"}
+    assert found["opsctl_host_up"] == [({"host": "pve1"}, 1.0)]
+    assert found["opsctl_container_up"] == [({"host": "pve1", "container": "200"}, 1.0)]
+    assert found["opsctl_job_step"] == [(job, 42.0)]
+    assert found["opsctl_job_loss"] == [(job, 1.5)]
+    assert found["opsctl_job_tokens_per_second"] == [(job, 12800.0)]
+    assert found["opsctl_job_last_step_age_seconds"] == [(job, 30.0)]
+    assert found["opsctl_job_restarts"] == [(job, 0.0)]
+    gpu = {"host": "pve1", "container": "200", "gpu": "0"}
+    assert found["opsctl_gpu_utilization_ratio"] == [(gpu, 0.97)]
+    assert found["opsctl_gpu_memory_used_bytes"] == [(gpu, 1024.0 * 1024 * 1024)]
+    assert found["opsctl_gpu_memory_total_bytes"] == [(gpu, 2048.0 * 1024 * 1024)]
+    assert found["opsctl_gpu_temperature_celsius"] == [(gpu, 61.0)]
+    assert found["opsctl_gpu_info"] == [({**gpu, "name": "NVIDIA H200"}, 1.0)]
+
+
+def test_the_job_state_is_one_series_per_state_with_exactly_the_current_one_at_1():
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=status(state="FAILED"))])))
+    states = {labels["state"]: value for labels, value in found["opsctl_job_state"]}
+    assert states == {s.value: (1.0 if s is JobState.FAILED else 0.0) for s in JobState}
+
+
+def test_a_non_finite_loss_is_NaN_and_an_absent_one_is_no_series():
+    # the wire turns NaN/inf into null and names the field under "nonfinite"
+    step = finite_doc({"event": "step", "step": 7, "loss": math.nan, "tok_s": math.inf, "_at": NOW})
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=status(last_step=step))])))
+    assert math.isnan(one(found, "opsctl_job_loss"))
+    assert math.isnan(one(found, "opsctl_job_tokens_per_second"))
+    assert one(found, "opsctl_job_step") == 7.0
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=status(last_step={
+        "event": "step", "step": 1}))])))
+    assert "opsctl_job_loss" not in found and "opsctl_job_last_step_age_seconds" not in found
+
+
+def test_an_unreachable_host_is_host_up_0_and_none_of_its_other_series():
+    down = HostView("down", "root@10.9.9.9", [ContainerView("down", 200, error="connection refused",
+                                                             unreachable=True)])
+    up = HostView("up", "up", [ContainerView("up", 200, status=status())])
+    found = series(snap(down, up))
+    assert sorted(found["opsctl_host_up"], key=lambda x: x[0]["host"]) == [
+        ({"host": "down"}, 0.0), ({"host": "up"}, 1.0)]
+    for name, rows in found.items():
+        if name != "opsctl_host_up":
+            assert all(labels["host"] == "up" or value == 0.0 for labels, value in rows), name
+            assert not [1 for labels, _ in rows if labels["host"] == "down"
+                        and name != "opsctl_container_up"], name
+
+
+def test_a_stale_container_exports_no_values_only_that_it_is_down():
+    """The dashboard shows a late container's last data marked stale; /metrics must not,
+    or an alert on "no step for 10 minutes" would see a number that still looks alive."""
+    stale = ContainerView("h", 200, status=status(), stale_s=120.0, stale_note="stale")
+    found = series(snap(HostView("h", "h", [stale])))
+    assert one(found, "opsctl_host_up") == 0.0
+    assert one(found, "opsctl_container_up") == 0.0
+    assert not [n for n in found if n.startswith(("opsctl_job_", "opsctl_gpu_"))]
+
+
+def test_a_container_with_its_own_error_leaves_its_host_up():
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, error="container stopped"),
+                                            ContainerView("h", 201, note="no job launched here yet")])))
+    assert one(found, "opsctl_host_up") == 1.0
+    assert sorted((labels["container"], v) for labels, v in found["opsctl_container_up"]) == [
+        ("200", 0.0), ("201", 1.0)]
+
+
+def test_a_host_without_containers_and_an_empty_inventory_export_nothing():
+    assert series(snap(HostView("bare", "bare"))) == {}
+    text = prometheus_metrics.render(snap()).decode()
+    assert [ln for ln in text.splitlines() if not ln.startswith("#")] == []
+
+
+def test_each_scrape_starts_from_a_fresh_registry():
+    first = series(snap(HostView("gone", "g", [ContainerView("gone", 200, status=status())])))
+    second = series(snap(HostView("new", "n", [ContainerView("new", 300, note="no job")])))
+    assert "opsctl_job_step" in first
+    assert "opsctl_job_step" not in second
+    assert {labels["host"] for labels, _ in second["opsctl_host_up"]} == {"new"}
+
+
+def test_restarts_and_last_event_age_come_from_the_status():
+    st = status(restarts=[{"attempt": 1, "at": NOW - 100, "reason": "exit 1"},
+                          {"attempt": 2, "at": NOW - 50, "reason": "exit 1"}],
+                events_tail=[{"event": "phase", "_at": NOW - 5}], last_output_at=NOW - 9)
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=st)])))
+    assert one(found, "opsctl_job_restarts") == 2.0
+    assert one(found, "opsctl_job_last_event_age_seconds") == 5.0
+
+
+HOSTILE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gpu_name=HOSTILE, job_id=HOSTILE, host=HOSTILE)
+def test_any_remote_text_in_a_label_reads_back_exactly(gpu_name, job_id, host):
+    """Quotes, backslashes, newlines, unicode: prometheus-client escapes them, and its parser
+    (the text format's reference) reads the very same label values back."""
+    st_ = status(job_id=job_id, gpus=[{"index": 3, "name": gpu_name, "util_pct": 1.0}])
+    found = series(snap(HostView(host, host, [ContainerView(host, 200, status=st_)])))
+    assert found["opsctl_gpu_info"] == [({"host": host, "container": "200", "gpu": "3",
+                                          "name": gpu_name}, 1.0)]
+    assert one(found, "opsctl_job_step") == 42.0
+    assert found["opsctl_job_step"][0][0]["job"] == job_id
+
+
+def test_a_label_with_a_quote_and_a_newline_is_escaped_in_the_text():
+    st_ = status(gpus=[{"index": 0, "name": 'H200"}\nopsctl_host_up{host="x"} 1', "util_pct": 5.0}])
+    text = prometheus_metrics.render(snap(HostView("h", "h", [ContainerView("h", 200, status=st_)])))
+    assert b'name="H200\\"}\\nopsctl_host_up{host=\\"x\\"} 1"' in text
+    assert not [ln for ln in text.decode().splitlines() if ln.startswith('opsctl_host_up{host="x"}')]
+
+
+def test_the_families_are_named_by_prometheus_conventions():
+    for name, help_text, labels in prometheus_metrics.FAMILIES:
+        assert name.startswith("opsctl_") and name == name.lower(), name
+        assert help_text and labels, name
+        assert not name.endswith("_total"), name  # gauges only: a counter's suffix would lie
