@@ -37,7 +37,7 @@ if t.TYPE_CHECKING:
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 MIB = 1024 * 1024
 CT = ["host", "container"]
-JOB = ["host", "container", "job"]
+JOB = ["host", "container", "job_id"]  # not "job": Prometheus sets that label to the scrape job
 GPU = ["host", "container", "gpu"]
 
 

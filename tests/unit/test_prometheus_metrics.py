@@ -51,7 +51,7 @@ def one(found: dict[str, list[tuple[dict[str, str], float]]], name: str) -> floa
 
 def test_a_running_job_is_labelled_by_host_container_and_job_with_units_as_suffixes():
     found = series(snap(HostView("pve1", "root@10.1.2.6", [ContainerView("pve1", 200, status=status())])))
-    job = {"host": "pve1", "container": "200", "job": "j-1"}
+    job = {"host": "pve1", "container": "200", "job_id": "j-1"}
     assert found["opsctl_host_up"] == [({"host": "pve1"}, 1.0)]
     assert found["opsctl_container_up"] == [({"host": "pve1", "container": "200"}, 1.0)]
     assert found["opsctl_job_step"] == [(job, 42.0)]
@@ -153,7 +153,7 @@ def test_any_remote_text_in_a_label_reads_back_exactly(gpu_name, job_id, host):
     assert found["opsctl_gpu_info"] == [({"host": host, "container": "200", "gpu": "3",
                                           "name": gpu_name}, 1.0)]
     assert one(found, "opsctl_job_step") == 42.0
-    assert found["opsctl_job_step"][0][0]["job"] == job_id
+    assert found["opsctl_job_step"][0][0]["job_id"] == job_id
 
 
 def test_a_label_with_a_quote_and_a_newline_is_escaped_in_the_text():
