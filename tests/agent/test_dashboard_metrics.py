@@ -1,0 +1,103 @@
+"""The dashboard's ``/metrics`` over its real HTTP server: the same loopback rules as the
+page, and scrapes that share the page's refresh instead of opening connections of their own.
+The containers' answers are scripted (pure logic); the sandbox test scrapes a real fleet."""
+
+from __future__ import annotations
+
+import threading
+import typing as t
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from opsctl.cli import dashboard
+from tests.waiting import wait_for
+
+
+def write_inventory(home: Path, hosts: dict[str, dict[str, t.Any]]) -> None:
+    inv = home / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "metrics.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+
+
+@pytest.fixture
+def server() -> t.Iterator[dashboard.Server]:
+    srv = dashboard.serve(port=0, refresh_s=0.2)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        srv.app.close()
+
+
+def get(srv: dashboard.Server, path: str, host: str | None = None) -> tuple[int, str, str]:
+    port = srv.server_address[1]
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 headers={"Host": host or f"127.0.0.1:{port}"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
+
+
+def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def test_metrics_is_served_on_loopback_in_the_text_format(server, isolated_env):
+    assert server.server_address[0] == "127.0.0.1"  # serve() has no other address to bind
+    code, ctype, text = get(server, "/metrics")
+    assert code == 200 and ctype.startswith("text/plain; version=")
+    assert "# TYPE opsctl_host_up gauge" in text
+
+
+def test_metrics_refuses_a_foreign_host_header_as_the_page_does(server, isolated_env):
+    port = server.server_address[1]
+    for host in (f"evil.example:{port}", f"127.0.0.1:{port}.evil.example", f"[::1]:{port}"):
+        code, _, body = get(server, "/metrics", host=host)
+        assert code == 403 and "opsctl" not in body, host
+    assert get(server, "/metrics", host=f"localhost:{port}")[0] == 200
+
+
+def test_scrapes_while_a_fetch_is_in_flight_share_it_and_open_nothing_more(server, isolated_env,
+                                                                           monkeypatch):
+    """Twelve scrapes at once against a container that does not answer: one call to it in
+    all, every scrape answered within the refresh's wait, the container down (not a stale or
+    made-up value); once it answers, the next scrape has it."""
+    write_inventory(isolated_env, {"pve1": {"address": "127.0.0.1", "containers": {120: {}}}})
+    release = threading.Event()
+    calls: list[tuple[str, int]] = []
+
+    def container(_fleet: dashboard.Fleet, host: str, ctid: int) -> dashboard.ContainerView:
+        calls.append((host, ctid))
+        release.wait(30)
+        return dashboard.ContainerView(host, ctid, note="no job launched here yet")
+
+    monkeypatch.setattr(dashboard.Fleet, "container", container)
+    monkeypatch.setattr(dashboard, "REFRESH_WAIT_S", 0.5)
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda _: get(server, "/metrics"), range(12)))
+        assert {code for code, _, _ in answers} == {200}
+        assert calls == [("pve1", 120)]
+        for _, _, text in answers:
+            found = samples(text)
+            assert found["opsctl_host_up"] == [({"host": "pve1"}, 0.0)]
+            assert found["opsctl_container_up"] == [({"host": "pve1", "container": "120"}, 0.0)]
+    finally:
+        release.set()
+    assert wait_for(lambda: samples(get(server, "/metrics")[2]).get("opsctl_host_up")
+                    == [({"host": "pve1"}, 1.0)], 10)
+    assert len(calls) <= 3  # one call per refresh at most, never one per scrape
