@@ -10,6 +10,8 @@ time, with text made from the code itself:
 - ``trainer-flags``: every flag of the trainer, from its ``TrainArgs`` dataclass;
 - ``wire-shapes``: every shape in ``remote_payload/wire_shapes.py`` (agent replies and the
   shapes inside them, trainer events) as a table of keys and types;
+- ``prometheus-metrics`` and ``prometheus-alerts``: the series of the dashboard's ``/metrics``
+  (``opsctl.cli.prometheus_metrics.FAMILIES``) and the example alerting rules file;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
   severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
@@ -171,10 +173,28 @@ def trainer_flags() -> str:
     return "\n".join(rows)
 
 
+def prometheus_metrics() -> str:
+    """Every series of the dashboard's ``/metrics``: name, labels, meaning (from ``FAMILIES``)."""
+    _import_root()
+    from opsctl.cli.prometheus_metrics import FAMILIES
+
+    rows = ["| series | labels | what |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {', '.join(f'`{lab}`' for lab in labels)} | {what} |"
+             for name, what, labels in FAMILIES]
+    return "\n".join(rows)
+
+
+def prometheus_alerts() -> str:
+    """The example alerting rules file, as it is (the suite checks it with ``promtool``)."""
+    text = (ROOT / "docs" / "examples" / "opsctl-alerts.yml").read_text(encoding="utf-8")
+    return "```yaml\n" + text.rstrip("\n") + "\n```"
+
+
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
     "wire-shapes": wire_shapes,
     "trainer-flags": trainer_flags,
+    "prometheus-metrics": prometheus_metrics, "prometheus-alerts": prometheus_alerts,
 }
 
 

@@ -31,8 +31,36 @@ from prometheus_client.registry import Collector
 from remote_payload.wire import NONFINITE_KEY, JobState
 
 if t.TYPE_CHECKING:
-    from opsctl.cli.dashboard import ContainerView, Snapshot
     from opsctl.remote.models import JobStatus
+
+
+# The dashboard's snapshot as this module reads it (structural: the dashboard imports this
+# module, so naming its classes here would be an import circle).
+class ContainerView(t.Protocol):
+    @property
+    def ctid(self) -> int: ...
+    @property
+    def status(self) -> JobStatus | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def stale_s(self) -> float | None: ...
+    @property
+    def unreachable(self) -> bool: ...
+
+
+class HostView(t.Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def containers(self) -> t.Sequence[ContainerView]: ...
+
+
+class Snapshot(t.Protocol):
+    @property
+    def hosts(self) -> t.Sequence[HostView]: ...
+    @property
+    def taken_at(self) -> float: ...
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 MIB = 1024 * 1024
