@@ -36,9 +36,14 @@ def _pack(argv: t.Sequence[str]) -> dict[str, t.Any]:
 
 
 def _export(argv: t.Sequence[str]) -> dict[str, t.Any]:
-    from .export import run
+    import pathlib
 
-    return run(argv)
+    from .export import run
+    from .serving import export_lines
+
+    summary = run(argv)
+    return {**summary, SAY_AFTER: export_lines(pathlib.Path(summary["out"]),
+                                               pathlib.Path(summary["ckpt"]))}
 
 
 def _regenerate(argv: t.Sequence[str]) -> dict[str, t.Any]:
@@ -58,6 +63,9 @@ def _e2e(argv: t.Sequence[str]) -> dict[str, t.Any]:
 
     return run(argv)
 
+
+#: a summary's human lines, said after the summary line and kept out of the event
+SAY_AFTER = "say_after"
 
 #: command -> (function, event its summary is sent as; None when the command sends its own)
 COMMANDS: dict[str, tuple[t.Callable[[t.Sequence[str]], dict[str, t.Any]], str | None]] = {
@@ -83,8 +91,11 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         log.error(type(e).__name__, str(e))
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    after = summary.pop(SAY_AFTER, [])
     if event is not None:
         log.event(event, **summary)
         log.say(f"{argv[0]}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    for line in after:
+        log.say(line)
     log.event(wire.EVENT_PHASE, phase="done")
     return 0

@@ -1,0 +1,197 @@
+"""How to serve an export: its README.md (a model card) and the vLLM and SGLang command lines,
+built from the export's own ``config.json``.
+
+``export`` writes the card into the export directory and prints the two lines at its end
+(``python -m remote_payload.trainer export``, the ``dflash-export`` playbook). Everything here
+is a pure function of the config (plus the target the checkpoint was trained against, when
+its ``config.json`` is still readable), so the lines a user copies are the ones the suite
+checks. Every command is an argv list joined once with :func:`shlex.join`, and the
+``--speculative-config`` value is :func:`json.dumps` of a dict: a path with spaces or quotes
+reaches the server intact.
+
+The flags, as the servers' own documentation spells them (read 2026-12-02):
+
+- vLLM 0.33 (docs/features/speculative_decoding, z-lab/dflash README "Run DFlash with vLLM",
+  docs.vllm.ai "DFlash speculative decoding"): ``vllm serve TARGET --speculative-config
+  '{"method": "dflash", "model": DRAFT, "num_speculative_tokens": K}'``. K is the number of
+  drafted tokens per step: a block is the anchor token plus block_size - 1 masks, so
+  K = block_size - 1 (z-lab's block-16 drafters are served with 15).
+- SGLang 0.5.23 (docs.sglang.io advanced_features/speculative_decoding, "DFlash Decoding";
+  z-lab/dflash README "SGLang"): ``python -m sglang.launch_server --model-path TARGET
+  --speculative-algorithm DFLASH --speculative-draft-model-path DRAFT``. SGLang builds the
+  drafter's model config with the server's context length; when the target's
+  ``max_position_embeddings`` is longer than the drafter's, it refuses unless the length is
+  given (``--context-length``) and allowed past the drafter's config
+  (``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``, as z-lab's own examples set).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shlex
+import typing as t
+from dataclasses import dataclass
+
+from .config import TrainerConfigError
+
+VLLM_VERSION = "0.33"
+SGLANG_VERSION = "0.5.23"
+#: written where the export does not know its target (a toy or synthetic run)
+TARGET_PLACEHOLDER = "TARGET_MODEL"
+SGLANG_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The target model the drafter was trained against, as far as the export can tell."""
+
+    path: str | None = None  # None: not recorded (synthetic data, the toy target)
+    max_positions: int | None = None  # its config.json's max_position_embeddings, if readable
+
+
+def _int(config: t.Mapping[str, t.Any], key: str) -> int:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainerConfigError(f"export config.json: {key!r} is {value!r}, not an integer")
+    return value
+
+
+def speculative_tokens(config: t.Mapping[str, t.Any]) -> int:
+    """Drafted tokens per step: block_size - 1 (the block's first token is the anchor).
+
+    Raises:
+        TrainerConfigError: no usable ``block_size`` (at least 2).
+    """
+    block = _int(config, "block_size")
+    if block < 2:
+        raise TrainerConfigError(f"export config.json: block_size {block} drafts no token "
+                                 "(at least 2)")
+    return block - 1
+
+
+def vllm_argv(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) -> list[str]:
+    spec = {"method": "dflash", "model": draft_dir,
+            "num_speculative_tokens": speculative_tokens(config)}
+    return ["vllm", "serve", target.path or TARGET_PLACEHOLDER,
+            "--speculative-config", json.dumps(spec)]
+
+
+def context_override(config: t.Mapping[str, t.Any], target: Target) -> int | None:
+    """The context length SGLang must be told: the target's, when longer than the drafter's."""
+    drafter = _int(config, "max_position_embeddings")
+    if target.max_positions is not None and target.max_positions > drafter:
+        return target.max_positions
+    return None
+
+
+def sglang_argv(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) -> list[str]:
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path",
+            target.path or TARGET_PLACEHOLDER, "--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", draft_dir]
+    longer = context_override(config, target)
+    if longer is not None:
+        argv = ["env", f"{SGLANG_LONGER_CONTEXT_ENV}=1", *argv, "--context-length", str(longer)]
+    return argv
+
+
+def serve_lines(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) -> list[str]:
+    """The two shell lines, vLLM's then SGLang's (each argv joined once with shlex.join)."""
+    return [shlex.join(vllm_argv(config, draft_dir, target)),
+            shlex.join(sglang_argv(config, draft_dir, target))]
+
+
+def model_card(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) -> str:
+    """README.md of an export: what it is, the exact serve commands, how to load it.
+
+    Raises:
+        TrainerConfigError: the config lacks what the servers need.
+    """
+    vllm, sglang = serve_lines(config, draft_dir, target)
+    dflash = config.get("dflash_config") or {}
+    ids = dflash.get("target_layer_ids")
+    trained = (f"`{target.path}`" + (f" ({target.max_positions} positions)"
+                                     if target.max_positions else "")
+               if target.path else "not recorded (replace `TARGET_MODEL` below with the target)")
+    longer = context_override(config, target)
+    context_note = (
+        f"The target's context ({longer}) is longer than the drafter's config "
+        f"({config['max_position_embeddings']}): SGLang is given `--context-length {longer}` and "
+        f"`{SGLANG_LONGER_CONTEXT_ENV}=1`, as above." if longer else
+        f"If the target's context is longer than the drafter's config "
+        f"({config['max_position_embeddings']}), add `--context-length N` to SGLang's line and "
+        f"run it with `{SGLANG_LONGER_CONTEXT_ENV}=1` in its environment.")
+    rows = [("format", "z-lab/dflash `DFlashDraftModel` (config.json, model.safetensors, dflash.py)"),
+            ("block size", f"{config.get('block_size')} (drafts {speculative_tokens(config)} tokens "
+                           "per step)"),
+            ("drafter layers", str(config.get("num_hidden_layers"))),
+            ("target layers read", f"{ids} of {config.get('num_target_layers')}"),
+            ("mask token id", str(dflash.get("mask_token_id"))),
+            ("dtype", str(config.get("dtype"))),
+            ("trained against", trained)]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return f"""# DFlash drafter
+
+A block drafter for speculative decoding, exported by opsctl's trainer
+(`python -m remote_payload.trainer export`). The embedding and LM head are the target's:
+serve it beside the target it was trained against.
+
+| | |
+| --- | --- |
+{table}
+
+## Serve with vLLM ({VLLM_VERSION})
+
+```bash
+{vllm}
+```
+
+## Serve with SGLang ({SGLANG_VERSION})
+
+```bash
+{sglang}
+```
+
+{context_note}
+
+## Load with transformers
+
+```python
+from transformers import AutoModel
+draft = AutoModel.from_pretrained({json.dumps(draft_dir)}, trust_remote_code=True, dtype="auto")
+```
+"""
+
+
+def target_of(ckpt: pathlib.Path) -> Target:
+    """The target recorded in a checkpoint's ``meta.json`` (``args.target_path``) and its
+    context length, when its ``config.json`` is still there; anything unreadable is unknown
+    (the card then says so), never an error: the export itself does not need the target."""
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text())
+        path = meta["args"]["target_path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return Target()
+    if not isinstance(path, str) or not path:
+        return Target()
+    try:
+        cfg = json.loads((pathlib.Path(path) / "config.json").read_text())
+        longest = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    except (OSError, ValueError):
+        longest = None
+    ok = isinstance(longest, int) and not isinstance(longest, bool) and longest > 0
+    return Target(path, longest if ok else None)
+
+
+def export_readme(config: t.Mapping[str, t.Any], out: pathlib.Path, ckpt: pathlib.Path) -> str:
+    """The card ``export`` writes as ``OUT/README.md`` (OUT as an absolute path: the lines
+    work from any directory)."""
+    return model_card(config, str(out.absolute()), target_of(ckpt))
+
+
+def export_lines(out: pathlib.Path, ckpt: pathlib.Path) -> list[str]:
+    """What ``export`` prints at its end: the two serve lines of the export just written."""
+    config = json.loads((out / "config.json").read_text())
+    vllm, sglang = serve_lines(config, str(out.absolute()), target_of(ckpt))
+    return ["serve it with vLLM:", f"  {vllm}", "or with SGLang:", f"  {sglang}",
+            f"(also in {out.absolute() / 'README.md'})"]
