@@ -216,7 +216,7 @@ def _modes(d: pathlib.Path) -> dict[str, str]:
 
 def test_exports_and_checkpoints_are_0644_under_the_usual_umask(exported):
     path, _, _ = exported
-    assert _modes(path) == {"config.json": "0o644", "dflash.py": "0o644",
+    assert _modes(path) == {"README.md": "0o644", "config.json": "0o644", "dflash.py": "0o644",
                             "model.safetensors": "0o644"}
     (ckpt,) = (path.parent / "run").glob("ckpt-*")
     assert _modes(ckpt) == {"meta.json": "0o644", "model.safetensors": "0o644",
