@@ -37,6 +37,7 @@ from opsctl.cli.render import safe
 from opsctl.config import inventory
 from opsctl.errors import AgentError, OpsctlError, TransportError
 from opsctl.ops import jobs, watch
+from opsctl.ops import queue as queue_ops
 from opsctl.remote.agent_client import NoPayload
 from opsctl.remote.models import JobStatus
 from remote_payload.wire import dumps_strict, parse_event
@@ -51,6 +52,9 @@ CONTAINER_DEADLINE_S = 30.0
 #: its age. A container that was late once is not waited for again until it answers, so a
 #: host that never answers costs no refresh any time (it once blocked each by ~10 s).
 REFRESH_WAIT_S = 5.0
+#: How often a container's queue is asked (one more agent call; a queue changes when a job is
+#: added or starts, not every refresh). Its length is shown and served on /metrics.
+QUEUE_EVERY_S = 30.0
 
 
 @dataclass
@@ -63,6 +67,7 @@ class ContainerView:
     stale_s: float | None = None  # no answer this refresh: the data shown is this old
     stale_note: str | None = None
     unreachable: bool = False  # its connection failed or it never answered (/metrics: host down)
+    queued: int | None = None  # jobs waiting in its queue (None: not known)
 
 
 @dataclass
@@ -97,6 +102,7 @@ class Fleet:
         self.took: dict[tuple[str, int], float] = {}  # how long the last finished call took
         self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
+        self.queues: dict[tuple[str, int], tuple[float, int]] = {}  # monotonic time, length
 
     def _target(self, host: str, ctid: int) -> jobs.Target:
         with self.lock:
@@ -116,6 +122,7 @@ class Fleet:
         try:
             tgt = self._target(host, ctid)
             view.status = watch.fetch_status(tgt.agent, None, self.lines)
+            view.queued = self._queued(tgt, host, ctid)
         except NoPayload:
             view.note = "no opsctl payload in this container yet (deploy ships it)"
         except AgentError as exc:
@@ -132,6 +139,19 @@ class Fleet:
         except Exception as exc:  # a bug: shown on the page, the other containers still render
             view.error = f"{type(exc).__name__}: {exc}"
         return view
+
+    def _queued(self, tgt: jobs.Target, host: str, ctid: int) -> int | None:
+        """The container's queue length, asked at most every :data:`QUEUE_EVERY_S`; None when
+        the agent cannot say (its error is not the page's: the status row already shows)."""
+        last = self.queues.get((host, ctid))
+        if last is not None and time.monotonic() - last[0] < QUEUE_EVERY_S:
+            return last[1]
+        try:
+            length = len(queue_ops.listing(tgt).jobs)
+        except OpsctlError:
+            return None
+        self.queues[(host, ctid)] = (time.monotonic(), length)
+        return length
 
     def snapshot(self) -> Snapshot:
         start = time.monotonic()
@@ -347,6 +367,8 @@ def _container(cv: ContainerView) -> str:
         facts.append(f"exit code {st.exit_code}")
     if st.signal:
         facts.append(f"killed by {esc(st.signal)}")
+    if cv.queued:
+        facts.append(f"{cv.queued} queued")
     parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
     parts.append(f"<div>{esc(metrics_line(st.last_step).plain)}</div>")
     if st.history is not None:

@@ -47,6 +47,8 @@ class ContainerView(t.Protocol):
     def stale_s(self) -> float | None: ...
     @property
     def unreachable(self) -> bool: ...
+    @property
+    def queued(self) -> int | None: ...
 
 
 class HostView(t.Protocol):
@@ -129,6 +131,8 @@ class SnapshotCollector(Collector):
                 ct = [hv.name, str(cv.ctid)]
                 up = fresh(cv) and cv.error is None
                 g["opsctl_container_up"].add_metric(ct, 1.0 if up else 0.0)
+                if up and cv.queued is not None:
+                    g["opsctl_queue_length"].add_metric(ct, float(cv.queued))
                 if up and cv.status is not None:
                     _job(g, ct, cv.status, now)
         yield from g.values()
@@ -168,6 +172,7 @@ FAMILIES: tuple[tuple[str, str, list[str]], ...] = (
      ["host"]),
     ("opsctl_container_up", "1 when the container's agent answered this refresh without an "
                             "error, else 0", CT),
+    ("opsctl_queue_length", "jobs waiting in the container's queue (asked every 30 s)", CT),
     ("opsctl_job_state", "1 for the job's current state, 0 for the others", [*JOB, "state"]),
     ("opsctl_job_step", "the job's last optimizer step", JOB),
     ("opsctl_job_loss", "the loss of the job's last step (NaN when non-finite)", JOB),

@@ -147,8 +147,17 @@ def test_prometheus_scrapes_the_fleet_and_serves_its_series_back(fleet, served, 
     loss = query(prometheus, 'opsctl_job_loss{host="gpu-a"}')
     assert len(loss) == 1 and math.isnan(float(loss[0]["value"][1]))  # NaN, not a dropped scrape
     assert float(query(prometheus, 'opsctl_job_tokens_per_second{host="gpu-a"}')[0]["value"][1]) > 1000
+    queue = wait_for(lambda: query(prometheus, 'opsctl_queue_length{host="gpu-a"}'), 30,
+                     what="the queue length of ct 200")
+    assert [float(r["value"][1]) for r in queue] == [0.0]
     # the unreachable host: only its up series, no stale job values
-    assert query(prometheus, '{host="gpu-down", __name__=~"opsctl_job_.*|opsctl_gpu_.*"}') == []
+    assert query(prometheus, '{host="gpu-down", __name__=~"opsctl_.+", '
+                             '__name__!~"opsctl_(host|container)_up"}') == []
+    # ... and the example rules see it: the host-down alert is pending (it fires after 2 min)
+    alerts = wait_for(lambda: query(prometheus, 'ALERTS{alertname="OpsctlHostDown"}'), 30,
+                      what="the host-down alert")
+    assert [(a["metric"]["host"], a["metric"]["alertstate"]) for a in alerts] == [
+        ("gpu-down", "pending")]
     # the scrape itself is healthy, and the example rules loaded
     targets = api(prometheus, "/api/v1/targets")["data"]["activeTargets"]
     assert [tg["health"] for tg in targets] == ["up"], targets

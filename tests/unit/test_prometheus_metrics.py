@@ -131,6 +131,14 @@ def test_each_scrape_starts_from_a_fresh_registry():
     assert {labels["host"] for labels, _ in second["opsctl_host_up"]} == {"new"}
 
 
+def test_the_queue_length_is_served_when_known_and_absent_when_not():
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=status(), queued=3),
+                                            ContainerView("h", 201, status=status())])))
+    assert found["opsctl_queue_length"] == [({"host": "h", "container": "200"}, 3.0)]
+    stale = ContainerView("h", 200, status=status(), queued=3, stale_s=60.0)
+    assert "opsctl_queue_length" not in series(snap(HostView("h", "h", [stale])))
+
+
 def test_restarts_and_last_event_age_come_from_the_status():
     st = status(restarts=[{"attempt": 1, "at": NOW - 100, "reason": "exit 1"},
                           {"attempt": 2, "at": NOW - 50, "reason": "exit 1"}],
