@@ -73,7 +73,9 @@ def dashboard(port: int, refresh_s: float, lines: int) -> None:
     """A read-only web page of every inventory host's containers and jobs, on 127.0.0.1.
 
     It binds to loopback only and so needs no login: only users of this machine can open
-    it (reach it from elsewhere with `ssh -L 8765:127.0.0.1:8765`).
+    it (reach it from elsewhere with `ssh -L 8765:127.0.0.1:8765`). `/metrics` serves the
+    same snapshot in Prometheus' text format (docs/guide/prometheus.md: the series and
+    example alerting rules).
     """
     from opsctl.cli import dashboard as dash
 
