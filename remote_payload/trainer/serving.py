@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shlex
 import typing as t
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ def model_card(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) ->
     vllm, sglang = serve_lines(config, draft_dir, target)
     dflash = config.get("dflash_config") or {}
     ids = dflash.get("target_layer_ids")
-    trained = (f"`{target.path}`" + (f" ({target.max_positions} positions)"
+    trained = (repr(target.path) + (f" ({target.max_positions} positions)"
                                      if target.max_positions else "")
                if target.path else "not recorded (replace `TARGET_MODEL` below with the target)")
     longer = context_override(config, target)
@@ -129,7 +130,10 @@ def model_card(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) ->
             ("mask token id", str(dflash.get("mask_token_id"))),
             ("dtype", str(config.get("dtype"))),
             ("trained against", trained)]
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    table = "\n".join(f"| {k} | {_cell(v)} |" for k, v in rows)
+    load = (f"from transformers import AutoModel\ndraft = AutoModel.from_pretrained("
+            f"{json.dumps(draft_dir)}, trust_remote_code=True, dtype=\"auto\")")
+    fence = _fence(vllm + sglang + load)
     return f"""# DFlash drafter
 
 A block drafter for speculative decoding, exported by opsctl's trainer
@@ -142,25 +146,37 @@ serve it beside the target it was trained against.
 
 ## Serve with vLLM ({VLLM_VERSION})
 
-```bash
+{fence}bash
 {vllm}
-```
+{fence}
 
 ## Serve with SGLang ({SGLANG_VERSION})
 
-```bash
+{fence}bash
 {sglang}
-```
+{fence}
 
 {context_note}
 
 ## Load with transformers
 
-```python
-from transformers import AutoModel
-draft = AutoModel.from_pretrained({json.dumps(draft_dir)}, trust_remote_code=True, dtype="auto")
-```
+{fence}python
+{load}
+{fence}
 """
+
+
+def _fence(text: str) -> str:
+    """A Markdown code fence longer than any run of backticks in ``text`` (a path may hold
+    some), so the block ends where the card means it to."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell (a ``|`` would end the cell; line breaks are escaped
+    already: paths are shown as ``repr``)."""
+    return text.replace("|", "\\|")
 
 
 def target_of(ckpt: pathlib.Path) -> Target:

@@ -121,3 +121,17 @@ def test_a_target_whose_config_is_gone_or_damaged_keeps_its_path_without_a_lengt
         (target / "config.json").write_text(config)
     ckpt = _ckpt(tmp_path, {"args": {"target_path": str(target)}})
     assert serving.target_of(ckpt) == serving.Target(str(target), None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(draft=PATHS, target=PATHS)
+def test_any_path_leaves_the_cards_code_blocks_and_table_whole(draft, target):
+    """Backticks in a path do not end a code block early, a ``|`` or newline does not break
+    the table: the card's lines still hold each command line whole."""
+    card = serving.model_card(CONFIG, draft, serving.Target(target, 40960))
+    vllm, sglang = serving.serve_lines(CONFIG, draft, serving.Target(target, 40960))
+    fence = serving._fence(vllm + sglang + json.dumps(draft))
+    assert f"\n{fence}bash\n{vllm}\n{fence}\n" in card
+    assert f"\n{fence}bash\n{sglang}\n{fence}\n" in card
+    row = next(ln for ln in card.splitlines() if ln.startswith("| trained against |"))
+    assert row.endswith(" |") and "|" not in row[len("| trained against |"):-2].replace("\\|", "")
