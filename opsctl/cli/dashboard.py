@@ -55,6 +55,11 @@ REFRESH_WAIT_S = 5.0
 #: How often a container's queue is asked (one more agent call; a queue changes when a job is
 #: added or starts, not every refresh). Its length is shown and served on /metrics.
 QUEUE_EVERY_S = 30.0
+#: ``--doctor-every S``: each container gets an ``opsctl doctor`` run every S seconds (off by
+#: default: it runs host commands a page view should not start unasked), without the torch
+#: matmul (it would take a training GPU's time), in a thread of its own on a connection of its
+#: own, so a slow doctor never delays the page. Its failing rows are shown and on /metrics.
+DOCTOR_DEADLINE_S = 60.0
 
 
 @dataclass
@@ -68,6 +73,8 @@ class ContainerView:
     stale_note: str | None = None
     unreachable: bool = False  # its connection failed or it never answered (/metrics: host down)
     queued: int | None = None  # jobs waiting in its queue (None: not known)
+    doctor: list[dict[str, str]] | None = None  # the last doctor run's rows (None: none yet)
+    doctor_at: float | None = None  # when that run ended (time.time())
 
 
 @dataclass
@@ -90,8 +97,9 @@ class Fleet:
     """Keeps one :class:`~opsctl.jobs.Target` per container (connections are reused between
     refreshes) and takes snapshots of every inventory host's containers, in parallel."""
 
-    def __init__(self, lines: int = 15):
+    def __init__(self, lines: int = 15, doctor_every_s: float = 0.0):
         self.lines = lines
+        self.doctor_every_s = doctor_every_s  # 0: no doctor runs
         self.targets: dict[tuple[str, int], jobs.Target] = {}
         self.lock = threading.Lock()
         # the background calls (one per container at most) and what they last answered
@@ -103,6 +111,8 @@ class Fleet:
         self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
         self.queues: dict[tuple[str, int], tuple[float, int]] = {}  # monotonic time, length
+        self.doctors: dict[tuple[str, int], tuple[float, list[dict[str, str]]]] = {}  # time(), rows
+        self.doctoring: set[tuple[str, int]] = set()  # a doctor run is in flight
 
     def _target(self, host: str, ctid: int) -> jobs.Target:
         with self.lock:
@@ -153,6 +163,38 @@ class Fleet:
         self.queues[(host, ctid)] = (time.monotonic(), length)
         return length
 
+    def _doctor_due(self, key: tuple[str, int]) -> None:
+        """Start a doctor run for ``key`` when its last one is older than ``--doctor-every``."""
+        if self.doctor_every_s <= 0:
+            return
+        with self.cond:
+            last = self.doctors.get(key)
+            if key in self.doctoring or (last is not None
+                                         and time.time() - last[0] < self.doctor_every_s):
+                return
+            self.doctoring.add(key)
+        threading.Thread(target=self._doctor, args=(key,), daemon=True,
+                         name=f"dashboard doctor {key[0]} ct {key[1]}").start()
+
+    def _doctor(self, key: tuple[str, int]) -> None:
+        from opsctl.ops import doctor
+
+        rows: list[dict[str, str]] | None = None
+        try:
+            with self.slots, jobs.open_target(*key) as tgt:
+                rows = doctor.doctor(tgt, deadline_s=DOCTOR_DEADLINE_S, torch=False).rows
+        except OpsctlError:
+            rows = None  # e.g. the inventory changed: no rows rather than a guess
+        except Exception as exc:  # a bug: one line, the page goes on
+            import sys
+
+            sys.stderr.write(f"dashboard: doctor of {key[0]} ct {key[1]} failed: "
+                             f"{type(exc).__name__}: {exc}\n")
+        with self.cond:
+            self.doctoring.discard(key)
+            if rows is not None:
+                self.doctors[key] = (time.time(), rows)
+
     def snapshot(self) -> Snapshot:
         start = time.monotonic()
         inv = inventory.load()
@@ -166,6 +208,11 @@ class Fleet:
             work.extend((hv, ctid) for ctid in sorted(spec.containers))
         by_key = {(hv.name, ctid): hv for hv, ctid in work}
         for key, view in self._gather(list(by_key), start).items():
+            self._doctor_due(key)
+            with self.cond:
+                done = self.doctors.get(key)
+            if done is not None:
+                view = dataclasses.replace(view, doctor=done[1], doctor_at=done[0])
             by_key[key].containers.append(view)
         return Snapshot(hosts, time.time(), time.monotonic() - start)
 
@@ -369,6 +416,9 @@ def _container(cv: ContainerView) -> str:
         facts.append(f"killed by {esc(st.signal)}")
     if cv.queued:
         facts.append(f"{cv.queued} queued")
+    failing = [r.get("name", "?") for r in cv.doctor or [] if r.get("status") == "fail"]
+    if failing:
+        facts.append(f"doctor: {esc(', '.join(failing))} failing")
     parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
     parts.append(f"<div>{esc(metrics_line(st.last_step).plain)}</div>")
     if st.history is not None:
@@ -487,13 +537,14 @@ class Server(ThreadingHTTPServer):
                          f"{type(exc).__name__}: {exc}\n")
 
 
-def serve(*, port: int = 8765, refresh_s: float = 3.0, lines: int = 15) -> Server:
+def serve(*, port: int = 8765, refresh_s: float = 3.0, lines: int = 15,
+          doctor_every_s: float = 0.0) -> Server:
     """Bind the dashboard to 127.0.0.1:``port`` (0: any free port); call ``serve_forever``.
 
     Raises:
         OSError: the port is taken.
     """
-    return Server(port, App(Fleet(lines), refresh_s))
+    return Server(port, App(Fleet(lines, doctor_every_s), refresh_s))
 
 
 def url(server: Server) -> str:

@@ -49,6 +49,10 @@ class ContainerView(t.Protocol):
     def unreachable(self) -> bool: ...
     @property
     def queued(self) -> int | None: ...
+    @property
+    def doctor(self) -> t.Sequence[t.Mapping[str, str]] | None: ...
+    @property
+    def doctor_at(self) -> float | None: ...
 
 
 class HostView(t.Protocol):
@@ -133,9 +137,26 @@ class SnapshotCollector(Collector):
                 g["opsctl_container_up"].add_metric(ct, 1.0 if up else 0.0)
                 if up and cv.queued is not None:
                     g["opsctl_queue_length"].add_metric(ct, float(cv.queued))
+                if up and cv.doctor is not None:
+                    _doctor(g, ct, cv.doctor, cv.doctor_at, now)
                 if up and cv.status is not None:
                     _job(g, ct, cv.status, now)
         yield from g.values()
+
+
+def _doctor(g: dict[str, GaugeMetricFamily], ct: list[str], rows: t.Sequence[t.Mapping[str, str]],
+            at: float | None, now: float) -> None:
+    """The last ``doctor`` run (dashboard ``--doctor-every``): each check 1 when it failed."""
+    failing = 0
+    for row in rows:
+        failed = row.get("status") == "fail"
+        failing += failed
+        g["opsctl_doctor_check_failing"].add_metric([*ct, str(row.get("name", "?"))],
+                                                    1.0 if failed else 0.0)
+    g["opsctl_doctor_failing_checks"].add_metric(ct, float(failing))
+    age = _age(now, at)
+    if age is not None:
+        g["opsctl_doctor_age_seconds"].add_metric(ct, age)
 
 
 def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: JobStatus, now: float) -> None:
@@ -173,6 +194,11 @@ FAMILIES: tuple[tuple[str, str, list[str]], ...] = (
     ("opsctl_container_up", "1 when the container's agent answered this refresh without an "
                             "error, else 0", CT),
     ("opsctl_queue_length", "jobs waiting in the container's queue (asked every 30 s)", CT),
+    ("opsctl_doctor_failing_checks", "failing checks of the container's last doctor run "
+                                     "(dashboard --doctor-every)", CT),
+    ("opsctl_doctor_check_failing", "1 when the check failed in the last doctor run, else 0",
+     [*CT, "check"]),
+    ("opsctl_doctor_age_seconds", "seconds since the container's last doctor run ended", CT),
     ("opsctl_job_state", "1 for the job's current state, 0 for the others", [*JOB, "state"]),
     ("opsctl_job_step", "the job's last optimizer step", JOB),
     ("opsctl_job_loss", "the loss of the job's last step (NaN when non-finite)", JOB),

@@ -69,7 +69,11 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
               help="How often the page refreshes itself (s).")
 @click.option("--lines", type=clitypes.COUNT, default=15, show_default=True,
               help="Pane lines shown per job.")
-def dashboard(port: int, refresh_s: float, lines: int) -> None:
+@click.option("--doctor-every", "doctor_every_s", type=clitypes.DOCTOR_EVERY, default=0.0,
+              show_default=True,
+              help="Run `opsctl doctor` (no torch matmul) on each container every this many "
+                   "seconds and show its failing checks, also on /metrics (0: never).")
+def dashboard(port: int, refresh_s: float, lines: int, doctor_every_s: float) -> None:
     """A read-only web page of every inventory host's containers and jobs, on 127.0.0.1.
 
     It binds to loopback only and so needs no login: only users of this machine can open
@@ -79,7 +83,7 @@ def dashboard(port: int, refresh_s: float, lines: int) -> None:
     """
     from opsctl.cli import dashboard as dash
 
-    server = dash.serve(port=port, refresh_s=refresh_s, lines=lines)
+    server = dash.serve(port=port, refresh_s=refresh_s, lines=lines, doctor_every_s=doctor_every_s)
     click.echo(f"dashboard on {dash.url(server)} (read-only, loopback only; Ctrl-C stops)", err=True)
     try:
         server.serve_forever()

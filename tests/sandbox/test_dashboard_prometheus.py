@@ -3,7 +3,8 @@
 Debian's ``prometheus`` runs on 127.0.0.1 with a config of its own (every second, the
 dashboard as its one target, the example alerting rules loaded), its storage in the test's
 temporary directory. The fleet is the real sandbox: one host with a job that sends a NaN loss,
-one host whose port nobody listens on. Everything is read back through Prometheus' HTTP API.
+one host whose port nobody listens on; the dashboard runs a doctor on each container
+(``--doctor-every``). Everything is read back through Prometheus' HTTP API.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def fleet(sandbox, isolated_env: Path) -> t.Iterator[str]:
 
 @pytest.fixture
 def served(fleet: str) -> t.Iterator[dashboard.Server]:
-    server = dashboard.serve(port=0, refresh_s=1.0, lines=5)
+    server = dashboard.serve(port=0, refresh_s=1.0, lines=5, doctor_every_s=3600.0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -150,6 +151,14 @@ def test_prometheus_scrapes_the_fleet_and_serves_its_series_back(fleet, served, 
     queue = wait_for(lambda: query(prometheus, 'opsctl_queue_length{host="gpu-a"}'), 30,
                      what="the queue length of ct 200")
     assert [float(r["value"][1]) for r in queue] == [0.0]
+    # --doctor-every: the container's doctor checks (the sandbox has no NVIDIA driver: its GPU
+    # checks are skipped, not failed), the ssh check among them
+    checks = wait_for(lambda: query(prometheus, 'opsctl_doctor_check_failing{host="gpu-a"}'), 90,
+                      what="the doctor checks of ct 200")
+    by_check = {r["metric"]["check"]: float(r["value"][1]) for r in checks}
+    assert by_check["ssh"] == 0.0 and "host-driver" in by_check, by_check
+    failing = query(prometheus, 'opsctl_doctor_failing_checks{host="gpu-a"}')
+    assert [float(r["value"][1]) for r in failing] == [sum(by_check.values())]
     # the unreachable host: only its up series, no stale job values
     assert query(prometheus, '{host="gpu-down", __name__=~"opsctl_.+", '
                              '__name__!~"opsctl_(host|container)_up"}') == []

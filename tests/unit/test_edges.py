@@ -95,7 +95,9 @@ class TestJsonAndNumbers:
         ["status", "--all", "--parallel", "1e3"], ["logs", "--tail", "1.5"],
         ["logs", "--offset", "99999999999999999999"], ["stop", "--grace", "1e400"],
         ["status", "--ct", "5"], ["status", "--ct", "1000000000"], ["dashboard", "--port", "70000"],
-        ["dashboard", "--refresh", "-inf"], ["plot", "--width", "3"], ["exec", "--timeout", "nan", "true"],
+        ["dashboard", "--refresh", "-inf"], ["dashboard", "--doctor-every", "nan"],
+        ["dashboard", "--doctor-every", "-1"], ["dashboard", "--doctor-every", "1e9"],
+        ["plot", "--width", "3"], ["exec", "--timeout", "nan", "true"],
     ])
     def test_an_absurd_number_is_one_line_and_exit_2_before_connecting(self, args):
         res = CliRunner().invoke(cli, args)

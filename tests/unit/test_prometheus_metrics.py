@@ -139,6 +139,20 @@ def test_the_queue_length_is_served_when_known_and_absent_when_not():
     assert "opsctl_queue_length" not in series(snap(HostView("h", "h", [stale])))
 
 
+def test_the_last_doctor_run_is_one_series_per_check_and_a_count_of_the_failing():
+    rows = [{"name": "ssh", "status": "ok"}, {"name": "host-driver", "status": "fail"},
+            {"name": "dev-shm", "status": "warn"}, {"name": "xid-events", "status": "skip"}]
+    view = ContainerView("h", 200, note="no job", doctor=rows, doctor_at=NOW - 42)
+    found = series(snap(HostView("h", "h", [view])))
+    ct = {"host": "h", "container": "200"}
+    assert found["opsctl_doctor_failing_checks"] == [(ct, 1.0)]
+    assert found["opsctl_doctor_age_seconds"] == [(ct, 42.0)]
+    assert sorted((labels["check"], v) for labels, v in found["opsctl_doctor_check_failing"]) == [
+        ("dev-shm", 0.0), ("host-driver", 1.0), ("ssh", 0.0), ("xid-events", 0.0)]
+    assert "opsctl_doctor_failing_checks" not in series(snap(HostView("h", "h", [
+        ContainerView("h", 200, note="no job")])))  # no run yet (or --doctor-every 0): absent
+
+
 def test_restarts_and_last_event_age_come_from_the_status():
     st = status(restarts=[{"attempt": 1, "at": NOW - 100, "reason": "exit 1"},
                           {"attempt": 2, "at": NOW - 50, "reason": "exit 1"}],
