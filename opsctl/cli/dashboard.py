@@ -400,7 +400,7 @@ def _container(cv: ContainerView) -> str:
     if st is None:
         body = (f"<p class=\"err\">{esc(cv.error)}</p>" if cv.error
                 else f"<p class=\"note\">{esc(cv.note or '')}</p>")
-        return head + "</h3>" + body + "</div>"
+        return head + "</h3>" + body + _doctor_line(cv) + "</div>"
     parts = [head, f" · job <span class=\"job\">{esc(st.job_id)}</span> "
              f"<span class=\"state {st.state.value}\" data-state=\"{st.state.value}\">"
              f"{st.state.value}</span>"]
@@ -416,10 +416,8 @@ def _container(cv: ContainerView) -> str:
         facts.append(f"killed by {esc(st.signal)}")
     if cv.queued:
         facts.append(f"{cv.queued} queued")
-    failing = [r.get("name", "?") for r in cv.doctor or [] if r.get("status") == "fail"]
-    if failing:
-        facts.append(f"doctor: {esc(', '.join(failing))} failing")
     parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
+    parts.append(_doctor_line(cv))
     parts.append(f"<div>{esc(metrics_line(st.last_step).plain)}</div>")
     if st.history is not None:
         charts = [plots.svg_chart(s, st.history.marks, escape=esc)
@@ -444,6 +442,15 @@ def _container(cv: ContainerView) -> str:
                      f"<th>mem MiB</th></tr>{rows}</table>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _doctor_line(cv: ContainerView) -> str:
+    """The failing checks of the container's last doctor run (``--doctor-every``)."""
+    failing = [r.get("name", "?") for r in cv.doctor or [] if r.get("status") == "fail"]
+    if not failing:
+        return ""
+    return (f"<p class=\"err doctor\">doctor: {esc(', '.join(failing))} failing "
+            f"(<code>opsctl doctor --host {esc(cv.host)} --ct {cv.ctid}</code>)</p>")
 
 
 def _n(v: float | None) -> str:

@@ -101,3 +101,37 @@ def test_scrapes_while_a_fetch_is_in_flight_share_it_and_open_nothing_more(serve
     assert wait_for(lambda: samples(get(server, "/metrics")[2]).get("opsctl_host_up")
                     == [({"host": "pve1"}, 1.0)], 10)
     assert len(calls) <= 3  # one call per refresh at most, never one per scrape
+
+
+def test_a_slow_doctor_runs_once_per_period_and_never_delays_a_scrape(server, isolated_env,
+                                                                      monkeypatch):
+    """--doctor-every: the run is in a thread of its own. While it hangs, scrapes answer at
+    once without doctor series; once it answers, its failing checks are served."""
+    from opsctl.ops import doctor
+
+    write_inventory(isolated_env, {"pve1": {"address": "127.0.0.1", "containers": {120: {}}}})
+    release = threading.Event()
+    runs: list[str] = []
+
+    def slow_doctor(tgt: t.Any, **_: t.Any) -> doctor.DoctorReport:
+        runs.append(tgt.label)
+        release.wait(30)
+        return doctor.DoctorReport(tgt.label, rows=[
+            {"name": "ssh", "status": "ok"}, {"name": "dev-shm", "status": "fail"}])
+
+    monkeypatch.setattr(doctor, "doctor", slow_doctor)
+    monkeypatch.setattr(dashboard.Fleet, "container", lambda _f, host, ctid: dashboard.ContainerView(
+        host, ctid, note="no job launched here yet"))
+    server.app.fleet.doctor_every_s = 3600.0
+    try:
+        for _ in range(5):
+            code, _, text = get(server, "/metrics")
+            assert code == 200 and "opsctl_doctor_failing_checks{" not in text
+        assert wait_for(lambda: len(runs) == 1, 10) and len(runs) == 1
+    finally:
+        release.set()
+    found = wait_for(lambda: samples(get(server, "/metrics")[2]).get("opsctl_doctor_failing_checks"),
+                     10, what="the doctor's answer on /metrics")
+    assert found == [({"host": "pve1", "container": "120"}, 1.0)]
+    assert "dev-shm failing" in get(server, "/fragment")[2]
+    assert len(runs) == 1  # not again within --doctor-every
