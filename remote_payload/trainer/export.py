@@ -8,7 +8,8 @@ What SGLang, vLLM and z-lab/dflash's benchmark load (z-lab/dflash ``DFlashDraftM
 are the target's and are not exported (the reference borrows them too).
 
 ``OUT/README.md`` is a model card with the exact vLLM and SGLang serve commands, built from
-this config (:mod:`.serving`); ``export`` prints the same lines at its end.
+this config (:mod:`.serving`; a README.md of the user's already there is kept); ``export``
+prints the same lines at its end.
 
 ``OUT/dflash.py`` is this project's drafter for transformers (:mod:`.hf_dflash`, copied byte
 for byte) and ``config.json``'s ``auto_map`` names it as z-lab's hub repositories do
@@ -39,7 +40,7 @@ import typing as t
 import torch
 
 from .config import DrafterConfig, TrainerConfigError
-from .serving import export_readme
+from .serving import export_card
 
 _LAYER_MAP = {
     "input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
@@ -50,8 +51,6 @@ _LAYER_MAP = {
 _TOP_MAP = {"fc": "fc", "ctx_norm": "hidden_norm", "norm": "norm"}
 #: the modeling file's name in an export (z-lab's hub repositories call theirs ``dflash.py``)
 MODELING_FILE = "dflash.py"
-#: the model card: the exact vLLM and SGLang serve commands (:mod:`.serving`)
-README_FILE = "README.md"
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.([a-z_]+)\.weight$")
 
 
@@ -124,9 +123,11 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16") -> dict[str, t.Any]:
     config = reference_config(cfg, dtype)
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (dst / MODELING_FILE).write_bytes(pathlib.Path(__file__).with_name("hf_dflash.py").read_bytes())
-    (dst / README_FILE).write_text(export_readme(config, dst, path))
+    card = export_card(config, dst, path)  # README.md, unless OUT has one of the user's
+    for name, text in card.items():
+        (dst / name).write_text(text)
     mode = make_readable(dst / n for n in ("model.safetensors", "config.json", MODELING_FILE,
-                                           README_FILE))
+                                           *card))
     return {"ckpt": str(path), "out": str(dst), "tensors": len(state), "dtype": dtype,
             "mode": f"{mode:04o}",
             "mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}

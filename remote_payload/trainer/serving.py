@@ -31,6 +31,7 @@ import json
 import pathlib
 import re
 import shlex
+import sys
 import typing as t
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ SGLANG_VERSION = "0.5.23"
 #: written where the export does not know its target (a toy or synthetic run)
 TARGET_PLACEHOLDER = "TARGET_MODEL"
 SGLANG_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+README_FILE = "README.md"
+#: the card's first line: a README.md that starts otherwise is the user's and is kept
+CARD_MARK = "<!-- written by opsctl's trainer export (serving.py); rewritten at every export -->"
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,8 @@ def model_card(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) ->
     load = (f"from transformers import AutoModel\ndraft = AutoModel.from_pretrained("
             f"{json.dumps(draft_dir)}, trust_remote_code=True, dtype=\"auto\")")
     fence = _fence(vllm + sglang + load)
-    return f"""# DFlash drafter
+    return f"""{CARD_MARK}
+# DFlash drafter
 
 A block drafter for speculative decoding, exported by opsctl's trainer
 (`python -m remote_payload.trainer export`). The embedding and LM head are the target's:
@@ -199,15 +204,37 @@ def target_of(ckpt: pathlib.Path) -> Target:
     return Target(path, longest if ok else None)
 
 
-def export_readme(config: t.Mapping[str, t.Any], out: pathlib.Path, ckpt: pathlib.Path) -> str:
-    """The card ``export`` writes as ``OUT/README.md`` (OUT as an absolute path: the lines
-    work from any directory)."""
-    return model_card(config, str(out.absolute()), target_of(ckpt))
+def ours(readme: pathlib.Path) -> bool:
+    """Whether ``readme`` may be (re)written: absent, or a card an export wrote. A link, a
+    special file or a README.md of the user's (an export into a hub repository's clone) is
+    kept: nothing lost."""
+    if not readme.exists() and not readme.is_symlink():
+        return True
+    if readme.is_symlink() or not readme.is_file():
+        return False
+    try:
+        with readme.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().rstrip("\n") == CARD_MARK
+    except OSError:
+        return False
+
+
+def export_card(config: t.Mapping[str, t.Any], out: pathlib.Path,
+                ckpt: pathlib.Path) -> dict[str, str]:
+    """The files ``export`` adds for people: ``{"README.md": card}`` (OUT as an absolute path,
+    so the lines work from any directory), or nothing when OUT holds a README.md of its own
+    (kept, and said in one line on stderr; the serve lines are still printed)."""
+    if not ours(out / README_FILE):
+        print(f"export: kept {out / README_FILE} (not written by an export); the serve lines "
+              "follow the summary", file=sys.stderr, flush=True)
+        return {}
+    return {README_FILE: model_card(config, str(out.absolute()), target_of(ckpt))}
 
 
 def export_lines(out: pathlib.Path, ckpt: pathlib.Path) -> list[str]:
     """What ``export`` prints at its end: the two serve lines of the export just written."""
     config = json.loads((out / "config.json").read_text())
     vllm, sglang = serve_lines(config, str(out.absolute()), target_of(ckpt))
+    readme = out.absolute() / README_FILE
     return ["serve it with vLLM:", f"  {vllm}", "or with SGLang:", f"  {sglang}",
-            f"(also in {out.absolute() / 'README.md'})"]
+            *([f"(also in {readme})"] if readme.is_file() and ours(readme) else [])]

@@ -116,3 +116,33 @@ def test_the_export_writes_its_model_card_and_prints_the_same_serve_lines_at_its
         "sglang.launch_server", "--model-path", target, "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", str(out), "--context-length", "131072"]
     assert oct((out / "README.md").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_readme_of_the_users_in_the_export_dir_is_kept_and_the_lines_still_printed(
+        run_dir, tmp_path, capsys):
+    """Exporting into a hub repository's clone: its README.md is the user's (nothing lost)."""
+    out = tmp_path / "hub-clone"
+    out.mkdir()
+    (out / "README.md").write_text("# my card\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "README.md").symlink_to(tmp_path / "target-of-link.md")
+    for where in (out, linked):
+        assert trainer_main(["export", str(run_dir / "run"), str(where)]) == 0
+        captured = capsys.readouterr()
+        human = [ln for ln in captured.out.splitlines() if wire.parse_event(ln) is None]
+        assert human[-4:-2] == ["serve it with vLLM:", human[-3]] and human[-2] == "or with SGLang:"
+        assert not [ln for ln in human if ln.startswith("(also in")]
+        assert f"export: kept {where / 'README.md'} (not written by an export)" in captured.err
+        assert (where / "config.json").is_file()
+    assert (out / "README.md").read_text() == "# my card\n"
+    assert not (tmp_path / "target-of-link.md").exists()  # nothing written through the link
+
+
+def test_a_second_export_rewrites_its_own_card(run_dir, tmp_path, capsys):
+    out = tmp_path / "again"
+    assert trainer_main(["export", str(run_dir / "run"), str(out)]) == 0
+    (out / "README.md").write_text((out / "README.md").read_text() + "stale line\n")
+    assert trainer_main(["export", str(run_dir / "run"), str(out)]) == 0
+    assert "stale line" not in (out / "README.md").read_text()
+    assert "export: kept" not in capsys.readouterr().err

@@ -135,3 +135,27 @@ def test_any_path_leaves_the_cards_code_blocks_and_table_whole(draft, target):
     assert f"\n{fence}bash\n{sglang}\n{fence}\n" in card
     row = next(ln for ln in card.splitlines() if ln.startswith("| trained against |"))
     assert row.endswith(" |") and "|" not in row[len("| trained against |"):-2].replace("\\|", "")
+
+
+def test_only_an_absent_readme_or_an_exports_own_card_may_be_written(tmp_path):
+    readme = tmp_path / "README.md"
+    assert serving.ours(readme)  # absent
+    readme.write_text(serving.model_card(CONFIG, "/x", QWEN3_8B))
+    assert serving.ours(readme)  # a card an export wrote: rewritten at the next export
+    readme.write_text("# My model\n\nHand-written card of a hub repository.\n")
+    assert not serving.ours(readme)
+    readme.write_bytes(b"\xff\xfe not utf-8")
+    assert not serving.ours(readme)
+
+
+def test_a_readme_that_is_a_link_or_a_directory_is_never_written_through(tmp_path):
+    card = tmp_path / "elsewhere.md"
+    card.write_text(serving.model_card(CONFIG, "/x", QWEN3_8B))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "README.md").symlink_to(card)  # even a link to a card of ours
+    assert not serving.ours(tmp_path / "a" / "README.md")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "README.md").symlink_to(tmp_path / "missing")  # dangling
+    assert not serving.ours(tmp_path / "b" / "README.md")
+    (tmp_path / "c" / "README.md").mkdir(parents=True)
+    assert not serving.ours(tmp_path / "c" / "README.md")
