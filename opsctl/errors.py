@@ -32,7 +32,6 @@ DOCTOR_FAILED = 28
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
-INVALID_TRANSITION = 50
 INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
@@ -62,8 +61,6 @@ EXIT_CODES: dict[int, str] = {
     JOB_FAILED: "the job failed, was cancelled or lost (also `logs -f` and `status --follow` when the "
                 "job they followed ended so)",
     JOB_UNHEALTHY: "the job did not become healthy before the playbook's `timeout_s`",
-    INVALID_TRANSITION: "job state machine refused a transition (reserved: the agent keeps its states "
-                        "forward-only and raises nothing for it today)",
     INTERRUPTED: "interrupted (Ctrl-C, or a confirmation of `stop`/`deploy --replace` answered no; the "
                  "remote job keeps running; an interrupted deploy never launches its job later and "
                  "says what it already did)",
@@ -266,10 +263,6 @@ class JobUnhealthy(DeployOutcomeError):
     """The job is alive but did not become healthy before the playbook's timeout."""
 
     exit_code = JOB_UNHEALTHY
-
-
-class InvalidTransition(OpsctlError):
-    exit_code = INVALID_TRANSITION
 
 
 class Declined(OpsctlError):
