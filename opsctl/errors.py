@@ -3,8 +3,9 @@ into exit codes.
 
 Every error builds its own one-line message from typed fields and may carry a
 ``hint`` (the next command to run) and a ``log_path`` (where the full output was
-saved), so that no failure is ever silent. The docs' exit-code page is generated from
-:data:`EXIT_CODES` (``docs/hooks/generated.py``), so they cannot disagree.
+saved), so that no failure is ever silent. The docs' exit-code page
+(``docs/hooks/generated.py``) and ``opsctl help exit-codes`` are both made from
+:data:`EXIT_CODES` and :data:`PASSED_THROUGH`, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ EXIT_CODES: dict[int, str] = {
                  "remote job keeps running; an interrupted deploy never launches its job later and "
                  "says what it already did)",
 }
+
+#: Exit statuses opsctl passes on rather than chooses: the table's last row.
+PASSED_THROUGH = ("`opsctl exec` and `opsctl shell`: the remote command's (shell's) own exit code; "
+                  "`opsctl attach`: tmux's. `opsctl exec` whose reader closed early "
+                  "(`opsctl exec … | head -c 10`) ends as `cat` does: killed by SIGPIPE, quietly "
+                  "(a shell shows 141), and the remote command is ended")
 
 
 class OpsctlError(Exception):

@@ -43,10 +43,7 @@ def exit_codes() -> str:
 
     rows = ["| code | meaning |", "| --- | --- |"]
     rows += [f"| {code} | {meaning} |" for code, meaning in sorted(errors.EXIT_CODES.items())]
-    rows.append("| *n* | `opsctl exec` and `opsctl shell`: the remote command's (shell's) own exit "
-                "code; `opsctl attach`: tmux's. `opsctl exec` whose reader closed early "
-                "(`opsctl exec … \\| head -c 10`) ends as `cat` does: killed by SIGPIPE, quietly "
-                "(a shell shows 141), and the remote command is ended |")
+    rows.append(f"| *n* | {errors.PASSED_THROUGH.replace('|', chr(92) + '|')} |")
     return "\n".join(rows)
 
 
