@@ -13,6 +13,8 @@ time, with text made from the code itself:
 - ``playbook-fields``, ``pipeline-fields``, ``inventory-fields``, ``torch-build-fields``: a
   table per pydantic model of the configuration files (every key, its type, default and the
   ``Field(description=...)`` written on the model), nested models after their parent;
+- ``agent-verbs``: every verb of the container agent (``VERBS`` in
+  ``remote_payload/agent/__main__.py``, read with :mod:`ast`), by the module that serves it;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
   severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
@@ -73,6 +75,30 @@ def module_rows() -> list[tuple[str, str]]:
 def module_map() -> str:
     rows = ["| module | what it is for |", "| --- | --- |"]
     rows += [f"| `{name}` | {line} |" for name, line in module_rows()]
+    return "\n".join(rows)
+
+
+def agent_verbs() -> dict[str, list[str]]:
+    """The agent's verbs by the module that serves them, in ``VERBS``' order, read from
+    ``remote_payload/agent/__main__.py`` without running it."""
+    tree = ast.parse((ROOT / "remote_payload" / "agent" / "__main__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and node.target.id == "VERBS" and node.value is not None):
+            verbs = ast.literal_eval(node.value)
+            break
+    else:
+        raise ValueError("remote_payload/agent/__main__.py has no VERBS table")
+    by_module: dict[str, list[str]] = {}
+    for verb, module in verbs.items():
+        by_module.setdefault(module, []).append(verb)
+    return by_module
+
+
+def agent_verb_table() -> str:
+    rows = ["| verbs | served by |", "| --- | --- |"]
+    rows += [f"| {' '.join(f'`{v}`' for v in verbs)} | `{module}` |"
+             for module, verbs in agent_verbs().items()]
     return "\n".join(rows)
 
 
@@ -271,6 +297,7 @@ def torch_build_fields() -> str:
 
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
+    "agent-verbs": agent_verb_table,
     "wire-shapes": wire_shapes,
     "trainer-flags": trainer_flags,
     "playbook-fields": playbook_fields, "pipeline-fields": pipeline_fields,
