@@ -1,4 +1,4 @@
-"""The job history (issue 17) on a real GPU machine: nvidia-smi samples reach ``history.json``.
+"""The job history on a real GPU machine: nvidia-smi samples reach ``history.json``.
 
     python3 tests/gpu/history_on_gpu.py [--out DIR] [--seconds 16]
 

@@ -48,7 +48,7 @@ def test_a_session_leaves_the_sandbox_running_while_another_live_one_uses_it(tmp
     other_session.kill()
     other_session.wait()
     sandbox_plugin.register_session(tmp_path)
-    assert sandbox_plugin.release_session(tmp_path) is True  # the dead one no longer counts
+    assert sandbox_plugin.release_session(tmp_path) is True  # a dead session counts for nothing
     assert stops == [tmp_path]
 
 
