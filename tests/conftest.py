@@ -28,7 +28,7 @@ import signal
 
 import pytest
 
-pytest_plugins = ["tests.sandbox_plugin", "tests.xdist_plugin"]
+pytest_plugins = ["tests.sandbox_plugin", "tests.xdist_plugin", "tests.leftovers"]
 
 #: folder -> the markers every test in it gets
 KIND_MARKERS: dict[str, tuple[str, ...]] = {
