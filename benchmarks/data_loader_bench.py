@@ -1,12 +1,13 @@
 """``batch()`` cost of the JSONL data source before and after the token store, per call.
 
-    python3 benchmarks/data_loader_bench.py            # 20 K and 800 K records
+    python3 benchmarks/data_loader_bench.py [OUT.json]   # 20 K and 800 K records
 
 Before (the list-of-int-lists source up to issue 13): from the second epoch on, every
 ``batch(j)`` re-binned the whole dataset twice (its cache held one epoch, and it asked for
 epoch 0 to learn the epoch length), so a call cost O(records). ``before`` below is that
 binning loop, kept here only to measure it. After: :class:`RecordSource` bins once per epoch
-(vectorised) and a call only copies its own rows. Prints one JSON line per size.
+(vectorised) and a call only copies its own rows (``after``: the median of 20 calls). Prints
+one JSON line per size, then the result (``benchmarks/harness.py``) or writes it to OUT.json.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from benchmarks import harness
 from remote_payload.trainer.data import RecordSource, rows_for
 from remote_payload.trainer.token_store import TokenTable
 
@@ -55,10 +57,8 @@ def bench(n: int) -> dict[str, float]:
     t0 = time.perf_counter()
     src.batch(per)  # the once-per-epoch binning
     bin_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for j in range(per + 1, per + 21):
-        src.batch(j)
-    after = (time.perf_counter() - t0) / 20
+    calls = iter(range(per + 1, per + 21))
+    after = harness.timed(lambda: src.batch(next(calls)), runs=20).median_s
     lens = lengths.tolist()
     t0 = time.perf_counter()
     for _ in range(2):  # one call = two re-binnings (epoch 0 for the length, then epoch j)
@@ -70,5 +70,8 @@ def bench(n: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    results = []
     for n in (20_000, 800_000):
-        print(json.dumps(bench(n)), flush=True)
+        results.append(bench(n))
+        print(json.dumps(results[-1]), flush=True)
+    harness.write_result("data_loader_bench", results, sys.argv[1] if len(sys.argv) > 1 else None)

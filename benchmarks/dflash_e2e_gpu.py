@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import os
 import pathlib
 import sys
@@ -50,10 +49,12 @@ def main() -> int:
                    help="also train on FP8 features; tau of both drafters vs bf16/FP8 targets")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drafter-epochs", type=int, default=None, help="instead of the recipe's 6")
+    p.add_argument("--json", dest="json_out", default=None, help="the result file (default: stdout)")
     a = p.parse_args()
     faulthandler.dump_traceback_later(a.minutes * 60, exit=True)
     import torch
 
+    from benchmarks import harness
     from remote_payload.trainer import e2e
 
     if a.tiny:
@@ -72,7 +73,8 @@ def main() -> int:
                    gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                    date=time.strftime("%Y-%m-%d"), out_dir=out)
     faulthandler.cancel_dump_traceback_later()
-    print(json.dumps(summary), flush=True)
+    harness.write_result("dflash_e2e_gpu", summary, a.json_out,
+                         params={k: v for k, v in vars(a).items() if k != "json_out"})
     return 0
 
 

@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from opsctl.sandbox import host as sandbox_host  # noqa: E402
 
 SIZES = (1, 2, 8)
@@ -72,14 +72,14 @@ def main() -> None:
             times[n].append(once(n))
     results: dict[str, float] = {"load_avg_1m_start": load_start}
     for n in SIZES:
-        results[f"hosts_{n}_s"] = statistics.median(times[n])
+        results[f"hosts_{n}_s"] = harness.median(times[n])
     results["ratio_8_to_1"] = results["hosts_8_s"] / results["hosts_1_s"]
     results["load_avg_1m_end"] = os.getloadavg()[0]
     for key, value in results.items():
         mark = (" ✓" if value <= 2.0 else " ✗ (goal ≤ 2)") if key == "ratio_8_to_1" else ""
         print(f"{key:20s} {value:7.3f}{mark}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2))
+        harness.write_result("fleet_status", results, args.json_out, params={"runs": args.runs})
     for home in homes.values():
         shutil.rmtree(home, ignore_errors=True)
 

@@ -17,7 +17,6 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 import typing as t
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -34,6 +33,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     import torch
 
+    from benchmarks import harness
     from remote_payload.trainer import fp8
     from remote_payload.trainer.config import preset
     from remote_payload.trainer.target import build_target
@@ -51,15 +51,13 @@ def main(argv: t.Sequence[str] | None = None) -> int:
                 for i in range(len(cfg.target_layer_ids))]
 
     def timed(target: t.Any) -> float:
-        target.features(ids)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(3):
+        """The median of 3 forwards after one untimed (each waits for the GPU)."""
+        def forward() -> None:
             target.features(ids)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return round((time.perf_counter() - t0) / 3, 4)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+
+        return round(harness.timed(forward, runs=3, warmup=1).median_s, 4)
 
     res: dict[str, t.Any] = {"preset": a.preset, "rows": a.rows, "seq": a.seq,
                              "layer_ids": list(cfg.target_layer_ids), "torch": torch.__version__}
@@ -86,7 +84,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         print(json.dumps({name: res[name]}), flush=True)
         del target, feats
     fp8.FAST_ACCUM = True
-    pathlib.Path(a.out).write_text(json.dumps(res, indent=1))
+    harness.write_result("fp8_fidelity", res, a.out, params=vars(a))
     return 0
 
 

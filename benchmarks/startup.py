@@ -54,6 +54,7 @@ import typing as t
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import harness  # noqa: E402
 from remote_payload import wire  # noqa: E402
 
 #: The issue's shape (the qwen3-8b preset's block 32 and 64 anchors, named for clarity)
@@ -370,7 +371,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
         md += f"\n\n--target-path checkpoint: {json.dumps(results['target checkpoint'])}"
     doc = {"shape": shape, "steps": a.steps, "smoke": a.smoke, "baseline": str(codes["base"]),
            "wall_s": round(time.monotonic() - began, 1), "runs": results, "table": md}
-    out.write_text(json.dumps(doc, indent=1))
+    harness.write_result("startup", doc, out, params={k: str(v) for k, v in vars(a).items()})
     out.with_suffix(".md").write_text(md + "\n")
     print(md)
     print(f"wall {doc['wall_s']} s; {out} and {out.with_suffix('.md')}, logs in {logs}")

@@ -5,14 +5,13 @@ Launches one short local job with the real agent (tmux, wrapper), then times the
 as ``pct exec`` runs it) with no ``history.json`` and with a full one (a week of 2 s GPU samples
 and 10 s step events, bounded to CAP rows). Prints one JSON document.
 
-    python3 benchmarks/status_history.py
+    python3 benchmarks/status_history.py [OUT.json]   # the result (benchmarks/harness.py), else stdout
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import harness  # noqa: E402
 from remote_payload.agent import history  # noqa: E402
 from remote_payload.agent.verbs import jobs as verbs_jobs  # noqa: E402
 
@@ -64,24 +64,19 @@ def main() -> None:
             if doc is not None:
                 (job / history.FILE).write_text(json.dumps(doc, separators=(",", ":")))
             os.environ["OPSCTL_TMUX_SOCKET"] = socket
-            inproc = []
-            for _ in range(200):
-                t0 = time.perf_counter()
-                verbs_jobs.status_document(str(root), spec["job_id"], lines=20)
-                inproc.append(time.perf_counter() - t0)
-            proc = []
-            for _ in range(30):
-                t0 = time.perf_counter()
-                r = subprocess.run([*agent, "status", "--lines", "20"], env=env, capture_output=True)
-                proc.append(time.perf_counter() - t0)
+            inproc = harness.timed(
+                lambda: verbs_jobs.status_document(str(root), spec["job_id"], lines=20), runs=200)
+            proc = harness.timed(lambda: subprocess.run([*agent, "status", "--lines", "20"], env=env,
+                                                        capture_output=True), runs=30)
+            r = subprocess.run([*agent, "status", "--lines", "20"], env=env, capture_output=True)
             reply = json.loads(r.stdout)
-            out[label] = {"status_document_ms": round(statistics.median(inproc) * 1e3, 3),
-                          "agent_process_ms": round(statistics.median(proc) * 1e3, 1),
+            out[label] = {"status_document_ms": round(inproc.median_s * 1e3, 3),
+                          "agent_process_ms": round(proc.median_s * 1e3, 1),
                           "reply_bytes": len(r.stdout),
                           "history_rows": len((reply["data"].get("history") or {}).get("t") or [])}
         out["history_file_bytes"] = len((job / history.FILE).read_bytes())
         out["history_file_rows"] = len(full.starts)
-        print(json.dumps(out, indent=1))
+        harness.write_result("status_history", out, sys.argv[1] if len(sys.argv) > 1 else None)
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
 

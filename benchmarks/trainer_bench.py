@@ -41,6 +41,8 @@ import typing as t
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import harness  # noqa: E402
+
 
 def _args(argv: t.Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
@@ -86,7 +88,7 @@ class Bench:
     # --- utilities ---------------------------------------------------------------
 
     def save(self) -> None:
-        (self.out / "bench.json").write_text(json.dumps(self.res, indent=1, default=str))
+        harness.write_result("trainer_bench", self.res, self.out / "bench.json", params=vars(self.a))
 
     def sync(self) -> None:
         if self.cuda:
@@ -148,7 +150,7 @@ class Bench:
             for _ in range(3):
                 x @ y
             ts = self.timed(lambda: x @ y, 10)
-            info["matmul_8192_tflops"] = round(2 * 8192**3 / sorted(ts)[5] / 1e12, 1)
+            info["matmul_8192_tflops"] = round(2 * 8192**3 / harness.median(ts) / 1e12, 1)
             del x, y
         return info
 
@@ -188,7 +190,7 @@ class Bench:
         first = time.perf_counter() - t0
         target.features(ids)
         ts = self.timed(lambda: target.features(ids), 4)
-        med = sorted(ts)[len(ts) // 2]
+        med = harness.median(ts)
         ntok = ids.numel()
         fl = target_flops_per_token(self.cfg, self.a.seq) * ntok
         return {"first_call_s": round(first, 2), "s": round(med, 4), "tok_s": round(ntok / med),
@@ -267,16 +269,16 @@ class Bench:
             total.append(t2 - t0)
             del f
         loss = float(out.loss)
-        med = sorted(total)[len(total) // 2]
+        med = harness.median(total)
         cb = self.batches[0]
         fl = step_flops(self.cfg, *cb.input_ids.shape, cb.anchors, cb.valid)
         ntok = cb.n_tokens
         res = {"first_step_s": round(first, 2), "step_s": round(med, 4),
                "tok_s": round(ntok / med), "mfu": round(fl["total"] / med / (self.a.peak_tflops * 1e12), 4),
                "mfu_datasheet": round(fl["total"] / med / (self.a.datasheet_tflops * 1e12), 4),
-               "target_s": round(sorted(phase["target"])[steps // 2], 4),
-               "drafter_s": round(sorted(phase["drafter"])[steps // 2], 4),
-               "drafter_tflops": round((fl["total"] - fl["target"]) / sorted(phase["drafter"])[steps // 2]
+               "target_s": round(harness.median(phase["target"]), 4),
+               "drafter_s": round(harness.median(phase["drafter"]), 4),
+               "drafter_tflops": round((fl["total"] - fl["target"]) / harness.median(phase["drafter"])
                                        / 1e12, 1),
                "peak_mem_gib": round(self.mem(), 2), "loss": round(loss, 4),
                "flops": {k: float(f"{v:.4g}") for k, v in fl.items()},
@@ -330,7 +332,7 @@ class Bench:
                 del f
                 self.sync()
                 times.append(time.perf_counter() - t0)
-            steady = sorted(times[2:])[len(times[2:]) // 2]
+            steady = harness.median(times[2:])
             ntok = self.batches[0].n_tokens
             return {"step_s": round(steady, 4), "tok_s": round(ntok / steady),
                     "peak_mem_gib": round(self.mem(), 2), "loss": round(float(out.loss), 4)}
@@ -460,8 +462,8 @@ class Bench:
             try:
                 once()
                 ts = self.timed(once, 5)
-                out[name] = {"rows": r, "ms": round(sorted(ts)[2] * 1e3, 3),
-                             "ms_per_row": round(sorted(ts)[2] * 1e3 / r, 4)}
+                out[name] = {"rows": r, "ms": round(harness.median(ts) * 1e3, 3),
+                             "ms_per_row": round(harness.median(ts) * 1e3 / r, 4)}
             except Exception as e:  # OOM for eager flex, no CPU backward for flex, ...
                 out[name] = {"rows": r, "error": f"{type(e).__name__}: {str(e)[:200]}"}
                 if self.cuda:

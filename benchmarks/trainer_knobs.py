@@ -35,6 +35,8 @@ import typing as t
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import harness  # noqa: E402
+
 _ROW = re.compile(r"^\s*(triton_\w+)\s+([\d.]+) ms\s+([\d.]+)%\s*(.*)$")
 _KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2",
          "num_stages", "num_warps")
@@ -102,10 +104,10 @@ class Knobs:
             fn()
             torch.cuda.synchronize()
             ts.append(time.perf_counter() - t0)
-        return sorted(ts)[n // 2]
+        return harness.median(ts)
 
     def save(self) -> None:
-        (self.out / "knobs.json").write_text(json.dumps(self.res, indent=1, default=str))
+        harness.write_result("trainer_knobs", self.res, self.out / "knobs.json", params=vars(self.a))
 
     # --- flex attention ----------------------------------------------------------
 

@@ -16,7 +16,6 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import harness  # noqa: E402
 from opsctl.sandbox import host as sandbox_host  # noqa: E402
 
 CT = 200
@@ -94,7 +94,7 @@ def main() -> None:
     mib = size / (1 << 20)
     results: dict[str, float] = {"size_mib": mib, "load_avg_1m_start": load_start}
     for key, values in times.items():
-        results[f"{key}_s"] = statistics.median(values)
+        results[f"{key}_s"] = harness.median(values)
     for key in ("raw", "rsync", "tar"):
         results[f"{key}_mib_s"] = mib / results[f"{key}_s"]
     results["rsync_vs_raw"] = results["rsync_mib_s"] / results["raw_mib_s"]
@@ -109,7 +109,7 @@ def main() -> None:
             mark = " ✓" if met else f" ✗ (goal {how} {goal})"
         print(f"{key:20s} {value:9.3f}{mark}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2))
+        harness.write_result("transfer", results, args.json_out, params=vars(args))
 
 
 if __name__ == "__main__":

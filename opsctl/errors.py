@@ -3,8 +3,9 @@ into exit codes.
 
 Every error builds its own one-line message from typed fields and may carry a
 ``hint`` (the next command to run) and a ``log_path`` (where the full output was
-saved), so that no failure is ever silent. The docs' exit-code page is generated from
-:data:`EXIT_CODES` (``docs/hooks/generated.py``), so they cannot disagree.
+saved), so that no failure is ever silent. The docs' exit-code page
+(``docs/hooks/generated.py``) and ``opsctl help exit-codes`` are both made from
+:data:`EXIT_CODES` and :data:`PASSED_THROUGH`, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ DOCTOR_FAILED = 28
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
-INVALID_TRANSITION = 50
 INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
@@ -62,12 +62,16 @@ EXIT_CODES: dict[int, str] = {
     JOB_FAILED: "the job failed, was cancelled or lost (also `logs -f` and `status --follow` when the "
                 "job they followed ended so)",
     JOB_UNHEALTHY: "the job did not become healthy before the playbook's `timeout_s`",
-    INVALID_TRANSITION: "job state machine refused a transition (reserved: the agent keeps its states "
-                        "forward-only and raises nothing for it today)",
     INTERRUPTED: "interrupted (Ctrl-C, or a confirmation of `stop`/`deploy --replace` answered no; the "
                  "remote job keeps running; an interrupted deploy never launches its job later and "
                  "says what it already did)",
 }
+
+#: Exit statuses opsctl passes on rather than chooses: the table's last row.
+PASSED_THROUGH = ("`opsctl exec` and `opsctl shell`: the remote command's (shell's) own exit code; "
+                  "`opsctl attach`: tmux's. `opsctl exec` whose reader closed early "
+                  "(`opsctl exec … | head -c 10`) ends as `cat` does: killed by SIGPIPE, quietly "
+                  "(a shell shows 141), and the remote command is ended")
 
 
 class OpsctlError(Exception):
@@ -266,10 +270,6 @@ class JobUnhealthy(DeployOutcomeError):
     """The job is alive but did not become healthy before the playbook's timeout."""
 
     exit_code = JOB_UNHEALTHY
-
-
-class InvalidTransition(OpsctlError):
-    exit_code = INVALID_TRANSITION
 
 
 class Declined(OpsctlError):

@@ -52,7 +52,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 # --- job states -------------------------------------------------------------
 
 
-class JobState(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent runs on 3.10 too)
+class JobState(str, enum.Enum):  # not StrEnum (3.11+): the agent runs on 3.10 too
     """Job lifecycle (SkyPilot style, forward only)."""
 
     QUEUED = "QUEUED"  # in the container's queue: waits for its dependency and its GPUs
@@ -305,7 +305,7 @@ def doctor_row(name: str, status: str, reason: str, evidence: str = "",
 # --- agent envelope -----------------------------------------------------------
 
 
-class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent runs on 3.10 too)
+class ErrorType(str, enum.Enum):  # not StrEnum (3.11+): the agent runs on 3.10 too
     """Every ``error.type`` an agent reply can carry; the member name is the wire value.
 
     The agent raises only these (``AgentFailure(ErrorType.X, ...)``), and ``opsctl`` maps

@@ -11,6 +11,9 @@ The tests sit in folders by kind, and each folder's tests get its markers here
 - ``tests/sandbox/``: through the real sandbox (loopback sshd, LXC, pct stand-in); ``sandbox``.
 - ``tests/trainer/``: real torch on CPU (training, the recipe, compile probes); ``trainer``
   and ``slow``.
+- ``tests/gpu/``: the integration checks that need NVIDIA GPUs (the agent driving a trainer
+  job, GPU history, multi-GPU layouts, multi-node torchrun); ``gpu`` and ``slow``, skipped
+  without a GPU. On a GPU machine: ``python3 -m pytest tests/gpu``.
 
 ``pytest -m "not slow and not sandbox"`` is then the fast selection: the unit tests alone.
 
@@ -25,11 +28,12 @@ import signal
 
 import pytest
 
-pytest_plugins = ["tests.sandbox_plugin", "tests.xdist_plugin"]
+pytest_plugins = ["tests.sandbox_plugin", "tests.xdist_plugin", "tests.leftovers"]
 
 #: folder -> the markers every test in it gets
 KIND_MARKERS: dict[str, tuple[str, ...]] = {
     "unit": (), "agent": ("agent", "slow"), "sandbox": ("sandbox",), "trainer": ("trainer", "slow"),
+    "gpu": ("gpu", "slow"),
 }
 
 

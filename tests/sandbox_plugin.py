@@ -14,11 +14,18 @@ session and tests never share a container with a test running at the same time. 
 makes its sandbox on first use from a copy of the session sandbox's template (made once, with
 every package the containers need, under that sandbox's lock: ``sandbox.up(template_from=)``),
 so a worker's cold start is a copy and a boot; ``.ci/run`` destroys them with the home.
+
+Nothing keeps running after the session: a session that brought a sandbox up registers
+itself in ``<home>/test-sessions/`` and, when it ends, stops that sandbox's containers and
+sshd (``sandbox.down``: built containers stay on disk, so the next run only boots them) unless
+another live session still uses it. ``./scripts/test`` also calls :func:`stop_idle_sandboxes`
+when pytest ends, for a worker that died before its own end could run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +56,81 @@ def worker_homes_dir(home: Path) -> Path:
     return home / "workers"
 
 
+def _sessions_dir(home: Path) -> Path:
+    """One file per live test session using the sandbox of ``home``, named by its pid."""
+    return home / "test-sessions"
+
+
+def _started_at(pid: int) -> str | None:
+    """Process ``pid``'s start time in clock ticks since boot (``/proc/PID/stat`` field 22),
+    which tells a live session from a new process that reused a dead one's pid; None: gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+@contextlib.contextmanager
+def _sessions_locked(home: Path) -> Iterator[Path]:
+    folder = _sessions_dir(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _live_sessions(folder: Path) -> list[int]:
+    """The pids registered in ``folder`` that still run; a dead one's file is removed."""
+    live = []
+    for entry in folder.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if _started_at(pid) is not None and _started_at(pid) == entry.read_text().strip():
+            live.append(pid)
+        else:
+            entry.unlink(missing_ok=True)
+    return live
+
+
+def register_session(home: Path) -> None:
+    """Note that this process uses the sandbox of ``home`` (before it brings it up)."""
+    with _sessions_locked(home) as folder:
+        (folder / str(os.getpid())).write_text(f"{_started_at(os.getpid())}\n")
+
+
+def release_session(home: Path) -> bool:
+    """This process is done with the sandbox of ``home``: stop it unless another live session
+    uses it. Returns whether it was stopped."""
+    with _sessions_locked(home) as folder:
+        (folder / str(os.getpid())).unlink(missing_ok=True)
+        if _live_sessions(folder):
+            return False
+        sandbox_mod.down(home)
+        return True
+
+
+def stop_idle_sandboxes(home: Path | None = None) -> list[Path]:
+    """Stop every sandbox of the session home (its own and each worker's) that no live test
+    session uses; returns those stopped. For the end of ``./scripts/test``."""
+    home = home or session_home()
+    homes = [home, *sorted(p for p in worker_homes_dir(home).glob("gw*") if p.is_dir())]
+    stopped = []
+    for h in homes:
+        if not (h / "sandbox").is_dir():
+            continue
+        with _sessions_locked(h) as folder:
+            if _live_sessions(folder):
+                continue
+            sandbox_mod.down(h)
+            stopped.append(h)
+    return stopped
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "sandbox" in getattr(item, "fixturenames", ()):
@@ -67,10 +149,16 @@ def _require_sandbox() -> None:
 
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[sandbox_mod.SandboxInfo]:
-    """The running sandbox host with container 200 up; left running for the next session."""
+    """The running sandbox host with container 200 up; stopped (not removed) when the session
+    ends, so the next session only boots it."""
     _require_sandbox()
-    # workers copy the session sandbox's template: one debootstrap and apt run for all of them
-    yield sandbox_mod.up(sandbox_home(), containers=(200,), template_from=session_home())
+    home = sandbox_home()
+    register_session(home)
+    try:
+        # workers copy the session sandbox's template: one debootstrap and apt run for all
+        yield sandbox_mod.up(home, containers=(200,), template_from=session_home())
+    finally:
+        release_session(home)
 
 
 @pytest.fixture

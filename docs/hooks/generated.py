@@ -12,6 +12,11 @@ time, with text made from the code itself:
   shapes inside them, trainer events) as a table of keys and types;
 - ``prometheus-metrics`` and ``prometheus-alerts``: the series of the dashboard's ``/metrics``
   (``opsctl.cli.prometheus_metrics.FAMILIES``) and the example alerting rules file;
+- ``playbook-fields``, ``pipeline-fields``, ``inventory-fields``, ``torch-build-fields``: a
+  table per pydantic model of the configuration files (every key, its type, default and the
+  ``Field(description=...)`` written on the model), nested models after their parent;
+- ``agent-verbs``: every verb of the container agent (``VERBS`` in
+  ``remote_payload/agent/__main__.py``, read with :mod:`ast`), by the module that serves it;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
   severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
@@ -45,10 +50,7 @@ def exit_codes() -> str:
 
     rows = ["| code | meaning |", "| --- | --- |"]
     rows += [f"| {code} | {meaning} |" for code, meaning in sorted(errors.EXIT_CODES.items())]
-    rows.append("| *n* | `opsctl exec` and `opsctl shell`: the remote command's (shell's) own exit "
-                "code; `opsctl attach`: tmux's. `opsctl exec` whose reader closed early "
-                "(`opsctl exec … \\| head -c 10`) ends as `cat` does: killed by SIGPIPE, quietly "
-                "(a shell shows 141), and the remote command is ended |")
+    rows.append(f"| *n* | {errors.PASSED_THROUGH.replace('|', chr(92) + '|')} |")
     return "\n".join(rows)
 
 
@@ -75,6 +77,30 @@ def module_rows() -> list[tuple[str, str]]:
 def module_map() -> str:
     rows = ["| module | what it is for |", "| --- | --- |"]
     rows += [f"| `{name}` | {line} |" for name, line in module_rows()]
+    return "\n".join(rows)
+
+
+def agent_verbs() -> dict[str, list[str]]:
+    """The agent's verbs by the module that serves them, in ``VERBS``' order, read from
+    ``remote_payload/agent/__main__.py`` without running it."""
+    tree = ast.parse((ROOT / "remote_payload" / "agent" / "__main__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and node.target.id == "VERBS" and node.value is not None):
+            verbs = ast.literal_eval(node.value)
+            break
+    else:
+        raise ValueError("remote_payload/agent/__main__.py has no VERBS table")
+    by_module: dict[str, list[str]] = {}
+    for verb, module in verbs.items():
+        by_module.setdefault(module, []).append(verb)
+    return by_module
+
+
+def agent_verb_table() -> str:
+    rows = ["| verbs | served by |", "| --- | --- |"]
+    rows += [f"| {' '.join(f'`{v}`' for v in verbs)} | `{module}` |"
+             for module, verbs in agent_verbs().items()]
     return "\n".join(rows)
 
 
@@ -190,11 +216,112 @@ def prometheus_alerts() -> str:
     return "```yaml\n" + text.rstrip("\n") + "\n```"
 
 
+def _model_type_text(tp: t.Any, anchors: dict[type, str]) -> str:
+    """A field's annotation as the YAML author sees it: models link to their own table."""
+    import types
+
+    origin = t.get_origin(tp)
+    if origin is t.Annotated:
+        return _model_type_text(t.get_args(tp)[0], anchors)
+    if origin in (t.Union, types.UnionType):
+        return " or ".join(_model_type_text(a, anchors) for a in t.get_args(tp))
+    if origin is t.Literal:
+        return " or ".join(f"`{a}`" for a in t.get_args(tp))
+    if origin is list:
+        return f"list of {_model_type_text(t.get_args(tp)[0], anchors)}"
+    if origin is dict:
+        key, value = (_model_type_text(a, anchors) for a in t.get_args(tp))
+        return f"map of {key} to {value}"
+    if tp is type(None):
+        return "null"
+    if tp in anchors:
+        return f"[{anchors[tp]}](#{anchors[tp].replace(' ', '-')})"
+    if tp is t.Any:
+        return "any"
+    return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
+        getattr(tp, "__name__", ""), getattr(tp, "__name__", str(tp)))
+
+
+def _default_text(field: t.Any) -> str:
+    import json
+
+    from pydantic_core import PydanticUndefined
+
+    if field.default_factory is not None:
+        value = field.default_factory()
+    elif field.default is PydanticUndefined:
+        return "**required**"
+    else:
+        value = field.default
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(exclude_none=True)
+    return f"`{json.dumps(value)}`"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def model_tables(sections: t.Sequence[tuple[str, type]]) -> str:
+    """One table per (heading, pydantic model): key, type, default, what (the field's
+    ``description``). A field without a description is an error: the table would be
+    silent about it (``tests/unit/test_docs.py`` runs every block)."""
+    anchors = {model: heading for heading, model in sections}
+    out = []
+    for heading, model in sections:
+        rows = [f"### {heading}", ""]
+        doc = (model.__doc__ or "").strip()
+        if doc and doc != "A base class for creating Pydantic models.":
+            rows += [" ".join(doc.split("\n\n")[0].split()).replace("``", "`"), ""]
+        rows += ["| key | type | default | what |", "| --- | --- | --- | --- |"]
+        for name, field in model.model_fields.items():
+            if not field.description:
+                raise ValueError(f"{model.__name__}.{name} has no Field(description=...)")
+            rows.append(f"| `{name}` | {_cell(_model_type_text(field.annotation, anchors))} | "
+                        f"{_cell(_default_text(field))} | {_cell(field.description)} |")
+        out.append("\n".join(rows) + "\n")
+    return "\n".join(out)
+
+
+def playbook_fields() -> str:
+    _import_root()
+    from opsctl.config import playbook as pb
+
+    return model_tables([("playbook", pb.Playbook), ("healthy_when", pb.HealthyWhen),
+                         ("restart", pb.RestartPolicy), ("torch", pb.TorchSpec),
+                         ("files", pb.FileSpec)])
+
+
+def pipeline_fields() -> str:
+    _import_root()
+    from opsctl.config import pipeline
+
+    return model_tables([("pipeline", pipeline.Pipeline), ("steps", pipeline.Step)])
+
+
+def inventory_fields() -> str:
+    _import_root()
+    from opsctl.config import inventory
+
+    return model_tables([("inventory file", inventory.InventoryFile), ("hosts", inventory.HostSpec),
+                         ("containers", inventory.ContainerSpec)])
+
+
+def torch_build_fields() -> str:
+    _import_root()
+    from opsctl.config import torch_builds
+
+    return model_tables([("torch_builds", torch_builds.BuildSpec)])
+
+
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
+    "agent-verbs": agent_verb_table,
     "wire-shapes": wire_shapes,
     "trainer-flags": trainer_flags,
     "prometheus-metrics": prometheus_metrics, "prometheus-alerts": prometheus_alerts,
+    "playbook-fields": playbook_fields, "pipeline-fields": pipeline_fields,
+    "inventory-fields": inventory_fields, "torch-build-fields": torch_build_fields,
 }
 
 

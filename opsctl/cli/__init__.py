@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 #: The command families, in the order their commands are added.
 FAMILY_MODULES = ("sandbox", "jobs", "queue", "interactive", "files", "diag", "torch", "hosts",
-                  "view", "complete", "schema")
+                  "view", "complete", "schema", "help")
 
 
 def _assemble() -> tuple[t.Any, tuple[t.Any, ...]]:

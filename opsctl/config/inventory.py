@@ -31,50 +31,64 @@ DEFAULT_ROOT = wire.DEFAULT_ROOT
 
 
 class ContainerSpec(BaseModel):
+    """One LXC container of a host, by its Proxmox id."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    gpus: int = Field(default=0, ge=0, le=1024)
-    description: str | None = None
-    playbook: str | None = None  # what `opsctl deploy` runs here when --playbook is not given
-    notify: list[str] = Field(default_factory=list)  # webhooks for every job here (docs/guide/babysitting.md)
+    gpus: int = Field(default=0, ge=0, le=1024, description="how many GPUs the container has")
+    description: str | None = Field(default=None, description="one line for `opsctl hosts`")
+    playbook: str | None = Field(default=None, description=(
+        "what `opsctl deploy` runs here when `--playbook` is not given"))
+    notify: list[str] = Field(default_factory=list, description=(
+        "webhooks for every job here, before the host's and the playbook's (guide/babysitting.md)"))
 
     @field_validator("notify")
     @classmethod
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
-    # multi-node runs: the interface NCCL and gloo use (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
-    # and whose address the rendezvous announces; wins over the host's
-    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
+    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$", description=(
+        "multi-node runs: the network interface NCCL and gloo use (`NCCL_SOCKET_IFNAME`, "
+        "`GLOO_SOCKET_IFNAME`) and whose address the rendezvous announces; wins over the host's"))
 
 
 class HostSpec(BaseModel):
     """One Proxmox host reached over SSH."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = ""
-    address: str
-    port: int = Field(default=22, ge=1, le=65535)
-    # as ``user@`` of ``--host`` takes it: never empty, never an ssh option (``-oProxyCommand``)
-    user: str = Field(default="root", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-    identity_file: str | None = None
-    proxy_jump: str | None = None  # OpenSSH ProxyJump: [user@]host[:port][,…] (hops in order)
-    known_hosts: str | None = None  # default ~/.ssh/known_hosts
-    host_key_fingerprint: str | None = None  # "SHA256:..." pin, checked on every connect
-    sudo: bool = False  # non-root user: run pct (and only pct) with `sudo -n`
-    # the pct a sudoers rule allows (`<user> ALL=(root) NOPASSWD: /usr/sbin/pct`); used with sudo
-    pct_path: str = "/usr/sbin/pct"
-    node: str | None = None  # Proxmox node name (informational)
-    root: str = DEFAULT_ROOT  # opsctl's directory inside containers
+    name: str = Field(default="", description=(
+        "set from the key under `hosts:` (written in the file, it is replaced)"))
+    address: str = Field(description="an IP address, a DNS name or an `~/.ssh/config` alias")
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
+    # the pattern: as ``user@`` of ``--host`` takes it, never an ssh option (``-oProxyCommand``)
+    user: str = Field(default="root", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$", description=(
+        "SSH user; a non-root one needs `sudo: true` and one sudoers line"))
+    identity_file: str | None = Field(default=None, description="the SSH private key (`~` expands)")
+    proxy_jump: str | None = Field(default=None, description=(
+        "OpenSSH ProxyJump: `[user@]host[:port][,…]`, hops in order"))
+    known_hosts: str | None = Field(default=None, description=(
+        "the known_hosts file the host key is checked against; null: `~/.ssh/known_hosts`"))
+    host_key_fingerprint: str | None = Field(default=None, description=(
+        "`SHA256:…`: the host key pinned, checked on every connect (`opsctl host trust`)"))
+    sudo: bool = Field(default=False, description="run pct, and only pct, with `sudo -n` (non-root user)")
+    pct_path: str = Field(default="/usr/sbin/pct", description=(
+        "the pct the sudoers rule allows (`<user> ALL=(root) NOPASSWD: /usr/sbin/pct`); used with sudo"))
+    node: str | None = Field(default=None, description="the Proxmox node name (informational)")
+    root: str = Field(default=DEFAULT_ROOT, description="opsctl's directory inside the containers")
     # finite and bounded: `.inf` reached int() in the connect call (OverflowError)
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
-    containers: dict[int, ContainerSpec] = Field(default_factory=dict)
-    torch_builds: dict[str, t.Any] | None = None  # per-host overrides of the builds table
-    notify: list[str] = Field(default_factory=list)  # webhooks for every job on this host
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False, description=(
+        "seconds to wait for the SSH connection"))
+    containers: dict[int, ContainerSpec] = Field(default_factory=dict, description=(
+        "the host's containers by Proxmox id (100-999999999)"))
+    torch_builds: dict[str, t.Any] | None = Field(default=None, description=(
+        "this host's overrides of the torch builds table, by variant, field by field (a mirror "
+        "`index_url`, `wheelhouse: true`): [torch builds](#torch-builds)"))
+    notify: list[str] = Field(default_factory=list, description="webhooks for every job on this host")
 
     @field_validator("notify")
     @classmethod
     def _notify_urls(cls, v: list[str]) -> list[str]:
         return wire.check_notify_urls(v)
-    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$")
+    socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.:@,-]{1,64}$", description=(
+        "multi-node runs: the network interface of this host's containers (a container's wins)"))
 
     @field_validator("containers")
     @classmethod
@@ -111,11 +125,15 @@ class HostSpec(BaseModel):
 
 
 class InventoryFile(BaseModel):
+    """One inventory file: hosts, groups of them, and torch build overrides."""
+
     model_config = ConfigDict(extra="forbid")
-    hosts: dict[str, HostSpec] = Field(default_factory=dict)
-    #: named sets of host names, for fleet commands (``opsctl status --all --host GROUP``)
-    groups: dict[str, list[str]] = Field(default_factory=dict)
-    torch_builds: dict[str, t.Any] | None = None
+    hosts: dict[str, HostSpec] = Field(default_factory=dict, description="hosts by name (`--host NAME`)")
+    groups: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "named sets of host names, for fleet commands (`opsctl status --all --host GROUP`)"))
+    torch_builds: dict[str, t.Any] | None = Field(default=None, description=(
+        "overrides of the torch builds table for every host, by variant, field by field: "
+        "[torch builds](#torch-builds)"))
 
 
 @dataclass(frozen=True)

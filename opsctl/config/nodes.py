@@ -7,7 +7,6 @@ inventory name or ``[user@]address[:port]``), so the container id is the text af
 
 from __future__ import annotations
 
-import typing as t
 from dataclasses import dataclass
 
 from opsctl.config.ctid import parse_ctid
@@ -54,8 +53,3 @@ def parse_nodes(text: str) -> tuple[NodeRef, ...]:
             raise ConfigError(f"--nodes: {item} is listed twice (one job per container)")
         nodes.append(node)
     return tuple(nodes)
-
-
-def format_nodes(nodes: t.Iterable[NodeRef]) -> str:
-    """The inverse of :func:`parse_nodes`."""
-    return ",".join(map(str, nodes))

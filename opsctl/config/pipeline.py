@@ -35,12 +35,16 @@ class Step(BaseModel):
     """One step: a playbook (name or path), extra arguments, and what it waits for."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    playbook: str = Field(min_length=1, max_length=4096)
-    name: str | None = Field(default=None, pattern=STEP_NAME)
+    playbook: str = Field(min_length=1, max_length=4096, description="the step's playbook: a name or a path")
+    name: str | None = Field(default=None, pattern=STEP_NAME, description=(
+        "the step's name, for `after`; null: its playbook's name"))
     args: list[t.Annotated[str, Field(max_length=4096)]] = Field(default_factory=list,
-                                                                max_length=256)
-    after: str | None = Field(default=None, max_length=128)
-    gpus: int | list[int] | None = None
+                                                                max_length=256, description=(
+        "appended to the step playbook's command"))
+    after: str | None = Field(default=None, max_length=128, description=(
+        "`previous` or the name of an earlier step: this step waits until that one SUCCEEDED "
+        "(it ends CANCELLED if that one failed); null: nothing"))
+    gpus: int | list[int] | None = Field(default=None, description="overrides the step playbook's `gpus`")
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -67,9 +71,10 @@ class Pipeline(BaseModel):
     earlier step, or nothing."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(pattern=STEP_NAME)
-    description: str | None = None
-    steps: list[Step] = Field(min_length=1, max_length=wire.MAX_PIPELINE_STEPS)
+    name: str = Field(pattern=STEP_NAME, description="the pipeline's name (`--playbook NAME`)")
+    description: str | None = Field(default=None, description="one line for `opsctl playbooks`")
+    steps: list[Step] = Field(min_length=1, max_length=wire.MAX_PIPELINE_STEPS, description=(
+        "the steps, queued in the container at once, in this order"))
 
     @model_validator(mode="after")
     def _dependencies_point_back(self) -> Pipeline:

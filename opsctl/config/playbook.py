@@ -92,9 +92,12 @@ class HealthyWhen(BaseModel):
     """Exactly one criterion: first event of a kind, a regex on output, or started."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    event: str | None = None
-    regex: str | None = None
-    started: bool | None = None
+    event: str | None = Field(default=None, description=(
+        "healthy at the first trainer event of this kind (`step`: the first training step)"))
+    regex: str | None = Field(default=None, description=(
+        "healthy at the first output line this regular expression matches (patterns that "
+        "backtrack catastrophically are refused)"))
+    started: bool | None = Field(default=None, description="healthy as soon as the process runs")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> HealthyWhen:
@@ -124,8 +127,12 @@ class RestartPolicy(BaseModel):
     attempt again (``remote_payload/agent/restart.py`` has the rule; docs/playbooks.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_restarts: int = Field(ge=0, le=wire.MAX_RESTARTS_LIMIT)
-    on: list[int | str] = Field(default_factory=lambda: _default_on())
+    max_restarts: int = Field(ge=0, le=wire.MAX_RESTARTS_LIMIT, description=(
+        "how many times a failed attempt is run again in the same job"))
+    on: list[int | str] = Field(default_factory=lambda: _default_on(), description=(
+        "what restarts: `failed` (any exit but 0, or a signal), `hang`, diagnosis ids "
+        "(`nccl_timeout`, `cuda_oom`, …) and exit codes (`137`; a signal *n* also matches "
+        "128 + *n*); exit 2 is never restarted"))
 
     @model_validator(mode="after")
     def _the_agents_rule(self) -> RestartPolicy:
@@ -137,48 +144,72 @@ class RestartPolicy(BaseModel):
 
 
 class TorchSpec(BaseModel):
+    """``torch: {variant, version}``: the build the job needs (``swap-torch`` before launch)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    variant: str
-    version: str | None = None
+    variant: str = Field(description="the build's variant, the wheel's local tag: `cpu`, `cu128`, `cu130`, …")
+    version: str | None = Field(default=None, description=(
+        "torch release without the tag (`2.11.0`); null: the builds table's version of the variant"))
 
 
 class FileSpec(BaseModel):
     """One entry of a playbook's ``files:``: a local path and where it goes in the container."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    src: str = Field(min_length=1)  # on this machine (relative: to the current directory)
-    dest: str | None = None  # absolute, or under <root>/data; default <root>/data/<name of src>
+    src: str = Field(min_length=1, description=(
+        "a file or directory on this machine (relative: to the current directory; `~` expands)"))
+    dest: str | None = Field(default=None, description=(
+        "where it goes in the container: absolute, or under `<root>/data`; null: "
+        "`<root>/data/<name of src>`"))
 
 
 class Playbook(BaseModel):
+    """A job: what runs in the container, when it counts as healthy, what it needs there.
+
+    Restarts, the time limit, webhooks and secrets are applied in the container by the job's
+    wrapper, with no client connected."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    description: str | None = None
-    command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-    healthy_when: HealthyWhen = Field(default_factory=lambda: HealthyWhen(started=True))
-    timeout_s: float = Field(default=600, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
-    expect_tok_s: float | None = Field(default=None, gt=0, le=MAX_TOK_S, allow_inf_nan=False)
-    # A quiet job (no output, no events) longer than this is named hung, its stacks taken; a
-    # phase the job announces a longer budget for (the trainer's cold compile) gets that one.
-    hang_after_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
-    phase_budgets_s: dict[str, float] = Field(default_factory=dict)  # {phase: s}, wins over both
-    # GPUs the job reserves in the container (issue 27): a count (the lowest free slots) or a
-    # list of slot indices; the agent gives the job CUDA_VISIBLE_DEVICES of its slots, so jobs
-    # run side by side. Absent: the whole container (a job runs alone, as deploy always did).
-    # Launch refuses a GPU held by something outside opsctl's jobs unless `deploy --force`.
-    gpus: int | list[int] | None = None
-    torch: TorchSpec | None = None
-    cache: t.Literal["keep", "clear", "seed"] = "keep"
-    requirements: list[str] = Field(default_factory=list)
-    # issue 11's babysitting, applied in the container with no client connected
-    restart: RestartPolicy | None = None
-    # wall-clock limit of the whole job (all attempts): stopped like `opsctl stop`, CANCELLED
-    # with end_reason "time limit"; timeout_s is only how long deploy waits for healthy
-    max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
-    notify: list[str] = Field(default_factory=list)  # webhooks, POSTed from the container
-    secrets: list[str] = Field(default_factory=list)  # env names, values from the local env
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
+        "the playbook's name (`--playbook NAME`), 1-64 letters, digits, `_.-`"))
+    description: str | None = Field(default=None, description="one line for `opsctl playbooks`")
+    command: list[str] = Field(min_length=1, description=(
+        "the job's argv, no shell; `python3` first runs with the container's current torch build"))
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the job")
+    workdir: str | None = Field(default=None, description=(
+        "the job's working directory in the container; null: the payload directory"))
+    healthy_when: HealthyWhen = Field(default_factory=lambda: HealthyWhen(started=True), description=(
+        "what makes the job healthy, exactly one of `event`, `regex`, `started`"))
+    timeout_s: float = Field(default=600, gt=0, le=MAX_WAIT_S, allow_inf_nan=False, description=(
+        "how long `deploy` waits for healthy (exit 41 past it); the job itself keeps running"))
+    expect_tok_s: float | None = Field(default=None, gt=0, le=MAX_TOK_S, allow_inf_nan=False,
+                                       description="the diagnosis warns below half of this rate")
+    hang_after_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False, description=(
+        "silence (no output, no event) that names the job hung and takes its stacks, unless the "
+        "job announced a longer budget for its phase (the trainer's cold compile)"))
+    phase_budgets_s: dict[str, float] = Field(default_factory=dict, description=(
+        "`{phase: seconds}`, e.g. `{compiling: 600}`: a phase's hang budget, over both the above"))
+    gpus: int | list[int] | None = Field(default=None, description=(
+        "GPU slots the job reserves: a count (the lowest free slots) or indices (`[0, 1]`); the "
+        "job gets `CUDA_VISIBLE_DEVICES` of them and runs beside others (guide/queue.md); a GPU "
+        "held outside opsctl's jobs is refused unless `deploy --force`. null: the whole container"))
+    torch: TorchSpec | None = Field(default=None, description=(
+        "the torch build the job needs, switched to before launch"))
+    cache: t.Literal["keep", "clear", "seed"] = Field(default="keep", description=(
+        "the build's compile cache before launch: keep it, clear it, or seed it from the mega-cache"))
+    requirements: list[str] = Field(default_factory=list, description=(
+        "pip requirements installed into the build's venv (`transformers==5.24.0`)"))
+    restart: RestartPolicy | None = Field(default=None, description=(
+        "run a failed (or hung) attempt again in the same job"))
+    max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False,
+                                         description=(
+        "wall-clock limit of the whole job, all attempts: then stopped like `opsctl stop`, "
+        "CANCELLED with `end_reason: \"time limit\"`"))
+    notify: list[str] = Field(default_factory=list, description=(
+        "webhook URLs the container POSTs every change of the job to (after the inventory's)"))
+    secrets: list[str] = Field(default_factory=list, description=(
+        "environment names whose values come from `deploy --env-file F` or the local "
+        "environment; sent on stdin, masked in every output"))
 
     @field_validator("notify")
     @classmethod
@@ -200,10 +231,11 @@ class Playbook(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("a secret is named twice")
         return v
-    # pushed by deploy before launch (rsync: only what changed), see opsctl/ops/files.py
-    files: list[FileSpec] = Field(default_factory=list)
-    # container paths (absolute, or under <root>/data) that `opsctl pull` fetches without SRC
-    outputs: list[t.Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    files: list[FileSpec] = Field(default_factory=list, description=(
+        "pushed by `deploy` before launch (rsync: only what changed)"))
+    outputs: list[t.Annotated[str, Field(min_length=1)]] = Field(default_factory=list, description=(
+        "container paths (absolute, or under `<root>/data`) that `opsctl pull` without SRC "
+        "fetches, each to `./<its name>`"))
 
     @field_validator("env", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ import dataclasses
 import typing as t
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError
@@ -31,10 +31,15 @@ class BuildSpec(BaseModel):
     """One row of the builds table as written in YAML (every field optional for overrides)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    version: str | None = None
-    index_url: str | None = None
-    wheelhouse: bool | None = None
-    download_index_url: str | None = None
+    version: str | None = Field(default=None, description=(
+        "torch release without the local tag; the variant is the tag (`2.11.0` → `2.11.0+cu130`)"))
+    index_url: str | None = Field(default=None, description=(
+        "the build's own package index; null: `https://download.pytorch.org/whl/<variant>`"))
+    wheelhouse: bool | None = Field(default=None, description=(
+        "true: download the wheels on this machine (`pip download`), stream them into the "
+        "container, install with `--no-index` (an air-gapped host)"))
+    download_index_url: str | None = Field(default=None, description=(
+        "where that download looks; null: this machine's own pip configuration"))
 
     @field_validator("version", mode="before")
     @classmethod

@@ -232,11 +232,14 @@ def remove_container(ctid: int, home: Path | None = None) -> None:
 
 
 def down(home: Path | None = None) -> None:
-    """Stop the containers and sshd; keep keys, containers and inventory for the next up."""
+    """Stop the containers and sshd; keep keys, containers and inventory for the next up.
+
+    Waits for a template being made or copied (another sandbox copying this one's) to be
+    done: stopping it midway would leave a half-made template behind."""
     layout = _Layout.of(home)
     if not layout.state_dir.is_dir():
         return
-    with _locked(layout):
+    with _locked(layout), _locked(layout, "template.lock"):
         for name in _container_names(layout, include_base=True):
             if _container_state(layout, name) == "running":
                 _lxc(layout, "lxc-stop", name, "--kill", check=False)

@@ -1,5 +1,5 @@
 """Pure parsers of what a GPU machine shows (driver version, device nodes, ``pct config``
-device entries, kernel-log Xid/OOM lines, ``/dev/shm``), shared by the container agent and
+device entries, kernel-log Xid/OOM lines, what NCCL needs of ``/dev/shm``), shared by the container agent and
 the host side of ``opsctl doctor``.
 
 Stdlib only, no I/O: every function takes text and returns a value or ``"unknown"`` (or an

@@ -1,4 +1,7 @@
-"""NVIDIA driver and library versions, ``nvidia-smi -q`` fields and device nodes, from text."""
+"""NVIDIA driver and library versions, PCI addresses and device nodes, from text.
+
+The doctor reads ``nvidia-smi`` itself (its query output); these parsers are for the
+kernel's and the file system's views of the driver."""
 
 from __future__ import annotations
 
@@ -9,8 +12,6 @@ UNKNOWN = "unknown"
 #: ``580.159.04``, ``550.54.15``, ``535.104.05``: the driver's version everywhere it shows.
 _VERSION = r"\d{3,4}\.\d{1,3}(?:\.\d{1,3})?"
 _PROC = re.compile(rf"^NVRM version:.*?\s({_VERSION})\s", re.M)
-_SMI_Q = re.compile(rf"^Driver Version\s*:\s*({_VERSION})\s*$", re.M)
-_SMI_TABLE = re.compile(rf"Driver Version:\s*({_VERSION})")
 _LIB = re.compile(rf"(libnvidia-ml|libcuda)\.so\.({_VERSION})(?![\d.])")
 
 
@@ -18,23 +19,6 @@ def driver_from_proc(text: str) -> str:
     """The version in ``/proc/driver/nvidia/version`` (``NVRM version: ... 580.159.04 ...``)."""
     m = _PROC.search(text)
     return m[1] if m else UNKNOWN
-
-
-def driver_from_smi(text: str) -> str:
-    """The version ``nvidia-smi -q`` (``Driver Version : X``) or plain ``nvidia-smi`` shows."""
-    m = _SMI_Q.search(text) or _SMI_TABLE.search(text)
-    return m[1] if m else UNKNOWN
-
-
-def library_versions(text: str) -> dict[str, str]:
-    """``{"libnvidia-ml": "580.159.04", "libcuda": ...}`` from file names in any listing
-    (``ls -l``, ``ldconfig -p``, a plain list); a library seen at two versions keeps the
-    highest (a leftover older copy beside the one in use is common after an update)."""
-    found: dict[str, str] = {}
-    for lib, version in _LIB.findall(text):
-        if lib not in found or _key(version) > _key(found[lib]):
-            found[lib] = version
-    return found
 
 
 def library_version_sets(text: str) -> dict[str, list[str]]:
@@ -48,21 +32,6 @@ def library_version_sets(text: str) -> dict[str, list[str]]:
 
 def _key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
-
-
-def persistence_from_smi_q(text: str) -> dict[str, str]:
-    """``{bus_id: "Enabled"|"Disabled"|...}`` per ``GPU <bus>`` section of ``nvidia-smi -q``."""
-    out: dict[str, str] = {}
-    bus = None
-    for line in text.splitlines():
-        m = re.match(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", line)
-        if m:
-            bus = m[1]
-            continue
-        m = re.match(r"^\s+Persistence Mode\s*:\s*(\S.*?)\s*$", line)
-        if m and bus is not None and bus not in out:
-            out[bus] = m[1]
-    return out
 
 
 def pci_key(bus_id: str) -> str:
@@ -103,10 +72,3 @@ def device_nodes(text: str) -> dict[str, tuple[int, int]]:
         if path.rsplit("/", 1)[-1].startswith("nvidia"):
             nodes[path] = (int(m[2]), int(m[3]))
     return nodes
-
-
-def expected_nodes(gpu_minors: list[int]) -> list[str]:
-    """The nodes a CUDA container needs: one ``nvidiaN`` per GPU, the control node and UVM
-    (``nvidia-uvm-tools`` too: profilers and some CUDA versions open it)."""
-    return [*(f"/dev/nvidia{i}" for i in sorted(set(gpu_minors))), "/dev/nvidiactl",
-            "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]

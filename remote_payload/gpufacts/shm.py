@@ -1,8 +1,6 @@
-"""``/dev/shm``: its size from ``/proc/mounts`` or ``df``, and what NCCL needs of it."""
+"""``/dev/shm``: the size NCCL needs of it, and sizes in words."""
 
 from __future__ import annotations
-
-import re
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -22,38 +20,6 @@ def needed_bytes(gpus: int) -> int:
     if gpus <= 0:
         return 0
     return max(SHM_MIN, gpus * SHM_PER_GPU)
-
-
-_SIZE = re.compile(r"(?:^|,)size=(\d+)([kmgKMG%]?)(?:,|$)")
-
-
-def size_from_mounts(text: str) -> int | None:
-    """The ``size=`` of the last ``/dev/shm`` tmpfs line in ``/proc/mounts`` (the one that
-    counts when two are stacked, as on the recorded H200 machine), in bytes; None when
-    there is none or it is given in per cent."""
-    size = None
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[1] == "/dev/shm":
-            m = _SIZE.search(parts[3])
-            if m and m[2] != "%":
-                mult = {"": 1, "k": 1024, "m": MIB, "g": GIB}[m[2].lower()]
-                size = int(m[1]) * mult
-    return size
-
-
-_DF_UNITS = {"": 1, "K": 1024, "M": MIB, "G": GIB, "T": GIB * 1024, "P": GIB * 1024 ** 2}
-
-
-def size_from_df(text: str) -> int | None:
-    """The size column of ``df -h /dev/shm`` (``tmpfs 128G 0 128G 0% /dev/shm``), in bytes."""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 6 and parts[-1] == "/dev/shm":
-            m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGTP]?)i?B?", parts[1])
-            if m:
-                return int(float(m[1]) * _DF_UNITS[m[2]])
-    return None
 
 
 def human(n: int | float) -> str:

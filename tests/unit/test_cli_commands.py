@@ -29,9 +29,9 @@ def test_every_command_defined_in_a_family_is_listed():
 
 def test_the_top_level_commands_are_the_documented_ones():
     assert sorted(cli.commands) == [
-        "attach", "cache", "completion", "dashboard", "deploy", "doctor", "envs", "exec", "forward", "host",
-        "hosts", "jobs", "logs", "mux", "playbooks", "plot", "probe", "pull", "push", "queue", "sandbox",
-        "schema", "shell", "stacks", "status", "stop", "swap-torch"]
+        "attach", "cache", "completion", "dashboard", "deploy", "doctor", "envs", "exec", "forward", "help",
+        "host", "hosts", "jobs", "logs", "mux", "playbooks", "plot", "probe", "pull", "push", "queue",
+        "sandbox", "schema", "shell", "stacks", "status", "stop", "swap-torch"]
 
 
 def test_the_commands_page_shows_every_top_level_command_at_a_glance():

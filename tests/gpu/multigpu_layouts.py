@@ -6,7 +6,7 @@ Qwen3-8B-shaped random target, through the
 ``device`` tool (``nvidia-h200-x2``), well inside its 10-minute limit::
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 \\
-        python3 benchmarks/multigpu_check.py --out $OUT/multigpu.json
+        python3 tests/gpu/multigpu_layouts.py --out $OUT/multigpu.json
 
 Runs, in this order (the first seeds the on-disk compile cache the later ones reuse):
 
@@ -44,7 +44,7 @@ import threading
 import time
 import typing as t
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from remote_payload import wire  # noqa: E402

@@ -1,6 +1,6 @@
 """The container agent on a real GPU machine: launch the trainer, watch, stacks, stop.
 
-    python3 benchmarks/agent_gpu_smoke.py --out DIR [--preset qwen3-0.6b --device cuda]
+    python3 tests/gpu/agent_on_gpu.py --out DIR [--preset qwen3-0.6b --device cuda]
 
 Runs the agent verbs exactly as opsctl calls them (one process per verb, one JSON reply)
 against a scratch root whose payload is this checkout, and records what `status` says at
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def agent(root: Path, *args: str, timeout: float = 120) -> dict:

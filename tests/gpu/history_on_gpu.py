@@ -1,6 +1,6 @@
-"""The job history (issue 17) on a real GPU machine: nvidia-smi samples reach ``history.json``.
+"""The job history on a real GPU machine: nvidia-smi samples reach ``history.json``.
 
-    python3 benchmarks/history_gpu_smoke.py [--out DIR] [--seconds 16]
+    python3 tests/gpu/history_on_gpu.py [--out DIR] [--seconds 16]
 
 Launches one job with the real agent (tmux + wrapper, no SSH) that loads GPU 0 when torch with
 CUDA is there (else it only sleeps: utilisation stays ~0 but memory is still sampled), waits for
@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 JOB = """
 import json, time, sys

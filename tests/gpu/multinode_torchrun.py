@@ -8,9 +8,9 @@ choice). Per topology: every node's exit code, its step events (a target-only no
 GPU machine with 2 GPUs (``nvidia-h200-x2``)::
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
-        python3 benchmarks/multinode_check.py --out $OUT/multinode.json
+        python3 tests/gpu/multinode_torchrun.py --out $OUT/multinode.json
 
-On CPU (gloo, what the sandbox test runs): ``python3 benchmarks/multinode_check.py --device cpu``.
+On CPU (gloo, what the sandbox test runs): ``python3 tests/gpu/multinode_torchrun.py --device cpu``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from opsctl.ops import torchrun  # noqa: E402
