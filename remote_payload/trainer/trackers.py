@@ -151,11 +151,9 @@ def redact_uri(uri: str) -> str:
         parts = urllib.parse.urlsplit(uri)
     except ValueError:
         return "<unparsable uri>"
-    if parts.username is None and parts.password is None:
+    if "@" not in parts.netloc:
         return uri
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 # --- backends ------------------------------------------------------------------------
