@@ -54,7 +54,7 @@ READY_S = 60.0
 #: How long it gets to end on SIGTERM before SIGKILL.
 STOP_GRACE_S = 5.0
 #: The text of the event line the trainer prints, as the wrapper writes it to events.jsonl.
-TRACKERS_LINE = '{"event":"%s",' % wire.EVENT_TRACKERS
+TRACKERS_LINE = f'{{"event":"{wire.EVENT_TRACKERS}",'
 PR_SET_PDEATHSIG = 1
 
 

@@ -200,7 +200,7 @@ class TensorBoard:
                    if isinstance(v, int | float | str | bool) and v is not None}
         # the hparams plugin's summaries in this run's own file (add_hparams would make a
         # sub-run per call); the metrics it pairs them with are the ones logged later
-        for summary in hparams(scalars, {"train/loss": float("nan")}):
+        for summary in hparams(scalars, {"train/loss": float("nan")}):  # type: ignore[no-untyped-call]
             self.writer.file_writer.add_summary(summary)
         self.writer.add_text("config", "```\n" + json.dumps(info.config, indent=1, default=str)
                              + "\n```")
@@ -233,8 +233,9 @@ class WandB:
         return os.path.join(os.path.abspath(os.environ.get("WANDB_DIR") or info.out_dir), "wandb")
 
     def start(self, info: RunInfo) -> None:
-        import wandb
+        import wandb as wandb_module
 
+        wandb: t.Any = wandb_module  # its signatures change between releases; checked here by tests
         base = os.path.abspath(os.environ.get("WANDB_DIR") or info.out_dir)
         os.makedirs(base, exist_ok=True)
         wanted = {"console": "off", "silent": True, "disable_code": True, "disable_git": True,
@@ -366,22 +367,22 @@ class Trackers:
 
     def _work(self) -> None:
         for b in list(self.backends):
-            self._call(b, "start", lambda b=b: b.start(self.info))
+            self._call(b, "start", self.info)
         while True:
             item = self.queue.get()
             if isinstance(item, tuple) and item and item[0] is _END:
                 for b in list(self.backends):
-                    self._call(b, "finish", lambda b=b: b.finish(bool(item[1])))
+                    self._call(b, "finish", bool(item[1]))
                     if b in self.backends:
                         self.backends.remove(b)
                 return
             metrics, step = item
             for b in list(self.backends):
-                self._call(b, "log", lambda b=b: b.log(metrics, step))
+                self._call(b, "log", metrics, step)
 
-    def _call(self, backend: Tracker, what: str, fn: t.Callable[[], None]) -> None:
+    def _call(self, backend: Tracker, what: str, *args: t.Any) -> None:
         try:
-            fn()
+            getattr(backend, what)(*args)
         except BaseException as exc:  # a tracker's failure (even its sys.exit) is never the run's
             self.backends.remove(backend)
             self.failed[backend.name] = f"{type(exc).__name__}: {exc}"

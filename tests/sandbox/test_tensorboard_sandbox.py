@@ -158,8 +158,8 @@ def test_a_job_without_tensorboard_files_is_one_line_naming_report_to(deploy):
 def test_a_logdir_the_job_announced_but_never_wrote_is_named(deploy):
     said = {"event": "trackers", "report_to": ["tensorboard"], "run": "r",
             "tensorboard": "/var/tmp/opsctl-tb-never/tensorboard"}
-    job_id = deploy(f"print({json.dumps(json.dumps(said, separators=(',', ':')))}); "
-                    "print('{\\"event\\": \\"step\\", \\"step\\": 1}', flush=True)")
+    step = {"event": "step", "step": 1}
+    job_id = deploy(f"print({json.dumps(json.dumps(said))}); print({json.dumps(json.dumps(step))})")
     res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
     assert res.exit_code == 2, res.output
     assert "/var/tmp/opsctl-tb-never/tensorboard does not exist" in res.output, res.output
