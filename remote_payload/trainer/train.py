@@ -584,9 +584,10 @@ def run(args: TrainArgs) -> int:
 
 
 def _open_trackers(trainer: Trainer, log: Log) -> trackers.Trackers | None:
-    """``--report-to``'s backends, on rank 0 alone, listening to this rank's events."""
+    """``--report-to``'s backends, on rank 0 alone, listening to this rank's events (none for
+    ``--warmup-only``: seeding a compile cache is no run to track)."""
     names = trackers.parse_report_to(trainer.args.report_to)
-    if trainer.topo.rank != 0 or not names:
+    if trainer.topo.rank != 0 or not names or trainer.args.warmup_only:
         return None
 
     def warn(tracker: str, message: str, **extra: t.Any) -> None:
