@@ -500,6 +500,7 @@ class AcceptanceEvent(_Event, total=False):
     """``trainer eval``: speculative decoding of the drafter against the target."""
 
     event: t.Literal["acceptance"]
+    step: int  # the checkpoint's optimizer step
     tau: float
     tau_untrained: float | None
     per_position: list[float]
