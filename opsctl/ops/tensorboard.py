@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import posixpath
 import signal
 import socket
 import subprocess
@@ -93,20 +94,43 @@ def locate(tgt: Target, job_id: str | None) -> Source:
     if res.rc != 0:
         raise RemoteCommandFailed(f"{tgt.label}: cannot read job {st.job_id}'s events "
                                   f"(grep rc {res.rc}: {res.stderr_tail(1)})", argv=res.argv, rc=res.rc)
-    logdir = None
-    for line in res.stdout.decode("utf-8", "replace").splitlines():
-        ev = wire.parse_event(line)
-        if ev is not None and ev.get("event") == wire.EVENT_TRACKERS:
-            value = ev.get("tensorboard")
-            logdir = value if isinstance(value, str) and value.startswith("/") else None
+    try:
+        logdir = announced_logdir(res.stdout.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise ConfigError(f"{tgt.label}: job {st.job_id}: {exc}; not pulled",
+                          hint="the trainer's --report-to tensorboard writes <out-dir>/tensorboard") from None
     if logdir is None:
         raise no_event_files(tgt.label, st.job_id, "its trackers do not include tensorboard")
     local = paths.home() / "tensorboard" / f"{_safe(tgt.host.label)}-ct{tgt.ctid}" / st.job_id
     return Source(st.job_id, st.state.value, st.state in wire.TERMINAL_STATES, logdir, local)
 
 
+def announced_logdir(text: str) -> str | None:
+    """The TensorBoard logdir of the last ``trackers`` event among ``text``'s lines (None: no
+    event names one). The job's output is untrusted: only what the trainer writes is taken,
+    an absolute, normalised path ending in ``/tensorboard`` (never ``/`` or ``/etc``).
+
+    Raises:
+        ValueError: the last event names another kind of path.
+    """
+    logdir: str | None = None
+    for line in text.splitlines():
+        ev = wire.parse_event(line)
+        if ev is not None and ev.get("event") == wire.EVENT_TRACKERS:
+            value = ev.get("tensorboard")
+            logdir = value if isinstance(value, str) else None
+    if logdir is None:
+        return None
+    if (not logdir.startswith("/") or posixpath.normpath(logdir) != logdir
+            or posixpath.basename(logdir) != "tensorboard" or any(c in logdir for c in "\0\n\r")):
+        raise ValueError(f"its trackers event names {logdir[:200]!r} as the TensorBoard logdir, "
+                         "not an absolute <dir>/tensorboard")
+    return logdir
+
+
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or "host"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return safe if safe.strip(".") else "host"
 
 
 def refresh(tgt: Target, src: Source) -> files.TransferReport:
