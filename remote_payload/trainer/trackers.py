@@ -42,8 +42,9 @@ CHOICES = ("tensorboard", "wandb", "mlflow")
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 #: Metric events waiting for the backends; above this many, new ones are dropped and counted.
 QUEUE_SIZE = 1024
-#: How long :meth:`Trackers.close` waits for the backends to write and finish.
-CLOSE_TIMEOUT_S = 60.0
+#: How long :meth:`Trackers.close` waits for the backends to write and finish: within the
+#: 30 s ``opsctl stop`` grants after SIGTERM (the final checkpoint is already written by then).
+CLOSE_TIMEOUT_S = 20.0
 #: Event kind -> metric prefix. The metrics of an event are its numeric fields.
 PREFIXES = {"step": "train", "eval": "eval", "acceptance": "eval"}
 #: Fields of those events that are bookkeeping, not metrics.
@@ -245,7 +246,7 @@ class WandB:
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, name=info.run_id,
             dir=base, config=info.config, mode=self.mode(), settings=settings,
-            tags=[f"{k}:{v}"[:64] for k, v in info.tags.items()], reinit="create_new")
+            tags=[f"{k}:{v}"[:64] for k, v in info.tags.items()])
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
