@@ -173,3 +173,79 @@ def test_a_taken_port_is_refused_before_connecting(isolated_env):
         s.listen()
         res = run("tensorboard", "--host", "nowhere", "--ct", "200", "--port", str(s.getsockname()[1]))
     assert res.exit_code == 2 and "is in use" in res.output, res.output
+
+
+# --- the whole chain: the real trainer in the container, its curves served here ------------
+
+
+@pytest.fixture(scope="module")
+def real_build(sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.shared_torch import real_cpu_build_in_default_root
+
+    real_cpu_build_in_default_root(sandbox, tmp_path_factory.mktemp("real-build-home"))
+
+
+def _tensorboard_site(dest: Path) -> Path:
+    """TensorBoard's writer and what it imports that the CPU build's env lacks, copied from this
+    machine's (same python, same platform): what a playbook's ``requirements`` would install."""
+    import google.protobuf
+    import tensorboard
+
+    for mod in (tensorboard, google.protobuf):
+        src = Path(mod.__file__).parent
+        rel = Path(*src.parts[len(Path(tensorboard.__file__).parent.parent.parts):])
+        shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        import absl
+
+        shutil.copytree(Path(absl.__file__).parent, dest / "absl",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    except ImportError:
+        pass
+    return dest
+
+
+@pytest.mark.slow
+def test_the_smoke_job_with_report_to_tensorboard_is_served_here(sandbox, real_build, isolated_env,
+                                                                 tmp_path):
+    import yaml
+
+    book = yaml.safe_load((REPO / "playbooks" / "dflash-cpu-smoke.yaml").read_text())
+    out = f"/var/tmp/opsctl-tb-smoke-{uuid.uuid4().hex[:8]}"
+    site = _tensorboard_site(tmp_path / "tbsite")
+    book["command"] = [*book["command"], "--out-dir", out, "--steps", "20", "--report-to", "tensorboard"]
+    book["env"] = {**book.get("env", {}), "PYTHONPATH": "/opt/opsctl/data/tbsite"}
+    book["files"] = [{"src": str(site), "dest": "/opt/opsctl/data/tbsite"}]
+    path = tmp_path / "smoke-tb.yaml"
+    path.write_text(yaml.safe_dump(book))
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(path), "--replace", "--json")
+    assert res.exit_code == 0, res.output
+    job_id = json.loads(res.stdout)["job_id"]
+    st = json.loads(run("status", "--host", "sandbox", "--ct", "200", "--job", job_id, "--follow",
+                        "--json").stdout)
+    assert (st["state"], st["last_step"]["step"]) == ("SUCCEEDED", 20), st["output_tail"]
+
+    p = subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                          "--ct", "200", "--port", "0"], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True).start()
+    try:
+        url = wait_for(lambda: next((m.group(0) for x in lines
+                                     for m in [re.search(r"http://127\.0\.0\.1:\d+/", x)] if m), None),
+                       120, what=f"the URL line (stderr so far: {lines})")
+        with urllib.request.urlopen(url + "data/plugin/scalars/tags", timeout=10) as r:
+            tags = json.loads(r.read())
+        (run_tags,) = tags.values()
+        assert {"train/loss", "train/tok_s", "train/lr"} <= set(run_tags), tags
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 0, lines
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert wait_for(lambda: not _tensorboards(isolated_env), 10), _tensorboards(isolated_env)
