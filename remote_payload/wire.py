@@ -200,6 +200,12 @@ EVENT_TIME_LIMIT = "time_limit"  # {"event":"time_limit","max_duration_s":float,
 EVENT_ACCEPTANCE = "acceptance"
 # {"event":"regenerate","records":int,"tokens":int,"tok_s":float,...}: ``trainer regenerate``
 EVENT_REGENERATE = "regenerate"
+# {"event":"trackers","report_to":[str],"run":str,"tensorboard":dir,"wandb":dir,"mlflow":uri}:
+# where the run's experiment trackers write (``--report-to``), said once at the start
+EVENT_TRACKERS = "trackers"
+# {"event":"warning","source":str,"message":str,...}: something failed that costs the run
+# nothing (a tracker that could not start or write, metrics dropped); never a job state
+EVENT_WARNING = "warning"
 # Any object with a string "event" is an event; these are the ones opsctl's own code writes.
 
 # Any event may carry ``budget_s``: how long the job may stay silent after it (no output, no

@@ -500,6 +500,7 @@ class AcceptanceEvent(_Event, total=False):
     """``trainer eval``: speculative decoding of the drafter against the target."""
 
     event: t.Literal["acceptance"]
+    step: int  # the checkpoint's optimizer step
     tau: float
     tau_untrained: float | None
     per_position: list[float]
@@ -512,10 +513,33 @@ class RegenerateEvent(_Event, total=False):
     tok_s: float
 
 
+class TrackersEvent(_Event, total=False):
+    """Where the run's experiment trackers write (``--report-to``; rank 0, once at the start):
+    a key per backend that started, a directory or a tracking URI without credentials."""
+
+    event: t.Literal["trackers"]
+    report_to: list[str]
+    run: str  # the trainer's run id: TensorBoard's run directory, W&B's and MLflow's run name
+    tensorboard: str  # the logdir (each run in <logdir>/<run>)
+    wandb: str
+    mlflow: str
+
+
+class WarningEvent(_Event, total=False):
+    """Something failed that the run goes on without (a tracker that cannot start or write
+    is switched off; metrics the trackers fell behind on are dropped and counted)."""
+
+    event: t.Literal["warning"]
+    source: str  # what failed: "tracker"
+    tracker: str  # tensorboard | wandb | mlflow | all
+    message: str
+    dropped: int
+
+
 #: Every event opsctl's own code writes, by its ``event`` value.
 EVENT_SHAPES: dict[str, type] = {
     "phase": PhaseEvent, "step": StepEvent, "compile": CompileEvent, "checkpoint": CheckpointEvent,
     "error": ErrorEvent, "done": DoneEvent, "resume": ResumeEvent, "restart": RestartEvent,
     "time_limit": TimeLimitEvent, "acceptance": AcceptanceEvent, "regenerate": RegenerateEvent,
-    "startup": StartupEvent,
+    "startup": StartupEvent, "trackers": TrackersEvent, "warning": WarningEvent,
 }

@@ -1,4 +1,4 @@
-"""Interactive commands: ``opsctl attach``, ``opsctl shell``, ``opsctl forward``.
+"""Interactive commands: ``opsctl attach``, ``opsctl shell``, ``opsctl forward``, ``opsctl tensorboard``.
 
 They hand the terminal (or a local port) to the OpenSSH client (``opsctl.ops.interactive``
 says why), so they have no ``--json``: there is no report, only the session.
@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from opsctl.cli import params as clitypes
 from opsctl.cli.app import job_argument, target_options
 
 
@@ -78,5 +79,40 @@ def forward(ports: str, host: str | None, ctid: int | None, accept_new_host_key:
         raise errors.TransportError(f"{tgt.label}: the forward ended: ssh exit {rc}")
 
 
+@click.command()
+@job_argument
+@target_options
+@click.option("--port", type=clitypes.PORT, default=6006, show_default=True,
+              help="Port on 127.0.0.1 (0: any free one).")
+@click.option("--refresh", "refresh_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Pull new event files this often while the job runs (s; 0: once).")
+def tensorboard(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
+                port: int, refresh_s: float) -> None:
+    """Show the job's TensorBoard curves on 127.0.0.1 here, until Ctrl-C.
+
+    The job's event files (written by the trainer's `--report-to tensorboard`) are pulled
+    to this machine and served by a local TensorBoard; nothing runs in the container, and
+    Ctrl-C (or SIGTERM/SIGHUP) leaves nothing running here. Needs tensorboard installed
+    here (pip install 'opsctl[trackers]').
+    """
+    from opsctl.cli import render
+    from opsctl.ops import jobs
+    from opsctl.ops import tensorboard as tb
+
+    tb.check_installed()  # before connecting
+    tb.check_port(port)
+    err = render.console(stderr=True)
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        src = tb.locate(tgt, job_id)
+
+        def ready(url: str) -> None:
+            err.print(render.plain(f"TensorBoard of job {src.job_id} ({src.state}) on {url} "
+                                   f"(event files from {tgt.label}:{src.remote_dir}); Ctrl-C stops"))
+
+        tb.serve(tgt, src, port, refresh_s, ready,
+                 lambda text: err.print(render.plain(text, style="dim")))
+    err.print(render.plain("tensorboard stopped"))
+
+
 #: This family's commands (added by ``opsctl.cli``).
-COMMANDS: tuple[click.Command, ...] = (attach, shell, forward)
+COMMANDS: tuple[click.Command, ...] = (attach, shell, forward, tensorboard)

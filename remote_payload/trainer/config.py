@@ -12,6 +12,8 @@ import dataclasses
 import typing as t
 from dataclasses import dataclass, field
 
+from .trackers import ReportToError, parse_report_to
+
 
 class TrainerConfigError(ValueError):
     """A bad flag, preset or shape: nothing was started."""
@@ -213,6 +215,12 @@ class TrainArgs:
     resume: str | None = field(default=None, metadata=_h("checkpoint dir, or 'auto' for the latest"))
     run_id: str = field(default="", metadata=_h("run id recorded in checkpoints (default: random)"))
     log_every: int = field(default=1, metadata=_h("emit a step event every N steps"))
+    report_to: str = field(default="none", metadata=_h(
+        "experiment trackers, as Hugging Face's report_to: a comma list of tensorboard, wandb, "
+        "mlflow; 'all' (every installed one) or 'none'. Rank 0 reports every step/eval metric; "
+        "TensorBoard writes <out-dir>/tensorboard, W&B runs offline unless WANDB_API_KEY is set, "
+        "MLflow uses $MLFLOW_TRACKING_URI else <out-dir>/mlflow.db. A failing tracker costs a "
+        "warning event, never the run"))
     warmup_only: bool = field(default=False, metadata=_h("compile every shape bucket once and exit"))
     save_cache_artifacts: str | None = field(default=None, metadata=_h(
         "write torch.compiler mega-cache artifacts here after compiling"))
@@ -260,6 +268,10 @@ class TrainArgs:
             raise TrainerConfigError("--epochs needs --data (synthetic data has no epochs)")
         if not self.pg_timeout > 0:  # also refuses nan
             raise TrainerConfigError("--pg-timeout must be > 0 seconds")
+        try:
+            parse_report_to(self.report_to)
+        except ReportToError as e:
+            raise TrainerConfigError(str(e)) from None
         if self.topology == "split" and self.target_ranks < 1:
             raise TrainerConfigError("--topology split needs --target-ranks K >= 1")
         if self.topology == "colocated" and self.target_ranks:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import wire
-from . import checkpoint, fp8
+from . import checkpoint, fp8, trackers
 from .chat_data import iter_json, load_tokenizer, prompt_messages, render_prompt
 from .config import TARGET_PRECISIONS, DrafterConfig, TrainerConfigError
 from .events import Log
@@ -182,7 +182,14 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
                         "training; embedding and LM head stay bf16; needs compute capability "
                         "8.9+ on CUDA)")
     p.add_argument("--json-out", default=None, help="also write the result document here")
+    p.add_argument("--report-to", default="none",
+                   help="experiment trackers for tau, as the trainer's --report-to: the run "
+                        "'<run id>-eval' beside the checkpoint's run, at the checkpoint's step")
     a = p.parse_args(argv)
+    try:
+        trackers.parse_report_to(a.report_to)
+    except trackers.ReportToError as e:
+        raise TrainerConfigError(str(e)) from None
     if a.max_new_tokens < 1:
         raise TrainerConfigError(f"--max-new-tokens {a.max_new_tokens}: at least 1")
     if a.limit < 0:
@@ -246,7 +253,13 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
         base = measure(target, fresh, cfg, prompts, a.max_new_tokens, tok.eos_token_id, device)
         result["tau_untrained"] = round(base.tau, 4)
         result["per_position_untrained"] = base.per_position()
-    log.event(wire.EVENT_ACCEPTANCE, **result)
+    result["step"] = int(checkpoint.read_meta(path).get("step") or 0)
+    reporting = _open_trackers(a, cfg, path, log)
+    try:
+        log.event(wire.EVENT_ACCEPTANCE, **result)
+    finally:
+        if reporting is not None:
+            reporting.close(ok=True)
     untrained = f" (untrained {result['tau_untrained']:.2f})" if a.compare_untrained else ""
     log.say(f"eval: tau {result['tau']:.2f}{untrained}, {result['tau_cut']:.2f} after the "
             f"EOS/max_new cut, over {trained.blocks} blocks of "
@@ -255,3 +268,28 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
     if a.json_out:
         pathlib.Path(a.json_out).write_text(json.dumps(result, indent=1))
     return result
+
+
+def _open_trackers(a: argparse.Namespace, cfg: DrafterConfig, path: pathlib.Path,
+                   log: Log) -> trackers.Trackers | None:
+    """``--report-to`` for the acceptance event: the checkpoint's run directory, its run id."""
+    names = trackers.parse_report_to(a.report_to)
+    if not names:
+        return None
+    import dataclasses
+
+    run_id = str(checkpoint.read_meta(path).get("run_id") or "run") + "-eval"
+
+    def warn(tracker: str, message: str, **extra: t.Any) -> None:
+        log.event(wire.EVENT_WARNING, source="tracker", tracker=tracker, message=message, **extra)
+
+    info = trackers.RunInfo(
+        run_id=run_id, out_dir=str(path.parent),
+        config={**trackers.flatten("eval", vars(a)),
+                **trackers.flatten("model", dataclasses.asdict(cfg))},
+        tags={"torch": torch.__version__, "run": run_id, "ckpt": str(path)})
+    opened = trackers.open_trackers(names, info, warn,
+                                    lambda **where: log.event(wire.EVENT_TRACKERS, **where))
+    if opened is not None:
+        log.listeners.append(opened.on_event)
+    return opened

@@ -5,12 +5,17 @@ Rank 0 speaks, and so does local rank 0 of every other node of a multi-node run 
 events (the same, global numbers: they come after the all-reduce every drafter joins). On one
 node that is rank 0 alone. Errors are reported by every rank (a crash on rank 5 must not be
 silent). Every line is flushed, so a pane or pipe shows it at once.
+
+Listeners (the experiment trackers, :mod:`.trackers`) see every event this process prints,
+after it is printed: what a tracker records is what the job's events say. Lines are written
+under a lock, since a tracker's warning comes from its own thread.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import typing as t
 
@@ -24,18 +29,24 @@ class Log:
         self.local_rank = rank if local_rank is None else local_rank
         self.gpu: str | None = None  # the physical GPU, once known: an error names it
         self.stream = stream or sys.stdout
+        #: called with (event, fields) after each event this process prints; must not block
+        self.listeners: list[t.Callable[[str, dict[str, t.Any]], None]] = []
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
         return self.rank == 0 or self.local_rank == 0
 
     def _write(self, line: str) -> None:
-        self.stream.write(line + "\n")
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
 
     def event(self, event: str, /, **fields: t.Any) -> None:
         if self.enabled:
             self._write(format_event(event, **fields))
+            for listen in self.listeners:
+                listen(event, fields)
 
     def say(self, text: str) -> None:
         if self.enabled:

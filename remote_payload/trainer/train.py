@@ -25,7 +25,7 @@ import torch
 
 from .. import wire
 from ..compile_guard import serialized_compile
-from . import checkpoint, dist, fp8, schedule
+from . import checkpoint, dist, fp8, schedule, trackers
 from .checkpoint import CheckpointError
 from .config import DrafterConfig, TrainArgs, TrainerConfigError, parse_args
 from .data import Batch, Source, SyntheticSource, make_source
@@ -562,7 +562,14 @@ def run(args: TrainArgs) -> int:
                 f"block {trainer.cfg.block_size}, {trainer.cfg.max_anchors} anchors, device "
                 f"{trainer.device}, attn {trainer.attn}, compile {trainer.compile_on}, world "
                 f"{topo.world} ({topo.n_drafters} drafter, {topo.n_targets} target ranks)")
-        rc = trainer.warmup() if args.warmup_only else trainer.run()
+        reporting = _open_trackers(trainer, log)
+        ok = False
+        try:
+            rc = trainer.warmup() if args.warmup_only else trainer.run()
+            ok = rc == 0
+        finally:
+            if reporting is not None:
+                reporting.close(ok)
         dist.finish(topo)
         if topo.distributed:
             _leave(rc)
@@ -574,6 +581,44 @@ def run(args: TrainArgs) -> int:
     except Exception as e:
         log.error(type(e).__name__, str(e))
         raise
+
+
+def _open_trackers(trainer: Trainer, log: Log) -> trackers.Trackers | None:
+    """``--report-to``'s backends, on rank 0 alone, listening to this rank's events (none for
+    ``--warmup-only``: seeding a compile cache is no run to track)."""
+    names = trackers.parse_report_to(trainer.args.report_to)
+    if trainer.topo.rank != 0 or not names or trainer.args.warmup_only:
+        return None
+
+    def warn(tracker: str, message: str, **extra: t.Any) -> None:
+        log.event(wire.EVENT_WARNING, source="tracker", tracker=tracker, message=message, **extra)
+
+    info = trackers.RunInfo(
+        run_id=trainer.run_id, out_dir=trainer.args.out_dir,
+        config={**trackers.flatten("args", _asdict(trainer.args)),
+                **trackers.flatten("model", _asdict(trainer.cfg))},
+        tags={"torch": torch.__version__, "payload": _payload_digest(), "run": trainer.run_id})
+    opened = trackers.open_trackers(names, info, warn,
+                                    lambda **where: log.event(wire.EVENT_TRACKERS, **where))
+    if opened is not None:
+        log.listeners.append(opened.on_event)
+    return opened
+
+
+def _payload_digest() -> str:
+    """The deployed payload's digest (its ``MANIFEST.json``); ``local`` outside a payload."""
+    import json
+
+    import remote_payload
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(remote_payload.__file__))),
+                        "MANIFEST.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            digest = json.load(f).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return "local"
+    return str(digest) if digest else "local"
 
 
 def _start_cuda(device: torch.device) -> None:

@@ -4,6 +4,7 @@ acceptance length, proven end to end on CPU (toy target -> regenerate -> drafter
 from __future__ import annotations
 
 import json
+import pathlib
 import time
 
 import pytest
@@ -218,6 +219,24 @@ def test_eval_against_an_fp8_served_target_runs_on_the_cpu_and_says_so(pipeline,
     assert r["target_precision"] == "fp8" and r["prompts"] == 4, r
     assert r["tau"] > s["tau_untrained"] + 2.5, r  # FP8 rounding does not undo the training
     capsys.readouterr()
+
+
+def test_eval_reports_tau_to_the_trackers_at_the_checkpoints_step(pipeline, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = pipeline
+    r = evaluate.run(["--ckpt", str(out / "drafter"), "--target-path", str(out / "target"),
+                      "--prompts", str(out / "heldout.jsonl"), "--limit", "2", "--device", "cpu",
+                      "--max-new-tokens", "8", "--report-to", "tensorboard"])
+    ev = [e for e in map(wire.parse_event, capsys.readouterr().out.splitlines()) if e]
+    (said,) = [e for e in ev if e["event"] == wire.EVENT_TRACKERS]
+    assert not [e for e in ev if e["event"] == wire.EVENT_WARNING], ev
+    (run_dir,) = pathlib.Path(said["tensorboard"]).glob("*-eval")
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    assert [(s.step, round(s.value, 4)) for s in acc.Scalars("eval/tau")] == [(r["step"], r["tau"])]
+    assert r["step"] > 0 and "eval/per_position_1" in acc.Tags()["scalars"]
 
 
 def test_regenerate_writes_the_targets_answers_and_skips_finished_shards(pipeline, capsys):

@@ -1,0 +1,298 @@
+"""``opsctl tensorboard [JOB]``: a job's TensorBoard curves, served on 127.0.0.1 here.
+
+Why the event files are pulled and served here, rather than a TensorBoard server started in
+the container and forwarded:
+
+- nothing runs in the container, so nothing can be left there: a server started by
+  ``pct exec`` outlives a closed SSH channel (Proxmox's ``pct`` kills nothing inside when
+  the client goes), and a client killed with SIGKILL could never stop it;
+- it needs neither TensorBoard in the job's torch environment nor a network route from the
+  host to the container (``forward`` needs one, and a container sharing the host's network,
+  as the sandbox's do, would put the server on the host's own ports);
+- the pull is the existing verified path (:func:`opsctl.ops.files.pull`: rsync, else the
+  sha256-checked tar stream), and only what changed travels on each refresh.
+
+Where the files are: the trainer says it once, in its ``trackers`` event (the logdir of
+``--report-to tensorboard``); the last such event of the job counts (a restarted attempt
+says it again). The copy lives under ``<opsctl home>/tensorboard/<host>-ct<ct>/<job>/`` and
+is refreshed every ``refresh_s`` while the job lives.
+
+The server: ``python -m tensorboard.main`` of this interpreter, bound to 127.0.0.1 only, in
+a session of its own that this process ends (SIGTERM, then SIGKILL) on Ctrl-C, SIGTERM,
+SIGHUP or any error; on Linux it also gets ``PR_SET_PDEATHSIG``, so it ends with this
+process even after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import posixpath
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import typing as t
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.config import paths
+from opsctl.errors import ConfigError, OpsctlError, RemoteCommandFailed
+from opsctl.ops import files, watch
+from remote_payload import wire
+
+if t.TYPE_CHECKING:
+    from opsctl.ops.jobs import Target
+
+#: How long the local server may take to answer its first request.
+READY_S = 60.0
+#: How long it gets to end on SIGTERM before SIGKILL.
+STOP_GRACE_S = 5.0
+#: The text of the event line the trainer prints, as the wrapper writes it to events.jsonl.
+TRACKERS_LINE = f'{{"event":"{wire.EVENT_TRACKERS}",'
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a job's TensorBoard event files are, in the container and here."""
+
+    job_id: str
+    state: str
+    terminal: bool
+    remote_dir: str
+    local_dir: Path
+
+
+def no_event_files(label: str, job_id: str, why: str) -> ConfigError:
+    return ConfigError(f"{label}: job {job_id} has no TensorBoard event files ({why})",
+                       hint="run the trainer with `--report-to tensorboard` (in the playbook's "
+                            "command) and install tensorboard in the container (the playbook's "
+                            "requirements)")
+
+
+def locate(tgt: Target, job_id: str | None) -> Source:
+    """The job (default: the current one) and the logdir its trainer announced.
+
+    Raises:
+        UnknownJob: no such job.
+        ConfigError: the job announced no TensorBoard logdir (the message says what to pass).
+        RemoteCommandFailed: its events could not be read.
+    """
+    st = watch.fetch_status(tgt.agent, job_id, lines=0)
+    path = f"{tgt.host.root}/jobs/{st.job_id}/events.jsonl"
+    res = tgt.remote.pct_exec(tgt.ctid, ["grep", "-F", "--", TRACKERS_LINE, path], timeout=60,
+                              step="tensorboard: find the logdir")
+    if res.rc == 1:
+        raise no_event_files(tgt.label, st.job_id, "it said nothing about trackers")
+    if res.rc != 0:
+        raise RemoteCommandFailed(f"{tgt.label}: cannot read job {st.job_id}'s events "
+                                  f"(grep rc {res.rc}: {res.stderr_tail(1)})", argv=res.argv, rc=res.rc)
+    try:
+        logdir = announced_logdir(res.stdout.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise ConfigError(f"{tgt.label}: job {st.job_id}: {exc}; not pulled",
+                          hint="the trainer's --report-to tensorboard writes <out-dir>/tensorboard") from None
+    if logdir is None:
+        raise no_event_files(tgt.label, st.job_id, "its trackers do not include tensorboard")
+    local = paths.home() / "tensorboard" / f"{_safe(tgt.host.label)}-ct{tgt.ctid}" / st.job_id
+    return Source(st.job_id, st.state.value, st.state in wire.TERMINAL_STATES, logdir, local)
+
+
+def announced_logdir(text: str) -> str | None:
+    """The TensorBoard logdir of the last ``trackers`` event among ``text``'s lines (None: no
+    event names one). The job's output is untrusted: only what the trainer writes is taken,
+    an absolute, normalised path ending in ``/tensorboard`` (never ``/`` or ``/etc``).
+
+    Raises:
+        ValueError: the last event names another kind of path.
+    """
+    logdir: str | None = None
+    for line in text.splitlines():
+        ev = wire.parse_event(line)
+        if ev is not None and ev.get("event") == wire.EVENT_TRACKERS:
+            value = ev.get("tensorboard")
+            logdir = value if isinstance(value, str) else None
+    if logdir is None:
+        return None
+    if (not logdir.startswith("/") or posixpath.normpath(logdir) != logdir
+            or posixpath.basename(logdir) != "tensorboard" or any(c in logdir for c in "\0\n\r")):
+        raise ValueError(f"its trackers event names {logdir[:200]!r} as the TensorBoard logdir, "
+                         "not an absolute <dir>/tensorboard")
+    return logdir
+
+
+def _safe(name: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return safe if safe.strip(".") else "host"
+
+
+def refresh(tgt: Target, src: Source) -> files.TransferReport:
+    """Bring the copy up to date (only what changed travels; nothing here is deleted).
+
+    Raises:
+        ConfigError: the logdir the job announced does not exist (its tracker failed).
+        RemoteCommandFailed, TransportError and kin: as :func:`files.pull`.
+    """
+    src.local_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        return files.pull(tgt, src.remote_dir, src.local_dir)
+    except RemoteCommandFailed as exc:
+        if "does not exist" in exc.message:
+            raise no_event_files(tgt.label, src.job_id, f"{src.remote_dir} does not exist in the "
+                                 "container: see the job's warning events") from None
+        raise
+
+
+def has_event_files(local: Path) -> bool:
+    return any(p.name.startswith("events.out.tfevents.") for p in local.rglob("*") if p.is_file())
+
+
+def check_installed() -> None:
+    """Raises ConfigError when this machine has no TensorBoard to serve with."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("tensorboard is not installed on this machine",
+                          hint="pip install 'opsctl[trackers]' (or pip install tensorboard)")
+
+
+def check_port(port: int) -> int:
+    """``port`` if 127.0.0.1 has it free (0: a free one).
+
+    Raises:
+        ConfigError: it is taken.
+    """
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ConfigError(f"127.0.0.1:{port} is in use",
+                              hint="pass another --port, or --port 0 for any free one") from None
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Server:
+    """The local TensorBoard process; a context manager that always ends it."""
+
+    def __init__(self, logdir: Path, port: int):
+        self.logdir, self.port = logdir, port
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - read back on failure, closed in stop
+        argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+                "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def wait_ready(self, timeout: float = READY_S) -> None:
+        """Raises ConfigError (with TensorBoard's own last words) if it never answers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ConfigError(f"tensorboard exited with {self.proc.returncode} before serving: "
+                                  f"{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise ConfigError(f"tensorboard did not answer on {self.url} within {timeout:g} s: "
+                          f"{self.tail()}")
+
+    def tail(self) -> str:
+        self.log.seek(0)
+        lines = self.log.read().decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else "(no output)"
+
+    def stop(self) -> None:
+        """End its whole session: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # anything it left in its session
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP arrived (Ctrl-C is KeyboardInterrupt)."""
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> t.Iterator[None]:
+    """SIGTERM and SIGHUP end the session like Ctrl-C does (the server is ended on the way)."""
+    def handler(signum: int, _frame: t.Any) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def serve(tgt: Target, src: Source, port: int, refresh_s: float,
+          on_ready: t.Callable[[str], None], on_notice: t.Callable[[str], None],
+          sleep: t.Callable[[float], None] = time.sleep) -> None:
+    """Pull, serve, keep the copy fresh while the job lives; returns on Ctrl-C/SIGTERM/SIGHUP
+    with the server ended.
+
+    Raises:
+        ConfigError: the job has no event files, TensorBoard is missing here or never answers,
+            the port is taken.
+        RemoteCommandFailed, TransportError and kin: the first pull failed.
+    """
+    check_installed()
+    port = check_port(port)
+    refresh(tgt, src)
+    if not has_event_files(src.local_dir):
+        raise no_event_files(tgt.label, src.job_id, f"{src.remote_dir} holds none yet")
+    terminal = src.terminal
+    with stop_on_signals(), Server(src.local_dir, port) as server:
+        try:
+            server.wait_ready()
+            on_ready(server.url)
+            while True:
+                if terminal or refresh_s <= 0:
+                    sleep(3600)
+                    continue
+                sleep(refresh_s)
+                if server.proc.poll() is not None:
+                    raise ConfigError(f"tensorboard exited with {server.proc.returncode}: "
+                                      f"{server.tail()}")
+                try:
+                    refresh(tgt, src)
+                    terminal = watch.fetch_status(tgt.agent, src.job_id, lines=0).state \
+                        in wire.TERMINAL_STATES
+                except (OpsctlError, OSError) as exc:  # a lost connection: try again next time
+                    on_notice(f"refresh failed ({exc}); the curves shown stay as they were")
+        except (KeyboardInterrupt, Stopped):
+            return

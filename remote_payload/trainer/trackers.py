@@ -1,0 +1,423 @@
+"""Experiment trackers (``--report-to``): TensorBoard, Weights & Biases, MLflow.
+
+The names and their meaning follow Hugging Face's ``TrainingArguments.report_to``: a comma
+list of ``tensorboard``, ``wandb``, ``mlflow``; ``none`` (the default) reports nowhere, ``all``
+to every one whose package is installed. Rank 0 alone reports.
+
+One source of truth: a tracker sees exactly the events the trainer prints (it listens on
+:class:`.events.Log`), so the curves in TensorBoard are the numbers ``status`` and ``plot``
+show: every numeric field of a ``step`` event as ``train/<field>``, of an ``eval`` or
+``acceptance`` event as ``eval/<field>``. The run's configuration goes in as hyper-parameters,
+the torch build and the payload digest as tags.
+
+Why a thread: a backend's calls can be slow (W&B's start ~10 s, MLflow's first SQLite
+write ~15 s on 2 loaded cores, a dead MLflow server its HTTP timeout), and the training step
+must never wait for them. The trainer only puts an event's metrics on a bounded queue
+(:data:`QUEUE_SIZE`); a full queue drops and counts, and the count is reported. A backend
+that raises (its package missing, a network down, a bad key, a full disk) costs one
+``warning`` event and is switched off; the run goes on.
+
+Why our own fan-out instead of each library's trainer callbacks: those belong to
+``transformers.Trainer`` and ``accelerate``; this trainer has neither loop. The backends'
+own writers are used as they are (``torch.utils.tensorboard.SummaryWriter``, ``wandb.init``,
+``mlflow.MlflowClient``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import queue
+import threading
+import time
+import typing as t
+import urllib.parse
+from dataclasses import dataclass, field
+
+#: Every backend ``--report-to`` knows, by Hugging Face's names.
+CHOICES = ("tensorboard", "wandb", "mlflow")
+#: The import each backend needs (``all`` picks those that are installed).
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+#: Metric events waiting for the backends; above this many, new ones are dropped and counted.
+QUEUE_SIZE = 1024
+#: How long :meth:`Trackers.close` waits for the backends to write and finish: within the
+#: 30 s ``opsctl stop`` grants after SIGTERM (the final checkpoint is already written by then).
+CLOSE_TIMEOUT_S = 20.0
+#: Event kind -> metric prefix. The metrics of an event are its numeric fields.
+PREFIXES = {"step": "train", "eval": "eval", "acceptance": "eval"}
+#: Fields of those events that are bookkeeping, not metrics.
+NOT_METRICS = frozenset({"step", "budget_s", "_at", "role", "blocks", "prompts", "new_tokens",
+                         "block_size", "seconds"})
+#: W&B's and MLflow's own defaults when the environment names no project / experiment.
+DEFAULT_PROJECT = "dflash"
+#: MLflow's HTTP retries and timeout unless the environment sets them (its defaults, 7 retries
+#: with back-off and 120 s, would keep a dead server's first call busy for minutes).
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+class ReportToError(ValueError):
+    """A bad ``--report-to`` value: nothing was started."""
+
+
+def parse_report_to(text: str) -> tuple[str, ...]:
+    """``--report-to`` as backend names, in order; ``all`` stays ``("all",)`` (see :func:`resolve`).
+
+    Raises:
+        ReportToError: an unknown name (the message lists the choices), a name given twice,
+            ``none`` or ``all`` beside other names, or an empty entry.
+    """
+    names = [n.strip().lower() for n in text.split(",")]
+    if any(not n for n in names):
+        raise ReportToError(f"--report-to {text!r}: an empty name; choices: "
+                            f"{', '.join((*CHOICES, 'all', 'none'))}")
+    unknown = [n for n in names if n not in (*CHOICES, "all", "none")]
+    if unknown:
+        raise ReportToError(f"--report-to: unknown tracker {unknown[0]!r}; choices: "
+                            f"{', '.join((*CHOICES, 'all', 'none'))}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ReportToError(f"--report-to {text!r}: {twice[0]!r} is named twice")
+    for word in ("none", "all"):
+        if word in names and len(names) > 1:
+            raise ReportToError(f"--report-to {text!r}: {word!r} stands alone (it means "
+                                f"{'no tracker' if word == 'none' else 'every installed one'})")
+    return () if names == ["none"] else tuple(names)
+
+
+def installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(PACKAGES[name]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def resolve(names: t.Sequence[str]) -> tuple[str, ...]:
+    """``("all",)`` -> the installed backends; anything else as it is."""
+    if tuple(names) == ("all",):
+        return tuple(n for n in CHOICES if installed(n))
+    return tuple(names)
+
+
+def metrics_of(event: str, fields: t.Mapping[str, t.Any]) -> tuple[dict[str, float], int] | None:
+    """The metrics an event carries, and the step they belong to (None: not a metric event)."""
+    prefix = PREFIXES.get(event)
+    if prefix is None:
+        return None
+    out: dict[str, float] = {}
+    for k, v in fields.items():
+        if k in NOT_METRICS or isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            out[f"{prefix}/{k}"] = float(v)
+        elif isinstance(v, list) and v and all(isinstance(x, int | float) and not isinstance(x, bool)
+                                                for x in v):
+            out.update({f"{prefix}/{k}_{i + 1}": float(x) for i, x in enumerate(v)})
+    step = fields.get("step")
+    if not out:
+        return None
+    return out, step if isinstance(step, int) and not isinstance(step, bool) else 0
+
+
+@dataclass
+class RunInfo:
+    """What every backend is started with."""
+
+    run_id: str
+    out_dir: str  # the run directory (checkpoints); trackers write beside them
+    config: dict[str, t.Any] = field(default_factory=dict)  # flat: "args.lr", "model.block_size"
+    tags: dict[str, str] = field(default_factory=dict)  # torch build, payload digest
+
+
+def flatten(prefix: str, doc: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """``{"a": {"b": 1}}`` -> ``{"prefix.a.b": 1}``; lists and tuples as JSON text."""
+    out: dict[str, t.Any] = {}
+    for k, v in doc.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(key, v))
+        elif isinstance(v, list | tuple):
+            out[key] = json.dumps(list(v))
+        else:
+            out[key] = v
+    return out
+
+
+def redact_uri(uri: str) -> str:
+    """A tracking URI without its user:password (it goes in an event)."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+    except ValueError:
+        return "<unparsable uri>"
+    if "@" not in parts.netloc:
+        return uri
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+# --- backends ------------------------------------------------------------------------
+
+
+class Tracker(t.Protocol):
+    """One backend. Every method may raise: the fan-out turns that into a warning."""
+
+    name: str
+
+    def where(self, info: RunInfo) -> str:
+        """Where it writes (a directory or a URI, without credentials), said before it starts."""
+
+    def start(self, info: RunInfo) -> None: ...
+
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def finish(self, ok: bool) -> None: ...
+
+
+class TensorBoard:
+    """Event files under ``<out_dir>/tensorboard/<run_id>`` (one TensorBoard run per trainer
+    run; point TensorBoard at ``<out_dir>/tensorboard`` to compare them)."""
+
+    name = "tensorboard"
+
+    def __init__(self) -> None:
+        self.writer: t.Any = None
+
+    @staticmethod
+    def logdir(out_dir: str) -> str:
+        return os.path.join(os.path.abspath(out_dir), "tensorboard")
+
+    def where(self, info: RunInfo) -> str:
+        return self.logdir(info.out_dir)
+
+    def start(self, info: RunInfo) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        self.writer = SummaryWriter(log_dir=os.path.join(self.logdir(info.out_dir), info.run_id),
+                                    flush_secs=10)
+        scalars = {k: v for k, v in info.config.items()
+                   if isinstance(v, int | float | str | bool) and v is not None}
+        # the hparams plugin's summaries in this run's own file (add_hparams would make a
+        # sub-run per call); the metrics it pairs them with are the ones logged later
+        for summary in hparams(scalars, {"train/loss": float("nan")}):  # type: ignore[no-untyped-call]
+            self.writer.file_writer.add_summary(summary)
+        self.writer.add_text("config", "```\n" + json.dumps(info.config, indent=1, default=str)
+                             + "\n```")
+        self.writer.add_text("tags", "  \n".join(f"{k}: {v}" for k, v in info.tags.items()))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+
+    def finish(self, ok: bool) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class WandB:
+    """A W&B run: offline (files under ``$WANDB_DIR`` or ``<out_dir>/wandb``) unless a
+    ``WANDB_API_KEY`` reaches the job (``secrets:`` in the playbook) or ``WANDB_MODE`` says
+    otherwise. The key stays in the environment: it is never passed, written or logged here."""
+
+    name = "wandb"
+
+    def __init__(self) -> None:
+        self.run: t.Any = None
+
+    @staticmethod
+    def mode() -> str:
+        return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+
+    def where(self, info: RunInfo) -> str:
+        return os.path.join(os.path.abspath(os.environ.get("WANDB_DIR") or info.out_dir), "wandb")
+
+    def start(self, info: RunInfo) -> None:
+        import wandb as wandb_module
+
+        wandb: t.Any = wandb_module  # its signatures change between releases; checked here by tests
+        base = os.path.abspath(os.environ.get("WANDB_DIR") or info.out_dir)
+        os.makedirs(base, exist_ok=True)
+        wanted = {"console": "off", "silent": True, "disable_code": True, "disable_git": True,
+                  "x_disable_stats": True, "init_timeout": 60.0}
+        known = getattr(wandb.Settings, "model_fields", wanted)  # older wandb: take them all
+        settings = wandb.Settings(**{k: v for k, v in wanted.items() if k in known})
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, name=info.run_id,
+            dir=base, config=info.config, mode=self.mode(), settings=settings,
+            tags=[f"{k}:{v}"[:64] for k, v in info.tags.items()])
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def finish(self, ok: bool) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=0 if ok else 1)
+
+
+class MLflow:
+    """An MLflow run in ``$MLFLOW_TRACKING_URI`` (the playbook's ``env``), else in a SQLite
+    store in the run directory (``<out_dir>/mlflow.db``: MLflow 3 refuses its old file
+    store). Experiment: ``$MLFLOW_EXPERIMENT_NAME`` or ``dflash``."""
+
+    name = "mlflow"
+    #: parameter values MLflow accepts (6000 characters); longer ones are cut
+    MAX_PARAM = 6000
+
+    def __init__(self) -> None:
+        self.client: t.Any = None
+        self.run_id = ""
+
+    @staticmethod
+    def uri(out_dir: str) -> str:
+        return os.environ.get("MLFLOW_TRACKING_URI") or \
+            "sqlite:///" + os.path.join(os.path.abspath(out_dir), "mlflow.db")
+
+    def where(self, info: RunInfo) -> str:
+        return redact_uri(self.uri(info.out_dir))
+
+    def start(self, info: RunInfo) -> None:
+        for k, v in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri = self.uri(info.out_dir)
+        if uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+        self.client = MlflowClient(tracking_uri=uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
+        exp = self.client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        run = self.client.create_run(exp_id, run_name=info.run_id, tags=dict(info.tags))
+        self.run_id = run.info.run_id
+        params = [Param(k, str(v)[:self.MAX_PARAM]) for k, v in info.config.items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+    def finish(self, ok: bool) -> None:
+        if self.client is not None and self.run_id:
+            self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
+
+
+BACKENDS: dict[str, t.Callable[[], Tracker]] = {
+    "tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+
+
+# --- the fan-out -----------------------------------------------------------------------
+
+#: ``warn(tracker, message, **extra)``: one ``warning`` event.
+Warn = t.Callable[..., None]
+_END = object()
+
+
+class Trackers:
+    """Every backend of one run behind one bounded queue and one thread.
+
+    The trainer calls :meth:`on_event` for each event it prints (never blocks) and
+    :meth:`close` once at the end. Each backend's failure is reported once and switches that
+    backend off; the others go on.
+    """
+
+    def __init__(self, backends: t.Sequence[Tracker], info: RunInfo, warn: Warn, *,
+                 queue_size: int = QUEUE_SIZE):
+        self.backends = list(backends)
+        self.info = info
+        self.warn = warn
+        self.queue: queue.Queue[t.Any] = queue.Queue(queue_size)
+        self.dropped = 0
+        self.failed: dict[str, str] = {}
+        self.secrets = [v for v in (os.environ.get("WANDB_API_KEY"),) if v]
+        self.thread = threading.Thread(target=self._work, name="trackers", daemon=True)
+        self.thread.start()
+
+    def on_event(self, event: str, fields: t.Mapping[str, t.Any]) -> None:
+        got = metrics_of(event, fields)
+        if got is None or not self.backends:
+            return
+        try:
+            self.queue.put_nowait(got)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                self._warn("all", f"the trackers fall behind: more than {self.queue.maxsize} "
+                                  "metric events wait; new ones are dropped (counted at the end)")
+
+    def close(self, ok: bool, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Hand the backends the end of the run and wait (at most ``timeout`` s) for them."""
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(queue.Full):
+            self.queue.put((_END, ok), timeout=max(0.0, deadline - time.monotonic()))
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.dropped:
+            self._warn("all", f"{self.dropped} metric event(s) were dropped: the trackers "
+                              "fell behind", dropped=self.dropped)
+        if self.thread.is_alive():
+            busy = ", ".join(b.name for b in self.backends) or "the trackers"
+            self._warn("all", f"{busy} did not finish within {timeout:g} s; left unfinished "
+                              "(their last metrics may be missing)")
+
+    # --- the thread ---
+
+    def _work(self) -> None:
+        for b in list(self.backends):
+            self._call(b, "start", self.info)
+        while True:
+            item = self.queue.get()
+            if isinstance(item, tuple) and item and item[0] is _END:
+                for b in list(self.backends):
+                    self._call(b, "finish", bool(item[1]))
+                    if b in self.backends:
+                        self.backends.remove(b)
+                return
+            metrics, step = item
+            for b in list(self.backends):
+                self._call(b, "log", metrics, step)
+
+    def _call(self, backend: Tracker, what: str, *args: t.Any) -> None:
+        try:
+            getattr(backend, what)(*args)
+        except BaseException as exc:  # a tracker's failure (even its sys.exit) is never the run's
+            self.backends.remove(backend)
+            self.failed[backend.name] = f"{type(exc).__name__}: {exc}"
+            self._warn(backend.name, f"{backend.name} failed at {what} and is switched off for "
+                                     f"this run: {type(exc).__name__}: {exc}")
+            if what == "log":
+                with contextlib.suppress(BaseException):
+                    backend.finish(False)
+
+    def _warn(self, tracker: str, message: str, **extra: t.Any) -> None:
+        for s in self.secrets:
+            message = message.replace(s, "***")
+        with contextlib.suppress(Exception):
+            self.warn(tracker, message[:2000], **extra)
+
+
+def open_trackers(names: t.Sequence[str], info: RunInfo, warn: Warn,
+                  say: t.Callable[..., None]) -> Trackers | None:
+    """Start the named backends (``all`` resolved); ``say(**fields)`` gets where each
+    writes (the ``trackers`` event). None when there are none.
+
+    A backend whose package is missing costs a warning, not the run."""
+    names = resolve(names)
+    if not names:
+        return None
+    backends: list[Tracker] = []
+    for n in names:
+        if not installed(n):
+            warn(n, f"{n} is not installed in this environment; not reporting to it (add "
+                    f"{PACKAGES[n]!r} to the playbook's requirements)")
+            continue
+        backends.append(BACKENDS[n]())
+    if not backends:
+        return None
+    say(report_to=[b.name for b in backends], run=info.run_id,
+        **{b.name: b.where(info) for b in backends})
+    return Trackers(backends, info, warn)

@@ -1,0 +1,251 @@
+"""``opsctl tensorboard`` through the real sandbox: the job's event files pulled, served on
+127.0.0.1 by a real TensorBoard, fetched over HTTP, and nothing left after Ctrl-C, SIGTERM
+or SIGHUP.
+
+The job in container 200 does what ``--report-to tensorboard`` does (its event file is made
+here with TensorBoard's own writer, through torch's ``SummaryWriter``, and its ``trackers``
+event is the trainer's); the trainer's side is tested in
+``tests/trainer/test_trackers_run.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opsctl.cli import cli
+from tests.paths import REPO
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.sandbox
+pytest.importorskip("tensorboard")
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _event_file(tmp_path: Path) -> tuple[str, bytes]:
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    for step in (1, 2, 3):
+        w.add_scalar("train/loss", 3.0 / step, step)
+    w.close()
+    (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    return path.name, path.read_bytes()
+
+
+def _job(logdir: str | None, event_file: tuple[str, bytes] | None) -> str:
+    """A job that writes the event file under ``logdir/run1`` and says so as the trainer does."""
+    name, data = event_file or ("", b"")
+    return textwrap.dedent(f"""
+        import base64, json, os
+        logdir, name = {logdir!r}, {name!r}
+        if logdir:
+            os.makedirs(os.path.join(logdir, "run1"), exist_ok=True)
+            with open(os.path.join(logdir, "run1", name), "wb") as f:
+                f.write(base64.b64decode({base64.b64encode(data).decode()!r}))
+            print(json.dumps({{"event": "trackers", "report_to": ["tensorboard"], "run": "run1",
+                               "tensorboard": logdir}}, separators=(",", ":")), flush=True)
+        print(json.dumps({{"event": "step", "step": 3, "loss": 1.0}}), flush=True)
+    """)
+
+
+@pytest.fixture
+def deploy(sandbox, isolated_env: Path, tmp_path: Path):
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+
+    def go(script: str) -> str:
+        book = tmp_path / f"tb-{uuid.uuid4().hex[:6]}.yaml"
+        book.write_text(json.dumps({"name": "tbjob", "command": ["python3", "-c", script],
+                                    "timeout_s": 60, "healthy_when": {"event": "step"}}))
+        res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--json")
+        assert res.exit_code == 0, res.output
+        job_id = json.loads(res.stdout)["job_id"]
+        res = run("status", "--host", "sandbox", "--ct", "200", "--job", job_id, "--follow", "--json")
+        assert res.exit_code == 0 and json.loads(res.stdout)["state"] == "SUCCEEDED", res.output
+        return job_id
+
+    return go
+
+
+def _tensorboards(home: Path) -> list[int]:
+    """TensorBoard processes serving a copy under this test's opsctl home."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"tensorboard.main" in cmd and any(str(home).encode() in a for a in cmd):
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_tensorboard_serves_the_jobs_curves_on_loopback_and_leaves_nothing_running(
+        deploy, isolated_env, tmp_path, sig):
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    job_id = deploy(_job(logdir, _event_file(tmp_path)))
+    p = subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                          "--ct", "200", "--port", "0", "--refresh", "2"],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        url = wait_for(lambda: next((m.group(0) for x in lines
+                                     for m in [re.search(r"http://127\.0\.0\.1:\d+/", x)] if m), None),
+                       120, what=f"the URL line (stderr so far: {lines})")
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200 and b"TensorBoard" in page.read()
+        tags = wait_for(lambda: _get_json(url + "data/plugin/scalars/tags"), 30, what="the scalars")
+        assert "train/loss" in tags["run1"], tags
+        assert _tensorboards(isolated_env), "no TensorBoard process under the test's home"
+        p.send_signal(sig)
+        assert p.wait(30) == 0, lines
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    reader.join(5)
+    assert "tensorboard stopped" in "".join(lines), lines
+    assert wait_for(lambda: not _tensorboards(isolated_env), 10), _tensorboards(isolated_env)
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)
+    assert port > 0
+    copy = isolated_env / "tensorboard"
+    assert list(copy.rglob("events.out.tfevents.*")), "the pulled copy is kept"
+
+
+def _get_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            doc = json.loads(r.read())
+    except OSError:
+        return None
+    return doc if doc.get("run1") else None
+
+
+def test_a_job_without_tensorboard_files_is_one_line_naming_report_to(deploy):
+    job_id = deploy(_job(None, None))
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert f"job {job_id} has no TensorBoard event files" in res.output
+    assert "--report-to tensorboard" in res.output
+
+
+def test_a_logdir_the_job_announced_but_never_wrote_is_named(deploy):
+    said = {"event": "trackers", "report_to": ["tensorboard"], "run": "r",
+            "tensorboard": "/var/tmp/opsctl-tb-never/tensorboard"}
+    step = {"event": "step", "step": 1}
+    job_id = deploy(f"print({json.dumps(json.dumps(said))}); print({json.dumps(json.dumps(step))})")
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert "/var/tmp/opsctl-tb-never/tensorboard does not exist" in res.output, res.output
+
+
+def test_a_taken_port_is_refused_before_connecting(isolated_env):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        res = run("tensorboard", "--host", "nowhere", "--ct", "200", "--port", str(s.getsockname()[1]))
+    assert res.exit_code == 2 and "is in use" in res.output, res.output
+
+
+# --- the whole chain: the real trainer in the container, its curves served here ------------
+
+
+@pytest.fixture(scope="module")
+def real_build(sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.shared_torch import real_cpu_build_in_default_root
+
+    real_cpu_build_in_default_root(sandbox, tmp_path_factory.mktemp("real-build-home"))
+
+
+def _tensorboard_site(dest: Path) -> Path:
+    """TensorBoard's writer and what it imports that the CPU build's env lacks, copied from this
+    machine's (same python, same platform): what a playbook's ``requirements`` would install."""
+    import google.protobuf
+    import tensorboard
+
+    for mod in (tensorboard, google.protobuf):
+        src = Path(mod.__file__).parent
+        rel = Path(*src.parts[len(Path(tensorboard.__file__).parent.parent.parts):])
+        shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        import absl
+
+        shutil.copytree(Path(absl.__file__).parent, dest / "absl",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    except ImportError:
+        pass
+    return dest
+
+
+@pytest.mark.slow
+def test_the_smoke_job_with_report_to_tensorboard_is_served_here(sandbox, real_build, isolated_env,
+                                                                 tmp_path):
+    import yaml
+
+    book = yaml.safe_load((REPO / "playbooks" / "dflash-cpu-smoke.yaml").read_text())
+    out = f"/var/tmp/opsctl-tb-smoke-{uuid.uuid4().hex[:8]}"
+    site = _tensorboard_site(tmp_path / "tbsite")
+    book["command"] = [*book["command"], "--out-dir", out, "--steps", "20", "--report-to", "tensorboard"]
+    book["env"] = {**book.get("env", {}), "PYTHONPATH": "/opt/opsctl/data/tbsite"}
+    book["files"] = [{"src": str(site), "dest": "/opt/opsctl/data/tbsite"}]
+    path = tmp_path / "smoke-tb.yaml"
+    path.write_text(yaml.safe_dump(book))
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(path), "--replace", "--json")
+    assert res.exit_code == 0, res.output
+    job_id = json.loads(res.stdout)["job_id"]
+    st = json.loads(run("status", "--host", "sandbox", "--ct", "200", "--job", job_id, "--follow",
+                        "--json").stdout)
+    assert (st["state"], st["last_step"]["step"]) == ("SUCCEEDED", 20), st["output_tail"]
+
+    p = subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                          "--ct", "200", "--port", "0"], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True).start()
+    try:
+        url = wait_for(lambda: next((m.group(0) for x in lines
+                                     for m in [re.search(r"http://127\.0\.0\.1:\d+/", x)] if m), None),
+                       120, what=f"the URL line (stderr so far: {lines})")
+        with urllib.request.urlopen(url + "data/plugin/scalars/tags", timeout=10) as r:
+            tags = json.loads(r.read())
+        (run_tags,) = tags.values()
+        assert {"train/loss", "train/tok_s", "train/lr"} <= set(run_tags), tags
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 0, lines
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert wait_for(lambda: not _tensorboards(isolated_env), 10), _tensorboards(isolated_env)

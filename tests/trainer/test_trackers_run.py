@@ -1,0 +1,221 @@
+"""``--report-to`` in real CPU runs: what each tracker recorded, read back with its own
+reader, and the runs a broken tracker must not cost.
+
+Loopback only: W&B runs offline (``WANDB_MODE=offline``), MLflow writes a SQLite store in
+the run directory or is pointed at a dead port on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pathlib
+import struct
+import time
+
+import pytest
+
+from tests.trainer.test_trainer_run import FAST, _events, _fresh_stop_flag  # noqa: F401
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("tensorboard")
+pytest.importorskip("wandb")
+pytest.importorskip("mlflow")
+
+from remote_payload.trainer import trackers  # noqa: E402
+from remote_payload.trainer.train import main  # noqa: E402
+
+KEY = "wandb-test-key-" + "0123456789abcdef" * 2  # a well-formed, never valid key
+STEPS = ["--steps", "6", "--warmup-steps", "1", "--token-budget", "384", "--log-every", "2"]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    """No tracker may reach the network: W&B offline, no telemetry, MLflow not configured."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_CODE", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("MLFLOW_ENABLE_TELEMETRY", "false")  # never phone home
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "1")
+    for name in ("WANDB_DIR", "WANDB_API_KEY", "MLFLOW_TRACKING_URI", "WANDB_PROJECT",
+                 "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _run(capsys, out: pathlib.Path, *argv: str) -> tuple[int, list[dict]]:
+    rc = main([*FAST, *STEPS, "--out-dir", str(out), *argv])
+    return rc, _events(capsys.readouterr().out)
+
+
+def _wandb_records(run_dir: pathlib.Path) -> list:
+    """The records of an offline run's ``.wandb`` file (LevelDB's log format: 32 KiB blocks of
+    ``crc32 u32, length u16, type u8`` chunks after a 7-byte ``:W&B`` header)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    pos, block, buf, out = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pos += 7
+        if kind == 0 and length == 0:
+            pos += left - 7
+            continue
+        chunk, pos = data[pos:pos + length], pos + length
+        if kind in (1, 2):
+            buf = chunk
+        else:
+            buf += chunk
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            out.append(rec)
+    return out
+
+
+def test_every_tracker_records_the_step_metrics_config_and_tags_of_the_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", KEY)  # offline all the same: WANDB_MODE says so
+    out = tmp_path / "run"
+    rc, ev = _run(capsys, out, "--report-to", "tensorboard,wandb,mlflow", "--run-id", "trk1")
+    assert rc == 0, ev[-3:]
+    assert [e for e in ev if e["event"] == "warning"] == []
+    steps = {e["step"]: e for e in ev if e["event"] == "step"}
+    assert sorted(steps) == [2, 4, 6], steps
+    (said,) = [e for e in ev if e["event"] == "trackers"]
+    assert said["report_to"] == ["tensorboard", "wandb", "mlflow"] and said["run"] == "trk1"
+    assert said["tensorboard"] == str(out / "tensorboard")
+    assert said["mlflow"] == f"sqlite:///{out}/mlflow.db"
+
+    # TensorBoard, read with its own EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard" / "trk1"))
+    acc.Reload()
+    for name in ("loss", "acc", "tok_s", "lr"):
+        got = {s.step: s.value for s in acc.Scalars(f"train/{name}")}
+        assert got == pytest.approx({k: e[name] for k, e in steps.items()}, rel=1e-6), name
+    assert {"config/text_summary", "tags/text_summary"} <= set(acc.Tags()["tensors"])
+    tags_text = acc.Tensors("tags/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert f"torch: {torch.__version__}" in tags_text and "payload: local" in tags_text
+
+    # W&B's offline run: history, config, tags
+    (wb_dir,) = (out / "wandb").glob("offline-run-*")
+    records = _wandb_records(wb_dir)
+    history = [{i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    assert [int(h["_step"]) for h in history] == [2, 4, 6], history
+    assert [float(h["train/loss"]) for h in history] == pytest.approx(
+        [steps[s]["loss"] for s in (2, 4, 6)])
+    (run_rec,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert f"torch:{torch.__version__}" in run_rec.tags and run_rec.display_name == "trk1"
+    assert "args.lr" in {c.key for c in run_rec.config.update}
+
+    # MLflow's store: metrics per step, params, tags, a finished run
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=said["mlflow"])
+    (run,) = client.search_runs([client.get_experiment_by_name("dflash").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "trk1"
+    hist = client.get_metric_history(run.info.run_id, "train/loss")
+    assert {m.step: m.value for m in hist} == pytest.approx({k: e["loss"] for k, e in steps.items()})
+    assert run.data.params["args.steps"] == "6" and run.data.params["model.block_size"] == "4"
+    assert run.data.tags["torch"] == torch.__version__ and run.data.tags["payload"] == "local"
+
+    # the key is in the environment only: no file the run wrote holds it
+    holders = [p for p in out.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert holders == [], holders
+
+
+def test_broken_trackers_each_cost_one_warning_and_the_run_finishes(capsys, tmp_path, monkeypatch):
+    """TensorBoard's directory taken by a file (a read-only or full disk fails the same way),
+    MLflow pointed at a dead port, and a W&B stand-in that raises on every call."""
+
+    class Raises:
+        name = "wandb"
+
+        def where(self, info):
+            return "/nowhere"
+
+        def start(self, info):
+            raise ConnectionError("wandb: network is down")
+
+        log = finish = start
+
+    monkeypatch.setitem(trackers.BACKENDS, "wandb", Raises)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    for k in trackers.MLFLOW_HTTP_DEFAULTS:
+        monkeypatch.delenv(k, raising=False)  # the trainer's own bounds apply
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").write_text("a file where the logdir goes\n")
+    t0 = time.monotonic()
+    rc, ev = _run(capsys, out, "--report-to", "tensorboard,wandb,mlflow")
+    took = time.monotonic() - t0
+    assert rc == 0, ev[-3:]
+    assert ev[-1]["event"] == "done" and ev[-1]["reason"] == "finished", ev[-1]
+    warns = {e["tracker"]: e for e in ev if e["event"] == "warning"}
+    assert set(warns) == {"tensorboard", "wandb", "mlflow"}, warns
+    assert all(e["source"] == "tracker" and "switched off" in e["message"] for e in warns.values())
+    assert "network is down" in warns["wandb"]["message"]
+    assert took < 120, f"the run took {took:.0f} s with a dead MLflow server"
+    assert len([e for e in ev if e["event"] == "step"]) == 3
+
+
+def test_report_to_names_outside_the_choices_are_exit_2_before_the_run(capsys, tmp_path):
+    rc = main([*FAST, "--report-to", "tensorboard,tensorboard", "--out-dir", str(tmp_path)])
+    ev = _events(capsys.readouterr().out)
+    assert rc == 2 and ev[-1]["event"] == "error", ev
+    assert "named twice" in ev[-1]["message"]
+    assert not any(tmp_path.iterdir())
+
+
+def test_report_to_none_starts_no_tracker_and_writes_nothing_for_one(capsys, tmp_path):
+    out = tmp_path / "run"
+    rc, ev = _run(capsys, out, "--report-to", "none", "--steps", "2")
+    assert rc == 0
+    assert not any(e["event"] in ("trackers", "warning") for e in ev)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in out.iterdir() if p.name.startswith(("ckpt-", "latest")))
+
+
+def test_a_sigterm_ends_the_run_with_the_last_step_in_tensorboard(tmp_path):
+    """SIGTERM stops at a step boundary; the trackers are closed (flushed) before exit."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from tests.paths import REPO
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "remote_payload.trainer", *FAST, "--steps", "100000",
+                          "--token-budget", "384", "--out-dir", str(out), "--run-id", "sig",
+                          "--report-to", "tensorboard"], env=env, cwd=REPO,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    seen = 0
+    for line in p.stdout:
+        if line.startswith('{"event":"step"'):
+            seen += 1
+            if seen == 3:
+                p.send_signal(signal.SIGTERM)
+        if line.startswith('{"event":"done"'):
+            done = json.loads(line)
+    assert p.wait(120) == 0
+    assert done["reason"] == "SIGTERM", done
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard" / "sig"))
+    acc.Reload()
+    assert max(s.step for s in acc.Scalars("train/loss")) >= 3
+    assert glob.glob(str(out / "tensorboard" / "sig" / "events.out.tfevents.*"))

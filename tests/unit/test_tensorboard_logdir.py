@@ -1,0 +1,75 @@
+"""``opsctl tensorboard`` reads the logdir from the job's own (untrusted) event lines: only what
+the trainer writes is taken, and nothing else is ever pulled."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from opsctl.errors import ConfigError
+from opsctl.ops import tensorboard as tb
+
+
+def _line(**fields: object) -> str:
+    return json.dumps({"event": "trackers", **fields}, separators=(",", ":"))
+
+
+def test_the_last_trackers_event_names_the_logdir():
+    text = "\n".join([_line(tensorboard="/runs/a/tensorboard"), '{"event":"step","step":1}',
+                      _line(tensorboard="/runs/b/tensorboard")])
+    assert tb.announced_logdir(text) == "/runs/b/tensorboard"
+
+
+def test_a_line_written_like_the_wrappers_is_found_by_the_grep_pattern():
+    assert _line(tensorboard="/x/tensorboard", _at=1.0).startswith(tb.TRACKERS_LINE)
+
+
+@pytest.mark.parametrize("text", ["", '{"event":"step"}', _line(wandb="/w"), _line(tensorboard=3)])
+def test_no_tensorboard_in_the_events_is_none(text):
+    assert tb.announced_logdir(text) is None
+
+
+@pytest.mark.parametrize("path", ["/", "/etc", "relative/tensorboard", "/a/../etc/tensorboard",
+                                  "/a//tensorboard", "/a/tensorboard/", "/a/tensorboard\nx",
+                                  "/root/.ssh"])
+def test_a_logdir_the_trainer_would_not_write_is_refused(path):
+    with pytest.raises(ValueError, match="not an absolute <dir>/tensorboard"):
+        tb.announced_logdir(_line(tensorboard=path))
+
+
+@given(st.text(max_size=200))
+def test_any_job_output_gives_none_a_trainer_logdir_or_a_value_error(text):
+    try:
+        got = tb.announced_logdir(text)
+    except ValueError:
+        return
+    assert got is None or (got.startswith("/") and got.endswith("/tensorboard")), got
+
+
+@given(st.text(max_size=80))
+def test_any_announced_path_is_taken_only_in_the_trainers_shape(path):
+    try:
+        got = tb.announced_logdir(_line(tensorboard=path))
+    except ValueError:
+        return
+    assert got == path and path.startswith("/") and path.rsplit("/", 1)[1] == "tensorboard", path
+    assert ".." not in path.split("/")
+
+
+def test_a_port_in_use_is_refused_and_port_0_picks_a_free_one():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(ConfigError, match="in use"):
+            tb.check_port(s.getsockname()[1])
+    assert tb.check_port(0) > 0
+
+
+def test_a_host_label_becomes_a_safe_directory_name():
+    assert tb._safe("root@10.1.2.6:2222") == "root_10.1.2.6_2222"
+    assert tb._safe("../..") == ".._.." and "/" not in tb._safe("a/b")
+    assert tb._safe("..") == tb._safe(".") == tb._safe("") == "host"
