@@ -333,6 +333,7 @@ class ErrorType(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the agent run
     PayloadMismatch = "PayloadMismatch"  # launch --payload-digest: the installed payload differs
     LaunchAborted = "LaunchAborted"  # the deploy was interrupted (``abort``) before this launch
     DiskFull = "DiskFull"  # ENOSPC/EDQUOT where the agent writes its records
+    DamagedRecord = "DamagedRecord"  # a job dir's record does not parse (``fields.path``, ``reason``)
     # torch builds and compile caches
     TorchInstallFailed = "TorchInstallFailed"  # install or verification of a build failed
     TorchFactsFailed = "TorchFactsFailed"
