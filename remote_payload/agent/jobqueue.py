@@ -113,33 +113,19 @@ class Plan(t.NamedTuple):
     fail: list[tuple[str, str]]  # job id, end_reason: its GPU request cannot fit here
 
 
-def unfit_reason(request: wire.GpuRequest, total: int) -> str | None:
-    """Why a GPU request can never run on a container of ``total`` slots (0: not known), or
-    None when it can (one rule for ``queue add``'s refusal and :func:`plan`'s FAILED)."""
-    if request is None:
-        return None
-    if not total:
-        return (f"gpus {request}: the container's GPU count is not known; set gpus: for this "
-                "container in the inventory")
-    try:
-        wire.validate_gpu_request(request, total)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
          afters: t.Mapping[str, str | None], states: t.Mapping[str, str], total: int,
          holders: t.Mapping[str, Slots], builds: t.Mapping[str, str | None] | None = None,
          current: str | None = None) -> Plan:
-    """What :func:`advance` does now: the queued jobs to start (in order) and to cancel.
+    """What :func:`advance` does now: the queued jobs to start (in order), fail and cancel.
 
     ``states``: the state of every job a queued job depends on (a missing one is gone).
-    A job whose GPU request cannot fit ``total`` slots (:func:`unfit_reason`) fails with that
-    reason. A job whose dependency ended FAILED, CANCELLED or LOST, or was failed or cancelled
-    by this very plan, is cancelled with ``dependency <id> <STATE>``; a job whose dependency succeeded
-    (or that has none) starts when its GPUs are free, unless a job ahead of it waits for
-    GPUs (first in, first out).
+    A job whose GPU request cannot fit ``total`` slots
+    (:func:`remote_payload.wire.gpu_request_unfit`) fails with that reason. A job whose
+    dependency ended FAILED, CANCELLED or LOST, or was failed or cancelled by this very plan,
+    is cancelled with ``dependency <id> <STATE>``; a job whose dependency succeeded (or that
+    has none) starts when its GPUs are free, unless a job ahead of it waits for GPUs (first
+    in, first out).
 
     ``builds``: the torch build a job needs (its playbook's ``torch:``), ``current`` the
     container's. A job that needs another build than the current one starts only when no
@@ -154,7 +140,7 @@ def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
     ended: dict[str, str] = {}
     waiting_for_gpus = False
     for jid in order:
-        unfit = unfit_reason(requests.get(jid), total)
+        unfit = wire.gpu_request_unfit(requests.get(jid), total)
         if unfit is not None:
             fail.append((jid, unfit))
             ended[jid] = JobState.FAILED.value

@@ -42,9 +42,6 @@ STACK_DUMPS = "stack-dumps"
 HANG = "hang.json"  # the wrapper's record of a quiet spell past the job's budget, with stacks
 
 JOB_ID_RE = re.compile(wire.JOB_ID_PATTERN)
-#: random bytes at the end of a new job id (8 hex digits: two ids of one name and second
-#: collide once in ~4e9; a batch and the existing job dirs are checked as well)
-JOB_ID_RANDOM_BYTES = 4
 HEALTHY_DEFAULT: dict[str, t.Any] = {"started": True}
 JOB_ENV_MARKER = "OPSCTL_JOB_ID"  # exported to the job by the wrapper; see marked_processes
 JOB_CGROUP_PARENT = "opsctl-jobs"  # <cgroup2 mount>/opsctl-jobs/<job id>; see job_cgroup_create
@@ -201,7 +198,8 @@ def new_job_id(name: str) -> str:
     import secrets  # only launch needs it; status must not pay for hashlib
 
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "job"
-    return f"{safe[:80]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(JOB_ID_RANDOM_BYTES)}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{safe[:80]}-{stamp}-{secrets.token_hex(wire.JOB_ID_RANDOM_BYTES)}"
 
 
 # --- spec -------------------------------------------------------------------

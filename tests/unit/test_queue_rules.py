@@ -223,12 +223,12 @@ class TestGpuRequestsThatCanNeverFit:
     ])
     def test_a_request_past_the_containers_slots_has_a_reason(self, request_: t.Any, total: int,
                                                               why: str) -> None:
-        reason = q.unfit_reason(request_, total)
+        reason = wire.gpu_request_unfit(request_, total)
         assert reason is not None and why in reason
 
     @pytest.mark.parametrize(("request_", "total"), [(None, 0), (None, 8), (2, 2), ([1], 2)])
     def test_a_request_within_the_slots_fits(self, request_: t.Any, total: int) -> None:
-        assert q.unfit_reason(request_, total) is None
+        assert wire.gpu_request_unfit(request_, total) is None
 
     def test_a_job_that_no_longer_fits_fails_and_the_jobs_behind_it_move_on(self) -> None:
         p = q.plan(["big", "dep", "small"], {"big": 4, "dep": None, "small": 1},

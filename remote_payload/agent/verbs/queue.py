@@ -180,7 +180,7 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
                                    job_id=spec["job_id"])
                 spec["after"] = _resolve_after(root, spec["after"], batch)
             request = launching.gpu_request(spec, total)
-            unfit = queue.unfit_reason(request, total)
+            unfit = wire.gpu_request_unfit(request, total)
             if unfit is not None:  # it could never start: refused, nothing queued
                 raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: {unfit}", field="gpus")
             try:
@@ -292,7 +292,7 @@ def listing(root: str) -> QueueDoc:
             st = jobrecord.read_status(jobs.job_dir(root, jid), {}) or {}
         except jobrecord.DamagedRecord:
             st = {}
-        unfit = queue.unfit_reason(request, total or 0)
+        unfit = wire.gpu_request_unfit(request, total or 0)
         if unfit is not None:
             waits = f"nothing: it cannot run here ({unfit})"
         elif after is not None and states.get(after) != JobState.SUCCEEDED.value:
