@@ -221,6 +221,15 @@ def test_any_legacy_file_is_migrated_or_set_aside_and_never_starts_anything(
     assert q.scan(str(root), reconcile=False).order == []
 
 
+@given(data=st.binary(max_size=100) | json_st.map(lambda v: json.dumps({"slots": v}).encode()))
+@ANY_FILE
+def test_any_gpu_count_file_is_a_count_or_unknown(tmp_path: Path, data: bytes) -> None:
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    (tmp_path / "jobs" / q.SLOTS_FILE).write_bytes(data)
+    slots = q.read_slots(str(tmp_path))
+    assert slots is None or (isinstance(slots, int) and 0 < slots <= wire.MAX_GPU_SLOTS)
+
+
 # --- job ids --------------------------------------------------------------------------------
 
 
