@@ -520,3 +520,23 @@ def test_concurrent_adds_from_several_processes_lose_and_duplicate_nothing(
     agent.data("stop", "--job", "hold-36", "--grace", "1")
     for j in order:
         agent.wait_state(j, "SUCCEEDED", timeout=60)
+
+
+def test_a_stray_wrapper_never_runs_a_job_that_ran_or_waits_in_the_queue(
+        agent: Agent, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    agent.add(spec("ran-37", f"open({str(runs)!r}, 'a').write('ran\\n')"))
+    agent.wait_state("ran-37", "SUCCEEDED")
+    agent.add(spec("hold-37", gate(tmp_path / "go")), spec("waits-37"))
+    for job, state in (("ran-37", "SUCCEEDED"), ("waits-37", "QUEUED")):
+        path = agent.root / "jobs" / job
+        before = agent.status_file(job)["transitions"]
+        proc = subprocess.run([PY, "-m", "remote_payload.agent.wrapper", str(path)],
+                              capture_output=True, text=True, env=agent.env, timeout=60,
+                              check=False)
+        assert proc.returncode == 2 and f"is {state}, not PENDING" in proc.stderr
+        after = agent.status_file(job)
+        assert (after["state"], after["transitions"]) == (state, before)
+    assert runs.read_text() == "ran\n"
+    (tmp_path / "go").touch()
+    agent.wait_state("waits-37", "SUCCEEDED")
