@@ -540,3 +540,18 @@ def test_a_stray_wrapper_never_runs_a_job_that_ran_or_waits_in_the_queue(
     assert runs.read_text() == "ran\n"
     (tmp_path / "go").touch()
     agent.wait_state("waits-37", "SUCCEEDED")
+
+
+def test_a_killed_adds_staging_leftovers_are_cleared_and_a_link_there_is_never_followed(
+        agent: Agent, tmp_path: Path) -> None:
+    left = agent.root / "jobs" / ".staging" / "12345" / "old-38"
+    left.mkdir(parents=True)
+    (left / "secrets.json").write_text('{"TOKEN": "x"}')
+    agent.add(spec("new-38"))
+    assert not (agent.root / "jobs" / ".staging").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (agent.root / "jobs" / ".staging").symlink_to(elsewhere)
+    reply = agent.reply("queue-add", "--specs-stdin", stdin=json.dumps({"specs": [spec("l-38")]}))
+    assert reply["error"]["type"] == "QueueRefused" and "symbolic link" in reply["error"]["message"]
+    assert list(elsewhere.iterdir()) == [] and not (agent.root / "jobs" / "l-38").exists()

@@ -208,10 +208,17 @@ def _stage_and_publish(root: str, specs: list[dict[str, t.Any]], secrets: t.Any,
                        socket: str, payload: str, rank: float) -> list[str]:
     """Write every job dir of the batch under ``jobs/.staging/``, then move each into place
     (hold the queue lock): a reader sees a queued job only once its records are whole, and a
-    full disk leaves none of the batch behind (the staging dirs are opsctl's own: removed)."""
+    full disk leaves none of the batch behind. The staging dirs are opsctl's own and exist
+    only while an add holds the lock: one found now was left by a killed add (it may hold
+    secrets) and is removed."""
     import shutil
 
-    stage_root = os.path.join(jobs.jobs_root(root), STAGING, f"{os.getpid()}-{rank:g}")
+    staging = os.path.join(jobs.jobs_root(root), STAGING)
+    if os.path.islink(staging):  # not opsctl's: never followed, never removed
+        raise _refused(f"queue-add: {staging} is a symbolic link, not opsctl's staging "
+                       "directory; move it away", "staging", path=staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    stage_root = os.path.join(staging, str(os.getpid()))
     staged: list[tuple[str, str]] = []
     try:
         os.makedirs(stage_root)
