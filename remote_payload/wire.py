@@ -48,6 +48,9 @@ ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 #: A job id: a file name under ``jobs/`` (no ``/``, no leading dot or dash). The agent
 #: enforces it and the CLI checks ``--job`` against it before anything is sent.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: random bytes at the end of a new job id, ``<name>-<YYYYmmdd-HHMMSS>-<8 hex>`` (two ids of
+#: one name and second collide once in ~4e9; a batch and the existing job dirs are checked too)
+JOB_ID_RANDOM_BYTES = 4
 
 # --- job states -------------------------------------------------------------
 
@@ -110,6 +113,22 @@ GpuRequest = t.Union[int, list[int], None]  # noqa: UP007 (3.10 agent: evaluated
 def dependency_reason(dep: str, state: str) -> str:
     """``end_reason`` of a queued job cancelled because its dependency ended without success."""
     return f"dependency {dep} {state}"
+
+
+def gpu_request_unfit(request: GpuRequest, total: int) -> str | None:
+    """Why a (valid) GPU request can never run on a container of ``total`` slots (0: the count
+    is not known), or None when it can: one rule for ``queue add``'s refusal (client and
+    agent) and the queue's FAILED for a job whose request no longer fits."""
+    if request is None:
+        return None
+    if not total:
+        return (f"gpus {request}: the container's GPU count is not known; set gpus: for this "
+                "container in the inventory")
+    try:
+        validate_gpu_request(request, total)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def validate_gpu_request(value: t.Any, slots: int | None = None) -> GpuRequest:
@@ -339,6 +358,7 @@ class ErrorType(str, enum.Enum):  # not StrEnum (3.11+): the agent runs on 3.10 
     PayloadMismatch = "PayloadMismatch"  # launch --payload-digest: the installed payload differs
     LaunchAborted = "LaunchAborted"  # the deploy was interrupted (``abort``) before this launch
     DiskFull = "DiskFull"  # ENOSPC/EDQUOT where the agent writes its records
+    DamagedRecord = "DamagedRecord"  # a job dir's record does not parse (``fields.path``, ``reason``)
     # torch builds and compile caches
     TorchInstallFailed = "TorchInstallFailed"  # install or verification of a build failed
     TorchFactsFailed = "TorchFactsFailed"

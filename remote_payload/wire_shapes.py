@@ -251,13 +251,22 @@ class JobRowDoc(_JobRowRequired, total=False):
     after: str | None
 
 
+class DamagedRecordDoc(t.TypedDict):
+    """A job dir's record that does not parse (``agent/jobrecord.py``): set aside, left on
+    disk untouched, and never in the way of the other jobs."""
+
+    path: str  # the file (``jobs/<id>/status.json`` or ``spec.json``)
+    reason: str  # why it does not parse, one line
+
+
 class JobListDoc(t.TypedDict):
-    """``jobs``: newest first."""
+    """``jobs``: newest first; ``damaged``: the job dirs whose records do not parse."""
 
     current: str | None
     jobs: list[JobRowDoc]
     total: int
     limit: int
+    damaged: list[DamagedRecordDoc]
 
 
 class QueueRowDoc(t.TypedDict):
@@ -286,6 +295,7 @@ class QueueDoc(t.TypedDict):
     jobs: list[QueueRowDoc]
     slots: int | None  # the container's GPU slot count (the inventory's gpus), if known
     holders: list[QueueHolderDoc]
+    damaged: list[DamagedRecordDoc]  # job dirs whose records do not parse: neither queued nor held
 
 
 class QueueAddDoc(t.TypedDict):

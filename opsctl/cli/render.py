@@ -158,6 +158,14 @@ def queue_table(con: Console, label: str, q: QueueList) -> None:
     for h in q.holders:
         con.print(plain(f"running: {h.job_id} ({h.state or '?'}) holds GPU slots "
                         f"{slots_text(h.gpu_slots)}", style="dim"))
+    damaged_records(con, q.damaged)
+
+
+def damaged_records(con: Console, damaged: t.Sequence[t.Any]) -> None:
+    """One line per job record the agent could not parse (left on disk untouched)."""
+    for d in damaged:
+        con.print(plain(f"damaged record (set aside, left as it is): {d.path}: {d.reason}",
+                        style="yellow"))
 
 
 def queue_added(con: Console, report: t.Any) -> None:
@@ -375,6 +383,7 @@ def jobs_table(con: Console, label: str, jl: JobList) -> None:
         if not con.is_terminal:  # piped (grep, awk): one line per job, never folded at 80
             con = Console(file=con.file, width=400, highlight=False, color_system=None)
         con.print(table)
+    damaged_records(con, jl.damaged)
 
 
 def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:

@@ -284,7 +284,7 @@ class Playbook(BaseModel):
 
     def new_job_id(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        return f"{self.name}-{stamp}-{secrets.token_hex(2)}"
+        return f"{self.name}-{stamp}-{secrets.token_hex(wire.JOB_ID_RANDOM_BYTES)}"
 
     def job_spec(self, job_id: str, *, root: str, replace: bool = False,
                  python: str | None = None, notify: t.Sequence[str] = (),

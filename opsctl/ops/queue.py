@@ -63,6 +63,19 @@ def _slot_args(tgt: Target) -> list[str]:
     return ["--slots", str(n)] if n else []
 
 
+def batch_ids(books: t.Sequence[Playbook]) -> list[str]:
+    """A new job id per playbook, distinct within the batch (a pipeline's steps share a name
+    and a second; an id drawn twice is drawn again, so no step ever waits for itself). The
+    agent checks them against the container's existing job dirs."""
+    ids: list[str] = []
+    for book in books:
+        jid = book.new_job_id()
+        while jid in ids:
+            jid = book.new_job_id()
+        ids.append(jid)
+    return ids
+
+
 def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] | None = None,
         on_step: Progress | None = None) -> QueueAddReport:
     """Queue ``steps`` in the container, in order, in one call (all or none).
@@ -81,13 +94,14 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
     count = slots(tgt)
     for s in steps:  # checked here, before anything is sent (the agent checks it again)
         try:
-            wire.validate_gpu_request(s.book.gpus, count or None)
+            request = wire.validate_gpu_request(s.book.gpus, count or None)
         except ValueError as exc:
             raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: {exc}") from None
-        if isinstance(s.book.gpus, int) and not count:
-            raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: gpus {s.book.gpus} needs the "
-                              f"container's GPU count", hint=f"set containers.{tgt.ctid}.gpus "
-                              "in the inventory (or give slot indices: --gpus 0,1)")
+        unfit = wire.gpu_request_unfit(request, count)
+        if unfit is not None:  # it could never start, and would hold back every job behind it
+            raise ConfigError(f"{tgt.label}: {s.name or s.book.name}: {unfit}",
+                              hint=f"set containers.{tgt.ctid}.gpus in the inventory, or leave "
+                              "gpus out (the whole container)")
     if secrets is None:
         secrets = {}
         for s in steps:
@@ -99,7 +113,7 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
         if s.book.torch is not None:
             builds[i] = torch_ops.builds_table(tgt).resolve(
                 s.book.torch.variant, version=s.book.torch.version).name
-    ids = [s.book.new_job_id() for s in steps]
+    ids = batch_ids([s.book for s in steps])
     specs = []
     for i, s in enumerate(steps):
         spec = s.book.job_spec(ids[i], root=tgt.host.root, notify=tgt.host.notify_urls(tgt.ctid),

@@ -46,6 +46,8 @@ _HINTS: dict[ErrorType, str] = {
     ErrorType.PreflightFailed: "apply the fix the row names (opsctl doctor shows every check), "
                                "or deploy with --force",
     ErrorType.QueueRefused: "`opsctl queue` shows the queue, `opsctl jobs` every job",
+    ErrorType.DamagedRecord: "read or move the file it names; `opsctl jobs` lists every damaged "
+                             "record and shows the others",
 }
 
 

@@ -226,11 +226,19 @@ class JobRow(RestartFields):
     headline: JobHeadline | None = None
 
 
+class DamagedRecord(_Wire):
+    """A job dir's record that does not parse (the agent leaves it on disk untouched)."""
+
+    path: str
+    reason: str
+
+
 class JobList(_Wire):
     current: str | None = None
     jobs: list[JobRow] = Field(default_factory=list)
     total: int = 0
     limit: int = 0
+    damaged: list[DamagedRecord] = Field(default_factory=list)
 
 
 class QueueRow(_Wire):
@@ -255,6 +263,7 @@ class QueueList(_Wire):
     jobs: list[QueueRow] = Field(default_factory=list)
     slots: int | None = None
     holders: list[QueueHolder] = Field(default_factory=list)
+    damaged: list[DamagedRecord] = Field(default_factory=list)
 
 
 class BootHook(_Wire):

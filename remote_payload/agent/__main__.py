@@ -152,6 +152,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{' (' + str(exc.filename) + ')' if exc.filename else ''}; {verb} could not "
                 "write its records", path=exc.filename, root=known.root)
             rc = wire.AGENT_ERROR_RC
+    except ValueError as exc:
+        from remote_payload.agent.jobrecord import DamagedRecord
+
+        if not isinstance(exc, DamagedRecord):
+            reply, rc = _crashed(verb, exc), wire.AGENT_ERROR_RC
+        else:  # the job dir is left as it is: a human reads it (jobs lists it under damaged)
+            reply = wire.error_reply(verb, ErrorType.DamagedRecord,
+                                     f"damaged job record {exc.path}: {exc.reason}; left as it "
+                                     "is", path=exc.path, reason=exc.reason)
+            rc = wire.AGENT_ERROR_RC
     except SystemExit as exc:  # argparse error: still one JSON document
         reply = wire.error_reply(verb, ErrorType.UsageError, f"bad arguments for {verb}: {rest!r}",
                                  code=exc.code)

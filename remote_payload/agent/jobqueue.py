@@ -1,16 +1,37 @@
-"""The container's job queue (issue 27): order, dependencies, GPU slots, and ``advance``.
+"""The container's job queue: order, dependencies, GPU slots, and ``advance``.
 
-A queued job is a job dir like any other (``jobs/<id>/``: spec, launch facts, ``status.json``
-in state QUEUED), so ``jobs`` and ``status`` show it with no extra path. ``jobs/queue.json``
-holds what no single job dir can: the order of the queued jobs, the container's GPU slot
-count, and which live job holds which slots (``holders``; ``None`` is the whole container).
-It is written with write-then-rename under ``jobs/.queue.lock``, so two clients adding at
-once both succeed, in some order, and a reader never sees half a file. A damaged file is set
-aside and rebuilt from the job dirs (they are the record; nothing is lost).
+One record of job state: the job dirs. A queued job is a job dir like any other
+(``jobs/<id>/``: spec, launch facts, ``status.json`` in state QUEUED), and everything the
+queue knows is derived from the job dirs when it is needed (:func:`scan`):
+
+- the queue is every job whose status is QUEUED, in the order of the ``queue_rank`` its
+  status.json carries (then ``created_at``, then the id); ``queue add`` gives a new job the
+  next rank, ``queue move`` gives the moved job a rank between its new neighbours;
+- the GPU slots held are those of every live job (not QUEUED, not terminal, reconciled
+  against ``/proc``): its spec's ``gpu_slots``, ``None`` (the whole container) when absent.
+
+So no second list can disagree with the job dirs: a job that started, ended or was removed
+leaves the queue by the very write that changes its state (one atomic rename of its
+status.json), and a finished job can never be started again because an order still names
+it. This is the smallest design that makes double bookkeeping impossible: no new store, no
+database; the one file beside the job dirs, ``jobs/gpu-slots.json``, holds a fact about the
+container (the inventory's GPU count, kept for the calls that come with no client), never
+about a job. ``jobs/.queued`` is only a hint that lets ``status`` skip the queue when nothing
+was ever queued; a stale hint costs one advance, never a wrong start.
+
+Every change (add, move, remove, each start) holds ``jobs/.queue.lock``, and a job starts
+only from QUEUED, checked under that lock at the one place a queued job is started
+(:func:`remote_payload.agent.launching.start_queued`). A ``jobs/queue.json`` left by an
+older agent (which kept the order there) is read once under the lock: its order becomes the
+ranks of the jobs it names that are still QUEUED, its slot count the container's, and the
+file is renamed ``queue.json.migrated-<time>`` (kept, never read again). A job dir whose
+records do not parse (:mod:`remote_payload.agent.jobrecord`) is set aside: it is listed
+under ``damaged`` and is neither queued nor a holder.
 
 The rules are pure functions (:func:`assign`, :func:`plan`, :func:`check_after`,
 :func:`moved`), one definition for every caller, tested with hypothesis. :func:`advance`
-applies them: it starts every queued job whose dependency succeeded and whose GPUs are free
+applies them: it starts every queued job whose dependency succeeded and whose GPUs are free,
+fails a job whose GPU request no longer fits the container (the inventory's count dropped),
 and cancels the dependants of a job that failed, was cancelled or was lost. It runs with no
 client connected: the agent calls it after every queue change and launch, and each job's
 wrapper calls it when its job has reached its terminal state (after the restart policy is
@@ -33,68 +54,25 @@ import time
 import typing as t
 
 from remote_payload import wire
+from remote_payload.agent import jobrecord
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType, JobState
 
-QUEUE_FILE = "queue.json"
+LEGACY_QUEUE_FILE = "queue.json"  # an older agent's order; migrated once (:func:`migrate_legacy`)
+SLOTS_FILE = "gpu-slots.json"  # {"slots": N}: the container's GPU count (a container fact)
+QUEUED_HINT = ".queued"  # exists while jobs may be queued (status skips the queue otherwise)
 QUEUE_LOCK = ".queue.lock"
-QUEUE_VERSION = 1
+RANK = "queue_rank"  # in a queued job's status.json: its place in the queue
+LEGACY_VERSION = 1
 #: the failure states that cancel a job's dependants
 FAILED_STATES = frozenset({JobState.FAILED.value, JobState.CANCELLED.value, JobState.LOST.value})
+#: ``dep_states``' word for a dependency whose record does not parse: its dependants wait
+DAMAGED = "DAMAGED"
 
 Slots = t.Optional[list[int]]  # noqa: UP045 (the 3.10 agent evaluates it at run time)
 
 
-class QueueDoc(t.NamedTuple):
-    """``jobs/queue.json`` as read back (:func:`parse_doc`)."""
-
-    order: list[str]  # queued job ids, first to start first
-    slots: int | None  # the container's GPU slot count (the inventory's ``gpus``), if known
-    holders: dict[str, Slots]  # live job id -> the slots it holds (None: all of them)
-
-    def to_json(self) -> dict[str, t.Any]:
-        return {"version": QUEUE_VERSION, "order": list(self.order), "slots": self.slots,
-                "holders": {k: (list(v) if v is not None else None) for k, v in self.holders.items()}}
-
-
-EMPTY = QueueDoc([], None, {})
-
-
 # --- the rules (pure) -----------------------------------------------------------------------
-
-
-def parse_doc(raw: t.Any) -> QueueDoc:
-    """``queue.json``'s content, checked (it is read back from disk: never trusted).
-
-    Raises:
-        ValueError: not the shape :meth:`QueueDoc.to_json` writes.
-    """
-    if not isinstance(raw, dict):
-        raise ValueError("the queue file is not a JSON object")
-    if raw.get("version") != QUEUE_VERSION:
-        raise ValueError(f"the queue file has version {raw.get('version')!r}, not {QUEUE_VERSION}")
-    order = raw.get("order")
-    if not (isinstance(order, list) and all(_is_job_id(j) for j in order)):
-        raise ValueError("the queue file's order is not a list of job ids")
-    if len(set(order)) != len(order):
-        raise ValueError("the queue file names a job twice")
-    slots = raw.get("slots")
-    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)
-                              or not 0 <= slots <= wire.MAX_GPU_SLOTS):
-        raise ValueError(f"the queue file's slots {slots!r} is not 0-{wire.MAX_GPU_SLOTS}")
-    holders = raw.get("holders")
-    if not isinstance(holders, dict):
-        raise ValueError("the queue file's holders is not an object")
-    checked: dict[str, Slots] = {}
-    for jid, held in holders.items():
-        if not _is_job_id(jid):
-            raise ValueError(f"the queue file's holders name {jid!r}, not a job id")
-        if held is not None and not (isinstance(held, list) and all(
-                isinstance(g, int) and not isinstance(g, bool) and 0 <= g < wire.MAX_GPU_SLOTS
-                for g in held)):
-            raise ValueError(f"the queue file's holders give {jid} slots {held!r}")
-        checked[jid] = list(held) if held is not None else None
-    return QueueDoc(list(order), slots, checked)
 
 
 def _is_job_id(x: t.Any) -> bool:
@@ -132,19 +110,22 @@ def conflicts(a: Slots, b: Slots) -> bool:
 class Plan(t.NamedTuple):
     start: list[tuple[str, Slots]]  # job id, the slots it gets
     cancel: list[tuple[str, str]]  # job id, end_reason
+    fail: list[tuple[str, str]]  # job id, end_reason: its GPU request cannot fit here
 
 
 def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
          afters: t.Mapping[str, str | None], states: t.Mapping[str, str], total: int,
          holders: t.Mapping[str, Slots], builds: t.Mapping[str, str | None] | None = None,
          current: str | None = None) -> Plan:
-    """What :func:`advance` does now: the queued jobs to start (in order) and to cancel.
+    """What :func:`advance` does now: the queued jobs to start (in order), fail and cancel.
 
     ``states``: the state of every job a queued job depends on (a missing one is gone).
-    A job whose dependency ended FAILED, CANCELLED or LOST, or was cancelled by this very
-    plan, is cancelled with ``dependency <id> <STATE>``; a job whose dependency succeeded
-    (or that has none) starts when its GPUs are free, unless a job ahead of it waits for
-    GPUs (first in, first out).
+    A job whose GPU request cannot fit ``total`` slots
+    (:func:`remote_payload.wire.gpu_request_unfit`) fails with that reason. A job whose
+    dependency ended FAILED, CANCELLED or LOST, or was failed or cancelled by this very plan,
+    is cancelled with ``dependency <id> <STATE>``; a job whose dependency succeeded (or that
+    has none) starts when its GPUs are free, unless a job ahead of it waits for GPUs (first
+    in, first out).
 
     ``builds``: the torch build a job needs (its playbook's ``torch:``), ``current`` the
     container's. A job that needs another build than the current one starts only when no
@@ -155,9 +136,15 @@ def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
     cur = current
     start: list[tuple[str, Slots]] = []
     cancel: list[tuple[str, str]] = []
+    fail: list[tuple[str, str]] = []
     ended: dict[str, str] = {}
     waiting_for_gpus = False
     for jid in order:
+        unfit = wire.gpu_request_unfit(requests.get(jid), total)
+        if unfit is not None:
+            fail.append((jid, unfit))
+            ended[jid] = JobState.FAILED.value
+            continue
         dep = afters.get(jid)
         if dep is not None:
             st = ended.get(dep) or states.get(dep)
@@ -185,7 +172,7 @@ def plan(order: t.Sequence[str], requests: t.Mapping[str, wire.GpuRequest],
         held[jid] = slots
         if need is not None:
             cur = need
-    return Plan(start, cancel)
+    return Plan(start, cancel, fail)
 
 
 def check_after(job_id: str, after: str | None, states: t.Mapping[str, str]) -> None:
@@ -231,95 +218,217 @@ def moved(order: t.Sequence[str], job_id: str, anchor: str, before: bool,
     return new
 
 
-# --- the file -------------------------------------------------------------------------------
+# --- the legacy file --------------------------------------------------------------------------
 
 
-def queue_path(root: str) -> str:
-    return os.path.join(root, "jobs", QUEUE_FILE)
+class LegacyQueue(t.NamedTuple):
+    """An older agent's ``jobs/queue.json``: only what :func:`migrate_legacy` takes from it."""
+
+    order: list[str]
+    slots: int | None
+
+
+def parse_legacy(raw: t.Any) -> LegacyQueue:
+    """``queue.json`` as an older agent wrote it (read back from disk: never trusted).
+
+    Raises:
+        ValueError: not that shape.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError("the queue file is not a JSON object")
+    if raw.get("version") != LEGACY_VERSION:
+        raise ValueError(f"the queue file has version {raw.get('version')!r}, not {LEGACY_VERSION}")
+    order = raw.get("order")
+    if not (isinstance(order, list) and all(_is_job_id(j) for j in order)):
+        raise ValueError("the queue file's order is not a list of job ids")
+    slots = raw.get("slots")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)
+                              or not 0 <= slots <= wire.MAX_GPU_SLOTS):
+        raise ValueError(f"the queue file's slots {slots!r} is not 0-{wire.MAX_GPU_SLOTS}")
+    return LegacyQueue(list(dict.fromkeys(order)), slots)
+
+
+def migrate_legacy(root: str) -> str | None:
+    """Read an older agent's ``jobs/queue.json`` once (hold :func:`locked`): its order becomes
+    the ranks of the jobs it names that are still QUEUED (a job that started or ended is never
+    started again because of it), its slot count the container's unless one is known; then it
+    is renamed ``queue.json.migrated-<time>`` (``.damaged-<time>`` when it does not parse),
+    kept for a human and never read again. Returns the new name (None: no legacy file)."""
+    path = os.path.join(jobs_dir(root), LEGACY_QUEUE_FILE)
+    try:
+        legacy: LegacyQueue | None = parse_legacy(jobrecord.decode(_read_bytes(path)))
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError):
+        legacy = None
+    if legacy is not None:
+        from remote_payload.agent import jobstore
+
+        for rank, jid in enumerate(legacy.order, 1):
+            try:
+                status = jobrecord.read_status(jobstore.job_dir(root, jid))
+            except (jobrecord.DamagedRecord, AgentFailure):
+                continue
+            if status is not None and status["state"] == JobState.QUEUED.value \
+                    and status.get(RANK) is None:
+                status[RANK] = float(rank)
+                write_json_atomic(os.path.join(jobstore.job_dir(root, jid), "status.json"),
+                                  status)
+        if legacy.slots and read_slots(root) is None:
+            write_slots(root, legacy.slots)
+    kept = f"{path}.{'migrated' if legacy is not None else 'damaged'}-{int(time.time())}"
+    os.replace(path, kept)
+    return kept
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(jobrecord.MAX_RECORD_BYTES)
+
+
+# --- the container's facts and the lock -------------------------------------------------------
+
+
+def jobs_dir(root: str) -> str:
+    return os.path.join(root, "jobs")
+
+
+def read_slots(root: str) -> int | None:
+    """The container's GPU count as the last client sent it (None: never sent, or damaged)."""
+    try:
+        raw = read_json(os.path.join(jobs_dir(root), SLOTS_FILE), None)
+    except (ValueError, OSError):
+        return None
+    slots = raw.get("slots") if isinstance(raw, dict) else None
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 0 < slots <= wire.MAX_GPU_SLOTS:
+        return None
+    return slots
+
+
+def write_slots(root: str, slots: int) -> None:
+    """Keep the container's GPU count (hold :func:`locked`); unchanged: no write."""
+    if read_slots(root) != slots:
+        write_json_atomic(os.path.join(jobs_dir(root), SLOTS_FILE), {"slots": slots})
+
+
+def may_have_queued(root: str) -> bool:
+    """Whether an advance could have anything to do (two stats; ``status`` asks every poll)."""
+    d = jobs_dir(root)
+    return os.path.exists(os.path.join(d, QUEUED_HINT)) or os.path.exists(
+        os.path.join(d, LEGACY_QUEUE_FILE))
 
 
 @contextlib.contextmanager
 def locked(root: str, blocking: bool = True) -> t.Iterator[None]:
-    """The queue's lock: every read-modify-write of ``queue.json`` and every start of a job
-    (by ``launch`` or :func:`advance`) holds it, so two never pick the same GPU.
+    """The queue's lock: every change of the queue (add, move, remove) and every start of a job
+    (by ``launch`` or :func:`advance`) holds it, so two never pick the same GPU and a job is
+    started once. An older agent's ``queue.json`` is migrated as the lock is taken.
 
     Raises:
         BlockingIOError: ``blocking`` is False and another process holds it.
     """
     import fcntl
 
-    os.makedirs(os.path.join(root, "jobs"), exist_ok=True)
-    with open(os.path.join(root, "jobs", QUEUE_LOCK), "a") as f:
+    os.makedirs(jobs_dir(root), exist_ok=True)
+    with open(os.path.join(jobs_dir(root), QUEUE_LOCK), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         try:
+            migrate_legacy(root)
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def read(root: str) -> QueueDoc:
-    """The queue (hold :func:`locked`); a damaged file is set aside and rebuilt from the job
-    dirs (every job in state QUEUED, oldest first; every live job as a holder)."""
-    path = queue_path(root)
-    try:
-        raw = read_json(path, None)
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
-        return _rebuild(root, f"unreadable: {exc}")
-    if raw is None:
-        return EMPTY if not _queued_dirs(root) else _rebuild(root, "missing")
-    try:
-        return parse_doc(raw)
-    except ValueError as exc:
-        return _rebuild(root, str(exc))
+# --- the queue, derived from the job dirs ----------------------------------------------------
 
 
-def write(root: str, doc: QueueDoc) -> None:
-    write_json_atomic(queue_path(root), doc.to_json())
+class Snapshot(t.NamedTuple):
+    """What the job dirs say about the queue at one moment (:func:`scan`)."""
+
+    order: list[str]  # the QUEUED jobs, first to start first
+    holders: dict[str, Slots]  # live job id -> the slots it holds (None: all of them)
+    damaged: list[dict[str, str]]  # {"path", "reason"} per record that does not parse
+    ranks: dict[str, float | None]  # a queued job's queue_rank (None: an older agent's job)
 
 
-def _queued_dirs(root: str) -> list[tuple[float, str, dict[str, t.Any]]]:
+def scan(root: str, *, reconcile: bool = True) -> Snapshot:
+    """The queue and the GPU holders, from every job dir's records.
+
+    ``reconcile``: check each live-looking job against ``/proc`` (:func:`jobstore.load`, which
+    may record LOST); False (``status``'s cheap ``gpu_holders``) believes status.json.
+    """
     from remote_payload.agent import jobstore
 
-    out = []
-    for jid in jobstore.list_job_ids(root):
-        try:
-            st = read_json(os.path.join(jobstore.job_dir(root, jid), jobstore.STATUS), {}) or {}
-        except (ValueError, OSError):
-            continue
-        if isinstance(st, dict) and st.get("state") == JobState.QUEUED.value:
-            out.append((float(st.get("created_at") or 0.0), jid, st))
-    return sorted(out)
-
-
-def _rebuild(root: str, why: str) -> QueueDoc:
-    from remote_payload.agent import jobstore
-
-    path = queue_path(root)
-    if os.path.exists(path):
-        with contextlib.suppress(OSError):
-            os.replace(path, f"{path}.damaged-{int(time.time())}")
-    order = [jid for _, jid, _ in _queued_dirs(root)]
+    queued: list[tuple[float, float, str]] = []
+    ranks: dict[str, float | None] = {}
     holders: dict[str, Slots] = {}
-    for jid in jobstore.list_job_ids(root):
-        if jid in order:
-            continue
+    damaged: list[dict[str, str]] = []
+    for jid in sorted(jobstore.list_job_ids(root)):
+        path = jobstore.job_dir(root, jid)
         try:
-            rec = jobstore.load(root, jid)
-        except (AgentFailure, ValueError, OSError):
+            status = jobrecord.read_status(path)
+            if status is None:  # a launch is writing the dir: it holds the lock, skip it
+                continue
+            state = JobState(status["state"])
+            if state == JobState.QUEUED:
+                jobrecord.read_spec(path)  # a queued job whose spec is damaged never starts
+                rank = status.get(RANK)
+                ranks[jid] = float(rank) if rank is not None else None
+                queued.append((float("inf") if rank is None else float(rank),
+                               float(status.get("created_at") or 0.0), jid))
+                continue
+            if state.is_terminal():
+                continue
+            if reconcile:
+                rec = jobstore.load(root, jid)
+                if rec.state.is_terminal():
+                    continue
+                spec = rec.spec
+            else:
+                spec = jobrecord.read_spec(path)
+        except jobrecord.DamagedRecord as exc:
+            damaged.append(exc.to_doc())
             continue
-        if not rec.state.is_terminal():
-            holders[jid] = _spec_slots(rec.spec)
-    doc = QueueDoc(order, None, holders)
-    with contextlib.suppress(OSError):
-        write(root, doc)
-        with open(os.path.join(root, "jobs", "queue-rebuilt.log"), "a", encoding="utf-8") as f:
-            f.write(f"{time.time():.0f} rebuilt the queue from the job dirs: {why}\n")
-    return doc
+        slots = spec.get("gpu_slots")
+        holders[jid] = list(slots) if isinstance(slots, list) else None
+    queued.sort()
+    return Snapshot([jid for _, _, jid in queued], holders, damaged, ranks)
 
 
-def _spec_slots(spec: t.Mapping[str, t.Any]) -> Slots:
-    slots = spec.get("gpu_slots")
-    return list(slots) if isinstance(slots, list) else None
+def next_rank(snap: Snapshot) -> float:
+    """The rank of a job added at the end of the queue."""
+    known = [r for r in snap.ranks.values() if r is not None]
+    return max(known, default=0.0) + 1.0
+
+
+def set_rank(root: str, job_id: str, rank: float) -> None:
+    """Give a queued job its place (hold :func:`locked`); one atomic write of its status.json."""
+    from remote_payload.agent import jobstore
+
+    path = jobstore.job_dir(root, job_id)
+    status = jobrecord.read_status(path)
+    if status is None or status["state"] != JobState.QUEUED.value:
+        return
+    status[RANK] = rank
+    write_json_atomic(os.path.join(path, jobstore.STATUS), status)
+
+
+def reorder(root: str, snap: Snapshot, order: t.Sequence[str], job_id: str) -> None:
+    """Make the queue ``order`` after ``job_id`` moved (hold :func:`locked`): the moved job gets
+    a rank between its new neighbours (one write); where there is no room between them (or a
+    neighbour has no rank) every queued job is renumbered in the new order."""
+    ranks = snap.ranks
+    i = list(order).index(job_id)
+    prev = ranks.get(order[i - 1]) if i > 0 else None
+    nxt = ranks.get(order[i + 1]) if i + 1 < len(order) else None
+    lo = prev if i > 0 else (nxt - 1.0 if nxt is not None else None)
+    hi = nxt if i + 1 < len(order) else (prev + 1.0 if prev is not None else None)
+    if lo is not None and hi is not None and lo < (lo + hi) / 2 < hi:
+        set_rank(root, job_id, (lo + hi) / 2)
+        return
+    for k, jid in enumerate(order, 1):
+        if ranks.get(jid) != float(k):
+            set_rank(root, jid, float(k))
 
 
 # --- advance --------------------------------------------------------------------------------
@@ -329,46 +438,31 @@ Starter = t.Callable[[str, Slots], None]  # (job id, slots): start a queued job,
 MAX_ROUNDS = wire.MAX_QUEUE_JOBS + 1
 
 
-def live_holders(root: str, doc: QueueDoc) -> dict[str, Slots]:
-    """``doc.holders`` without the jobs that ended, plus a live current job that is not in it
-    (launched by an agent from before the queue: it holds the whole container)."""
-    from remote_payload.agent import jobstore
-
-    holders: dict[str, Slots] = {}
-    for jid, slots in doc.holders.items():
-        try:
-            rec = jobstore.load(root, jid)
-        except (AgentFailure, ValueError, OSError):
-            continue
-        if not rec.state.is_terminal() and rec.state != JobState.QUEUED:
-            holders[jid] = slots
-    current = jobstore.current_job_id(root)
-    if current and current not in holders and current not in doc.order:
-        try:
-            cur = jobstore.load(root, current)
-        except (AgentFailure, ValueError, OSError):
-            cur = None
-        if cur is not None and not cur.state.is_terminal() and cur.state != JobState.QUEUED:
-            holders[current] = _spec_slots(cur.spec)
-    return holders
+def live_holders(root: str) -> dict[str, Slots]:
+    """Every live job and the GPU slots it holds, reconciled (a job launched by an agent from
+    before the queue has no ``gpu_slots``: it holds the whole container)."""
+    return scan(root).holders
 
 
 def job_request(root: str, job_id: str) -> tuple[wire.GpuRequest, str | None]:
-    """A queued job's GPU request and dependency, from its spec (validated when it was queued)."""
+    """A queued job's GPU request and dependency, from its spec (checked by :func:`scan`)."""
     from remote_payload.agent import jobstore
 
-    spec = read_json(os.path.join(jobstore.job_dir(root, job_id), jobstore.SPEC), {}) or {}
-    request = spec.get("gpus")
-    after = spec.get("after")
-    return (request if isinstance(request, int | list) and not isinstance(request, bool) else None,
-            after if isinstance(after, str) else None)
+    try:
+        spec = jobrecord.read_spec(jobstore.job_dir(root, job_id))
+    except jobrecord.DamagedRecord:
+        spec = {}
+    return spec.get("gpus"), spec.get("after")
 
 
 def job_build(root: str, job_id: str) -> str | None:
     """The torch build a queued job needs (``torch_build`` in its spec, checked when queued)."""
     from remote_payload.agent import jobstore
 
-    spec = read_json(os.path.join(jobstore.job_dir(root, job_id), jobstore.SPEC), {}) or {}
+    try:
+        spec = jobrecord.read_spec(jobstore.job_dir(root, job_id))
+    except jobrecord.DamagedRecord:
+        return None
     build = spec.get("torch_build")
     return build if isinstance(build, str) and wire_build_ok(build) else None
 
@@ -391,6 +485,8 @@ def current_build(root: str) -> str | None:
 
 
 def dep_states(root: str, afters: t.Mapping[str, str | None]) -> dict[str, str]:
+    """The state of every job a queued job waits for (absent: gone; :data:`DAMAGED`: its
+    record does not parse, and its dependants wait rather than be cancelled)."""
     from remote_payload.agent import jobstore
 
     states: dict[str, str] = {}
@@ -398,6 +494,8 @@ def dep_states(root: str, afters: t.Mapping[str, str | None]) -> dict[str, str]:
         try:
             if os.path.isdir(jobstore.job_dir(root, dep)):
                 states[dep] = jobstore.load(root, dep).state.value
+        except jobrecord.DamagedRecord:
+            states[dep] = DAMAGED
         except (AgentFailure, ValueError, OSError):
             continue
     return states
@@ -405,73 +503,77 @@ def dep_states(root: str, afters: t.Mapping[str, str | None]) -> dict[str, str]:
 
 def advance(root: str, start: Starter, *, slots: int | None = None,
             blocking: bool = True) -> dict[str, t.Any]:
-    """Start what can start and cancel what can never run; returns ``{"started", "cancelled"}``.
+    """Start what can start, fail what can never fit, cancel what can never run; returns
+    ``{"started", "cancelled", "failed"}``.
 
     Takes the queue lock. ``slots``: the inventory's GPU count when a client sent it (kept in
-    the file for the calls that come with no client). A job whose start fails (a busy GPU,
-    a broken payload) ends FAILED with the reason, and its dependants are cancelled.
+    ``jobs/gpu-slots.json`` for the calls that come with no client). A job whose start fails (a
+    busy GPU, a broken payload) ends FAILED with the reason, and its dependants are cancelled.
     ``blocking=False``: return at once (``"busy": True``) when another process holds the lock.
     """
     try:
         with locked(root, blocking):
             return _advance_locked(root, start, slots)
     except BlockingIOError:
-        return {"started": [], "cancelled": [], "busy": True}
+        return {"started": [], "cancelled": [], "failed": [], "busy": True}
 
 
 def _advance_locked(root: str, start: Starter, slots: int | None) -> dict[str, t.Any]:
     started: list[str] = []
     cancelled: list[str] = []
-    doc = read(root)
-    if slots is not None:
-        doc = doc._replace(slots=slots)
-    if not doc.order:
-        holders = live_holders(root, doc)
-        if holders != doc.holders or slots is not None:
-            write(root, doc._replace(holders=holders))
-        return {"started": started, "cancelled": cancelled}
+    failed: list[str] = []
+    if slots:
+        write_slots(root, slots)
+    total = read_slots(root) or 0
     for _ in range(MAX_ROUNDS):
-        holders = live_holders(root, doc)
-        reqs = {j: job_request(root, j) for j in doc.order}
-        afters = {j: r[1] for j, r in reqs.items()}
-        p = plan(doc.order, {j: r[0] for j, r in reqs.items()}, afters,
-                 dep_states(root, afters), doc.slots or 0, holders,
-                 {j: job_build(root, j) for j in doc.order}, current_build(root))
-        doc = doc._replace(holders=holders)
-        if not p.start and not p.cancel:
+        snap = scan(root)
+        if not snap.order:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(jobs_dir(root), QUEUED_HINT))
             break
+        reqs = {j: job_request(root, j) for j in snap.order}
+        afters = {j: r[1] for j, r in reqs.items()}
+        p = plan(snap.order, {j: r[0] for j, r in reqs.items()}, afters,
+                 dep_states(root, afters), total, snap.holders,
+                 {j: job_build(root, j) for j in snap.order}, current_build(root))
+        if not p.start and not p.cancel and not p.fail:
+            break
+        for jid, reason in p.fail:
+            if end_queued(root, jid, JobState.FAILED, reason):
+                failed.append(jid)
         for jid, reason in p.cancel:
-            end_queued(root, jid, JobState.CANCELLED, reason)
-            doc = doc._replace(order=[j for j in doc.order if j != jid])
-            cancelled.append(jid)
+            if end_queued(root, jid, JobState.CANCELLED, reason):
+                cancelled.append(jid)
         for jid, got in p.start:
-            doc = doc._replace(order=[j for j in doc.order if j != jid],
-                               holders={**doc.holders, jid: got})
-            write(root, doc)  # the slots are taken before the job starts
             try:
                 start(jid, got)
                 started.append(jid)
             except AgentFailure as exc:
                 end_queued(root, jid, JobState.FAILED, f"could not start: {exc.message}")
-                doc = doc._replace(holders={k: v for k, v in doc.holders.items() if k != jid})
-    write(root, doc)
-    return {"started": started, "cancelled": cancelled}
+    return {"started": started, "cancelled": cancelled, "failed": failed}
 
 
-def end_queued(root: str, job_id: str, state: JobState, reason: str) -> None:
-    """A queued job that never ran ends: ``state`` (CANCELLED or FAILED) with ``end_reason``."""
+def end_queued(root: str, job_id: str, state: JobState, reason: str) -> bool:
+    """A queued job that never ran ends: ``state`` (CANCELLED or FAILED) with ``end_reason``;
+    False (nothing written) when it is not QUEUED or its status does not parse."""
     from remote_payload.agent import jobsecrets, jobstore
 
     path = jobstore.job_dir(root, job_id)
     now = time.time()
-    status = read_json(os.path.join(path, jobstore.STATUS), {}) or {}
-    if status.get("state") != JobState.QUEUED.value:
-        return
+    try:
+        status = jobrecord.read_status(path)
+    except jobrecord.DamagedRecord:
+        return False
+    if status is None or status["state"] != JobState.QUEUED.value \
+            or not wire.can_transition(JobState.QUEUED, state):
+        return False
     status.update(state=state.value, ended_at=now, end_reason=reason, healthy=False,
                   evidence=[*(status.get("evidence") or []), f"never started: {reason}"])
     status["transitions"] = [*(status.get("transitions") or []), [state.value, now, reason]]
+    status.pop(RANK, None)
     write_json_atomic(os.path.join(path, jobstore.STATUS), status)
     jobsecrets.remove(path)
+    return True
 
 
 def remove(root: str, job_id: str) -> None:
@@ -483,13 +585,11 @@ def remove(root: str, job_id: str) -> None:
     from remote_payload.agent import jobstore
 
     with locked(root):
-        doc = read(root)
-        if job_id not in doc.order:
-            rec = jobstore.load(root, job_id)
+        rec = jobstore.load(root, job_id)
+        if rec.state != JobState.QUEUED:
             hint = ("; use `opsctl stop` for a running job" if not rec.state.is_terminal()
                     else "")
             raise AgentFailure(ErrorType.QueueRefused, f"job {job_id} is {rec.state.value}, not "
                                f"queued{hint}", job_id=job_id, state=rec.state.value,
                                why="not queued")
         end_queued(root, job_id, JobState.CANCELLED, wire.END_REASON_REMOVED)
-        write(root, doc._replace(order=[j for j in doc.order if j != job_id]))

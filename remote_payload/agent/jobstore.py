@@ -17,6 +17,7 @@ import time
 import typing as t
 
 from remote_payload import wire
+from remote_payload.agent import jobrecord
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
 
@@ -197,7 +198,8 @@ def new_job_id(name: str) -> str:
     import secrets  # only launch needs it; status must not pay for hashlib
 
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "job"
-    return f"{safe[:80]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{safe[:80]}-{stamp}-{secrets.token_hex(wire.JOB_ID_RANDOM_BYTES)}"
 
 
 # --- spec -------------------------------------------------------------------
@@ -679,9 +681,9 @@ def _terminal(status: t.Mapping[str, t.Any]) -> bool:
 
 def _reconcile(root: str, job_id: str) -> JobRecord:
     path = job_dir(root, job_id)
-    spec = read_json(os.path.join(path, SPEC), {}) or {}
+    spec = jobrecord.read_spec(path)  # DamagedRecord: the callers set the job dir aside
     launch = read_json(os.path.join(path, LAUNCH), {}) or {}
-    status = read_json(os.path.join(path, STATUS), {}) or {}
+    status = jobrecord.read_status(path, {}) or {}  # none yet: a launch is writing the dir
     pid = read_json(os.path.join(path, PID), {}) or {}
     exit_rec = read_json(os.path.join(path, EXIT_CODE))
     state = JobState(status.get("state", JobState.PENDING.value))
@@ -712,7 +714,7 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
         exit_path = os.path.join(path, EXIT_CODE)
         wait_until(lambda: os.path.exists(exit_path), EXIT_RECORD_WAIT_S)
         exit_rec = read_json(exit_path)
-        status = read_json(os.path.join(path, STATUS), status) or status
+        status = _status_or(path, status)
         state = JobState(status.get("state", state.value))
         evidence = list(status.get("evidence") or [])
         if state.is_terminal():
@@ -722,9 +724,8 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
         # next, with the evidence of the end (leftovers reaped, why), so wait for it briefly
         # rather than report the end without its evidence
         if wrapper_ok:
-            status_path = os.path.join(path, STATUS)
-            wait_until(lambda: _terminal(read_json(status_path, {}) or {}), EXIT_RECORD_WAIT_S)
-            status = read_json(status_path, status) or status
+            wait_until(lambda: _terminal(_status_or(path, {})), EXIT_RECORD_WAIT_S)
+            status = _status_or(path, status)
             if _terminal(status):
                 return record(JobState(status["state"]), False, list(status.get("evidence") or []))
         return record(final_state(exit_rec, cancelled), False, evidence)
@@ -739,6 +740,15 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
         return _persist(record(state, False, evidence), JobState.CANCELLED,
                         [*why, "cancel was requested; the exit status is unknown"])
     return _persist(record(state, False, evidence), JobState.LOST, why)
+
+
+def _status_or(path: str, previous: dict[str, t.Any]) -> dict[str, t.Any]:
+    """The job's status.json read again (the wrapper rewrites it); ``previous`` when there is
+    none or it does not parse (the wrapper writes with rename: that is a moment's state)."""
+    try:
+        return jobrecord.read_status(path, previous) or previous
+    except jobrecord.DamagedRecord:
+        return previous
 
 
 def _wrapper_alive(rec: dict[str, t.Any], path: str) -> bool:

@@ -27,9 +27,10 @@ LAUNCH_WAIT_S = 5.0
 
 def write_launch_files(path: str, spec: dict[str, t.Any], *, socket: str, payload: str,
                        replaced: str | None, secrets: t.Any, check: dict[str, t.Any] | None,
-                       state: JobState = JobState.PENDING) -> None:
-    """Write a new job's spec, launch facts, first status (PENDING, or QUEUED for the queue)
-    and output log; a failure (a full disk) leaves no half-made job dir behind."""
+                       state: JobState = JobState.PENDING, rank: float | None = None) -> None:
+    """Write a new job's spec, launch facts, first status (PENDING, or QUEUED for the queue,
+    with its ``rank``: its place in the queue) and output log; a failure (a full disk) leaves
+    no half-made job dir behind."""
     from remote_payload.agent import gpus, tmux
 
     now = time.time()
@@ -41,12 +42,15 @@ def write_launch_files(path: str, spec: dict[str, t.Any], *, socket: str, payloa
             "payload_dir": payload, "argv": jobs.job_argv(spec), "agent_python": sys.executable,
             "base_env": base_env(), "replaced": replaced,
         })
-        write_json_atomic(os.path.join(path, jobs.STATUS), {
+        status: dict[str, t.Any] = {
             "job_id": job_id, "name": spec["name"], "state": state.value,
             "created_at": now, "healthy": False,
             "transitions": [[state.value, now, "launched" if state == JobState.PENDING
                              else "queued"]],
-        })
+        }
+        if rank is not None:
+            status[queue.RANK] = rank
+        write_json_atomic(os.path.join(path, jobs.STATUS), status)
         open(os.path.join(path, jobs.OUTPUT), "ab").close()
         if secrets:
             from remote_payload.agent import jobsecrets
@@ -258,10 +262,20 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
         AgentFailure: the preflight refused (``GpusBusy``, ``PreflightFailed``), the torch
             build is unreadable, or the wrapper did not start.
     """
-    from remote_payload.agent import gpus
+    from remote_payload.agent import gpus, jobrecord
 
     path = jobs.job_dir(root, job_id)
-    spec = read_json(os.path.join(path, jobs.SPEC), {}) or {}
+    try:  # a job starts only from QUEUED: never twice, never one that ended or runs
+        status = jobrecord.read_status(path)
+        spec = jobrecord.read_spec(path)
+    except jobrecord.DamagedRecord as exc:
+        raise AgentFailure(ErrorType.QueueRefused, f"job {job_id}: {exc}; not started",
+                           job_id=job_id, why="damaged record") from None
+    if status is None or status["state"] != JobState.QUEUED.value \
+            or not wire.can_transition(JobState.QUEUED, JobState.PENDING):
+        state = status["state"] if status is not None else None
+        raise AgentFailure(ErrorType.QueueRefused, f"job {job_id} is {state}, not QUEUED; "
+                           "not started", job_id=job_id, state=state, why="not queued")
     need = spec.get("torch_build")
     if need is not None:  # its playbook's torch: (advance started it only with nothing live)
         switch_build(root, need, job_id)
@@ -270,7 +284,7 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
     if build_python and not spec.get("python"):
         spec["python"] = build_python
     set_slots(spec, slots, spec.get("gpus"))
-    holders = queue.live_holders(root, queue.read(root))
+    holders = queue.live_holders(root)
     needed = gpus.needed_gpus(spec)
     check = gpus.preflight(needed, opsctl_job_pids(root, holders))
     refuse_busy_gpus(check, False)
@@ -279,7 +293,7 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
     now = time.time()
     launch_rec = read_json(os.path.join(path, jobs.LAUNCH), {}) or {}
     launch_rec.update(created_at=now, argv=jobs.job_argv(spec))
-    status = read_json(os.path.join(path, jobs.STATUS), {}) or {}
+    status.pop(queue.RANK, None)
     status.update(state=JobState.PENDING.value, started_from_queue_at=now)
     status["transitions"] = [*(status.get("transitions") or []),
                              [JobState.PENDING.value, now, "started from the queue"]]

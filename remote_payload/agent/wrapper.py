@@ -761,6 +761,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python3 -m remote_payload.agent.wrapper JOB_DIR\n")
         return 2
     path = os.path.abspath(args[0])
+    refused = not_startable(path)
+    if refused is not None:  # never a second run of a job, never touching its records
+        sys.stderr.write(refused + "\n")
+        return 2
     try:
         rc = Wrapper(path).run()
     except Exception:
@@ -775,6 +779,22 @@ def main(argv: list[str] | None = None) -> int:
         return 70
     advance_queue(path)
     return rc
+
+
+def not_startable(path: str) -> str | None:
+    """Why the job in ``path`` must not run (None: it may). A wrapper runs a job once, from
+    PENDING (what ``launch`` and a start from the queue write just before they start it): a
+    job that runs, ended, or waits in the queue is never started by a stray wrapper."""
+    from remote_payload.agent import jobrecord
+
+    try:
+        status = jobrecord.read_status(path, {}) or {}
+    except jobrecord.DamagedRecord as exc:
+        return f"not started: {exc}"
+    state = status.get("state", JobState.PENDING.value)
+    if state != JobState.PENDING.value:
+        return f"not started: job dir {path} is {state}, not PENDING (a wrapper runs a job once)"
+    return None
 
 
 def advance_queue(path: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import typing as t
@@ -220,7 +221,7 @@ def test_after_a_restart_a_queued_job_stays_queued_and_the_next_agent_call_moves
     assert agent.status_file("dep-10")["end_reason"] == "dependency run-10 LOST"
 
 
-def test_a_damaged_queue_file_is_set_aside_and_rebuilt_from_the_job_dirs(
+def test_a_damaged_legacy_queue_file_is_set_aside_and_the_queue_comes_from_the_job_dirs(
         agent: Agent, tmp_path: Path) -> None:
     agent.add(spec("run-11", gate(tmp_path / "go")), spec("q-11"))
     (agent.root / "jobs" / "queue.json").write_text("{not json")
@@ -330,3 +331,227 @@ def test_a_root_no_boot_hook_can_name_is_refused_before_anything_is_queued(
     reply = bad.reply("queue-add", "--specs-stdin", stdin=json.dumps({"specs": [spec("r-10")]}))
     assert reply["error"]["type"] == "QueueRefused" and reply["error"]["fields"]["why"] == "root"
     assert not (tmp_path / "new\nline" / "jobs" / "r-10").exists()
+
+
+# --- one record of job state: the job dirs --------------------------------------------------
+
+
+def _legacy_queue(agent: Agent, order: list[str]) -> None:
+    """A ``jobs/queue.json`` as an older agent wrote it (it kept the order there)."""
+    (agent.root / "jobs" / "queue.json").write_text(json.dumps(
+        {"version": 1, "order": order, "slots": 8, "holders": {}}))
+
+
+def test_a_legacy_queue_file_naming_a_finished_job_never_runs_it_again(
+        agent: Agent, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    agent.add(spec("done-20", f"open({str(runs)!r}, 'a').write('ran\\n')"))
+    agent.wait_state("done-20", "SUCCEEDED")
+    _legacy_queue(agent, ["done-20"])
+    assert agent.data("queue")["jobs"] == []
+    assert agent.state("done-20") == "SUCCEEDED" and runs.read_text() == "ran\n"
+    assert not (agent.root / "jobs" / "queue.json").exists()
+    assert list((agent.root / "jobs").glob("queue.json.migrated-*"))  # kept for a human
+
+
+def test_a_legacy_queue_file_naming_a_running_job_leaves_it_running(
+        agent: Agent, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    agent.add(spec("live-21", gate(go)), spec("b-21"), spec("a-21"))
+    agent.wait_state("live-21", "RUNNING", "SETTING_UP")
+    for job in ("a-21", "b-21"):  # queued by an older agent: no rank in their status.json
+        status = agent.status_file(job)
+        del status["queue_rank"]
+        (agent.root / "jobs" / job / "status.json").write_text(json.dumps(status))
+    # the older agent's order names the running job, and puts a-21 before b-21
+    _legacy_queue(agent, ["live-21", "a-21", "b-21"])
+    assert [r["job_id"] for r in agent.data("queue")["jobs"]] == ["a-21", "b-21"]
+    assert agent.state("live-21") in ("RUNNING", "SETTING_UP")
+    pid = json.loads((agent.root / "jobs" / "live-21" / "pid").read_text())["pid"]
+    assert jobs.proc_alive(pid, None)
+    go.touch()
+    agent.wait_state("b-21", "SUCCEEDED")
+    assert agent.state("live-21") == "SUCCEEDED"
+    started = {j: agent.status_file(j)["started_at"] for j in ("a-21", "b-21")}
+    assert started["a-21"] < started["b-21"]
+
+
+def test_a_finished_job_is_never_started_from_the_queue_again(agent: Agent) -> None:
+    """The one place a queued job starts checks, under the lock, that it is QUEUED."""
+    from remote_payload.agent import jobqueue, launching
+    from remote_payload.agent.common import AgentFailure
+
+    agent.add(spec("once-22"))
+    agent.wait_state("once-22", "SUCCEEDED")
+    with jobqueue.locked(str(agent.root)), pytest.raises(AgentFailure) as refused:
+        launching.start_queued(str(agent.root), "once-22", None, agent.socket)
+    assert refused.value.type == wire.ErrorType.QueueRefused
+    assert "SUCCEEDED, not QUEUED" in refused.value.message
+    status = agent.status_file("once-22")
+    assert status["state"] == "SUCCEEDED"
+    assert [t[2] for t in status["transitions"]].count("started from the queue") == 1
+
+
+DAMAGE: list[tuple[str, str, bytes | None, str]] = [
+    ("created-30", "status.json", b'{"state": "QUEUED", "created_at": "yesterday"}',
+     "created_at 'yesterday' is not a number"),
+    ("json-30", "status.json", b"{not json", "not JSON"),
+    ("cut-30", "status.json", b'{"state": "SUCCEEDED", "created_at": 1', "not JSON"),
+    ("state-30", "status.json", b'{"created_at": 1.0}', "state is missing"),
+    ("bytes-30", "status.json", b"\xff\xfe\x00", "not UTF-8"),
+    ("dir-30", "status.json", None, "a directory, not a file"),
+    ("spec-30", "spec.json", b'{"gpus": "lots"}', "gpus:"),
+]
+
+
+def _damage(agent: Agent, job: str, name: str, data: bytes | None) -> Path:
+    path = agent.root / "jobs" / job
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / "status.json").exists() and name != "status.json":
+        (path / "status.json").write_text(json.dumps({"state": "QUEUED", "created_at": 1.0}))
+    if data is None:
+        (path / name).mkdir()
+    else:
+        (path / name).write_bytes(data)
+    return path / name
+
+
+def test_damaged_records_are_set_aside_named_and_kept_and_the_other_jobs_go_on(
+        agent: Agent, tmp_path: Path) -> None:
+    agent.add(spec("good-30"))
+    agent.wait_state("good-30", "SUCCEEDED")
+    damaged = {str(_damage(agent, job, name, data)): (data, why) for job, name, data, why in DAMAGE}
+    agent.add(spec("next-30"))  # the queue moves on beside them
+    agent.wait_state("next-30", "SUCCEEDED")
+    listed = agent.data("jobs")
+    assert sorted(r["job_id"] for r in listed["jobs"]) == ["good-30", "next-30"]
+    reasons = {d["path"]: d["reason"] for d in listed["damaged"]}
+    assert sorted(reasons) == sorted(damaged)
+    for path, (data, why) in damaged.items():
+        assert why in reasons[path], (path, reasons[path])
+        assert (data is None and Path(path).is_dir()) or Path(path).read_bytes() == data  # untouched
+    queued = agent.data("queue")
+    assert queued["jobs"] == [] and sorted(d["path"] for d in queued["damaged"]) == sorted(damaged)
+    one = agent.reply("status", "--job", "created-30")
+    assert one["error"]["type"] == "DamagedRecord" and "created_at" in one["error"]["message"]
+
+
+def test_a_gpu_list_on_a_container_with_no_gpu_count_is_refused_and_nothing_is_queued(
+        agent: Agent) -> None:
+    reply = agent.reply("queue-add", "--specs-stdin",
+                        stdin=json.dumps({"specs": [spec("noslots-31", gpus=[0, 1])]}))
+    assert reply["error"]["type"] == "BadSpec" and "GPU count is not known" in \
+        reply["error"]["message"]
+    assert not (agent.root / "jobs" / "noslots-31").exists()
+    assert agent.data("queue")["jobs"] == []
+
+
+def test_a_queued_job_whose_gpus_no_longer_fit_fails_and_the_jobs_behind_it_move_on(
+        agent: Agent, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    agent.add(spec("hold-32", gate(go)), spec("big-32", gpus=[3]), spec("dep-32", after="big-32"),
+              spec("small-32", gpus=1), slots=4)
+    assert agent.state("big-32") == "QUEUED"
+    agent.data("queue", "--slots", "2")  # the inventory's count dropped
+    assert agent.state("big-32") == "FAILED"
+    assert "index 3 does not exist" in agent.status_file("big-32")["end_reason"]
+    assert agent.status_file("dep-32")["end_reason"] == "dependency big-32 FAILED"
+    go.touch()
+    agent.wait_state("small-32", "SUCCEEDED")
+
+
+def test_after_an_ambiguous_prefix_is_refused_listing_the_candidates(agent: Agent) -> None:
+    agent.add(spec("pre-a1-33"), spec("pre-a2-33"))
+    reply = agent.reply("queue-add", "--specs-stdin",
+                        stdin=json.dumps({"specs": [spec("w-33", after="pre-a")]}))
+    message = reply["error"]["message"]
+    assert reply["error"]["type"] == "QueueRefused" and "ambiguous" in message
+    assert "pre-a1-33" in message and "pre-a2-33" in message and "\n" not in message
+    unknown = agent.reply("queue-add", "--specs-stdin",
+                          stdin=json.dumps({"specs": [spec("w-33", after="zzz")]}))
+    assert "no such job" in unknown["error"]["message"]
+
+
+def test_a_job_id_named_twice_in_one_batch_is_refused_and_nothing_is_queued(agent: Agent) -> None:
+    reply = agent.reply("queue-add", "--specs-stdin", stdin=json.dumps(
+        {"specs": [spec("twin-34"), spec("twin-34", after="twin-34")]}))
+    assert reply["error"]["type"] == "JobExists" and "twice" in reply["error"]["message"]
+    assert not (agent.root / "jobs" / "twin-34").exists()
+
+
+def test_ids_the_agent_draws_are_distinct_over_a_full_pipeline(agent: Agent, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    agent.add(spec("hold-35", gate(go)))
+    steps = [{k: v for k, v in spec("x").items() if k != "job_id"} for _ in range(wire.MAX_PIPELINE_STEPS)]
+    out = agent.add(*steps)
+    assert len(set(out["added"])) == wire.MAX_PIPELINE_STEPS
+    assert all(re.fullmatch(r"x-\d{8}-\d{6}-[0-9a-f]{8}", j) for j in out["added"]), out["added"]
+    for j in out["added"]:
+        agent.data("queue-rm", "--job", j)
+    agent.data("stop", "--job", "hold-35", "--grace", "1")
+
+
+def test_concurrent_adds_from_several_processes_lose_and_duplicate_nothing(
+        agent: Agent, tmp_path: Path) -> None:
+    agent.add(spec("hold-36", gate(tmp_path / "never")))
+    n, per = 6, 3
+    procs = [subprocess.Popen(
+        [PY, "-m", "remote_payload.agent", "--root", str(agent.root), "--tmux-socket",
+         agent.socket, "queue-add", "--specs-stdin", "--slots", "8"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, env=agent.env, text=True) for _ in range(n)]
+    for i, p in enumerate(procs):
+        assert p.stdin is not None
+        p.stdin.write(json.dumps({"specs": [spec(f"c{i}-{k}-36") for k in range(per)]}))
+        p.stdin.close()
+    outs = []
+    for p in procs:
+        assert p.stdout is not None
+        outs.append(json.loads(p.stdout.read()))
+        assert p.wait(timeout=60) == 0
+    assert all(o["ok"] for o in outs), outs
+    want = sorted(f"c{i}-{k}-36" for i in range(n) for k in range(per))
+    order = [r["job_id"] for r in agent.data("queue")["jobs"]]
+    assert sorted(order) == want  # each once
+    for i in range(n):  # each batch stays in its own order
+        mine = [j for j in order if j.startswith(f"c{i}-")]
+        assert mine == [f"c{i}-{k}-36" for k in range(per)]
+    ranks = [agent.status_file(j)["queue_rank"] for j in order]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    agent.data("stop", "--job", "hold-36", "--grace", "1")
+    for j in order:
+        agent.wait_state(j, "SUCCEEDED", timeout=60)
+
+
+def test_a_stray_wrapper_never_runs_a_job_that_ran_or_waits_in_the_queue(
+        agent: Agent, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    agent.add(spec("ran-37", f"open({str(runs)!r}, 'a').write('ran\\n')"))
+    agent.wait_state("ran-37", "SUCCEEDED")
+    agent.add(spec("hold-37", gate(tmp_path / "go")), spec("waits-37"))
+    for job, state in (("ran-37", "SUCCEEDED"), ("waits-37", "QUEUED")):
+        path = agent.root / "jobs" / job
+        before = agent.status_file(job)["transitions"]
+        proc = subprocess.run([PY, "-m", "remote_payload.agent.wrapper", str(path)],
+                              capture_output=True, text=True, env=agent.env, timeout=60,
+                              check=False)
+        assert proc.returncode == 2 and f"is {state}, not PENDING" in proc.stderr
+        after = agent.status_file(job)
+        assert (after["state"], after["transitions"]) == (state, before)
+    assert runs.read_text() == "ran\n"
+    (tmp_path / "go").touch()
+    agent.wait_state("waits-37", "SUCCEEDED")
+
+
+def test_a_killed_adds_staging_leftovers_are_cleared_and_a_link_there_is_never_followed(
+        agent: Agent, tmp_path: Path) -> None:
+    left = agent.root / "jobs" / ".staging" / "12345" / "old-38"
+    left.mkdir(parents=True)
+    (left / "secrets.json").write_text('{"TOKEN": "x"}')
+    agent.add(spec("new-38"))
+    assert not (agent.root / "jobs" / ".staging").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (agent.root / "jobs" / ".staging").symlink_to(elsewhere)
+    reply = agent.reply("queue-add", "--specs-stdin", stdin=json.dumps({"specs": [spec("l-38")]}))
+    assert reply["error"]["type"] == "QueueRefused" and "symbolic link" in reply["error"]["message"]
+    assert list(elsewhere.iterdir()) == [] and not (agent.root / "jobs" / "l-38").exists()

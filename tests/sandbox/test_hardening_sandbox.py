@@ -356,9 +356,9 @@ def test_ctrl_c_on_deploy_replace_never_launches_the_new_job_later(root, tmp_pat
     launch = f"remote_payload[.]agent --root {root} launch"  # [.]: never matches this shell
     wait_for(lambda: cexec("sh", "-c", f"pgrep -f '{launch}' || echo gone").strip() == "gone",
              timeout=60, what="the interrupted launch to end in the container")
-    # job dirs only: not the "current" link, nor the queue's file (jobs/queue.json)
+    # job dirs only: not the "current" link, nor the container's GPU count (gpu-slots.json)
     names = [n for n in cexec("ls", f"{root}/jobs").split()
-             if not n.startswith(".") and n != "queue.json"]
+             if not n.startswith(".") and n != "gpu-slots.json"]
     assert names == [job_a] or sorted(names) == sorted([job_a, "current"]), names
     assert status()["job_id"] == job_a
 

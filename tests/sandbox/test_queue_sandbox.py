@@ -21,6 +21,7 @@ import yaml
 from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 
+from opsctl import errors
 from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
 from remote_payload.agent import boothook
@@ -194,3 +195,67 @@ def test_the_real_systemd_reads_a_hostile_root_as_one_argument(q: Queue) -> None
                 "systemctl start opsctl-queue-quoting-test && cat /tmp/opsctl-argv.json; "
                 f"rm -f {unit} /tmp/opsctl-argv.json; systemctl daemon-reload", stdin=text.encode())
     assert json.loads(ran.stdout) == ["--root", root], ran.stderr
+
+
+# --- refusals and damaged records (one record of job state: the job dirs) --------------------
+
+
+def _no_gpu_count(sandbox: sandbox_mod.SandboxInfo, home: Path) -> None:
+    """This module's container with no ``gpus:`` in the inventory."""
+    _inventory(sandbox, home)
+    inv = home / "inventory" / "sandbox.yaml"
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["sandbox"]["containers"] = {CT: {}}
+    inv.write_text(yaml.safe_dump(doc))
+
+
+@pytest.mark.parametrize(("gpus", "why"), [
+    ("9", "gpus 9: more GPUs than exist (the container has 8 GPU slot(s))"),
+    ("0,9", "gpus: index 9 does not exist (the container has 8 GPU slot(s))"),
+])
+def test_queue_add_refuses_gpus_the_container_does_not_have_and_queues_nothing(
+        q: Queue, gpus: str, why: str) -> None:
+    before = ok_json("queue", *T)["jobs"]
+    res = run("queue", "add", *T, "--playbook", q.book("too-many"), "--gpus", gpus)
+    assert res.exit_code == errors.USAGE, res.output
+    assert why in res.output.replace("\n", " ") and "Traceback" not in res.output
+    assert ok_json("queue", *T)["jobs"] == before
+
+
+def test_queue_add_of_gpu_slots_on_a_container_with_no_gpu_count_is_refused(
+        q: Queue, sandbox: sandbox_mod.SandboxInfo, isolated_env: Path) -> None:
+    _no_gpu_count(sandbox, isolated_env)
+    before = ok_json("queue", *T)["jobs"]
+    res = run("queue", "add", *T, "--playbook", q.book("no-count"), "--gpus", "0,1")
+    assert res.exit_code == errors.USAGE, res.output
+    assert "GPU count is not known" in res.output and "Traceback" not in res.output
+    assert ok_json("queue", *T)["jobs"] == before
+
+
+def test_a_damaged_job_record_is_listed_and_left_alone_and_the_rest_is_shown(q: Queue) -> None:
+    good = q.add(q.book("beside-damage"))["jobs"][0]["job_id"]
+    q.wait_file_state(good, "SUCCEEDED")
+    bad = f"{ROOT}/jobs/damaged-1"
+    text = b'{"state": "QUEUED", "created_at": "yesterday"}'
+    assert q.pct("exec", str(CT), "--", "sh", "-c", f"mkdir -p {bad} && cat > {bad}/status.json",
+                 stdin=text).returncode == 0
+    listed = valid("jobs", ok_json("jobs", *T))
+    assert good in [r["job_id"] for r in listed["jobs"]]
+    assert listed["damaged"] == [{"path": f"{bad}/status.json",
+                                  "reason": "created_at 'yesterday' is not a number"}]
+    shown = run("jobs", *T)
+    assert shown.exit_code == 0 and f"damaged record (set aside, left as it is): {bad}" in \
+        shown.output.replace("\n", "")
+    assert valid("queue", ok_json("queue", *T))["damaged"] == listed["damaged"]
+    assert q.pct("exec", str(CT), "--", "cat", f"{bad}/status.json").stdout == text
+    q.pct("exec", str(CT), "--", "rm", "-rf", bad)
+
+
+def test_after_an_ambiguous_prefix_names_the_candidates(q: Queue) -> None:
+    a = q.add(q.book("twin-prefix"))["jobs"][0]["job_id"]
+    b = q.add(q.book("twin-prefix"))["jobs"][0]["job_id"]
+    res = run("queue", "add", *T, "--playbook", q.book("waits"), "--after", "twin-prefix")
+    assert res.exit_code == 25 and "ambiguous" in res.output, res.output
+    assert a in res.output and b in res.output
+    unknown = run("queue", "add", *T, "--playbook", q.book("waits"), "--after", "nosuchjob")
+    assert unknown.exit_code == 25 and "no such job" in unknown.output

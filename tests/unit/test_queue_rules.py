@@ -186,31 +186,57 @@ json_st = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
                        max_leaves=20)
 
 
-class TestQueueFile:
+class TestLegacyQueueFile:
+    """An older agent's ``jobs/queue.json``: read once for its order and slot count."""
+
     @given(st.one_of(json_st, st.fixed_dictionaries(
         {"version": st.just(1), "order": st.lists(st.text(max_size=10), max_size=3),
          "slots": json_st, "holders": st.dictionaries(st.text(max_size=10), json_st, max_size=3)})))
     @settings(max_examples=150)
-    def test_what_is_read_back_from_disk_is_a_queue_or_a_ValueError(self, raw: t.Any) -> None:
+    def test_what_is_read_back_from_disk_is_an_order_or_a_ValueError(self, raw: t.Any) -> None:
         try:
-            doc = q.parse_doc(raw)
+            doc = q.parse_legacy(raw)
         except ValueError:
             return
-        assert q.parse_doc(json.loads(json.dumps(doc.to_json()))) == doc
+        assert len(set(doc.order)) == len(doc.order)
+        assert doc.slots is None or 0 <= doc.slots <= wire.MAX_GPU_SLOTS
 
-    def test_a_queue_round_trips(self) -> None:
-        doc = q.QueueDoc(["a-1", "b-2"], 8, {"r-1": [0, 1], "w-1": None})
-        assert q.parse_doc(doc.to_json()) == doc
+    def test_its_holders_are_ignored_they_are_derived_from_the_job_dirs(self) -> None:
+        raw = {"version": 1, "order": ["a-1", "b-2", "a-1"], "slots": 8,
+               "holders": {"r-1": [0, 1], "w-1": None}}
+        assert q.parse_legacy(raw) == q.LegacyQueue(["a-1", "b-2"], 8)
 
     @pytest.mark.parametrize("raw", [
         [], {"version": 2}, {"version": 1, "order": ["../x"], "slots": 8, "holders": {}},
-        {"version": 1, "order": ["a", "a"], "slots": 8, "holders": {}},
         {"version": 1, "order": [], "slots": -1, "holders": {}},
-        {"version": 1, "order": [], "slots": 8, "holders": {"a": [True]}},
+        {"version": 1, "order": "a-1", "slots": 8},
     ])
     def test_a_damaged_queue_file_is_refused(self, raw: t.Any) -> None:
         with pytest.raises(ValueError):
-            q.parse_doc(raw)
+            q.parse_legacy(raw)
+
+
+class TestGpuRequestsThatCanNeverFit:
+    @pytest.mark.parametrize(("request_", "total", "why"), [
+        (4, 2, "more GPUs than exist"), ([3], 2, "does not exist"),
+        ([0, 1], 0, "GPU count is not known"), (1, 0, "GPU count is not known"),
+    ])
+    def test_a_request_past_the_containers_slots_has_a_reason(self, request_: t.Any, total: int,
+                                                              why: str) -> None:
+        reason = wire.gpu_request_unfit(request_, total)
+        assert reason is not None and why in reason
+
+    @pytest.mark.parametrize(("request_", "total"), [(None, 0), (None, 8), (2, 2), ([1], 2)])
+    def test_a_request_within_the_slots_fits(self, request_: t.Any, total: int) -> None:
+        assert wire.gpu_request_unfit(request_, total) is None
+
+    def test_a_job_that_no_longer_fits_fails_and_the_jobs_behind_it_move_on(self) -> None:
+        p = q.plan(["big", "dep", "small"], {"big": 4, "dep": None, "small": 1},
+                   {"dep": "big"}, {}, 2, {})
+        assert p.fail == [("big", "gpus 4: more GPUs than exist (the container has 2 GPU "
+                                  "slot(s))")]
+        assert p.cancel == [("dep", "dependency big FAILED")]
+        assert p.start == [("small", [0])]
 
 
 # --- pipelines ----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ if t.TYPE_CHECKING:
     # time (defining them costs ~10 ms of every status poll)
     from remote_payload.wire_shapes import (
         BabysittingDoc,
+        DamagedRecordDoc,
         DiagnosisDoc,
         GpuRowDoc,
         HistoryDoc,
@@ -135,13 +136,8 @@ def _asks_for_gpus(spec_json: str) -> bool:
 def _advance_if_queued(root: str, args: argparse.Namespace) -> None:
     """After a container restart no wrapper is left to move the queue on: the next ``status``
     or ``jobs`` does (never waiting for the lock; a queue that is empty costs one stat)."""
-    try:
-        raw = read_json(queue.queue_path(root), None)
-    except (OSError, ValueError):
-        raw = {"order": ["?"]}  # damaged: advance rebuilds it from the job dirs
-    if not (isinstance(raw, dict) and raw.get("order")):
+    if not queue.may_have_queued(root):
         return
-
     launching.advance_queue(root, _socket(args), blocking=False)
 
 
@@ -263,14 +259,13 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
 
 
 def _gpu_holders(root: str) -> list[QueueHolderDoc]:
-    """Which live job holds which GPU slots, as the queue recorded it (one small file read;
-    the states are not reconciled here: the status path stays cheap)."""
+    """Which live job holds which GPU slots, as the job dirs say (the states are not
+    reconciled here: the status path stays cheap)."""
     try:
-        raw = read_json(queue.queue_path(root), None)
-        doc = queue.parse_doc(raw) if raw is not None else queue.EMPTY
-    except (OSError, ValueError):
+        holders = queue.scan(root, reconcile=False).holders
+    except OSError:
         return []
-    return [{"job_id": j, "gpu_slots": s, "state": None} for j, s in doc.holders.items()]
+    return [{"job_id": j, "gpu_slots": s, "state": None} for j, s in holders.items()]
 
 
 def _babysitting(rec: jobs.JobRecord) -> BabysittingDoc:
@@ -364,12 +359,12 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
         spec["python"] = build_python
 
     with queue.locked(root):  # one start at a time: two jobs never pick the same GPU slot
-        doc = queue.read(root)
         if slots:
-            doc = doc._replace(slots=slots)
-        request = launching.gpu_request(spec, doc.slots)
-        holders = queue.live_holders(root, doc)
-        fits, got, in_the_way = launching.slot_conflicts(request, doc.slots or 0, holders)
+            queue.write_slots(root, slots)
+        total = queue.read_slots(root) or 0
+        request = launching.gpu_request(spec, total)
+        holders = queue.live_holders(root)
+        fits, got, in_the_way = launching.slot_conflicts(request, total, holders)
         if in_the_way and not replace:
             first = in_the_way[0]
             raise AgentFailure(ErrorType.JobAlreadyRunning,
@@ -400,7 +395,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                 stop(root, rec.job_id, grace=grace, kill_after=DEFAULT_KILL_AFTER_S,
                      reason=f"replaced by job {job_id}")
             holders = {k: v for k, v in holders.items() if k not in in_the_way}
-            fits, got, _ = launching.slot_conflicts(request, doc.slots or 0, holders)
+            fits, got, _ = launching.slot_conflicts(request, total, holders)
             launching.set_slots(spec, got if fits else None, request)
             rows = check["rows"]
             check = gpus.preflight(gpus.needed_gpus(spec), launching.opsctl_job_pids(root, holders))
@@ -417,8 +412,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
                                    job_id=job_id) from None
         launching.write_launch_files(path, spec, socket=socket, payload=payload,
                                      replaced=current, secrets=secrets, check=check)
-        jobs.set_current_job(root, job_id)
-        queue.write(root, doc._replace(holders={**holders, job_id: spec.get("gpu_slots")}))
+        jobs.set_current_job(root, job_id)  # its slots: spec.json's gpu_slots (the record)
         launching.start_wrapper(root, path, spec, socket)
     first_status = status_document(root, job_id)
     # a launch that replaced jobs may have freed GPUs a queued job waits for
@@ -630,15 +624,19 @@ SUMMARY = "summary.json"  # a terminal job's row of the jobs list, cached (it ne
 
 def list_jobs(root: str, limit: int = 0) -> JobListDoc:
     """Every job (or the newest ``limit`` plus every live one) with its reconciled state,
-    times, exit, last step and diagnosis headline, newest first."""
+    times, exit, last step and diagnosis headline, newest first; a job dir whose records do
+    not parse is listed under ``damaged`` (path and reason) and left on disk untouched."""
+    from remote_payload.agent import jobrecord
+
     current = jobs.current_job_id(root)
     dated = []
+    damaged: list[DamagedRecordDoc] = []
     for jid in jobs.list_job_ids(root):
         try:
-            st = read_json(os.path.join(jobs.job_dir(root, jid), jobs.STATUS), {}) or {}
-        except (ValueError, OSError):
-            st = {}
-        st = st if isinstance(st, dict) else {}
+            st = jobrecord.read_status(jobs.job_dir(root, jid), {}) or {}
+        except jobrecord.DamagedRecord as exc:
+            damaged.append({"path": exc.path, "reason": exc.reason})
+            continue
         dated.append((float(st.get("created_at") or 0.0), jid, st.get("state")))
     dated.sort(reverse=True)
     rows: list[JobRowDoc] = []
@@ -647,11 +645,15 @@ def list_jobs(root: str, limit: int = 0) -> JobListDoc:
             continue  # older and over (states only move forward): outside the window
         try:
             row = _job_row(root, jid)
+        except jobrecord.DamagedRecord as exc:
+            damaged.append({"path": exc.path, "reason": exc.reason})
+            continue
         except (AgentFailure, ValueError, OSError) as exc:
             row = {"job_id": jid, "state": None, "error": str(exc), "created_at": created}
         row["current"] = jid == current
         rows.append(row)
-    return {"current": current, "jobs": rows, "total": len(dated), "limit": limit}
+    return {"current": current, "jobs": rows, "total": len(dated), "limit": limit,
+            "damaged": sorted(damaged, key=lambda d: d["path"])}
 
 
 _TERMINAL_NAMES = frozenset(s.value for s in JobState if s.is_terminal())
@@ -665,7 +667,10 @@ def _job_row(root: str, job_id: str) -> JobRowDoc:
         stamp = os.stat(os.path.join(path, jobs.STATUS)).st_mtime_ns
     except FileNotFoundError:
         stamp = 0
-    cached = read_json(summary_path, None)
+    try:
+        cached = read_json(summary_path, None)
+    except (ValueError, OSError):  # a damaged cache is computed again (and rewritten)
+        cached = None
     if isinstance(cached, dict) and cached.get("status_mtime_ns") == stamp and stamp:
         return t.cast("JobRowDoc", {k: v for k, v in cached.items() if k != "status_mtime_ns"})
     doc = status_document(root, job_id, lines=0, live=False)

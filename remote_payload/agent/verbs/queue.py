@@ -1,14 +1,15 @@
-"""Queue verbs (issue 27): ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``,
-``queue-advance`` (the boot hook's, :mod:`remote_payload.agent.boothook`); and the GPU
-slot steps that ``launch`` shares with a start from the queue.
+"""Queue verbs: ``queue``, ``queue-add``, ``queue-rm``, ``queue-move``, ``queue-advance``
+(the boot hook's, :mod:`remote_payload.agent.boothook`).
 
-The rules live in :mod:`remote_payload.agent.queue` (pure functions and the file); this
-module turns them into verbs and starts a queued job through ``launch``'s own path
-(:func:`start_queued`), so notify, restart policy, time limit and preflight apply unchanged.
+The rules live in :mod:`remote_payload.agent.jobqueue` (pure functions, and the queue derived
+from the job dirs); this module turns them into verbs and starts a queued job through
+``launch``'s own path (:func:`remote_payload.agent.launching.start_queued`), so notify,
+restart policy, time limit and preflight apply unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -16,15 +17,21 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent import jobqueue as queue
+from remote_payload.agent import jobrecord, launching
 from remote_payload.agent import jobstore as jobs
-from remote_payload.agent import launching
-from remote_payload.agent.common import AgentFailure, read_json
+from remote_payload.agent.common import AgentFailure
 from remote_payload.wire import ErrorType, JobState
 
 if t.TYPE_CHECKING:
     import argparse
 
-    from remote_payload.wire_shapes import QueueAddDoc, QueueDoc, QueueHolderDoc, QueueRowDoc
+    from remote_payload.wire_shapes import (
+        DamagedRecordDoc,
+        QueueAddDoc,
+        QueueDoc,
+        QueueHolderDoc,
+        QueueRowDoc,
+    )
 
 
 def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
@@ -145,8 +152,12 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             secrets = jobsecrets.check(secrets or {}, names)
         except ValueError as exc:
             raise AgentFailure(ErrorType.BadSpec, str(exc), field="secrets") from None
+    ids = [spec["job_id"] for spec in specs]
+    twice = sorted({j for j in ids if ids.count(j) > 1})
+    if twice:
+        raise AgentFailure(ErrorType.JobExists, f"job {twice[0]} is named twice in this batch; "
+                           "every job needs its own id", job_id=twice[0])
     os.makedirs(jobs.jobs_root(root), exist_ok=True)
-    added: list[str] = []
     # a client that goes away (Ctrl-C, a dropped connection: SIGINT/SIGHUP/SIGTERM) must not
     # leave half a pipeline queued: from here the add runs to its end
     import signal
@@ -154,53 +165,88 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     with queue.locked(root):
-        qdoc = queue.read(root)
         if slots:
-            qdoc = qdoc._replace(slots=slots)
-        if len(qdoc.order) + len(specs) > wire.MAX_QUEUE_JOBS:
-            raise _refused(f"the queue holds {len(qdoc.order)} jobs; at most {wire.MAX_QUEUE_JOBS}",
-                           "queue full", queued=len(qdoc.order))
+            queue.write_slots(root, slots)
+        total = queue.read_slots(root) or 0
+        snap = queue.scan(root)
+        if len(snap.order) + len(specs) > wire.MAX_QUEUE_JOBS:
+            raise _refused(f"the queue holds {len(snap.order)} jobs; at most "
+                           f"{wire.MAX_QUEUE_JOBS}", "queue full", queued=len(snap.order))
         batch: dict[str, str] = {}
-        for spec in specs:
+        for i, spec in enumerate(specs):
             if spec.get("after") is not None:
                 if spec["after"] == spec["job_id"]:
                     raise _refused(f"job {spec['job_id']} cannot wait for itself", "dependency",
                                    job_id=spec["job_id"])
                 spec["after"] = _resolve_after(root, spec["after"], batch)
-            launching.gpu_request(spec, qdoc.slots)
+            request = launching.gpu_request(spec, total)
+            unfit = wire.gpu_request_unfit(request, total)
+            if unfit is not None:  # it could never start: refused, nothing queued
+                raise AgentFailure(ErrorType.BadSpec, f"job {i + 1}: {unfit}", field="gpus")
             try:
                 queue.check_after(spec["job_id"], spec.get("after"),
                                   {**_known_states(root, spec.get("after")), **batch})
             except ValueError as exc:
                 raise _refused(str(exc), "dependency", job_id=spec["job_id"],
                                after=spec.get("after")) from None
-            if os.path.exists(jobs.job_dir(root, spec["job_id"])) or spec["job_id"] in batch:
+            if os.path.lexists(jobs.job_dir(root, spec["job_id"])):
                 raise AgentFailure(ErrorType.JobExists, f"job {spec['job_id']} already exists",
                                    job_id=spec["job_id"])
             batch[spec["job_id"]] = JobState.QUEUED.value
-        try:
-            for spec in specs:
-                path = jobs.job_dir(root, spec["job_id"])
-                os.mkdir(path)
-                added.append(spec["job_id"])
-                mine = {n: secrets[n] for n in spec["secrets"]} if secrets else None
-                launching.write_launch_files(path, spec, socket=socket, payload=payload,
-                                             replaced=None, secrets=mine, check=None,
-                                             state=JobState.QUEUED)
-            queue.write(root, qdoc._replace(order=[*qdoc.order, *added]))  # all at once
-        except OSError:  # e.g. a full disk: none of them is queued, no job dir is left
-            import shutil
-
-            for jid in added:
-                shutil.rmtree(jobs.job_dir(root, jid), ignore_errors=True)
-            raise
+        added = _stage_and_publish(root, specs, secrets, socket=socket, payload=payload,
+                                   rank=queue.next_rank(snap))
     hook = boothook.ensure(root)  # after a restart the queue moves on with no client
     moved_on = launching.advance_queue(root, socket)
     return {"added": added, "started": moved_on["started"], "cancelled": moved_on["cancelled"],
             "queue": listing(root), "boot_hook": hook}
 
 
+STAGING = ".staging"  # in jobs/: job dirs of a batch being written (no job id starts with ".")
+
+
+def _stage_and_publish(root: str, specs: list[dict[str, t.Any]], secrets: t.Any, *,
+                       socket: str, payload: str, rank: float) -> list[str]:
+    """Write every job dir of the batch under ``jobs/.staging/``, then move each into place
+    (hold the queue lock): a reader sees a queued job only once its records are whole, and a
+    full disk leaves none of the batch behind. The staging dirs are opsctl's own and exist
+    only while an add holds the lock: one found now was left by a killed add (it may hold
+    secrets) and is removed."""
+    import shutil
+
+    staging = os.path.join(jobs.jobs_root(root), STAGING)
+    if os.path.islink(staging):  # not opsctl's: never followed, never removed
+        raise _refused(f"queue-add: {staging} is a symbolic link, not opsctl's staging "
+                       "directory; move it away", "staging", path=staging)
+    shutil.rmtree(staging, ignore_errors=True)
+    stage_root = os.path.join(staging, str(os.getpid()))
+    staged: list[tuple[str, str]] = []
+    try:
+        os.makedirs(stage_root)
+        for k, spec in enumerate(specs):
+            stage = os.path.join(stage_root, spec["job_id"])
+            os.mkdir(stage)
+            mine = {n: secrets[n] for n in spec["secrets"]} if secrets else None
+            launching.write_launch_files(stage, spec, socket=socket, payload=payload,
+                                         replaced=None, secrets=mine, check=None,
+                                         state=JobState.QUEUED, rank=rank + k)
+            staged.append((stage, jobs.job_dir(root, spec["job_id"])))
+        open(os.path.join(jobs.jobs_root(root), queue.QUEUED_HINT), "a").close()
+        for stage, final in staged:  # the ids were checked free under this lock
+            os.rename(stage, final)
+    finally:
+        shutil.rmtree(stage_root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(stage_root))
+    return [spec["job_id"] for spec in specs]
+
+
 def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
+    """``--after``: a job of this batch, an existing job, or the one job an id prefix names.
+
+    Raises:
+        AgentFailure: ``QueueRefused`` (no such job; a prefix several jobs share, listed),
+            ``BadJobId``.
+    """
     if after in batch:
         return after
     try:
@@ -208,6 +254,10 @@ def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
     except AgentFailure as exc:
         if exc.type == ErrorType.BadJobId:
             raise
+        matches = exc.fields.get("matches")
+        if matches:
+            raise _refused(f"--after {after} is ambiguous: {', '.join(matches)}; give more of "
+                           "the id", "dependency", after=after, matches=matches) from None
         raise _refused(f"--after {after}: no such job in this container (`opsctl jobs` lists "
                        "them)", "dependency", after=after) from None
 
@@ -225,39 +275,50 @@ def move(root: str, job_id: str, anchor: str, *, before: bool) -> None:
         AgentFailure: ``QueueRefused``.
     """
     with queue.locked(root):
-        qdoc = queue.read(root)
-        afters = {j: queue.job_request(root, j)[1] for j in qdoc.order}
+        snap = queue.scan(root)
+        afters = {j: queue.job_request(root, j)[1] for j in snap.order}
         try:
-            order = queue.moved(qdoc.order, job_id, anchor, before, afters)
+            order = queue.moved(snap.order, job_id, anchor, before, afters)
         except ValueError as exc:
             raise _refused(str(exc), "order", job_id=job_id, anchor=anchor) from None
-        queue.write(root, qdoc._replace(order=order))
+        queue.reorder(root, snap, order, job_id)
 
 
 def listing(root: str) -> QueueDoc:
-    """The queue in order, each job with what it waits for, and who holds which GPU slots."""
-    qdoc = queue.read(root)
-    holders = queue.live_holders(root, qdoc)
-    reqs = {j: queue.job_request(root, j) for j in qdoc.order}
+    """The queue in order, each job with what it waits for, who holds which GPU slots, and
+    the job dirs whose records do not parse (``damaged``: path and reason)."""
+    snap = queue.scan(root)
+    total = queue.read_slots(root)
+    reqs = {j: queue.job_request(root, j) for j in snap.order}
     states = queue.dep_states(root, {j: r[1] for j, r in reqs.items()})
     current = queue.current_build(root)
     rows: list[QueueRowDoc] = []
-    for i, jid in enumerate(qdoc.order):
+    for i, jid in enumerate(snap.order):
         request, after = reqs[jid]
-        st = read_json(os.path.join(jobs.job_dir(root, jid), jobs.STATUS), {}) or {}
-        if after is not None and states.get(after) != JobState.SUCCEEDED.value:
+        try:
+            st = jobrecord.read_status(jobs.job_dir(root, jid), {}) or {}
+        except jobrecord.DamagedRecord:
+            st = {}
+        unfit = wire.gpu_request_unfit(request, total or 0)
+        if unfit is not None:
+            waits = f"nothing: it cannot run here ({unfit})"
+        elif after is not None and states.get(after) != JobState.SUCCEEDED.value:
             waits = f"job {after} ({states.get(after, 'gone')})"
-        elif (need := queue.job_build(root, jid)) is not None and need != current and holders:
-            waits = f"torch build {need}: job {next(iter(holders))} runs on {current or 'no build'}"
+        elif (need := queue.job_build(root, jid)) is not None and need != current \
+                and snap.holders:
+            waits = (f"torch build {need}: job {next(iter(snap.holders))} runs on "
+                     f"{current or 'no build'}")
         else:
-            waits = "GPUs" if not queue.assign(request, qdoc.slots or 0, holders)[0] else "its turn"
+            waits = "GPUs" if not queue.assign(request, total or 0, snap.holders)[0] \
+                else "its turn"
         rows.append({"job_id": jid, "name": st.get("name"), "position": i + 1, "after": after,
                      "gpus": request, "created_at": st.get("created_at"), "waiting_for": waits})
     held: list[QueueHolderDoc] = []
-    for jid, got in holders.items():
+    for jid, got in snap.holders.items():
         try:
             state: t.Any = jobs.load(root, jid).state.value  # a JobStateName
         except (AgentFailure, ValueError, OSError):
             state = None
         held.append({"job_id": jid, "gpu_slots": got, "state": state})
-    return {"jobs": rows, "slots": qdoc.slots, "holders": held}
+    return {"jobs": rows, "slots": total, "holders": held,
+            "damaged": t.cast("list[DamagedRecordDoc]", snap.damaged)}
