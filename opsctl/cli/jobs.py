@@ -18,7 +18,6 @@ from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
 from opsctl.cli.jsonout import print_failure
-from opsctl.faststatus.entry import DEFAULT_LINES, status_once
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
@@ -230,7 +229,7 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.command()
 @job_argument
 @target_options
-@click.option("--lines", "-n", type=clitypes.COUNT, default=DEFAULT_LINES, show_default=True,
+@click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True,
               help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
 @click.option("--poll", "poll_s", type=clitypes.POLL, default=2.0, show_default=True)
@@ -256,7 +255,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     With --all: one row per container of the fleet; exit 27 when some rows are errors.
     With --nodes (or after `deploy --nodes`): one row per node of the run.
     """
-    # one function per mode; this only picks the mode (the plain one is the fast path)
+    # one function per mode; this only picks the mode
     if all_hosts:
         if follow or job_id is not None or nodes_text is not None:
             raise errors.ConfigError("status --all shows each container's current job: "
@@ -272,7 +271,21 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     elif host_log:
         _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
     else:
-        status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        _status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+
+
+def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
+                 job_id: str | None, lines: int, as_json: bool) -> None:
+    """Plain ``status``: one ``status`` call to the agent, through the transport."""
+    from opsctl.cli import render
+    from opsctl.ops import jobs, watch
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        st = watch.fetch_status(tgt.agent, job_id, lines)
+    if as_json:
+        render.print_json(st.model_dump(mode="json"))
+    else:
+        render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
 def _status_run(run: t.Any, lines: int, accept_new_host_key: bool, as_json: bool) -> None:
