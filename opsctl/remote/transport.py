@@ -39,7 +39,7 @@ from opsctl.errors import (
     PctTooOld,
     TransportError,
 )
-from opsctl.remote import channel
+from opsctl.remote import channel, sshbanner
 from opsctl.remote.command import (
     CommandResult,
     Kept,
@@ -59,6 +59,9 @@ if t.TYPE_CHECKING:
     import paramiko
 
     from opsctl.config.inventory import HostSpec
+
+#: paramiko's words for a peer whose first line was not an SSH banner.
+_NOT_SSH = re.compile(r"protocol banner|Indecipherable protocol version|Invalid SSH banner")
 
 #: rc of coreutils ``timeout`` when the deadline fired (124) or SIGKILL followed (137).
 TIMEOUT_RCS = frozenset({124, 137})
@@ -210,7 +213,8 @@ class Remote:
         if self.host.identity_file:
             connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
                                   look_for_keys=False, allow_agent=False)
-        conn = self._connection(self.host, connect_kwargs, gateway=self._gateway())
+        gateway = self._gateway()
+        conn = self._connection(self.host, connect_kwargs, gateway=gateway)
         client = conn.client
         kh = self.known_hosts
         revoked: list[paramiko.PKey] = []
@@ -219,8 +223,17 @@ class Remote:
             _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
                          self.host.label))
         where = f"{self.host.ssh_label()}"
+        # behind a ProxyJump the last hop's channel is the socket (paramiko's banner checks)
+        sock = self._dial() if gateway is None else None
+        if sock is not None:
+            conn.connect_kwargs["sock"] = sock
         try:
-            conn.open()
+            try:
+                conn.open()
+            except BaseException:
+                if sock is not None:  # paramiko leaves a socket it was given open
+                    sock.close()
+                raise
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:
@@ -242,7 +255,12 @@ class Remote:
             raise TransportError(f"cannot connect to {where}: {reason}") from None
         except socket.gaierror as exc:
             raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except paramiko.SSHException as exc:
+            if _NOT_SSH.search(str(exc)):  # a jump's target (direct ones: sshbanner)
+                raise TransportError(f"host {where} accepted the connection but never spoke "
+                                     f"SSH ({exc})") from None
+            raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+        except (OSError, EOFError) as exc:
             raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
         transport = conn.client.get_transport()
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
@@ -259,6 +277,26 @@ class Remote:
         transport.set_keepalive(self.keepalive_s)
         self._conn = conn
         return conn
+
+    def _dial(self) -> socket.socket:
+        """The TCP connection to the host, once its sshd has sent its banner
+        (:mod:`.sshbanner`: a peer that never speaks SSH is named as one, within the
+        connect timeout).
+
+        Raises:
+            TransportError: as :meth:`_open` words a connection failure.
+        """
+        spec = self.host
+        where = spec.ssh_label()
+        try:
+            return sshbanner.connect(spec.address, spec.port, spec.connect_timeout_s)
+        except socket.gaierror as exc:
+            raise TransportError(f"cannot resolve {spec.address}: {exc.strerror}") from None
+        except TimeoutError:
+            raise TransportError(f"cannot connect to {where}: timed out after "
+                                 f"{spec.connect_timeout_s:g} s") from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {where}: {exc.strerror or exc}") from None
 
     @staticmethod
     def _connection(spec: HostSpec, connect_kwargs: dict[str, t.Any],
