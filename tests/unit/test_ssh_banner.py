@@ -107,9 +107,9 @@ def _host(port: int, timeout_s: float = 1.0) -> HostSpec:
 
 def _connect(port: int, timeout_s: float = 1.0) -> tuple[errors.TransportError, float]:
     start = time.monotonic()
-    with pytest.raises(errors.TransportError) as caught:
-        with Remote(_host(port, timeout_s), use_mux=False) as remote:
-            remote.run(["true"], timeout=5)
+    with pytest.raises(errors.TransportError) as caught, \
+            Remote(_host(port, timeout_s), use_mux=False) as remote:
+        remote.run(["true"], timeout=5)
     return caught.value, time.monotonic() - start
 
 
