@@ -1,14 +1,18 @@
-"""SSH to the Proxmox host and ``pct exec`` into its containers.
+"""SSH to the Proxmox host and ``pct exec`` into its containers: the one transport.
 
-This is the one choke point for remote commands run over a connection of opsctl's own
-(:meth:`Remote.run`); how a command is spelled (argv joined once, its deadlines inside it)
-is :mod:`opsctl.remote.command`, shared with the mux and the OpenSSH client. Every command is
-an argv list; untrusted text never reaches a shell unquoted.
+Every non-interactive remote command goes through :class:`Remote` (:meth:`Remote.run`,
+:meth:`Remote.pct_exec`): over its own fabric connection, or through the host's live
+multiplexer (:mod:`opsctl.remote.mux_client`), which keeps connections made by this same class.
+How a command is spelled (argv joined once, its deadlines inside it) is
+:mod:`opsctl.remote.command`. The OpenSSH client runs only for a terminal or a port
+(:mod:`opsctl.remote.sshclient`) and for bulk file data (rsync's remote shell, the end of this
+module). Every command is an argv list; untrusted text never reaches a shell unquoted.
 
 Design notes
 - A fabric ``Connection`` per ``Remote``, opened lazily on first use (like fabric),
   closed idempotently. Host keys are checked against ``known_hosts``; fabric's
-  default of accepting any key is replaced by :class:`_HostKeyPolicy`.
+  default of accepting any key is replaced by :class:`_HostKeyPolicy`. The TCP peer must
+  send an SSH banner within the connect timeout first (:mod:`opsctl.remote.sshbanner`).
 - A deadline is enforced *remotely* with coreutils ``timeout`` (which signals its
   whole process group) both on the host and inside the container, and locally on
   the channel, so a fired deadline leaves no remote process behind.
