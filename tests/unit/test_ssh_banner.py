@@ -149,19 +149,29 @@ def test_a_refused_connection_is_still_a_plain_connect_error():
     assert took < 3.0
 
 
-@pytest.mark.parametrize("peer", [_mute], indirect=True)
-def test_status_against_a_mute_host_is_one_error_document_with_exit_10(peer, isolated_env: Path):
-    inv = isolated_env / "inventory"
+def _status_of(port: int, home: Path) -> dict[str, t.Any]:
+    """``opsctl status --json`` of ct 200 on a host at 127.0.0.1:``port``: its error document."""
+    inv = home / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
-    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"mute": {
-        "address": "127.0.0.1", "port": peer.port, "connect_timeout_s": 1,
-        "containers": {200: {}}}}}))
-    res = CliRunner().invoke(cli, ["status", "--json", "--host", "mute", "--ct", "200"])
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": port, "connect_timeout_s": 1, "containers": {200: {}}}}}))
+    res = CliRunner().invoke(cli, ["status", "--json", "--host", "h", "--ct", "200"])
     assert res.exit_code == errors.TRANSPORT, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), "no traceback"
     doc = json.loads(res.stdout)
     assert doc["ok"] is False and doc["error"]["type"] == "TransportError"
-    assert "accepted the connection but never spoke SSH" in doc["error"]["message"]
+    return t.cast(dict[str, t.Any], doc["error"])
+
+
+@pytest.mark.parametrize("peer", [_mute], indirect=True)
+def test_status_against_a_mute_host_is_one_error_document_with_exit_10(peer, isolated_env: Path):
+    assert "accepted the connection but never spoke SSH" in _status_of(peer.port, isolated_env)["message"]
+
+
+def test_status_against_a_dead_host_is_one_error_document_with_exit_10(isolated_env: Path):
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    assert _status_of(port, isolated_env)["message"].endswith("Connection refused")
 
 
 def test_a_real_banner_is_seen_and_left_for_paramiko_to_read():
