@@ -10,7 +10,8 @@ that tree); its ``status`` rows are measured in the same interleaved runs, with 
 ``OPSCTL_HOME`` and container root (``/opt/opsctl-baseline``, so each runs its own payload): a
 before/after pair that one load spike cannot split. ``--sandbox-home``: the sandbox to run
 against (default: ``$OPSCTL_HOME``'s). An editable install adds its import finder (~25 ms)
-to every start of the console script; both sides here start the same way.
+to every start of the console script; both sides here start the same way, with byte-code
+caching on (as after ``pip install``) even where ``PYTHONDONTWRITEBYTECODE`` is set.
 
 1. ``opsctl status --json`` wall time vs a raw ``ssh … pct exec 200 -- true`` on the same
    sshd (target ratio ≤ 1.3 with the multiplexer warm, ≤ 2.0 for the first command of a
@@ -98,7 +99,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="opsctl-bench-"))
     (home / "inventory").mkdir()
     shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
-    env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
+    env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
            "PYTHONPATH": str(REPO)}
     opsctl = [args.opsctl] if args.opsctl else [sys.executable, "-m", "opsctl"]
     target = ["--host", "sandbox", "--ct", str(info.containers[0])]
@@ -124,6 +125,8 @@ def main() -> None:
         results["baseline_revision"] = _describe(tree)
         measured.append(([sys.executable, "-m", "opsctl"],
                          _baseline_env(info, book("bench-long", LONG_JOB), target, tree)))
+    for prog, penv in measured:  # warm-up of the direct path too (its modules' byte-code)
+        timed([*prog, "status", "--json"], {**penv, "OPSCTL_MUX": "0"})
     results["runs"] = args.runs
     results["load_avg_1m_start"] = os.getloadavg()[0]
     raw_argv = [*info.ssh_argv(), "pct", "exec", str(info.containers[0]), "--", "true"]
@@ -190,6 +193,14 @@ def main() -> None:
     shutil.rmtree(home, ignore_errors=True)
 
 
+def _installed_like() -> dict[str, str]:
+    """This environment, but with byte-code caching on, as an installed opsctl runs (pip
+    compiles every module at install): with ``PYTHONDONTWRITEBYTECODE`` each start would
+    compile every module it imports from source, a cost no user pays (the warm-up runs
+    write the caches of both trees)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _describe(tree: Path) -> str:
     """The commit a tree is at, with ``+changes`` when it has uncommitted ones."""
     head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
@@ -221,7 +232,7 @@ def _baseline_env(info: sandbox.SandboxInfo, playbook: str, target: list[str],
     inv = yaml.safe_load(Path(info.inventory_file).read_text())
     inv["hosts"]["sandbox"]["root"] = "/opt/opsctl-baseline"
     (home / "inventory" / "sandbox.yaml").write_text(yaml.safe_dump(inv))
-    env = {**os.environ, "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
+    env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
            "PYTHONPATH": str(tree)}
     program = [sys.executable, "-m", "opsctl"]
     timed([*program, "deploy", *target, "--playbook", playbook, "--replace", "--no-wait"], env)

@@ -277,14 +277,17 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
 def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
                  job_id: str | None, lines: int, as_json: bool) -> None:
     """Plain ``status``: one ``status`` call to the agent, through the transport."""
-    from opsctl.cli import render
     from opsctl.ops import jobs, watch
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         st = watch.fetch_status(tgt.agent, job_id, lines)
-    if as_json:
-        render.print_json(st.model_dump(mode="json"))
+    if as_json:  # jsonout, not render: scripts poll this, and it needs no rich
+        from opsctl.cli.jsonout import print_json
+
+        print_json(st.model_dump(mode="json"))
     else:
+        from opsctl.cli import render
+
         render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
