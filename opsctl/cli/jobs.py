@@ -268,19 +268,23 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         _status_run(run, lines, accept_new_host_key, as_json)
     elif follow:
         _status_follow(host, ctid, accept_new_host_key, job_id, lines, poll_s, as_json)
-    elif host_log:
-        _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
     else:
-        _status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        _status_once(host, ctid, accept_new_host_key, job_id, lines, as_json, host_log=host_log)
 
 
 def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
-                 job_id: str | None, lines: int, as_json: bool) -> None:
-    """Plain ``status``: one ``status`` call to the agent, through the transport."""
+                 job_id: str | None, lines: int, as_json: bool, *, host_log: bool) -> None:
+    """Plain ``status``: one ``status`` call to the agent, through the transport; with
+    ``host_log``, plus the host kernel's Xid/OOM entries of the job's window (warnings while
+    it runs, errors once it failed)."""
     from opsctl.ops import jobs, watch
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         st = watch.fetch_status(tgt.agent, job_id, lines)
+        if host_log:
+            from opsctl.ops import deploy as deploy_ops
+
+            st = deploy_ops.with_host_events(tgt, st)
     if as_json:  # jsonout, not render: scripts poll this, and it needs no rich
         from opsctl.cli.jsonout import print_json
 
@@ -334,22 +338,6 @@ def _status_follow(host: str | None, ctid: int | None, accept_new_host_key: bool
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
-
-
-def _status_with_host_log(host: str | None, ctid: int | None, accept_new_host_key: bool,
-                          job_id: str | None, lines: int, as_json: bool) -> None:
-    """``status --host-log``: the full path, plus the host kernel's Xid/OOM entries of the
-    job's window (warnings while it runs, errors once it failed)."""
-    from opsctl.cli import render
-    from opsctl.ops import deploy as deploy_ops
-    from opsctl.ops import jobs, watch
-
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        st = deploy_ops.with_host_events(tgt, watch.fetch_status(tgt.agent, job_id, lines))
-    if as_json:
-        render.print_json(st.model_dump(mode="json"))
-    else:
-        render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
 def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,
