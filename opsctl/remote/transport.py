@@ -260,9 +260,19 @@ class Remote:
         except socket.gaierror as exc:
             raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
         except paramiko.SSHException as exc:
-            if _NOT_SSH.search(str(exc)):  # a jump's target (direct ones: sshbanner)
-                raise TransportError(f"host {where} accepted the connection but never spoke "
-                                     f"SSH ({exc})") from None
+            started = conn.client.get_transport()
+            # behind a ProxyJump (direct peers: sshbanner): paramiko says so, or gives up on
+            # the handshake at the connect timeout ("No existing session") with no banner read
+            no_banner = started is not None and not started.remote_version
+            conn.close()
+            if _NOT_SSH.search(str(exc)) or no_banner:
+                hops = f" or a ProxyJump hop ({self.host.proxy_jump})" if self.host.proxy_jump else ""
+                why = str(exc) if _NOT_SSH.search(str(exc)) else \
+                    f"no SSH banner within {self.host.connect_timeout_s:g} s"
+                raise TransportError(f"host {where}{hops} accepted the connection but never "
+                                     f"spoke SSH ({why})",
+                                     hint="check the addresses and ports of the host and its "
+                                          "hops") from None
             raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
         except (OSError, EOFError) as exc:
             raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
