@@ -34,7 +34,7 @@ class OpsctlGroup(click.Group):
                 _usage_document(exc)
             raise
         except KeyboardInterrupt:
-            ctx.exit(report_interrupt())
+            ctx.exit(_report_interrupt())
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         words = list(args)  # (click's parser consumes the list)
@@ -81,19 +81,16 @@ def _json_requested(args: t.Sequence[str]) -> bool:
 
 
 def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
-    report_error(exc, as_json=bool(ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done")))
-
-
-def report_error(exc: OpsctlError, *, as_json: bool) -> None:
-    """An error's end: its document on stdout (``as_json``) and its one line on stderr."""
+    """An error's end: its document on stdout (with --json, unless the command printed its
+    own) and its one line on stderr."""
     from opsctl.cli import render
 
-    if as_json:
+    if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
         render.print_json({"ok": False, "error": exc.to_dict()})
     render.error(render.console(stderr=True), exc)
 
 
-def report_interrupt() -> int:
+def _report_interrupt() -> int:
     """Ctrl-C: say what keeps running; returns the exit code."""
     click.echo("interrupted (the remote job, if any, keeps running)", err=True)
     return errors.INTERRUPTED

@@ -18,7 +18,6 @@ from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
 from opsctl.cli.jsonout import print_failure
-from opsctl.faststatus.entry import DEFAULT_LINES, status_once
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
@@ -230,7 +229,7 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
 @click.command()
 @job_argument
 @target_options
-@click.option("--lines", "-n", type=clitypes.COUNT, default=DEFAULT_LINES, show_default=True,
+@click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True,
               help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
 @click.option("--poll", "poll_s", type=clitypes.POLL, default=2.0, show_default=True)
@@ -256,7 +255,7 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     With --all: one row per container of the fleet; exit 27 when some rows are errors.
     With --nodes (or after `deploy --nodes`): one row per node of the run.
     """
-    # one function per mode; this only picks the mode (the plain one is the fast path)
+    # one function per mode; this only picks the mode
     if all_hosts:
         if follow or job_id is not None or nodes_text is not None:
             raise errors.ConfigError("status --all shows each container's current job: "
@@ -269,10 +268,31 @@ def status(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
         _status_run(run, lines, accept_new_host_key, as_json)
     elif follow:
         _status_follow(host, ctid, accept_new_host_key, job_id, lines, poll_s, as_json)
-    elif host_log:
-        _status_with_host_log(host, ctid, accept_new_host_key, job_id, lines, as_json)
     else:
-        status_once(host, ctid, accept_new_host_key, job_id, lines, as_json)
+        _status_once(host, ctid, accept_new_host_key, job_id, lines, as_json, host_log=host_log)
+
+
+def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
+                 job_id: str | None, lines: int, as_json: bool, *, host_log: bool) -> None:
+    """Plain ``status``: one ``status`` call to the agent, through the transport; with
+    ``host_log``, plus the host kernel's Xid/OOM entries of the job's window (warnings while
+    it runs, errors once it failed)."""
+    from opsctl.ops import jobs, watch
+
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        st = watch.fetch_status(tgt.agent, job_id, lines)
+        if host_log:
+            from opsctl.ops import deploy as deploy_ops
+
+            st = deploy_ops.with_host_events(tgt, st)
+    if as_json:  # jsonout, not render: scripts poll this, and it needs no rich
+        from opsctl.cli.jsonout import print_json
+
+        print_json(st.model_dump(mode="json"))
+    else:
+        from opsctl.cli import render
+
+        render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
 def _status_run(run: t.Any, lines: int, accept_new_host_key: bool, as_json: bool) -> None:
@@ -318,22 +338,6 @@ def _status_follow(host: str | None, ctid: int | None, accept_new_host_key: bool
         render.status(render.console(), tgt.label, st, pane_lines=lines)
     if st.state.value != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
-
-
-def _status_with_host_log(host: str | None, ctid: int | None, accept_new_host_key: bool,
-                          job_id: str | None, lines: int, as_json: bool) -> None:
-    """``status --host-log``: the full path, plus the host kernel's Xid/OOM entries of the
-    job's window (warnings while it runs, errors once it failed)."""
-    from opsctl.cli import render
-    from opsctl.ops import deploy as deploy_ops
-    from opsctl.ops import jobs, watch
-
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        st = deploy_ops.with_host_events(tgt, watch.fetch_status(tgt.agent, job_id, lines))
-    if as_json:
-        render.print_json(st.model_dump(mode="json"))
-    else:
-        render.status(render.console(), tgt.label, st, pane_lines=lines)
 
 
 def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_parallel: int,

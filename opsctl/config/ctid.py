@@ -5,9 +5,6 @@ i.e. 100 to 999 999 999. ``--ct 99999999999999999999`` used to reach the host, w
 refused it; ``--ct``, ``--nodes HOST:CT``, inventory ``containers:`` keys and the remembered
 target all go through :func:`check_ctid` (or :func:`parse_ctid`) instead, so such a value is a
 usage error here (exit 2) and nothing is sent.
-
-Imports nothing but the error tree: ``status``'s fast lane reads ``--ct`` with it before
-click loads (README, Speed).
 """
 
 from __future__ import annotations
@@ -49,12 +46,3 @@ def parse_ctid(text: str, what: str = "--ct") -> int:
         raise ConfigError(f"{what}: container id {shown} is not valid: Proxmox ids are "
                           f"{RANGE_TEXT}; nothing was sent")
     return check_ctid(int(text), what)
-
-
-def valid_ctid_text(text: str) -> bool:
-    """Whether :func:`parse_ctid` takes ``text`` (for callers that fall back instead of failing)."""
-    try:
-        parse_ctid(text)
-    except ConfigError:
-        return False
-    return True

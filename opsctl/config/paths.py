@@ -22,8 +22,6 @@ import os
 import typing as t
 from pathlib import Path
 
-from opsctl.config import homedir
-
 PACKAGE = Path(__file__).resolve().parent.parent  # opsctl/
 REPO_ROOT = PACKAGE.parent  # the checkout, or site-packages when installed
 BUNDLED = PACKAGE / "bundled"
@@ -31,19 +29,19 @@ BUNDLED = PACKAGE / "bundled"
 EXAMPLE_INVENTORY = BUNDLED / "examples" / "hosts.yaml"
 
 
-class SearchDir(t.NamedTuple):  # not a dataclass: `status` reads paths before its ssh starts
+class SearchDir(t.NamedTuple):
     """One directory of a lookup order, and what it is (shown as a name's origin)."""
 
     path: Path
     origin: str  # "cwd" | "home" | "env" | "bundled"
 
 
-ENV_HOME = homedir.ENV_HOME
+ENV_HOME = "OPSCTL_HOME"
 
 
 def home() -> Path:
-    """opsctl's local state: ``$OPSCTL_HOME``, else ``~/.opsctl`` (:func:`.homedir.home`)."""
-    return Path(homedir.home())
+    """opsctl's local state: ``$OPSCTL_HOME``, else ``~/.opsctl``."""
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".opsctl")
 
 
 def logs_dir() -> Path:

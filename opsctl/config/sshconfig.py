@@ -6,7 +6,7 @@ Precedence, like fabric's ``Connection`` (explicit kwarg, then ssh_config, then 
 ``user@host:port`` in ``--host`` > inventory field > ``~/.ssh/config`` > opsctl defaults
 (root, 22). The file is parsed by paramiko's :class:`~paramiko.config.SSHConfig` (tokens,
 ``Include``, ``Match``), but only when a cheap scan says it may say something about this
-host: importing paramiko costs ~150 ms, which the multiplexed fast path never pays.
+host: importing paramiko costs ~150 ms, which a command through a live mux never pays.
 
 Other keywords (``ProxyCommand``, ``UserKnownHostsFile``, …) are not applied: opsctl's host
 key policy and known_hosts come from the inventory.

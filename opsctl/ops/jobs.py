@@ -14,7 +14,6 @@ from opsctl.config import inventory as inventory_mod
 from opsctl.config.ctid import check_ctid
 from opsctl.config.inventory import HostSpec, Inventory
 from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, TransportError
-from opsctl.faststatus import targetcache
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobList, LogsChunk, StopResult
 from opsctl.remote.transport import Remote
@@ -56,7 +55,6 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     inv = inventory_mod.load()
     spec = inv.resolve(last.host)
     target_mod.check_address(last.host, last.address, spec.ssh_label(), inv.origins.get(last.host))
-    targetcache.store(last.host, spec)  # so the next `status` reads no YAML (opsctl/faststatus/fetch.py)
     check_ctid(last.ctid)  # a remembered target is checked like --ct
     remote = Remote(spec, accept_new_host_key=accept_new_host_key)
     return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root), inv)

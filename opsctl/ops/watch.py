@@ -11,7 +11,6 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import TransportError
-from opsctl.faststatus import fetch as quickstatus
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.models import JobStatus
 
@@ -31,10 +30,19 @@ class WatchOutcome:
     polls: int
 
 
+#: The remote deadline of one ``status`` call.
+STATUS_TIMEOUT_S = 30.0
+
+
+def status_args(job_id: str | None, lines: int) -> list[str]:
+    """The agent ``status`` verb's arguments."""
+    return ["--lines", str(lines), *(["--job", job_id] if job_id else [])]
+
+
 def fetch_status(agent: Agent, job_id: str | None, lines: int = 20) -> JobStatus:
-    """One ``status`` call (``opsctl status`` without --follow takes :mod:`.quickstatus` first)."""
-    return JobStatus.model_validate(agent.call("status", *quickstatus.status_args(job_id, lines),
-                                               timeout=quickstatus.STATUS_TIMEOUT_S))
+    """One ``status`` call."""
+    return JobStatus.model_validate(agent.call("status", *status_args(job_id, lines),
+                                               timeout=STATUS_TIMEOUT_S))
 
 
 def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | None,

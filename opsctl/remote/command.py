@@ -3,13 +3,12 @@ it did.
 
 This is the one place in opsctl that calls ``shlex.join`` (:func:`shell_line`): every remote
 command is an argv list, joined once, with its deadlines inside it (:func:`host_command`,
-:func:`pct_argv`), whichever way it then travels (paramiko in :mod:`.transport`, a mux in
-:mod:`.mux_client`, the OpenSSH client in :mod:`.sshcall`). Untrusted text never reaches a
-shell unquoted.
+:func:`pct_argv`), whichever way it then travels (paramiko in :mod:`.transport`, directly or
+through the mux in :mod:`.mux_client`; the OpenSSH client for a terminal, a port or rsync).
+Untrusted text never reaches a shell unquoted.
 
-Why a module apart from :mod:`.transport` (the connection): the first `opsctl status` of a
-session starts its ``ssh`` as soon as it knows the command (docs/benchmarks.md), and spelling it
-must not first import what a connection needs (sockets, threads, paramiko's helpers).
+Why a module apart from :mod:`.transport` (the connection): the spelling is pure text, shared by
+the transport and the OpenSSH uses (:mod:`.sshclient`, :mod:`.rsync`), and tested on its own.
 """
 
 from __future__ import annotations
@@ -18,6 +17,9 @@ import shlex
 import typing as t
 
 from opsctl.errors import ConfigError
+
+if t.TYPE_CHECKING:
+    from opsctl.config.inventory import HostSpec
 
 #: Grace between the inner (container) and outer (host) deadline, and the local one.
 _OUTER_GRACE_S = 3
@@ -33,7 +35,7 @@ class CommandResult(t.NamedTuple):
     stdout: bytes
     stderr: bytes
     elapsed_s: float
-    via: str = "ssh"  # "mux" (opsctl/remote/mux_client.py) or "openssh" (opsctl/remote/sshcall.py)
+    via: str = "ssh"  # "ssh": the command's own connection; "mux": a kept one (mux_client.py)
 
     @property
     def ok(self) -> bool:
@@ -59,21 +61,10 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-class CommandHost(t.Protocol):
-    """What spelling a command needs of its host (a ``HostSpec`` or a cached target)."""
-
-    @property
-    def label(self) -> str: ...
-    @property
-    def sudo(self) -> bool: ...
-    @property
-    def pct_path(self) -> str: ...
-
-
-def prepare(host: CommandHost, argv: t.Sequence[t.Any], *, timeout: float | None,
+def prepare(host: HostSpec, argv: t.Sequence[t.Any], *, timeout: float | None,
             step: str = "") -> tuple[list[str], str]:
     """``argv`` as strings and the one command string sent for it (the first half of
-    :meth:`opsctl.remote.transport.Remote.run`; ``status``'s fast lane sends the same).
+    :meth:`opsctl.remote.transport.Remote.run`).
 
     Raises:
         ConfigError: as :func:`check_command`.

@@ -8,11 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from remote_payload.wire import JobState
 
-#: Field validators that return a *valid* value unchanged (they only decide what an invalid one
-#: becomes). opsctl/faststatus/leanreply.py reads replies without pydantic and accepts only valid
-#: values, so it may skip these; a model with any other validator has no pydantic-free path.
-IDENTITY_ON_VALID = frozenset({"_history_or_none"})
-
 
 class _Wire(BaseModel):
     # The agent may grow fields before the CLI knows them: ignore, never fail.

@@ -55,16 +55,10 @@ from pathlib import Path
 
 from opsctl.config import paths
 from opsctl.errors import DeadlineExceeded, TransportError
-from opsctl.remote.mux_socket import MuxHost, enabled, lock_path, mux_dir, socket_path
+from opsctl.remote.mux_socket import enabled, lock_path, mux_dir, socket_path
 
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
-
-
-class SpawnHost(MuxHost, t.Protocol):
-    """What starting a mux needs: the host as ``HostSpec`` JSON (the server validates it)."""
-
-    def model_dump_json(self) -> str: ...
 
 
 #: How long a client waits for the mux to start the command before going direct.
@@ -172,7 +166,7 @@ def connect(sock_path: Path | None) -> socket.socket | None:
         return None
 
 
-def call(spec: MuxHost, command: str, *, stdin: bytes | t.BinaryIO | None,
+def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
          on_stdout: Output | None, on_stderr: Output | None, local_deadline: float | None,
          argv: list[str], what: str, keep_bytes: int | None = None) -> Reply | None:
     """Run ``command`` through a live mux; None when there is none (caller goes direct).
@@ -338,7 +332,7 @@ def prune_stale(d: Path, *, keep: Path | None = None, now: float | None = None) 
     return removed
 
 
-def spawn(spec: SpawnHost) -> None:
+def spawn(spec: HostSpec) -> None:
     """Start a detached mux for ``spec`` unless one is live (never raises, never waits)."""
     if not enabled():
         return

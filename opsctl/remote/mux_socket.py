@@ -1,9 +1,8 @@
 """Where a host's connection multiplexer listens: the ``OPSCTL_MUX`` switch, the private
 directory, and the socket's name, bound to the host's identity and trust state.
 
-Apart from :mod:`.mux_client` (the calls, over a Unix socket, with threads) so that a
-command that finds no mux to call (the first of a session, ``OPSCTL_MUX=0``) knows it
-without loading them, and its ``ssh`` starts sooner (docs/benchmarks.md).
+Shared by both ends: :mod:`.mux_client` (the calls) and :mod:`.mux_server` (the keeper of the
+connection) must agree on where a host's socket is.
 """
 
 from __future__ import annotations
@@ -16,26 +15,8 @@ from pathlib import Path
 
 from opsctl.config import paths
 
-
-class MuxHost(t.Protocol):
-    """What a call through the mux needs of its host: a :class:`~opsctl.config.inventory.HostSpec`,
-    or the pydantic-free :class:`~opsctl.faststatus.targetcache.CachedHost` of ``status``'s fast path."""
-
-    @property
-    def label(self) -> str: ...
-    @property
-    def user(self) -> str: ...
-    @property
-    def address(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def identity_file(self) -> str | None: ...
-    @property
-    def host_key_fingerprint(self) -> str | None: ...
-    @property
-    def proxy_jump(self) -> str | None: ...
-    def known_hosts_path(self) -> Path: ...
+if t.TYPE_CHECKING:
+    from opsctl.config.inventory import HostSpec
 
 
 ENV_ENABLE = "OPSCTL_MUX"  # "0" disables
@@ -69,7 +50,7 @@ def mux_dir(create: bool = True) -> Path | None:
     return d
 
 
-def key(spec: MuxHost) -> str:
+def key(spec: HostSpec) -> str:
     """What a mux connection is bound to: identity and the trust state it verified."""
     kh = spec.known_hosts_path()
     try:  # its content, not its stat: a `touch` must not start a second mux
@@ -81,21 +62,12 @@ def key(spec: MuxHost) -> str:
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
 
 
-def socket_path(spec: MuxHost, create: bool = True) -> Path | None:
+def socket_path(spec: HostSpec, create: bool = True) -> Path | None:
     d = mux_dir(create)
     if d is None:
         return None
     p = d / f"{key(spec)}.sock"
     return p if len(os.fsencode(p)) <= _MAX_SUN_PATH else None
-
-
-def maybe_live(spec: MuxHost) -> bool:
-    """A mux for ``spec`` may be up (its socket file is there); False: none is, go direct.
-    Only a call finds out whether it answers (:func:`.mux_client.call`)."""
-    if not enabled():
-        return False
-    p = socket_path(spec, create=False)
-    return p is not None and p.exists()
 
 
 def lock_path(sock_path: Path) -> Path:

@@ -7,6 +7,10 @@ half inside the container: ``--rsync-path`` is the container command string
 ``sudo -n`` for a non-root user), to which rsync appends ``--server …``. (The remote shell
 cannot carry ``pct exec`` itself: rsync puts the host name right after it.)
 
+Why the OpenSSH client and not the one transport (:class:`~opsctl.remote.transport.Remote`):
+rsync needs a *program* as its remote shell, which paramiko is not. The probe before a
+transfer, and every other plain command of push/pull, goes through ``Remote.pct_exec``.
+
 Options, and why:
 - ``-rlt --executability``: tree, symlinks, mtimes (the quick check needs mtimes), and the
   executable bit. Not ``-p``: it would give every *existing* destination directory the

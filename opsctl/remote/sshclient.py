@@ -2,9 +2,9 @@
 
 Why OpenSSH and not paramiko here: an interactive session needs the local terminal in raw
 mode, window-size changes forwarded and the remote PTY's job control; ``ssh -t`` does all of
-it and is well kept. A port forward is ``ssh -N -L``. The first ``status`` of a session also
-runs over ssh (:mod:`.sshcall`, with a private known_hosts from :mod:`.hostkeys`); everything
-else stays on paramiko (fabric) and the mux, which need no terminal.
+it and is well kept. A port forward is ``ssh -N -L``. Every other remote command goes through
+:class:`~opsctl.remote.transport.Remote` (fabric on paramiko, directly or through the mux); rsync
+also runs ssh, as its remote shell (:mod:`.rsync` says why).
 
 Host keys stay opsctl's decision: the caller first connects through :class:`Remote` (its
 policy: ``known_hosts``, a pinned fingerprint, ``--accept-new-host-key``) and this module
@@ -21,6 +21,8 @@ other call (argv joined once by ``shlex``), so sudo-for-pct and the locale apply
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import typing as t
 from pathlib import Path
 
@@ -38,8 +40,6 @@ def ssh_binary() -> str:
     Raises:
         ConfigError: no ``ssh`` on PATH.
     """
-    import shutil  # here and in VerifiedKey: the first `status` builds its argv (sshcall) without it
-
     found = shutil.which("ssh")
     if found is None:
         raise ConfigError("no `ssh` (OpenSSH client) on PATH; attach, shell and forward need it",
@@ -51,8 +51,6 @@ class VerifiedKey:
     """A private known_hosts file with the one host key ``remote`` verified; removed on exit."""
 
     def __init__(self, remote: Remote):
-        import tempfile
-
         key = remote.server_key()
         spec = remote.host
         self._dir = tempfile.mkdtemp(prefix="opsctl-ssh-")
@@ -64,24 +62,18 @@ class VerifiedKey:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import shutil
-
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def ssh_argv(spec: HostSpec, known_hosts: Path, *, tty: bool = False,
-             options: t.Sequence[str] = (), command: str | None = None,
-             program: str | None = None) -> list[str]:
+             options: t.Sequence[str] = (), command: str | None = None) -> list[str]:
     """``ssh`` with the target's user, port, identity and jump hosts, host keys pinned to
     ``known_hosts``; ``options`` go before the destination, ``command`` after it.
 
-    ``program``: the client to run (default: :func:`ssh_binary`, which says so when there is
-    none; ``sshcall`` passes ``ssh`` and lets the spawn find it).
-
     Raises:
-        ConfigError: no ``program`` given and no ``ssh`` on PATH.
+        ConfigError: no ``ssh`` on PATH.
     """
-    argv = [program or ssh_binary(), "-F", "none", "-p", str(spec.port), "-l", spec.user,
+    argv = [ssh_binary(), "-F", "none", "-p", str(spec.port), "-l", spec.user,
             "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", "UpdateHostKeys=no",
             "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",

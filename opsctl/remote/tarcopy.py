@@ -4,9 +4,11 @@ Both ends run :mod:`remote_payload.tarsync` (the container gets its source as
 ``python3 -c``): the receiving end first says which entries it lacks (``scan``: missing, or
 size/mtime differ), only those travel, each file followed by the sha256 of what was read, and
 the receiver renames a file into place only after its hash matched. The small steps (scan,
-list) go through :meth:`Remote.pct_exec`; the data stream runs the OpenSSH client with its
-pipes streamed (:func:`transfer.run_piped`), as the transport collects a command's output in
-memory and a pull can be gigabytes.
+list) go through :meth:`Remote.pct_exec`, the one transport; only the data stream runs the
+OpenSSH client with its pipes streamed (:func:`transfer.run_piped`), as rsync does: it is bulk
+data (a pull can be gigabytes), which paramiko moves at a fraction of OpenSSH's rate, and the
+same ``ssh`` argv as rsync's remote shell keeps one way to move files
+(:func:`transport.openssh_argv`, strict host-key checking against the host's known_hosts).
 """
 
 from __future__ import annotations

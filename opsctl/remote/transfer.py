@@ -1,6 +1,7 @@
 """What ``opsctl push``/``pull`` share below the use case: the container probe, the stats a
-transfer reports, and running a local program (rsync, or the OpenSSH client) with its pipes
-streamed — never buffered whole, as a transfer can be many gigabytes.
+transfer reports, and running a local program (rsync, or the OpenSSH client for the tar
+fallback's data stream: bulk data only, :mod:`.tarcopy` says why) with its pipes streamed —
+never buffered whole, as a transfer can be many gigabytes.
 """
 
 from __future__ import annotations

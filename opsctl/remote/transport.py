@@ -1,14 +1,18 @@
-"""SSH to the Proxmox host and ``pct exec`` into its containers.
+"""SSH to the Proxmox host and ``pct exec`` into its containers: the one transport.
 
-This is the one choke point for remote commands run over a connection of opsctl's own
-(:meth:`Remote.run`); how a command is spelled (argv joined once, its deadlines inside it)
-is :mod:`opsctl.remote.command`, shared with the mux and the OpenSSH client. Every command is
-an argv list; untrusted text never reaches a shell unquoted.
+Every non-interactive remote command goes through :class:`Remote` (:meth:`Remote.run`,
+:meth:`Remote.pct_exec`): over its own fabric connection, or through the host's live
+multiplexer (:mod:`opsctl.remote.mux_client`), which keeps connections made by this same class.
+How a command is spelled (argv joined once, its deadlines inside it) is
+:mod:`opsctl.remote.command`. The OpenSSH client runs only for a terminal or a port
+(:mod:`opsctl.remote.sshclient`) and for bulk file data (rsync's remote shell, the end of this
+module). Every command is an argv list; untrusted text never reaches a shell unquoted.
 
 Design notes
 - A fabric ``Connection`` per ``Remote``, opened lazily on first use (like fabric),
   closed idempotently. Host keys are checked against ``known_hosts``; fabric's
-  default of accepting any key is replaced by :class:`_HostKeyPolicy`.
+  default of accepting any key is replaced by :class:`_HostKeyPolicy`. The TCP peer must
+  send an SSH banner within the connect timeout first (:mod:`opsctl.remote.sshbanner`).
 - A deadline is enforced *remotely* with coreutils ``timeout`` (which signals its
   whole process group) both on the host and inside the container, and locally on
   the channel, so a fired deadline leaves no remote process behind.
@@ -39,7 +43,7 @@ from opsctl.errors import (
     PctTooOld,
     TransportError,
 )
-from opsctl.remote import channel
+from opsctl.remote import channel, sshbanner
 from opsctl.remote.command import (
     CommandResult,
     Kept,
@@ -59,6 +63,9 @@ if t.TYPE_CHECKING:
     import paramiko
 
     from opsctl.config.inventory import HostSpec
+
+#: paramiko's words for a peer whose first line was not an SSH banner.
+_NOT_SSH = re.compile(r"protocol banner|Indecipherable protocol version|Invalid SSH banner")
 
 #: rc of coreutils ``timeout`` when the deadline fired (124) or SIGKILL followed (137).
 TIMEOUT_RCS = frozenset({124, 137})
@@ -210,7 +217,8 @@ class Remote:
         if self.host.identity_file:
             connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
                                   look_for_keys=False, allow_agent=False)
-        conn = self._connection(self.host, connect_kwargs, gateway=self._gateway())
+        gateway = self._gateway()
+        conn = self._connection(self.host, connect_kwargs, gateway=gateway)
         client = conn.client
         kh = self.known_hosts
         revoked: list[paramiko.PKey] = []
@@ -219,8 +227,17 @@ class Remote:
             _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
                          self.host.label))
         where = f"{self.host.ssh_label()}"
+        # behind a ProxyJump the last hop's channel is the socket (paramiko's banner checks)
+        sock = self._dial() if gateway is None else None
+        if sock is not None:
+            conn.connect_kwargs["sock"] = sock
         try:
-            conn.open()
+            try:
+                conn.open()
+            except BaseException:
+                if sock is not None:  # paramiko leaves a socket it was given open
+                    sock.close()
+                raise
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:
@@ -242,7 +259,22 @@ class Remote:
             raise TransportError(f"cannot connect to {where}: {reason}") from None
         except socket.gaierror as exc:
             raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except paramiko.SSHException as exc:
+            started = conn.client.get_transport()
+            # behind a ProxyJump (direct peers: sshbanner): paramiko says so, or gives up on
+            # the handshake at the connect timeout ("No existing session") with no banner read
+            no_banner = started is not None and not started.remote_version
+            conn.close()
+            if _NOT_SSH.search(str(exc)) or no_banner:
+                hops = f" or a ProxyJump hop ({self.host.proxy_jump})" if self.host.proxy_jump else ""
+                why = str(exc) if _NOT_SSH.search(str(exc)) else \
+                    f"no SSH banner within {self.host.connect_timeout_s:g} s"
+                raise TransportError(f"host {where}{hops} accepted the connection but never "
+                                     f"spoke SSH ({why})",
+                                     hint="check the addresses and ports of the host and its "
+                                          "hops") from None
+            raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+        except (OSError, EOFError) as exc:
             raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
         transport = conn.client.get_transport()
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
@@ -259,6 +291,26 @@ class Remote:
         transport.set_keepalive(self.keepalive_s)
         self._conn = conn
         return conn
+
+    def _dial(self) -> socket.socket:
+        """The TCP connection to the host, once its sshd has sent its banner
+        (:mod:`.sshbanner`: a peer that never speaks SSH is named as one, within the
+        connect timeout).
+
+        Raises:
+            TransportError: as :meth:`_open` words a connection failure.
+        """
+        spec = self.host
+        where = spec.ssh_label()
+        try:
+            return sshbanner.connect(spec.address, spec.port, spec.connect_timeout_s)
+        except socket.gaierror as exc:
+            raise TransportError(f"cannot resolve {spec.address}: {exc.strerror}") from None
+        except TimeoutError:
+            raise TransportError(f"cannot connect to {where}: timed out after "
+                                 f"{spec.connect_timeout_s:g} s") from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {where}: {exc.strerror or exc}") from None
 
     @staticmethod
     def _connection(spec: HostSpec, connect_kwargs: dict[str, t.Any],

@@ -20,8 +20,6 @@ from opsctl.config import paths
 from opsctl.errors import ConfigError
 
 
-# A NamedTuple, not a dataclass: `dataclasses` imports `inspect`, and every `status` starts
-# here (docs/benchmarks.md).
 class LastTarget(t.NamedTuple):
     host: str
     ctid: int

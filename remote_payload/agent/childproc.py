@@ -5,8 +5,7 @@ most, ``tmux capture-pane`` (:class:`remote_payload.agent.tmux.PaneCapture`) and
 sample on disk, ``nvidia-smi`` (:class:`remote_payload.agent.gpus.GpuQuery`), and needs none
 of ``subprocess``'s features (no shell, no text mode, no input); importing it (selectors,
 locale, threading) was ~3 ms of the agent's ~20 ms start in the container (docs/benchmarks.md).
-This is ``os.posix_spawnp`` and a ``poll`` loop, as opsctl's own ``ssh`` call
-(``opsctl/remote/sshcall.py``).
+This is ``os.posix_spawnp`` and a ``poll`` loop.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.faststatus import fetch as quickstatus
+from opsctl.ops import watch
 from opsctl.remote import command
 from remote_payload.agent import __main__ as agent_main
 
@@ -49,7 +49,7 @@ def _argparse_reading(argv: list[str]) -> dict[str, object] | None:
 
 @pytest.mark.parametrize("job", [None, "j-1"])
 def test_the_command_line_opsctl_sends_is_read_without_argparse(job):
-    sent = command.agent_argv("/opt/opsctl", "status", *quickstatus.status_args(job, 20))
+    sent = command.agent_argv("/opt/opsctl", "status", *watch.status_args(job, 20))
     argv = sent[sent.index("remote_payload.agent") + 1:]
     plain = agent_main.plain_status(argv)
     assert plain is not None, argv

@@ -5,7 +5,9 @@ jump host's key is checked like any other. HOME is a temporary directory here.""
 from __future__ import annotations
 
 import shutil
+import socket
 import textwrap
+import time
 
 import pytest
 import yaml
@@ -118,6 +120,24 @@ class TestAgainstTheSandbox:
             assert jump.connections == before + 1
         finally:
             jump.close()
+
+    def test_a_target_behind_a_jump_that_never_speaks_ssh_is_named_within_its_timeout(
+            self, sandbox, alias, home, isolated_env):
+        shutil.copy(sandbox.identity_file, home / ".ssh" / "id_ed25519")  # the hop's key
+        with socket.create_server(("127.0.0.1", 0)) as mute:  # the kernel accepts; nobody speaks
+            inv = isolated_env / "inventory"
+            inv.mkdir(parents=True, exist_ok=True)
+            (inv / "m.yaml").write_text(yaml.safe_dump({"hosts": {"m": {
+                "address": "127.0.0.1", "port": mute.getsockname()[1], "connect_timeout_s": 2,
+                "proxy_jump": f"root@127.0.0.1:{sandbox.port}",
+                "known_hosts": str(home / ".ssh" / "known_hosts"), "containers": {200: {}}}}}))
+            start = time.monotonic()
+            res = CliRunner().invoke(cli, ["status", "--json", "--host", "m", "--ct", "200"])
+            took = time.monotonic() - start
+        assert res.exit_code == errors.TRANSPORT, res.output
+        assert "or a ProxyJump hop (root@127.0.0.1:" in res.output
+        assert "accepted the connection but never spoke SSH (no SSH banner within 2 s)" in res.output
+        assert took < 20, f"bounded by the 2 s connect timeout (and the hop's login): {took:.1f} s"
 
     def test_an_inventory_with_the_alias_as_address_uses_the_config(self, alias, isolated_env):
         inv = isolated_env / "inventory"

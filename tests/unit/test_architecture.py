@@ -10,9 +10,8 @@ still an upward arrow). The layers, top to bottom::
     opsctl.config   paths, yaml, inventory, playbooks, torch builds
     opsctl.errors   the error tree                       remote_payload.wire (stdlib only)
 
-A feature may live in one folder across the layers (:data:`ROOM_LAYERS`: the fast status path
-in ``opsctl/faststatus/``); each of its modules keeps its layer. The container side
-(``remote_payload``) never imports ``opsctl``.
+Each module's layer is the package it sits in. The container side (``remote_payload``) never
+imports ``opsctl``.
 """
 
 from __future__ import annotations
@@ -39,19 +38,6 @@ LAYERS: dict[str, set[str]] = {
     "opsctl.config": {"opsctl.errors"},
     "opsctl.errors": set(),
 }
-
-#: A feature that lives in one folder across the layers: each of its modules keeps the layer of
-#: what it does, so the arrows still point down. The fast status path (opsctl/faststatus/).
-ROOM_LAYERS: dict[str, str] = {
-    "opsctl.faststatus": "opsctl.config",  # the package itself: a docstring
-    "opsctl.faststatus.entry": "opsctl.cli",  # main()'s first look at the command line
-    "opsctl.faststatus.fetch": "opsctl.ops",
-    "opsctl.faststatus.launchrecord": "opsctl.remote",
-    "opsctl.faststatus.leanreply": "opsctl.remote",
-    "opsctl.faststatus.targetcache": "opsctl.config",
-    "opsctl.faststatus.trace": "opsctl.config",
-}
-
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -99,8 +85,6 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _layer(module: str) -> str | None:
-    if module in ROOM_LAYERS:
-        return ROOM_LAYERS[module]
     return next((lay for lay in LAYERS if module == lay or module.startswith(lay + ".")), None)
 
 
@@ -108,11 +92,6 @@ def test_every_opsctl_module_is_in_a_layer():
     loose = sorted(m for m in MODULES if m.startswith("opsctl.") and _layer(m) is None
                    and m != "opsctl.__main__")
     assert loose == [], f"modules outside cli/ops/remote/state/config/sandbox/errors: {loose}"
-
-
-def test_every_module_of_a_room_has_its_layer():
-    unplaced = sorted(m for m in MODULES if m.startswith("opsctl.faststatus") and m not in ROOM_LAYERS)
-    assert unplaced == []
 
 
 def test_imports_only_point_down_the_layers():
@@ -204,9 +183,9 @@ def test_no_module_import_cycles():
 @pytest.mark.parametrize("package", ["opsctl", "remote_payload"])
 def test_no_cycles_between_the_packages_of_one_side(package):
     """One level below the top: ``opsctl.cli``, ``opsctl.ops``…; ``remote_payload.agent``…
-    (a room's module counts in the group of its layer)."""
+    """
     def group(mod: str) -> str:
-        return ROOM_LAYERS.get(mod) or ".".join(mod.split(".")[:2])
+        return ".".join(mod.split(".")[:2])
 
     graph: dict[str, set[str]] = {}
     for mod, deps in GRAPH.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import time
 import typing as t
 
@@ -10,6 +11,7 @@ import pytest
 
 from remote_payload import wire
 from remote_payload.agent import diagnosis
+from remote_payload.probes import stackdump
 from tests.paths import FIXTURES
 
 FIX = FIXTURES
@@ -346,3 +348,8 @@ def test_drafters_idle_more_than_half_the_time_get_a_layout_recommendation() -> 
     busy = {**step, "feature_wait_pct": 42.0}
     found = run([], status(state="RUNNING", alive=True, exit_code=None, last_step=busy), events=[])
     assert "drafters_waiting_for_features" not in causes(found)
+
+
+def test_diagnosis_loads_the_dump_parser_only_for_text_both_dump_headers_contain():
+    for rx in (stackdump._THREAD_RE, stackdump._STACK_RE):
+        assert re.escape(diagnosis._DUMP_HEADER).replace("\\ ", " ") in rx.pattern, rx.pattern
