@@ -126,9 +126,8 @@ def test_a_read_only_file_system_is_a_write_failure(tmp_path):
         with pytest.raises(WriteFailed) as info:
             safe_write.write_text(d / "f", "x")
         assert info.value.errno == errno.EROFS
-        with pytest.raises(WriteFailed):
-            with safe_write.new_directory(d / "out", kind="export"):
-                pass
+        with pytest.raises(WriteFailed), safe_write.new_directory(d / "out", kind="export"):
+            pass
 
 
 def test_no_permission_is_a_write_failure(tmp_path):
@@ -255,7 +254,7 @@ def test_a_directory_opsctl_did_not_write_is_replaced_only_with_force(tmp_path):
     model = tmp_path / "Qwen3-8B"
     model.mkdir()
     _fill(model, **{"config.json": "{}", "model.safetensors": "weights"})
-    with pytest.raises(DestinationRefused, match="opsctl did not write .*--force"), \
+    with pytest.raises(DestinationRefused, match=r"opsctl did not write .*--force"), \
             safe_write.new_directory(model, kind="export") as d:
         _fill(d, x="y")
     assert (model / "model.safetensors").read_text() == "weights"
@@ -330,7 +329,7 @@ def test_concurrent_directory_writers_each_leave_a_whole_directory(tmp_path):
             for _ in range(5):
                 with safe_write.new_directory(out, kind="export") as d:
                     _fill(d, a=tag, b=tag)
-        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=write, args=(str(i),)) for i in range(4)]
