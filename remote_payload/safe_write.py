@@ -206,10 +206,11 @@ def _check_file_target(path: str) -> None:
 
 
 def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
-               mode: int = 0o644, durable: bool = True) -> None:
+               mode: int = 0o644, durable: bool = True, make_parents: bool = False) -> None:
     """``fill(f)`` writes the new content into a temporary file beside ``path``, which is
     flushed and renamed over ``path``. ``mode`` less the umask; ``durable=False`` skips
-    the fsyncs (a file rewritten every few seconds whose loss costs nothing).
+    the fsyncs (a file rewritten every few seconds whose loss costs nothing);
+    ``make_parents`` creates missing parent directories.
 
     Raises:
         DestinationRefused: ``path`` is a link, a directory or a device.
@@ -221,6 +222,8 @@ def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
     _check_file_target(dest)
     parent, name = os.path.split(dest)
     try:
+        if make_parents:
+            os.makedirs(parent, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{name[:200]}.", suffix=".tmp", dir=parent)
     except OSError as exc:
         raise _failed(dest, exc) from None
@@ -242,14 +245,18 @@ def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
         raise
 
 
-def write_bytes(path: PathLike, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+def write_bytes(path: PathLike, data: bytes, *, mode: int = 0o644, durable: bool = True,
+                make_parents: bool = False) -> None:
     """:func:`write_with` of ``data``."""
-    write_with(path, lambda f: f.write(data), mode=mode, durable=durable)
+    write_with(path, lambda f: f.write(data), mode=mode, durable=durable,
+               make_parents=make_parents)
 
 
-def write_text(path: PathLike, text: str, *, mode: int = 0o644, durable: bool = True) -> None:
+def write_text(path: PathLike, text: str, *, mode: int = 0o644, durable: bool = True,
+               make_parents: bool = False) -> None:
     """:func:`write_with` of ``text`` as UTF-8."""
-    write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable)
+    write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable,
+                make_parents=make_parents)
 
 
 def write_json(path: PathLike, doc: t.Any, *, mode: int = 0o644, durable: bool = True,

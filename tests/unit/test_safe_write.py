@@ -340,3 +340,33 @@ def test_concurrent_directory_writers_each_leave_a_whole_directory(tmp_path):
     assert errors == []
     assert (out / "a").read_text() == (out / "b").read_text()
     assert _leftovers(tmp_path) == []
+
+
+# --- opsctl's own writers use it -------------------------------------------------------------
+
+
+def test_the_last_target_is_never_written_through_a_link(tmp_path, monkeypatch):
+    from opsctl.errors import USAGE, LocalWriteError
+    from opsctl.state import last_target
+
+    monkeypatch.setenv("OPSCTL_HOME", str(tmp_path / "home"))
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    last_target.path().parent.mkdir(parents=True)
+    last_target.path().symlink_to(victim)
+    with pytest.raises(LocalWriteError, match="symbolic link") as info:
+        last_target.save(last_target.LastTarget("sandbox", 200))
+    assert info.value.exit_code == USAGE and victim.read_text() == "keep"
+    last_target.path().unlink()
+    last_target.save(last_target.LastTarget("sandbox", 200))
+    assert last_target.load() == last_target.LastTarget("sandbox", 200)
+
+
+def test_a_home_that_is_a_file_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    from opsctl.errors import LocalWriteError
+    from opsctl.state import last_target
+
+    (tmp_path / "home").write_text("")
+    monkeypatch.setenv("OPSCTL_HOME", str(tmp_path / "home"))
+    with pytest.raises(LocalWriteError, match=f"{tmp_path}/home is not a directory"):
+        last_target.save(last_target.LastTarget("sandbox", 200))
