@@ -381,6 +381,14 @@ class TestTheRun:
 
         assert load_file(str(path / "model.safetensors"))
 
+    def test_every_event_of_a_run_has_the_shape_the_wire_defines(self, capsys, tmp_path):
+        from remote_payload.wire_shapes import event_problem
+
+        assert main([*FAST, "--steps", "2", "--out-dir", str(tmp_path)]) == 0
+        events = [e for e in map(wire.parse_event, capsys.readouterr().out.splitlines()) if e]
+        assert {"step", "checkpoint", "done"} <= {e["event"] for e in events}
+        assert [(e, event_problem(e)) for e in events if event_problem(e)] == []
+
     def test_tells_when_each_start_up_phase_ended_once_in_order(self, capsys, tmp_path):
         assert main([*FAST, "--steps", "2", "--out-dir", str(tmp_path)]) == 0
         events = [e for e in map(wire.parse_event, capsys.readouterr().out.splitlines()) if e]
