@@ -22,7 +22,10 @@ The rules, and why:
   directory is needed) is a :class:`WriteFailed` naming the path and the reason in one line.
 
 Both errors subclass :class:`OSError`, so code that already survives a failed write (the
-agent's never-raise writers) still does. Stdlib only: the agent (Python 3.10) imports it.
+agent's never-raise writers) still does. Stdlib only: the agent (Python 3.10) imports it on
+every ``status`` poll, so its import pulls in nothing beyond ``os``/``stat``/``json``
+(``tempfile``, ``shutil``, ``ctypes`` and ``pathlib`` are imported where a directory is
+written).
 Ours because nothing in the stdlib renames atomically with these refusals, and the
 well-kept packages (``atomicwrites`` is archived; ``safer`` follows links) do not either.
 """
@@ -30,15 +33,14 @@ well-kept packages (``atomicwrites`` is archived; ``safer`` follows links) do no
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno as errno_mod
 import json
 import os
-import pathlib
-import shutil
 import stat
-import tempfile
 import typing as t
+
+if t.TYPE_CHECKING:
+    import pathlib
 
 #: The file that says "opsctl wrote this directory" (and what it is: ``kind``).
 MARKER = ".opsctl-written.json"
@@ -71,9 +73,10 @@ class WriteFailed(DestinationError):
 def umask() -> int:
     """The process's umask, read without changing it where Linux says it (/proc)."""
     try:
-        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
     old = os.umask(0o022)
@@ -183,6 +186,33 @@ def check_directory(path: PathLike, *, kind: str, force: bool = False) -> None:
 # --- files ---------------------------------------------------------------------------------
 
 
+def _temp_name(parent: str, name: str, suffix: str) -> str:
+    return os.path.join(parent, f".{name[:200]}.{os.urandom(6).hex()}{suffix}")
+
+
+def _new_temp_file(parent: str, name: str) -> tuple[int, str]:
+    """A new file beside the target, 0600, created exclusively (never an existing name or a
+    link); ``tempfile.mkstemp`` without importing ``tempfile``."""
+    while True:
+        tmp = _temp_name(parent, name, ".tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except FileExistsError:
+            continue
+        return fd, tmp
+
+
+def _new_temp_dir(parent: str, name: str, suffix: str) -> str:
+    while True:
+        tmp = _temp_name(parent, name, suffix)
+        try:
+            os.mkdir(tmp, 0o700)
+        except FileExistsError:
+            continue
+        return tmp
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -224,7 +254,7 @@ def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
     try:
         if make_parents:
             os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name[:200]}.", suffix=".tmp", dir=parent)
+        fd, tmp = _new_temp_file(parent, name)
     except OSError as exc:
         raise _failed(dest, exc) from None
     try:
@@ -306,6 +336,8 @@ _RENAME_EXCHANGE = 2
 def _exchange(a: str, b: str) -> bool:
     """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
     C library or the file system has no such call."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.renameat2
@@ -335,6 +367,8 @@ def _fsync_tree(root: str) -> None:
 
 def _swap_in(tmp: str, dest: str, kind: str, force: bool) -> None:
     """Put the finished ``tmp`` at ``dest``; the old directory (if any) is removed after."""
+    import shutil
+
     parent, name = os.path.split(dest)
     try:
         os.rename(tmp, dest)  # dest missing or an empty directory
@@ -345,7 +379,7 @@ def _swap_in(tmp: str, dest: str, kind: str, force: bool) -> None:
         if _exchange(tmp, dest):
             old = tmp
         else:
-            old = tempfile.mkdtemp(prefix=f".{name[:200]}.", suffix=".old", dir=parent)
+            old = _new_temp_dir(parent, name, ".old")
             os.rename(dest, os.path.join(old, "d"))
             os.rename(tmp, dest)
         _fsync_dir(parent)
@@ -366,19 +400,22 @@ def new_directory(path: PathLike, *, kind: str, force: bool = False,
         DestinationRefused: as :func:`check_directory`.
         WriteFailed: the OS said no (disk full, read-only, permission, a file in the way).
     """
+    import pathlib
+    import shutil
+
     dest = os.path.normpath(os.path.abspath(os.fspath(path)))
     check_directory(path, kind=kind, force=force)
     parent, name = os.path.split(dest)
     try:
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{name[:200]}.", suffix=".tmp", dir=parent)
+        tmp = _new_temp_dir(parent, name, ".tmp")
     except OSError as exc:
         raise _failed(dest, exc) from None
     try:
         yield pathlib.Path(tmp)
         write_json(os.path.join(tmp, MARKER), {"written_by": "opsctl", "kind": kind},
                    durable=False)
-        os.chmod(tmp, mode & ~umask())  # mkdtemp makes it 0700; tmp is ours, never a link
+        os.chmod(tmp, mode & ~umask())  # made 0700; tmp is ours, never a link
         _fsync_tree(tmp)
         _swap_in(tmp, dest, kind, force)
     except BaseException as exc:

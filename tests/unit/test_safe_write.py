@@ -370,3 +370,14 @@ def test_a_home_that_is_a_file_is_one_line_not_a_traceback(tmp_path, monkeypatch
     monkeypatch.setenv("OPSCTL_HOME", str(tmp_path / "home"))
     with pytest.raises(LocalWriteError, match=f"{tmp_path}/home is not a directory"):
         last_target.save(last_target.LastTarget("sandbox", 200))
+
+
+def test_importing_the_writer_costs_the_agents_status_poll_nothing_heavy():
+    """The agent imports it on every poll: tempfile, shutil, ctypes and pathlib wait until a
+    directory is written."""
+    code = ("import sys; import remote_payload.safe_write; "
+            "print(sorted(m for m in ('tempfile', 'shutil', 'ctypes', 'pathlib') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    assert out.strip() == "[]"
