@@ -84,7 +84,9 @@ def umask() -> int:
     return old
 
 
-def _failed(path: PathLike, exc: OSError) -> WriteFailed:
+def failure(path: PathLike, exc: OSError) -> WriteFailed:
+    """The :class:`WriteFailed` of an ``OSError`` met while writing ``path`` (a file where a
+    directory is needed is named)."""
     where = os.path.dirname(os.path.abspath(os.fspath(path)))
     while where != "/" and not os.path.lexists(where):
         where = os.path.dirname(where)
@@ -166,7 +168,7 @@ def check_directory(path: PathLike, *, kind: str, force: bool = False) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise _failed(dest, exc) from None
+        raise failure(dest, exc) from None
     if stat.S_ISLNK(st.st_mode):
         raise DestinationRefused(dest, "is a symbolic link; not followed (name the real "
                                        "directory, or remove the link)")
@@ -227,7 +229,7 @@ def _check_file_target(path: str) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise _failed(path, exc) from None
+        raise failure(path, exc) from None
     if stat.S_ISLNK(st.st_mode):
         raise DestinationRefused(path, "is a symbolic link; not followed, nothing written")
     if not stat.S_ISREG(st.st_mode):
@@ -256,7 +258,7 @@ def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
             os.makedirs(parent, exist_ok=True)
         fd, tmp = _new_temp_file(parent, name)
     except OSError as exc:
-        raise _failed(dest, exc) from None
+        raise failure(dest, exc) from None
     try:
         with os.fdopen(fd, "wb") as f:
             fill(f)
@@ -271,7 +273,7 @@ def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, DestinationError):
-            raise _failed(dest, exc) from None
+            raise failure(dest, exc) from None
         raise
 
 
@@ -315,7 +317,7 @@ def append_text(path: PathLike, text: str, *, mode: int = 0o644) -> None:
         if exc.errno == errno_mod.ELOOP:
             raise DestinationRefused(dest, "is a symbolic link; not followed, nothing written") \
                 from None
-        raise _failed(dest, exc) from None
+        raise failure(dest, exc) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DestinationRefused(dest, "is not a regular file; nothing written")
@@ -323,7 +325,7 @@ def append_text(path: PathLike, text: str, *, mode: int = 0o644) -> None:
     except OSError as exc:
         if isinstance(exc, DestinationError):
             raise
-        raise _failed(dest, exc) from None
+        raise failure(dest, exc) from None
     finally:
         os.close(fd)
 
@@ -410,7 +412,7 @@ def new_directory(path: PathLike, *, kind: str, force: bool = False,
         os.makedirs(parent, exist_ok=True)
         tmp = _new_temp_dir(parent, name, ".tmp")
     except OSError as exc:
-        raise _failed(dest, exc) from None
+        raise failure(dest, exc) from None
     try:
         yield pathlib.Path(tmp)
         write_json(os.path.join(tmp, MARKER), {"written_by": "opsctl", "kind": kind},
@@ -421,5 +423,5 @@ def new_directory(path: PathLike, *, kind: str, force: bool = False,
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, DestinationError):
-            raise _failed(dest, exc) from None
+            raise failure(dest, exc) from None
         raise

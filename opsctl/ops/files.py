@@ -227,7 +227,16 @@ def _until_stable(tgt: Target, step: str, dest: str, send: t.Callable[[], Transf
 
 
 def _pull_dest(remote_src: str, dest: str | Path | None) -> Path:
-    """DEST as given, else ``./<basename of SRC>`` (never the current directory itself)."""
+    """DEST as given, else ``./<basename of SRC>`` (never the current directory itself).
+
+    Raises:
+        LocalWriteError: DEST given but empty (an unset variable in a script; the current
+            directory is never meant).
+    """
+    if dest is not None and not str(dest).strip():
+        raise LocalWriteError("pull: DEST is empty (it would be the current directory); "
+                              "nothing fetched", path="", hint="name a directory for the copy, "
+                                                                "or leave DEST out for ./<name>")
     return (Path(dest).expanduser() if dest else
             Path(filepaths.implied_pull_dest(remote_src))).absolute()
 
@@ -269,8 +278,7 @@ def check_pull_dest(local: Path, *, force: bool = False) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise LocalWriteError(f"pull: DEST {str(local)!r}: {exc.strerror}", path=str(local)) \
-            from None
+        raise LocalWriteError.of(safe_write.failure(local, exc)) from None
     if os.path.islink(local):
         raise LocalWriteError(f"pull: DEST {str(local)!r} is a symbolic link; not followed, "
                               "nothing fetched", path=str(local),
@@ -336,8 +344,7 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
     try:
         local.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise LocalWriteError.of(safe_write.WriteFailed(local, f"cannot write: {exc.strerror}",
-                                                        exc.errno or 0)) from None
+        raise LocalWriteError.of(safe_write.failure(local, exc)) from None
     if chosen == "rsync":
         source = remote_src + ("/" if probe["kind"] == "dir" else "")
 
