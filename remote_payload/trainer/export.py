@@ -103,16 +103,16 @@ def reference_config(cfg: DrafterConfig, dtype: str) -> dict[str, t.Any]:
     }
 
 
-def _is_run_or_checkpoint(d: pathlib.Path) -> bool:
+def _is_checkpoint(d: pathlib.Path) -> bool:
     marker = safe_write.read_marker(d)
-    return ((marker is not None and marker.get("kind") == "checkpoint")
-            or (d / "meta.json").is_file() or (d / "latest").is_file())
+    return (marker is not None and marker.get("kind") == "checkpoint") or (d / "meta.json").is_file()
 
 
 def check_out(ckpt: pathlib.Path, out: str, force: bool) -> None:
-    """Refuse an OUT that would replace a checkpoint or a run, or anything
-    :func:`safe_write.check_directory` refuses; ``force`` replaces only a directory opsctl
-    did not write, never a checkpoint.
+    """Refuse an OUT that would replace a checkpoint or a run (a checkpoint, inside one, a
+    run's directory itself, or one containing the checkpoint read; ``run/export`` beside the
+    checkpoints is fine), or anything :func:`safe_write.check_directory` refuses; ``force``
+    replaces only a directory opsctl did not write, never a checkpoint.
 
     Raises:
         DestinationRefused: the rule and the path; nothing was written.
@@ -120,9 +120,9 @@ def check_out(ckpt: pathlib.Path, out: str, force: bool) -> None:
     real = pathlib.Path(out).resolve() if out.strip() else pathlib.Path(out)
     src = ckpt.resolve()
     for d in (real, *real.parents):
-        if d.is_dir() and _is_run_or_checkpoint(d):
+        if d.is_dir() and (_is_checkpoint(d) or (d == real and (d / "latest").is_file())):
             what = "the checkpoint read" if d == src else \
-                "a training run's directory" if (d / "latest").is_file() else "a checkpoint"
+                "a checkpoint" if _is_checkpoint(d) else "a training run's directory"
             where = "is" if d == real else f"is inside {d},"
             raise safe_write.DestinationRefused(
                 out, f"refused as export OUT: it {where} {what} (resume and export read it); "

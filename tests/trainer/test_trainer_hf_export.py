@@ -230,6 +230,14 @@ def test_an_export_onto_a_checkpoint_or_its_run_is_refused_and_resume_still_work
     evaluate.load_drafter(str(run), torch.device("cpu"))
 
 
+def test_an_export_beside_the_checkpoints_in_the_run_directory_is_fine(exported):
+    path, _, _ = exported
+    run = path.parent / "run"
+    export.export(str(run), str(run / "export"), "float32")
+    assert safe_write.read_marker(run / "export") == {"written_by": "opsctl", "kind": "export"}
+    assert checkpoint.resolve("auto", str(run)).name.startswith("ckpt-")
+
+
 def test_a_foreign_model_directory_is_refused_and_replaced_only_with_force(exported, tmp_path):
     path, _, _ = exported
     model = tmp_path / "Qwen3-8B"
