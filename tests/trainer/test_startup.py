@@ -381,6 +381,18 @@ class TestTheRun:
 
         assert load_file(str(path / "model.safetensors"))
 
+    def test_a_latest_link_in_the_out_dir_is_one_line_and_exit_2_never_written_through(
+            self, capsys, tmp_path):
+        victim = tmp_path / "victim"
+        victim.write_text("keep\n")
+        out = tmp_path / "run"
+        out.mkdir()
+        (out / "latest").symlink_to(victim)
+        assert main([*FAST, "--steps", "1", "--out-dir", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f"error: {out}/latest: is a symbolic link; not followed, nothing written"
+        assert victim.read_text() == "keep\n"
+
     def test_every_event_of_a_run_has_the_shape_the_wire_defines(self, capsys, tmp_path):
         from remote_payload.wire_shapes import event_problem
 
