@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import pathlib
+import re
 import sys
 import typing as t
 
@@ -64,6 +65,32 @@ def make_readable(paths: t.Iterable[pathlib.Path]) -> int:
     return mode
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: str,
+                     metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, its I/O failures as the ``OSError`` they are.
+
+    Why: safetensors raises ``SafetensorError("... No space left on device (os error 28)")``,
+    which no ``except OSError`` sees; as an ``OSError`` a full disk becomes
+    :mod:`~remote_payload.safe_write`'s one-line ``WriteFailed``.
+
+    Raises:
+        OSError: the disk said no (errno from the message).
+    """
+    from safetensors.torch import save_file
+
+    try:
+        save_file(state, path, metadata=metadata)
+    except Exception as exc:
+        m = _OS_ERROR.search(str(exc))
+        if m is None or isinstance(exc, OSError):
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), path) from None
+
+
 def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optimizer,
          meta: dict[str, t.Any]) -> pathlib.Path:
     """Write ``ckpt-<step>`` and point ``latest`` at it; returns the checkpoint path.
@@ -72,8 +99,6 @@ def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optim
         DestinationRefused: ``out_dir`` or ``latest`` is a link, a protected place.
         WriteFailed: the disk said no (the previous checkpoints and ``latest`` are kept).
     """
-    from safetensors.torch import save_file
-
     out = pathlib.Path(out_dir)
     final = out / f"ckpt-{step:07d}"
     state = {k: v.detach().contiguous().cpu() for k, v in raw_model.state_dict().items()}
@@ -84,7 +109,7 @@ def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optim
             # the weights and the optimizer state (2x their size) are written at the same
             # time: both mostly wait on the disk (the final checkpoint of an 8B run)
             with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ckpt") as pool:
-                jobs = [pool.submit(save_file, state, str(tmp / "model.safetensors"),
+                jobs = [pool.submit(save_safetensors, state, str(tmp / "model.safetensors"),
                                     metadata={"meta": json.dumps(full_meta, sort_keys=True)}),
                         pool.submit(torch.save, {"optim": optim.state_dict(), "step": step},
                                     tmp / "optim.pt")]

@@ -142,9 +142,7 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False)
         DestinationRefused: OUT is a checkpoint, a run, protected, a link or someone else's.
         WriteFailed: the disk said no (the previous export is kept).
     """
-    from safetensors.torch import save_file
-
-    from .checkpoint import make_readable
+    from .checkpoint import make_readable, save_safetensors
     from .evaluate import load_drafter
 
     dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype)
@@ -156,7 +154,7 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False)
     state = {reference_name(k): v.detach().to(dt).contiguous()
              for k, v in drafter.state_dict().items()}
     with safe_write.new_directory(out, kind="export", force=force) as tmp:
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(reference_config(cfg, dtype), indent=2) + "\n")
         (tmp / MODELING_FILE).write_bytes(
             pathlib.Path(__file__).with_name("hf_dflash.py").read_bytes())

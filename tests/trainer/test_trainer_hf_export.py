@@ -305,6 +305,25 @@ def test_a_file_or_a_device_as_out_is_one_line_with_exit_2(exported, tmp_path):
     assert (tmp_path / "file").read_text() == "keep"
 
 
+def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing_behind(exported, tmp_path):
+    path, _, _ = exported
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        res = subprocess.run([sys.executable, "-m", "remote_payload.trainer", "export",
+                              str(path.parent / "run"), str(small / "out"), "--dtype", "float32"],
+                             capture_output=True, text=True, check=False)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"error: {small}/out: cannot write: No space left on device"], res.stderr
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
 # --- file modes ---------------------------------------------------------------------------
 
 
