@@ -38,7 +38,10 @@ INTERRUPTED = 130
 EXIT_CODES: dict[int, str] = {
     OK: "success (job healthy / finished / command done)",
     INTERNAL: "a bug in opsctl (traceback printed)",
-    USAGE: "usage or configuration error (bad flag, inventory or playbook; nothing was done remotely)",
+    USAGE: "usage or configuration error (bad flag, inventory or playbook; nothing was done remotely), "
+           "or a destination on this machine refused or unwritable (a link, the current directory, "
+           "a home, files opsctl did not write without `--force`, a full or read-only disk; the "
+           "previous copy is kept)",
     TRANSPORT: "cannot connect to the host (refused, timeout, DNS, connection lost)",
     AUTH: "SSH authentication failed",
     HOST_KEY: "host key unknown or changed (never accepted silently; `opsctl host trust`)",
@@ -114,6 +117,22 @@ class DeleteRefused(ConfigError):
 
     def to_dict(self) -> dict[str, t.Any]:
         return {**super().to_dict(), "path": self.path, "rule": self.rule}
+
+
+class LocalWriteError(ConfigError):
+    """A file or directory on this machine was refused (a link, a protected place, files
+    opsctl did not write) or the OS refused the write (full disk, read-only, permission);
+    the previous content is kept. Built from :mod:`remote_payload.safe_write`'s errors."""
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.path = path
+
+    @classmethod
+    def of(cls, exc: OSError) -> LocalWriteError:
+        """The opsctl error of a :class:`remote_payload.safe_write.DestinationError`."""
+        path = str(getattr(exc, "path", None) or exc.filename or "")
+        return cls(str(exc), path=path)
 
 
 class TransportError(OpsctlError):

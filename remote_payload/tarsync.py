@@ -10,12 +10,14 @@ the sender computed *while reading what it sent*; the receiver writes the file u
 temporary name, hashes what it wrote, and renames it into place only when the two agree. So
 an interrupted transfer keeps every file it completed (the next run sends only the rest:
 file-level resume; rsync resumes inside a file too), and nothing half-written ever has the
-final name. The receiver decides what to ask for (``scan``: missing, or size or mtime
-differ, like rsync's quick check).
+final name. The receiver decides what to ask for (``scan``: missing, another size or mtime,
+or the same size and mtime but another sha256: contents are compared, never assumed from
+size and mtime, like rsync's ``--checksum``).
 
 Verbs (stdout: one JSON document, except ``send`` whose stdout is the tar stream)::
 
-    list SRC               -> {"root": kind, "entries": [[rel, kind, size, mtime, mode, link], ...]}
+    list SRC               -> {"root": kind, "entries": [[rel, kind, size, mtime, mode, link], ...],
+                               "sha256": {rel: hex, ...}}
     stat SRC               -> {rel: [size, mtime_ns, ctime_ns, ino], ...} (files only)
     scan DEST  < listing   -> {"send": [rel, ...]}
     plan DEST  < listing   -> {"send": [rel, ...], "delete": [rel, ...]} (changes nothing)
@@ -79,8 +81,28 @@ def _entry(path: str, rel: str, st: os.stat_result) -> Entry:
             stat.S_IMODE(st.st_mode), os.readlink(path) if kind == "link" else None]
 
 
-def listing(src: str) -> dict[str, t.Any]:
-    """Every file, directory and symlink under ``src`` (or ``src`` itself), sorted."""
+def _sha256(path: str) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def listing(src: str, *, sums: bool = False) -> dict[str, t.Any]:
+    """Every file, directory and symlink under ``src`` (or ``src`` itself), sorted; with
+    ``sums``, each file's sha256 too (what :func:`scan` compares a same-sized file by)."""
+    doc = _listing(src)
+    if sums:
+        doc["sha256"] = {e[0]: _sha256(_target(src, e[0])) for e in doc["entries"]
+                         if e[1] == "file"}
+    return doc
+
+
+def _listing(src: str) -> dict[str, t.Any]:
     st = _lst(src)
     kind = _kind(st)
     if st is None or kind in ("missing", "other"):
@@ -135,7 +157,9 @@ def _target(dest: str, rel: str) -> str:
 
 
 def scan(dest: str, doc: dict[str, t.Any]) -> list[str]:
-    """The entries of a listing that ``dest`` lacks or has in another size/mtime/kind."""
+    """The entries of a listing that ``dest`` lacks or has in another kind, size, mtime or
+    content (the listing's sha256, where it has them)."""
+    sums = doc.get("sha256") or {}
     want = []
     for rel, kind, size, mtime, _mode, link in doc["entries"]:
         st = _lst(_target(dest, rel))
@@ -146,7 +170,8 @@ def scan(dest: str, doc: dict[str, t.Any]) -> list[str]:
             same = have == "link" and os.readlink(_target(dest, rel)) == link
         else:
             same = (have == "file" and st is not None and st.st_size == size
-                    and int(st.st_mtime) == mtime)
+                    and int(st.st_mtime) == mtime
+                    and (rel not in sums or _sha256(_target(dest, rel)) == sums[rel]))
         if not same:
             want.append(rel)
     return want
@@ -389,7 +414,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _stopped)
     try:
         if verb == "list":
-            json.dump(listing(path), sys.stdout)
+            json.dump(listing(path, sums=True), sys.stdout)
         elif verb == "stat":
             json.dump(stats(path), sys.stdout)
         elif verb == "scan":

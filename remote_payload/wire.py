@@ -424,11 +424,10 @@ def announce_process(**info: t.Any) -> None:
     pid = os.getpid()
     path = proc_info_path(job_dir, pid)
     try:
+        from remote_payload import safe_write  # stdlib only, like this module
+
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"pid": pid, **info}, f)
-        os.replace(tmp, path)
+        safe_write.write_text(path, json.dumps({"pid": pid, **info}), durable=False)
     except OSError:
         pass
 

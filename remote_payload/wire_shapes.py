@@ -404,32 +404,62 @@ REPLY_SHAPES: dict[str, type] = {
 #
 # Events are open: any object with a string ``event`` is one, and any event may carry more
 # keys (``budget_s`` on any of them, ``_at`` once the wrapper read it). These are the ones
-# opsctl's own code writes, with the keys opsctl reads.
+# opsctl's own code writes, with the keys opsctl reads. A step is an integer >= 0, and so is
+# every count; durations and rates are numbers >= 0 (:class:`AtLeast`, checked by
+# :func:`event_problem` and shown as ``minimum`` in ``opsctl schema event``).
+
+
+class AtLeast:
+    """A number's lower bound in a shape (``t.Annotated[int, AtLeast(0)]``).
+
+    :func:`event_problem` checks it; pydantic (on the CLI side) reads it through the hook
+    below, so the JSON Schema says ``minimum``. A class of ours: this module is stdlib only.
+    """
+
+    def __init__(self, low: float):
+        self.low = low
+
+    def __repr__(self) -> str:
+        return f"AtLeast({self.low})"
+
+    def __get_pydantic_core_schema__(self, source: t.Any, handler: t.Callable[[t.Any], t.Any]) -> t.Any:
+        schema = handler(source)
+        schema["ge"] = self.low
+        return schema
+
+
+#: a step, an attempt, a count: an integer, never negative
+Count = t.Annotated[int, AtLeast(0)]
+#: a duration, a rate, a time since the start: a number, never negative
+Amount = t.Annotated[float, AtLeast(0)]
 
 
 class _Event(t.TypedDict, total=False):
-    budget_s: float  # how long the job may stay silent after this event (hang watch)
-    _at: float  # when the wrapper read it (added in events.jsonl and status)
+    budget_s: Amount  # how long the job may stay silent after this event (hang watch)
+    _at: Amount  # when the wrapper read it (added in events.jsonl and status)
 
 
 class PhaseEvent(_Event, total=False):
     event: t.Literal["phase"]
     phase: str  # loading | compiling | training | checkpointing | done
     detail: str
-    step: int
+    step: Count
 
 
-class StepEvent(_Event, total=False):
+class _StepKeys(t.TypedDict):
     event: t.Literal["step"]
-    step: int
+    step: Count
+
+
+class StepEvent(_StepKeys, _Event, total=False):
     loss: float | None
-    acc: float | None
-    tok_s: float | None
-    eta_s: float | None
+    acc: Amount | None
+    tok_s: Amount | None
+    eta_s: Amount | None
     lr: float | None
-    mfu: float | None
-    mem_gib: float | None
-    feature_wait_pct: float | None
+    mfu: Amount | None
+    mem_gib: Amount | None
+    feature_wait_pct: Amount | None
     role: str
 
 
@@ -437,15 +467,18 @@ class CompileEvent(_Event, total=False):
     event: t.Literal["compile"]
     name: str
     shape: list[int]
-    seconds: float
-    recompiles: int
+    seconds: Amount
+    recompiles: Count
 
 
-class CheckpointEvent(_Event, total=False):
+class _CheckpointKeys(t.TypedDict):
     event: t.Literal["checkpoint"]
-    step: int
+    step: Count
+
+
+class CheckpointEvent(_CheckpointKeys, _Event, total=False):
     path: str
-    seconds: float  # the final checkpoint: its write time (written while the run winds down)
+    seconds: Amount  # the final checkpoint: its write time (written while the run winds down)
 
 
 class ErrorEvent(_Event, total=False):
@@ -456,13 +489,16 @@ class ErrorEvent(_Event, total=False):
     gpu: str | None
 
 
-class DoneEvent(_Event, total=False):
+class _DoneKeys(t.TypedDict):
     event: t.Literal["done"]
-    step: int
+    step: Count
+
+
+class DoneEvent(_DoneKeys, _Event, total=False):
     reason: str  # finished | SIGINT | SIGTERM | stop-at-step
     warmup_only: bool
-    ckpt_s: float  # rank 0: writing the final checkpoint (durable before this event)
-    shutdown_s: float  # from the last step to this event
+    ckpt_s: Amount  # rank 0: writing the final checkpoint (durable before this event)
+    shutdown_s: Amount  # from the last step to this event
 
 
 class StartupEvent(_Event, total=False):
@@ -483,9 +519,12 @@ class StartupEvent(_Event, total=False):
     load_gb_per_s: float
 
 
-class ResumeEvent(_Event, total=False):
+class _ResumeKeys(t.TypedDict):
     event: t.Literal["resume"]
-    step: int
+    step: Count
+
+
+class ResumeEvent(_ResumeKeys, _Event, total=False):
     path: str
     from_run: str | None
 
@@ -494,7 +533,7 @@ class RestartEvent(_Event, total=False):
     """Written by the wrapper itself: attempt N starts."""
 
     event: t.Literal["restart"]
-    attempt: int
+    attempt: Count
     reason: str
 
 
@@ -502,8 +541,8 @@ class TimeLimitEvent(_Event, total=False):
     """Written by the wrapper itself: the playbook's ``max_duration_s`` ran out."""
 
     event: t.Literal["time_limit"]
-    max_duration_s: float
-    attempt: int
+    max_duration_s: Amount
+    attempt: Count
 
 
 class AcceptanceEvent(_Event, total=False):
@@ -518,9 +557,9 @@ class AcceptanceEvent(_Event, total=False):
 
 class RegenerateEvent(_Event, total=False):
     event: t.Literal["regenerate"]
-    records: int
-    tokens: int
-    tok_s: float
+    records: Count
+    tokens: Count
+    tok_s: Amount
 
 
 class TrackersEvent(_Event, total=False):
@@ -553,3 +592,51 @@ EVENT_SHAPES: dict[str, type] = {
     "time_limit": TimeLimitEvent, "acceptance": AcceptanceEvent, "regenerate": RegenerateEvent,
     "startup": StartupEvent, "trackers": TrackersEvent, "warning": WarningEvent,
 }
+
+
+def _value_problem(value: t.Any, tp: t.Any) -> str | None:
+    """Why ``value`` is not of type ``tp`` (numbers, bounds, strings, lists, unions), or None;
+    types it does not know pass."""
+    origin, args = t.get_origin(tp), t.get_args(tp)
+    if origin is t.Annotated:
+        problem = _value_problem(value, args[0])
+        if problem is None:
+            low = next((m.low for m in args[1:] if isinstance(m, AtLeast)), None)
+            if low is not None and value < low:
+                return f"{value!r} is below {low}"
+        return problem
+    if origin is t.Union or type(tp).__name__ == "UnionType":
+        problems = [_value_problem(value, a) for a in args]
+        return None if None in problems else " and ".join(p for p in problems if p)
+    if tp is type(None):
+        return None if value is None else f"{value!r} is not null"
+    if tp is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) \
+            else f"{value!r} is not an integer"
+    if tp is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            else f"{value!r} is not a number"
+    if tp is str:
+        return None if isinstance(value, str) else f"{value!r} is not a string"
+    if tp is bool:
+        return None if isinstance(value, bool) else f"{value!r} is not true or false"
+    if origin is list:
+        return None if isinstance(value, list) else f"{value!r} is not a list"
+    return None
+
+
+def event_problem(doc: t.Mapping[str, t.Any]) -> str | None:
+    """Why an event opsctl's code writes breaks its shape (a missing or negative step…),
+    or None; an event of another name passes (events are open)."""
+    shape = EVENT_SHAPES.get(doc.get("event"))  # type: ignore[arg-type]
+    if shape is None:
+        return None
+    missing = sorted(k for k in shape.__required_keys__ if k not in doc)  # type: ignore[attr-defined]
+    if missing:
+        return f"{doc['event']} event without {', '.join(missing)}"
+    for key, tp in t.get_type_hints(shape, include_extras=True).items():
+        if key in doc:
+            problem = _value_problem(doc[key], tp)
+            if problem is not None:
+                return f"{doc['event']} event: {key} {problem}"
+    return None

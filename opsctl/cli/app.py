@@ -16,6 +16,7 @@ from opsctl import errors
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.errors import OpsctlError
+from remote_payload import safe_write
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
 
@@ -29,6 +30,10 @@ class OpsctlGroup(click.Group):
         except OpsctlError as exc:
             _report_error(ctx, exc)
             ctx.exit(exc.exit_code)
+        except safe_write.DestinationError as exc:  # a local write refused or failed
+            err = errors.LocalWriteError.of(exc)
+            _report_error(ctx, err)
+            ctx.exit(err.exit_code)
         except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
             if _json_requested(words) or _global_json(ctx):
                 _usage_document(exc)

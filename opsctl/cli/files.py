@@ -148,7 +148,8 @@ def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
 def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str,
          dest: str | None, method: str | None, delete: bool, dry_run: bool, yes: bool,
          bwlimit_kib: int | None, as_json: bool) -> None:
-    """Copy SRC (a file or directory here) into the container, resumable and verified.
+    """Copy SRC (a file or directory here) into the container, resumable and verified
+    (same-sized files are compared by content).
 
     DEST is the copy's path in the container: absolute, or relative to <root>/data (and
     staying inside it; default: <root>/data/<name of SRC>). Run again to resume; unchanged
@@ -173,6 +174,9 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
 @click.option("--playbook", "playbook_path", default=None,
               help="Without SRC: fetch this playbook's `outputs:` (default: the container's "
                    "inventory playbook).")
+@click.option("--force", is_flag=True,
+              help="Pull over an existing DEST that no earlier pull wrote (its files are "
+                   "overwritten). Never the current directory, a home or /.")
 @_method
 @_delete
 @_dry_run
@@ -180,13 +184,15 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
 @_bwlimit
 @json_option
 def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str | None,
-         dest: str | None, playbook_path: str | None, method: str | None, delete: bool,
-         dry_run: bool, yes: bool, bwlimit_kib: int | None, as_json: bool) -> None:
-    """Copy SRC (a container path) here, resumable and verified.
+         dest: str | None, playbook_path: str | None, force: bool, method: str | None,
+         delete: bool, dry_run: bool, yes: bool, bwlimit_kib: int | None, as_json: bool) -> None:
+    """Copy SRC (a container path) here, resumable and verified (same-sized files are
+    compared by content).
 
     SRC is absolute or relative to <root>/data; DEST defaults to ./<name of SRC> (never the
-    current directory itself; `pull /` needs a DEST). Without SRC, every path in the
-    playbook's `outputs:` is fetched to ./<its name>.
+    current directory itself; `pull /` needs a DEST). An existing DEST that no pull wrote is
+    refused without --force. Without SRC, every path in the playbook's `outputs:` is fetched
+    to ./<its name> (two outputs with one name are refused, naming both).
     """
     from opsctl import errors
     from opsctl.ops import deploy as deploy_ops
@@ -199,7 +205,8 @@ def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
                 raise errors.ConfigError("pull: DEST, --delete or --dry-run without SRC")
             book = deploy_ops.load_playbook(tgt, playbook_path)
             with _progress(f"pull {book.name} outputs", live) as bar:
-                reports = files.pull_playbook_outputs(tgt, book, method=method, on_progress=bar)
+                reports = files.pull_playbook_outputs(tgt, book, method=method, on_progress=bar,
+                                                      force=force)
         elif dry_run:
             _show_plan(files.plan_pull(tgt, src, dest, delete=delete), as_json)
             return
@@ -207,7 +214,7 @@ def pull(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
             with _progress(f"pull {src}", live) as bar:
                 reports = [files.pull(tgt, src, dest, delete=delete, method=method,
                                       on_progress=bar, bwlimit_kib=bwlimit_kib,
-                                      approve=_approve(yes))]
+                                      approve=_approve(yes), force=force)]
     _show(reports, as_json)
 
 

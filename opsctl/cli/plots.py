@@ -21,7 +21,7 @@ import re
 import typing as t
 from dataclasses import dataclass
 
-from opsctl.errors import ConfigError
+from opsctl.errors import ConfigError, LocalWriteError
 from opsctl.remote.models import History
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -312,38 +312,20 @@ def check_output_path(path: str) -> None:
 
 
 def write_file_atomic(path: str, write: t.Callable[[t.BinaryIO], object]) -> None:
-    """``write`` into a temporary file next to ``path``, fsync, then rename over ``path``:
-    ``path`` is either its old self or the complete new file, never half of one (a full disk,
-    Ctrl-C). Only the temporary file opsctl created is removed on failure.
+    """``write`` into a temporary file next to ``path``, fsync, then rename over ``path``
+    (:func:`remote_payload.safe_write.write_with`): ``path`` is either its old self or the
+    complete new file, never half of one (a full disk, Ctrl-C), and never a link's target.
 
     Raises:
         ConfigError: the file could not be written completely (the reason named; exit 2).
     """
-    import os
-    import tempfile
+    from remote_payload import safe_write
 
     check_output_path(path)
-    target = os.path.abspath(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                                   dir=os.path.dirname(target))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot write here: {exc.strerror}; nothing written") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise ConfigError(f"{path}: not written: {exc.strerror or exc}") from None
-        raise
+        safe_write.write_with(path, write)
+    except safe_write.DestinationError as exc:
+        raise LocalWriteError.of(exc) from None
 
 
 def svg_chart(s: Series, marks: t.Sequence[t.Any], *, width: int = 320, height: int = 70,

@@ -2,11 +2,17 @@
 
 Why: a bad playbook field must be reported as ``playbooks/x.yaml:12 healthy_when.event:
 ...`` so the user can jump straight to it.
+
+Booleans are YAML 1.2's: only ``true``/``false`` (``True``, ``TRUE``, ``False``, ``FALSE``).
+PyYAML reads YAML 1.1, where ``on``, ``off``, ``yes``, ``no``, ``y`` and ``n`` are booleans
+too, so the documented ``restart: {max_restarts: 3, on: [failed]}`` had the key ``True``
+and did not load; here ``on:`` is the key ``"on"`` and ``no`` the string ``"no"``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import typing as t
 from pathlib import Path
@@ -34,6 +40,14 @@ class _StrictLoader(yaml.SafeLoader):
                 None, None, f"YAML aliases (*{event.anchor}) are not allowed here", event.start_mark)
         node: yaml.Node | None = super().compose_node(parent, index)
         return node
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver(  # YAML 1.2's core schema: true and false only
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:

@@ -29,12 +29,13 @@ import typing as t
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opsctl.errors import ConfigError, RemoteCommandFailed, SourceChanged
+from opsctl.errors import ConfigError, LocalWriteError, RemoteCommandFailed, SourceChanged
 from opsctl.ops import filepaths
 from opsctl.ops.jobs import Target
 from opsctl.remote import rsync, tarcopy
 from opsctl.remote.transfer import PROBE, Progress, TransferStats
-from remote_payload import tarsync
+from opsctl.state import pulled
+from remote_payload import safe_write, tarsync
 
 if t.TYPE_CHECKING:  # not at run time: a push should not pay for the playbook models
     from opsctl.config.playbook import Playbook
@@ -142,7 +143,8 @@ def plan_push(tgt: Target, src: str | Path, dest: str | None = None, *,
         protected = filepaths.remote_protected(tgt.host.root, look["homes"])
         for path in sorted({remote_dest, look["real"]}):
             filepaths.check_delete(f"{tgt.label}: container path", path, protected)
-    planned = tarcopy.remote_plan(tgt.remote, tgt.ctid, tarsync.listing(str(local)), remote_dest)
+    planned = tarcopy.remote_plan(tgt.remote, tgt.ctid, tarsync.listing(str(local), sums=True),
+                                  remote_dest)
     return TransferPlan("push", tgt.label, str(local), remote_dest, planned["send"],
                         planned["delete"] if delete else [])
 
@@ -225,7 +227,16 @@ def _until_stable(tgt: Target, step: str, dest: str, send: t.Callable[[], Transf
 
 
 def _pull_dest(remote_src: str, dest: str | Path | None) -> Path:
-    """DEST as given, else ``./<basename of SRC>`` (never the current directory itself)."""
+    """DEST as given, else ``./<basename of SRC>`` (never the current directory itself).
+
+    Raises:
+        LocalWriteError: DEST given but empty (an unset variable in a script; the current
+            directory is never meant).
+    """
+    if dest is not None and not str(dest).strip():
+        raise LocalWriteError("pull: DEST is empty (it would be the current directory); "
+                              "nothing fetched", path="", hint="name a directory for the copy, "
+                                                                "or leave DEST out for ./<name>")
     return (Path(dest).expanduser() if dest else
             Path(filepaths.implied_pull_dest(remote_src))).absolute()
 
@@ -250,6 +261,40 @@ def plan_pull(tgt: Target, src: str, dest: str | Path | None = None, *,
                         planned["delete"] if delete else [])
 
 
+def check_pull_dest(local: Path, *, force: bool = False) -> None:
+    """Refuse a local DEST a pull may not write: the current directory, a home, ``/`` or a
+    top-level directory (even with ``force``), a link, or an existing non-empty path that no
+    earlier pull wrote (:mod:`opsctl.state.pulled`) unless ``force``.
+
+    Raises:
+        LocalWriteError: the rule and the path; nothing was fetched.
+    """
+    why = safe_write.protected_refusal(str(local))
+    if why is not None:
+        raise LocalWriteError(f"pull: DEST {str(local)!r} refused: {why}; nothing fetched",
+                              path=str(local), hint="name a new directory for the copy as DEST")
+    try:
+        st = os.lstat(local)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise LocalWriteError.of(safe_write.failure(local, exc)) from None
+    if os.path.islink(local):
+        raise LocalWriteError(f"pull: DEST {str(local)!r} is a symbolic link; not followed, "
+                              "nothing fetched", path=str(local),
+                              hint="name the real path as DEST, or remove the link")
+    try:
+        empty = os.path.isdir(local) and not os.listdir(local)
+    except OSError:
+        empty = False
+    if not (force or empty or (st.st_size == 0 and os.path.isfile(local))
+            or pulled.was_pulled(local)):
+        raise LocalWriteError(f"pull: DEST {str(local)!r} exists and no pull wrote it; "
+                              "nothing fetched (its files would be overwritten)",
+                              path=str(local), hint="pass --force to pull over it, or name "
+                                                    "another DEST")
+
+
 def _check_local_delete(local: Path) -> None:
     protected = filepaths.local_protected()
     for path in filepaths.local_delete_target(local):
@@ -264,11 +309,16 @@ def _not_there(tgt: Target, remote_src: str, kind: str) -> RemoteCommandFailed:
 
 def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool = False,
          method: str | None = None, on_progress: Progress | None = None,
-         bwlimit_kib: int | None = None, approve: Approve | None = None) -> TransferReport:
+         bwlimit_kib: int | None = None, approve: Approve | None = None,
+         force: bool = False) -> TransferReport:
     """Copy container ``src`` here so that it *is* ``dest`` afterwards (default ./<name>).
+    Files of the same size and mtime are compared by content (rsync ``--checksum``, the tar
+    stream's sha256), never kept on size and mtime alone.
 
     Raises:
         ConfigError: SRC is ``/`` without DEST, a relative SRC leaves ``<root>/data``.
+        LocalWriteError: DEST refused (:func:`check_pull_dest`; ``force`` for one no pull
+            wrote) or this machine's disk said no.
         DeleteRefused: ``delete`` aimed at a protected local path (nothing fetched).
         SourceChanged: a file changed in the container while it was sent, twice.
         RemoteCommandFailed: ``src`` does not exist in the container, or the transfer failed.
@@ -280,6 +330,9 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
     chosen = resolve_method(method)
     max_delete = None
     if delete:
+        _check_local_delete(local)
+    check_pull_dest(local, force=force)
+    if delete:
         plan = plan_pull(tgt, remote_src, local, delete=True)
         if approve is not None:
             approve(plan)
@@ -288,7 +341,10 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
     if probe["kind"] not in ("file", "dir"):
         raise _not_there(tgt, remote_src, probe["kind"])
     chosen = _pick(tgt, chosen, probe["rsync"])
-    local.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        local.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LocalWriteError.of(safe_write.failure(local, exc)) from None
     if chosen == "rsync":
         source = remote_src + ("/" if probe["kind"] == "dir" else "")
 
@@ -302,6 +358,7 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
         stats = tarcopy.pull(tgt.remote, tgt.ctid, remote_src, local, delete=delete,
                              on_progress=on_progress, bwlimit_kib=bwlimit_kib,
                              max_delete=max_delete)
+    pulled.remember(local)
     return _report("pull", tgt, remote_src, str(local), stats, start)
 
 
@@ -318,14 +375,39 @@ def push_playbook_files(tgt: Target, book: Playbook, *, method: str | None = Non
     return [push(tgt, f.src, f.dest, method=method, on_progress=on_progress) for f in book.files]
 
 
+def output_dests(root: str, outputs: t.Sequence[str]) -> dict[str, str]:
+    """Each output's container path -> its local ``./<name>``.
+
+    Two outputs with one name are refused, naming both, before anything is fetched: renaming
+    one (``out-2``) would put it where nobody looks for it, and fetching both into one
+    ``./out`` made the second look "already there" and never arrive.
+
+    Raises:
+        ConfigError: two outputs share a name, or an output has no name (``/``).
+    """
+    seen: dict[str, str] = {}
+    for out in outputs:
+        src = filepaths.container_path(root, out)
+        name = filepaths.implied_pull_dest(src)
+        if name in seen and seen[name] != src:
+            raise ConfigError(f"pull: outputs {seen[name]!r} and {src!r} would both land in "
+                              f"./{name}; nothing fetched",
+                              hint=f"pull each with its own DEST: opsctl pull {src} DIR")
+        seen[name] = src
+    return {src: name for name, src in seen.items()}
+
+
 def pull_playbook_outputs(tgt: Target, book: Playbook, *, method: str | None = None,
-                          on_progress: Progress | None = None) -> list[TransferReport]:
+                          on_progress: Progress | None = None,
+                          force: bool = False) -> list[TransferReport]:
     """The playbook's ``outputs:``, each to ``./<its name>``.
 
     Raises:
-        ConfigError: the playbook lists no outputs.
+        ConfigError: the playbook lists no outputs, or two of them share a name.
     """
     if not book.outputs:
         raise ConfigError(f"pull: no SRC given and playbook {book.name!r} lists no outputs:",
                           hint="pass SRC, or add `outputs: [path, ...]` to the playbook")
-    return [pull(tgt, out, method=method, on_progress=on_progress) for out in book.outputs]
+    dests = output_dests(tgt.host.root, book.outputs)
+    return [pull(tgt, src, name, method=method, on_progress=on_progress, force=force)
+            for src, name in dests.items()]

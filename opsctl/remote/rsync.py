@@ -12,7 +12,10 @@ rsync needs a *program* as its remote shell, which paramiko is not. The probe be
 transfer, and every other plain command of push/pull, goes through ``Remote.pct_exec``.
 
 Options, and why:
-- ``-rlt --executability``: tree, symlinks, mtimes (the quick check needs mtimes), and the
+- ``--checksum``: a file of the same size is compared by content, not skipped for its mtime
+  (a local file that differs but kept size and mtime was once kept and called verified); a
+  re-transfer reads both copies once.
+- ``-rlt --executability``: tree, symlinks, mtimes, and the
   executable bit. Not ``-p``: it would give every *existing* destination directory the
   source's mode (``/tmp`` 1777 became 755, ``/root`` 700 became 755). Without it a new file or
   directory gets the source's mode less the receiver's umask, and an existing one keeps its
@@ -64,7 +67,7 @@ def rsync_argv(spec: HostSpec, ctid: int, src: str, dest: str, *, delete: bool,
     """The whole rsync command line; ``src``/``dest`` as rsync takes them (one is remote).
     ``make_dir``: a container directory to create first (a push's parent of DEST)."""
     server = ["rsync"] if make_dir is None else ["sh", "-c", MKDIR_THEN_RSYNC, "sh", make_dir]
-    argv = ["rsync", "-rlt", "--executability", f"--partial-dir={PARTIAL_DIR}", "-s", "--stats",
+    argv = ["rsync", "-rlt", "--checksum", "--executability", f"--partial-dir={PARTIAL_DIR}", "-s", "--stats",
             "--info=progress2", "--no-inc-recursive", "--rsh", transport.rsync_remote_shell(spec),
             "--rsync-path", transport.container_command(spec, ctid, server, step="rsync")]
     if delete and max_delete != 0:

@@ -38,7 +38,7 @@ def _convert(tp: t.Any) -> t.Any:
 @functools.cache
 def pydantic_view(shape: type) -> t.Any:
     """``shape`` as a ``typing_extensions.TypedDict`` pydantic accepts on Python 3.11."""
-    hints = t.get_type_hints(shape)
+    hints = t.get_type_hints(shape, include_extras=True)  # keeps bounds (AtLeast)
     fields = {name: (_convert(tp) if name in shape.__required_keys__  # type: ignore[attr-defined]
                      else te.NotRequired[_convert(tp)]) for name, tp in hints.items()}
     view = te.TypedDict(shape.__name__, fields)  # type: ignore[misc]  # built at run time

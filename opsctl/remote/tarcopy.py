@@ -132,7 +132,7 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
         TransportError and its kin: as the connection failed.
     """
     spec = remote.host
-    doc = tarsync.listing(str(src))
+    doc = tarsync.listing(str(src), sums=True)
     wanted = _call(remote, ctid, ["scan", dest], json.dumps(doc).encode(), "push: scan")["send"]
     moved, total = _sizes(doc, wanted)
     counted = _counter(moved, on_progress, bwlimit_kib)

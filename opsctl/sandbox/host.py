@@ -34,6 +34,7 @@ from pathlib import Path
 
 from opsctl.config import paths
 from opsctl.errors import ConfigError, ContainerError, OpsctlError
+from remote_payload import safe_write
 
 HOST = "127.0.0.1"
 USER = "root"
@@ -370,11 +371,8 @@ def _ctid(ctid: int) -> int:
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+    """The inventory entry, keys and sshd config: :func:`safe_write.write_text`."""
+    safe_write.write_text(path, text, mode=mode, make_parents=True)
 
 
 def _read_state(layout: _Layout) -> dict[str, t.Any]:

@@ -17,7 +17,8 @@ import typing as t
 from pathlib import Path
 
 from opsctl.config import paths
-from opsctl.errors import ConfigError
+from opsctl.errors import ConfigError, LocalWriteError
+from remote_payload import safe_write
 
 
 class LastTarget(t.NamedTuple):
@@ -36,11 +37,15 @@ def path() -> Path:
 
 
 def save(target: LastTarget) -> None:
-    p = path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(target._asdict()), encoding="utf-8")
-    tmp.replace(p)
+    """Remember ``target`` (:func:`remote_payload.safe_write.write_text`: whole or not at all).
+
+    Raises:
+        LocalWriteError: opsctl's home cannot be written (a link there, full, read-only).
+    """
+    try:
+        safe_write.write_text(path(), json.dumps(target._asdict()), make_parents=True)
+    except safe_write.DestinationError as exc:
+        raise LocalWriteError.of(exc) from None
 
 
 def load() -> LastTarget | None:

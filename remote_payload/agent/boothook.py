@@ -31,6 +31,8 @@ import subprocess
 import sys
 import typing as t
 
+from remote_payload import safe_write
+
 if t.TYPE_CHECKING:
     from remote_payload.wire_shapes import BootHookDoc
 
@@ -165,11 +167,7 @@ def _ensure_unit(root: str, argv: list[str], unit_dir: str) -> BootHookDoc:
                 "next opsctl call)"}
     if existing != text:
         os.makedirs(unit_dir, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        safe_write.write_text(path, text, mode=0o644)
     wants = os.path.join(unit_dir, f"{WANTED_BY}.wants")
     link = os.path.join(wants, name)
     if os.path.islink(link) and os.readlink(link) == path:

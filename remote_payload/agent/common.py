@@ -1,4 +1,4 @@
-"""Small helpers every agent verb uses: the failure type, atomic file writes, ``which``."""
+"""Small helpers every agent verb uses: the failure type, job-record writes, ``which``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import os
 import typing as t
 
-from remote_payload import wire
+from remote_payload import safe_write, wire
 from remote_payload.wire import ErrorType
 
 
@@ -20,14 +20,19 @@ class AgentFailure(Exception):
         self.fields = fields
 
 
-def write_json_atomic(path: str, obj: t.Any) -> None:
-    """Write-then-rename so readers never see half a file."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(wire.dumps_strict(obj, indent=1, sort_keys=True) if isinstance(obj, dict)
-                else json.dumps(obj, indent=1, sort_keys=True, allow_nan=False))
-        f.write("\n")
-    os.replace(tmp, path)
+def _dumps(obj: t.Any, **kwargs: t.Any) -> str:
+    return (wire.dumps_strict(obj, **kwargs) if isinstance(obj, dict)
+            else json.dumps(obj, allow_nan=False, **kwargs))
+
+
+def write_json_atomic(path: str, obj: t.Any, *, durable: bool = True) -> None:
+    """A job record as the wire's strict JSON, through :func:`safe_write.write_json` (temp
+    beside, fsync, rename, never through a link): readers never see half a file.
+
+    Raises:
+        OSError: :class:`safe_write.WriteFailed` (full disk…) or ``DestinationRefused``.
+    """
+    safe_write.write_json(path, obj, dumps=_dumps, durable=durable)
 
 
 def which(name: str) -> str | None:

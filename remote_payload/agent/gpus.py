@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import typing as t
 
+from remote_payload import safe_write
 from remote_payload.agent.childproc import Child
 from remote_payload.agent.common import which
 
@@ -186,14 +186,11 @@ def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_
         if on_sample is not None and table:
             with contextlib.suppress(Exception):  # the history must never stop the sampling
                 on_sample(table, time.time())
-        tmp = f"{path}.tmp.{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"at": time.time(), "gpus": table, "gpu_error": err, "static": static}, f)
-            os.replace(tmp, path)
+        try:  # rewritten every few seconds: not fsynced (a lost sample costs nothing)
+            safe_write.write_text(path, json.dumps({"at": time.time(), "gpus": table,
+                                                    "gpu_error": err, "static": static}),
+                                  durable=False)
         except OSError:  # a full disk: status queries the GPUs itself meanwhile; retry later
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             static = False
         if static:
             return

@@ -25,6 +25,8 @@ import os
 import time
 import typing as t
 
+from remote_payload import safe_write
+
 if t.TYPE_CHECKING:
     import threading
 
@@ -304,14 +306,10 @@ class Recorder:
                     return False
                 self.dirty = False
                 self.last_flush = now
-            tmp = f"{self.path}.tmp.{os.getpid()}"
-            try:
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(doc, f, separators=(",", ":"))
-                os.replace(tmp, self.path)
+            try:  # rewritten as the job runs: not fsynced (the next flush rewrites it)
+                safe_write.write_text(self.path, json.dumps(doc, separators=(",", ":")),
+                                      durable=False)
             except (OSError, ValueError, TypeError):  # a full disk; never into the wrapper
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
                 with self.lock:
                     self.dirty = True
                 return False

@@ -16,7 +16,7 @@ import signal
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import safe_write, wire
 from remote_payload.agent import jobrecord
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
@@ -79,11 +79,7 @@ def current_job_id(root: str) -> str | None:
 
 
 def set_current_job(root: str, job_id: str) -> None:
-    path = os.path.join(jobs_root(root), "current")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(job_id + "\n")
-    os.replace(tmp, path)
+    safe_write.write_text(os.path.join(jobs_root(root), "current"), job_id + "\n")
 
 
 @contextlib.contextmanager
@@ -797,8 +793,6 @@ def _persist(rec: JobRecord, new: JobState, why: list[str]) -> JobRecord:
     except OSError as exc:  # a full disk: the answer is still right, only not persisted yet
         if not is_disk_full(exc):
             raise
-        with contextlib.suppress(OSError):
-            os.unlink(f"{os.path.join(rec.path, STATUS)}.tmp.{os.getpid()}")
     from remote_payload.agent import jobsecrets
 
     jobsecrets.remove(rec.path)  # the wrapper that would have removed them is gone

@@ -38,7 +38,7 @@ import typing as t
 import urllib.error
 import urllib.request
 
-from remote_payload import wire
+from remote_payload import safe_write, wire
 
 LOG = "notify.log"
 LOST_MARKER = "notify.lost"  # the agent sent (or is sending) the LOST notification
@@ -63,8 +63,9 @@ valid_url = wire.valid_notify_url
 
 
 def _log(job_dir: str, line: str) -> None:
-    with contextlib.suppress(OSError), open(os.path.join(job_dir, LOG), "a", encoding="utf-8") as f:
-        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+    with contextlib.suppress(OSError):  # a full disk or a planted link costs the log line only
+        safe_write.append_text(os.path.join(job_dir, LOG),
+                               f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
 
 def redact(url: str) -> str:

@@ -195,8 +195,6 @@ class Wrapper:
                 write_json_atomic(path, obj)
                 return True
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(f"{path}.tmp.{os.getpid()}")
                 if (critical and attempt == 0 and jobs.is_disk_full(exc)
                         and os.path.exists(self._f(RESERVE))):
                     with contextlib.suppress(OSError):

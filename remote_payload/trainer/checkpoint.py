@@ -2,10 +2,12 @@
 
 Layout of ``<out_dir>/ckpt-<step>/``: ``model.safetensors`` (drafter weights of the
 *uncompiled* module; metadata holds cfg, step, torch version, run id), ``optim.pt``
-(AdamW state) and ``meta.json``. The directory is written under a temporary name and
-renamed into place, then ``<out_dir>/latest`` is replaced the same way, so a reader never
-sees half a checkpoint. Files and directories are fsynced before each rename: once
-:func:`save` returns, the checkpoint is on the disk (the trainer says ``done`` only then).
+(AdamW state), ``meta.json`` and opsctl's marker (kind ``checkpoint``, so an export never
+lands on one). The directory is written under a temporary name and renamed into place, then
+``<out_dir>/latest`` is replaced the same way, so a reader never sees half a checkpoint
+(both through :mod:`remote_payload.safe_write`, the one writer of kept files). Files and
+directories are fsynced before each rename: once :func:`save` returns, the checkpoint is on
+the disk (the trainer says ``done`` only then).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import functools
 import json
 import os
 import pathlib
-import shutil
+import re
 import sys
 import typing as t
 
 import torch
 from torch import nn
+
+from .. import safe_write
 
 FORMAT = 1
 _BAD_PREFIXES = ("_orig_mod.", "module.")
@@ -38,19 +42,6 @@ def _check_keys(keys: t.Iterable[str], where: str) -> None:
             "state_dict was used; save and load the raw module)")
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux says it (/proc)."""
-    try:
-        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
 @functools.cache
 def _warn_unreadable(mask: int, mode: int) -> None:
     print(f"warning: umask {mask:03o} makes checkpoints and exports mode {mode:04o}, unreadable to "
@@ -65,62 +56,69 @@ def make_readable(paths: t.Iterable[pathlib.Path]) -> int:
     get 0644, so a server running as another user could read a checkpoint's config and not
     its weights. A umask that takes read from group/others wins (the user chose it), with a
     one-line warning on stderr, once per process."""
-    mask = _umask()
+    mask = safe_write.umask()
     mode = 0o644 & ~mask
-    for p in paths:
+    for p in paths:  # files of a fresh temporary directory of ours: never a link
         os.chmod(p, mode)
     if not mode & 0o004:
         _warn_unreadable(mask, mode)
     return mode
 
 
-def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optimizer,
-         meta: dict[str, t.Any]) -> pathlib.Path:
-    """Write ``ckpt-<step>`` and point ``latest`` at it; returns the checkpoint path."""
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: str,
+                     metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, its I/O failures as the ``OSError`` they are.
+
+    Why: safetensors raises ``SafetensorError("... No space left on device (os error 28)")``,
+    which no ``except OSError`` sees; as an ``OSError`` a full disk becomes
+    :mod:`~remote_payload.safe_write`'s one-line ``WriteFailed``.
+
+    Raises:
+        OSError: the disk said no (errno from the message).
+    """
     from safetensors.torch import save_file
 
+    try:
+        save_file(state, path, metadata=metadata)
+    except Exception as exc:
+        m = _OS_ERROR.search(str(exc))
+        if m is None or isinstance(exc, OSError):
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), path) from None
+
+
+def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optimizer,
+         meta: dict[str, t.Any]) -> pathlib.Path:
+    """Write ``ckpt-<step>`` and point ``latest`` at it; returns the checkpoint path.
+
+    Raises:
+        DestinationRefused: ``out_dir`` or ``latest`` is a link, a protected place.
+        WriteFailed: the disk said no (the previous checkpoints and ``latest`` are kept).
+    """
     out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     final = out / f"ckpt-{step:07d}"
     state = {k: v.detach().contiguous().cpu() for k, v in raw_model.state_dict().items()}
     _check_keys(state, "save")
     full_meta = {"format": FORMAT, "step": step, "torch": torch.__version__, **meta}
     if not final.exists():
-        tmp = out / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        # the weights and the optimizer state (2x their size) are written at the same time:
-        # both mostly wait on the disk (issue 28, the final checkpoint of an 8B run)
-        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ckpt") as pool:
-            jobs = [pool.submit(save_file, state, str(tmp / "model.safetensors"),
-                                metadata={"meta": json.dumps(full_meta, sort_keys=True)}),
-                    pool.submit(torch.save, {"optim": optim.state_dict(), "step": step},
-                                tmp / "optim.pt")]
-            for job in jobs:
-                job.result()
-        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1, sort_keys=True))
-        make_readable(p for p in tmp.iterdir() if p.is_file())
-        for p in tmp.iterdir():
-            _fsync(p)
-        _fsync(tmp)
-        os.replace(tmp, final)
-        _fsync(out)
-    latest_tmp = out / f".latest.tmp-{os.getpid()}"
-    latest_tmp.write_text(final.name + "\n")
-    _fsync(latest_tmp)
-    os.replace(latest_tmp, out / "latest")
-    _fsync(out)
+        with safe_write.new_directory(final, kind="checkpoint") as tmp:
+            # the weights and the optimizer state (2x their size) are written at the same
+            # time: both mostly wait on the disk (the final checkpoint of an 8B run)
+            with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ckpt") as pool:
+                jobs = [pool.submit(save_safetensors, state, str(tmp / "model.safetensors"),
+                                    metadata={"meta": json.dumps(full_meta, sort_keys=True)}),
+                        pool.submit(torch.save, {"optim": optim.state_dict(), "step": step},
+                                    tmp / "optim.pt")]
+                for job in jobs:
+                    job.result()
+            (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1, sort_keys=True))
+            make_readable(p for p in tmp.iterdir() if p.is_file())
+    safe_write.write_text(out / "latest", final.name + "\n")
     return final
-
-
-def _fsync(path: pathlib.Path) -> None:
-    """Flush a file's data (or a directory's entries) to the disk: a checkpoint that
-    ``done`` announced must survive a power cut, not only a killed process."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def resolve(resume: str | None, out_dir: str) -> pathlib.Path | None:

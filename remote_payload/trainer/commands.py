@@ -16,7 +16,7 @@ import argparse
 import sys
 import typing as t
 
-from .. import wire
+from .. import safe_write, wire
 from .checkpoint import CheckpointError
 from .config import TrainerConfigError
 from .events import Log
@@ -87,7 +87,7 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     log = Log()
     try:
         summary = fn(argv[1:])
-    except (TrainerConfigError, CheckpointError) as e:
+    except (TrainerConfigError, CheckpointError, safe_write.DestinationError) as e:
         log.error(type(e).__name__, str(e))
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

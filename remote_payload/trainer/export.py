@@ -11,6 +11,13 @@ are the target's and are not exported (the reference borrows them too).
 this config (:mod:`.serving`; a README.md of the user's already there is kept); ``export``
 prints the same lines at its end.
 
+OUT is written whole or not at all (:func:`remote_payload.safe_write.new_directory`: a
+temporary sibling directory swapped in, the previous export kept until then) and carries
+opsctl's marker. OUT is refused when it is a checkpoint, a run's directory (its ``latest``
+points into it) or inside either, the current directory, a home or ``/``, a link, or a
+directory opsctl did not write (a model's own ``config.json``/``model.safetensors``) unless
+``--force`` says to replace it.
+
 ``OUT/dflash.py`` is this project's drafter for transformers (:mod:`.hf_dflash`, copied byte
 for byte) and ``config.json``'s ``auto_map`` names it as z-lab's hub repositories do
 (``{"AutoModel": "dflash.DFlashDraftModel"}``), so ``AutoModel.from_pretrained(OUT,
@@ -39,8 +46,9 @@ import typing as t
 
 import torch
 
+from .. import safe_write
 from .config import DrafterConfig, TrainerConfigError
-from .serving import export_card
+from .serving import carry_user_readme, export_card
 
 _LAYER_MAP = {
     "input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
@@ -100,34 +108,70 @@ def reference_config(cfg: DrafterConfig, dtype: str) -> dict[str, t.Any]:
     }
 
 
-def export(ckpt: str, out: str, dtype: str = "bfloat16") -> dict[str, t.Any]:
-    """Write ``out/config.json`` and ``out/model.safetensors``; returns a summary.
+def _is_checkpoint(d: pathlib.Path) -> bool:
+    marker = safe_write.read_marker(d)
+    return (marker is not None and marker.get("kind") == "checkpoint") or (d / "meta.json").is_file()
+
+
+def check_out(ckpt: pathlib.Path, out: str, force: bool) -> None:
+    """Refuse an OUT that would replace a checkpoint or a run (a checkpoint, inside one, a
+    run's directory itself, or one containing the checkpoint read; ``run/export`` beside the
+    checkpoints is fine), or anything :func:`safe_write.check_directory` refuses; ``force``
+    replaces only a directory opsctl did not write, never a checkpoint.
+
+    Raises:
+        DestinationRefused: the rule and the path; nothing was written.
+    """
+    real = pathlib.Path(out).resolve() if out.strip() else pathlib.Path(out)
+    src = ckpt.resolve()
+    for d in (real, *real.parents):
+        if d.is_dir() and (_is_checkpoint(d) or (d == real and (d / "latest").is_file())):
+            what = "the checkpoint read" if d == src else \
+                "a checkpoint" if _is_checkpoint(d) else "a training run's directory"
+            where = "is" if d == real else f"is inside {d},"
+            raise safe_write.DestinationRefused(
+                out, f"refused as export OUT: it {where} {what} (resume and export read it); "
+                     "name a directory of its own")
+    if safe_write.protected_refusal(out) is None and src.is_relative_to(real):
+        raise safe_write.DestinationRefused(out, "refused as export OUT: it contains the "
+                                                 f"checkpoint read ({src})")
+    safe_write.check_directory(out, kind="export", force=force)
+
+
+def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False) -> dict[str, t.Any]:
+    """Write ``out/config.json``, ``out/model.safetensors`` and ``out/dflash.py`` as one
+    directory swapped in whole; returns a summary.
 
     Raises:
         TrainerConfigError: unknown dtype or parameter. CheckpointError: unreadable ckpt.
+        DestinationRefused: OUT is a checkpoint, a run, protected, a link or someone else's.
+        WriteFailed: the disk said no (the previous export is kept).
     """
-    from safetensors.torch import save_file
-
-    from .checkpoint import make_readable
+    from .checkpoint import make_readable, save_safetensors
     from .evaluate import load_drafter
 
     dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype)
     if dt is None:
         raise TrainerConfigError(f"--dtype {dtype!r}; choices: bfloat16, float16, float32")
+    check_out(pathlib.Path(ckpt), out, force)  # before the weights are read: fail fast
     drafter, cfg, path = load_drafter(ckpt, torch.device("cpu"))
+    check_out(path, out, force)
     state = {reference_name(k): v.detach().to(dt).contiguous()
              for k, v in drafter.state_dict().items()}
-    dst = pathlib.Path(out)
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = reference_config(cfg, dtype)
-    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (dst / MODELING_FILE).write_bytes(pathlib.Path(__file__).with_name("hf_dflash.py").read_bytes())
-    card = export_card(config, dst, path)  # README.md, unless OUT has one of the user's
-    for name, text in card.items():
-        (dst / name).write_text(text)
-    mode = make_readable(dst / n for n in ("model.safetensors", "config.json", MODELING_FILE,
-                                           *card))
+    dst = pathlib.Path(out)
+    with safe_write.new_directory(out, kind="export", force=force) as tmp:
+        save_safetensors(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / MODELING_FILE).write_bytes(
+            pathlib.Path(__file__).with_name("hf_dflash.py").read_bytes())
+        card = export_card(config, dst, path)  # README.md, unless OUT has one of the user's
+        for name, text in card.items():
+            (tmp / name).write_text(text)
+        if not card:
+            carry_user_readme(dst, tmp)  # the directory is swapped whole: nothing lost
+        mode = make_readable(tmp / n for n in ("model.safetensors", "config.json", MODELING_FILE,
+                                               *card))
     return {"ckpt": str(path), "out": str(dst), "tensors": len(state), "dtype": dtype,
             "mode": f"{mode:04o}",
             "mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
@@ -137,11 +181,15 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
     p = argparse.ArgumentParser(prog="python -m remote_payload.trainer export",
                                 description="Export a drafter checkpoint in z-lab/dflash's format.")
     p.add_argument("ckpt", help="checkpoint dir, or a run's --out-dir (its latest checkpoint)")
-    p.add_argument("out", help="output directory (config.json + model.safetensors)")
+    p.add_argument("out", help="output directory (config.json + model.safetensors), written "
+                               "whole; never a checkpoint, a run, the current directory or a home")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT although opsctl did not write it (e.g. a model's own "
+                        "directory); a checkpoint or a run is refused even so")
     p.add_argument("--dtype", default="bfloat16",
                    help="bfloat16 (default: what servers run; rounds the fp32 weights: hidden "
                         "states moved by up to 4.7e-2 and logits by 7.8e-2 against float32 on a "
                         "trained drafter, same argmax at 84/84 positions) | float16 | float32 "
                         "(the trained weights bit for bit)")
     a = p.parse_args(argv)
-    return export(a.ckpt, a.out, a.dtype)
+    return export(a.ckpt, a.out, a.dtype, force=a.force)

@@ -28,9 +28,11 @@ The flags, as the servers' own documentation spells them (read 2026-12-02):
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shlex
+import shutil
 import sys
 import typing as t
 from dataclasses import dataclass
@@ -229,6 +231,16 @@ def export_card(config: t.Mapping[str, t.Any], out: pathlib.Path,
               "follow the summary", file=sys.stderr, flush=True)
         return {}
     return {README_FILE: model_card(config, str(out.absolute()), target_of(ckpt))}
+
+
+def carry_user_readme(out: pathlib.Path, staging: pathlib.Path) -> None:
+    """Copy the user's own README.md (a file or a link, as it is) from OUT into the export
+    being staged: the export replaces OUT as a whole directory, and the user's card stays."""
+    readme = out / README_FILE
+    if readme.is_symlink():
+        os.symlink(os.readlink(readme), staging / README_FILE)
+    elif readme.is_file():
+        shutil.copy2(readme, staging / README_FILE)
 
 
 def export_lines(out: pathlib.Path, ckpt: pathlib.Path) -> list[str]:

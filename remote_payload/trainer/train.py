@@ -23,7 +23,7 @@ import uuid
 
 import torch
 
-from .. import wire
+from .. import safe_write, wire
 from ..compile_guard import serialized_compile
 from . import checkpoint, dist, fp8, schedule, trackers
 from .checkpoint import CheckpointError
@@ -574,7 +574,8 @@ def run(args: TrainArgs) -> int:
         if topo.distributed:
             _leave(rc)
         return rc
-    except (TrainerConfigError, CheckpointError) as e:
+    except (TrainerConfigError, CheckpointError, safe_write.DestinationError) as e:
+        # a checkpoint the disk refused (full, read-only) or a link at `latest`: one line
         log.error(type(e).__name__, str(e))
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -342,8 +342,9 @@ class TestCtrlCKeepsThePreviousCopy:
         sh(f"mkdir -p {src} && head -c {48 << 20} /dev/urandom > {src}/big.bin")
         back = tmp_path / "back"
         back.mkdir()
-        (back / "big.bin").write_text("previous\n")
-        proc = _opsctl("pull", *CT, src, str(back), "--method", method, "--bwlimit", "8192")
+        (back / "big.bin").write_text("previous\n")  # no pull wrote it: --force
+        proc = _opsctl("pull", *CT, src, str(back), "--method", method, "--bwlimit", "8192",
+                       "--force")
 
         def grown() -> bool:
             return any(p.stat().st_size > 4 << 20 for p in back.glob(".big.bin*"))

@@ -210,3 +210,110 @@ def test_a_push_to_a_missing_container_is_the_container_error(target, tmp_path, 
     res = run("push", "--host", target, "--ct", str(missing_ct), str(tmp_path / "f"), "--json")
     assert res.exit_code == 20, res.output
     assert json.loads(res.stdout)["error"]["type"] == "ContainerMissing"
+
+
+def _same_size_and_mtime(path: Path, content: bytes) -> None:
+    """Rewrite ``path`` with other bytes of the same length, keeping its mtime."""
+    st = path.stat()
+    assert len(content) == st.st_size
+    path.write_bytes(content)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+class TestContentIsComparedNotAssumed:
+    def test_a_pulled_file_that_differs_with_the_same_size_and_mtime_is_fetched_again(
+            self, target, tmp_path, method):
+        dest = unique("same")
+        assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+                   f"mkdir -p /opt/opsctl/data/{dest} && printf remote! > "
+                   f"/opt/opsctl/data/{dest}/f").exit_code == 0
+        back = tmp_path / "back"
+        res = run("pull", "--host", target, "--ct", "200", dest, str(back), "--method", method)
+        assert res.exit_code == 0, res.output
+        _same_size_and_mtime(back / "f", b"local!!")
+        res = run("pull", "--host", target, "--ct", "200", dest, str(back), "--method", method,
+                  "--json")
+        assert res.exit_code == 0, res.output
+        assert (back / "f").read_bytes() == b"remote!"
+        assert json.loads(res.stdout)["files"] == 1
+
+    def test_a_pushed_file_that_differs_with_the_same_size_and_mtime_is_sent_again(
+            self, target, tmp_path, method):
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "f").write_bytes(b"first!!")
+        dest = f"/opt/opsctl/data/{unique('same')}"
+        assert run("push", "--host", target, "--ct", "200", str(src), dest, "--method",
+                   method).exit_code == 0
+        _same_size_and_mtime(src / "f", b"second!")
+        res = run("push", "--host", target, "--ct", "200", str(src), dest, "--method", method)
+        assert res.exit_code == 0, res.output
+        assert container_tree(dest) == local_tree(src)
+
+
+class TestPullNeverReplacesWhatItDidNotWrite:
+    def test_an_existing_dest_no_pull_wrote_needs_force(self, target, tmp_path):
+        dest = unique("model")
+        assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+                   f"mkdir -p /opt/opsctl/data/{dest} && echo new > "
+                   f"/opt/opsctl/data/{dest}/config.json").exit_code == 0
+        mine = tmp_path / "Qwen3-8B"
+        mine.mkdir()
+        (mine / "config.json").write_text("mine\n")
+        res = run("pull", "--host", target, "--ct", "200", dest, str(mine), "--json")
+        assert res.exit_code == 2, res.output
+        err = json.loads(res.stdout)["error"]
+        assert err["type"] == "LocalWriteError" and "no pull wrote it" in err["message"]
+        assert "--force" in err["hint"] and (mine / "config.json").read_text() == "mine\n"
+        res = run("pull", "--host", target, "--ct", "200", dest, str(mine), "--force")
+        assert res.exit_code == 0, res.output
+        assert (mine / "config.json").read_text() == "new\n"
+        res = run("pull", "--host", target, "--ct", "200", dest, str(mine))  # it pulled there
+        assert res.exit_code == 0, res.output
+
+    def test_a_link_as_dest_is_refused_and_its_target_untouched(self, target, tmp_path):
+        dest = unique("linked")
+        assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+                   f"echo new > /opt/opsctl/data/{dest}").exit_code == 0
+        victim = tmp_path / "victim"
+        victim.write_text("keep\n")
+        (tmp_path / "link").symlink_to(victim)
+        res = run("pull", "--host", target, "--ct", "200", dest, str(tmp_path / "link"),
+                  "--force", "--json")
+        assert res.exit_code == 2 and "symbolic link" in json.loads(res.stdout)["error"]["message"]
+        assert victim.read_text() == "keep\n"
+
+    @pytest.mark.parametrize("dest", [".", "", "~"])
+    def test_the_current_directory_and_the_home_are_refused_even_with_force(
+            self, target, tmp_path, monkeypatch, dest):
+        src = unique("cwd")
+        assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+                   f"mkdir -p /opt/opsctl/data/{src} && echo x > /opt/opsctl/data/{src}/f"
+                   ).exit_code == 0
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("HOME", str(tmp_path))
+        res = run("pull", "--host", target, "--ct", "200", src, dest, "--force", "--json")
+        assert res.exit_code == 2, res.output
+        assert os.listdir(tmp_path) == []
+
+    def test_a_dest_on_a_full_disk_is_one_line_and_exit_2(self, target, tmp_path):
+        src = unique("full")
+        assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+                   f"echo x > /opt/opsctl/data/{src}").exit_code == 0
+        res = run("pull", "--host", target, "--ct", "200", src, "/dev/full/x", "--json")
+        assert res.exit_code == 2, res.output
+        assert "not a directory" in json.loads(res.stdout)["error"]["message"]
+
+
+def test_playbook_outputs_sharing_a_name_are_refused_naming_both(target, tmp_path, monkeypatch):
+    name = unique("data")
+    book = tmp_path / "outs.yaml"
+    book.write_text(json.dumps({"name": "outs", "command": ["true"],
+                                "outputs": [f"a/{name}", f"/root/{name}"]}))
+    monkeypatch.chdir(tmp_path)
+    res = run("pull", "--host", target, "--ct", "200", "--playbook", str(book), "--json")
+    assert res.exit_code == 2, res.output
+    message = json.loads(res.stdout)["error"]["message"]
+    assert f"/opt/opsctl/data/a/{name}" in message and f"/root/{name}" in message
+    assert sorted(os.listdir(tmp_path)) == ["outs.yaml"]

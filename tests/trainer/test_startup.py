@@ -356,9 +356,10 @@ class TestTheRun:
     def test_says_done_only_after_the_final_checkpoint_is_durable_and_loadable(
             self, tmp_path, monkeypatch):
         order: list[str] = []
-        real = checkpoint._fsync
-        monkeypatch.setattr(checkpoint, "_fsync",
-                            lambda p: (order.append(f"fsync:{pathlib.Path(p).name}"), real(p)))
+        real = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (
+            order.append(f"fsync:{pathlib.Path(os.readlink(f'/proc/self/fd/{fd}')).name}"),
+            real(fd)))
         out = _Recorder(order)
         monkeypatch.setattr(sys, "stdout", out)
         assert main([*FAST, "--steps", "3", "--out-dir", str(tmp_path)]) == 0
@@ -367,7 +368,8 @@ class TestTheRun:
         synced = [o for o in order[:done] if o.startswith("fsync:")]
         assert {"fsync:model.safetensors", "fsync:optim.pt", "fsync:meta.json",
                 f"fsync:{tmp_path.name}"} <= set(synced), order
-        assert any(o.startswith(("fsync:.ckpt-0000003.tmp", "fsync:.latest.tmp")) for o in synced)
+        assert any(o.startswith("fsync:.ckpt-0000003.") for o in synced), order
+        assert any(o.startswith("fsync:.latest.") for o in synced), order
         assert not [o for o in order[done:] if o.startswith("fsync:")]
         events = [e for e in map(wire.parse_event, "".join(out.text).splitlines()) if e]
         final = next(e for e in events if e["event"] == "done")
@@ -378,6 +380,26 @@ class TestTheRun:
         from safetensors.torch import load_file
 
         assert load_file(str(path / "model.safetensors"))
+
+    def test_a_latest_link_in_the_out_dir_is_one_line_and_exit_2_never_written_through(
+            self, capsys, tmp_path):
+        victim = tmp_path / "victim"
+        victim.write_text("keep\n")
+        out = tmp_path / "run"
+        out.mkdir()
+        (out / "latest").symlink_to(victim)
+        assert main([*FAST, "--steps", "1", "--out-dir", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f"error: {out}/latest: is a symbolic link; not followed, nothing written"
+        assert victim.read_text() == "keep\n"
+
+    def test_every_event_of_a_run_has_the_shape_the_wire_defines(self, capsys, tmp_path):
+        from remote_payload.wire_shapes import event_problem
+
+        assert main([*FAST, "--steps", "2", "--out-dir", str(tmp_path)]) == 0
+        events = [e for e in map(wire.parse_event, capsys.readouterr().out.splitlines()) if e]
+        assert {"step", "checkpoint", "done"} <= {e["event"] for e in events}
+        assert [(e, event_problem(e)) for e in events if event_problem(e)] == []
 
     def test_tells_when_each_start_up_phase_ended_once_in_order(self, capsys, tmp_path):
         assert main([*FAST, "--steps", "2", "--out-dir", str(tmp_path)]) == 0

@@ -26,6 +26,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from remote_payload import safe_write  # noqa: E402
+from remote_payload.safe_write import DestinationRefused, WriteFailed  # noqa: E402
 from remote_payload.trainer import checkpoint, evaluate, export  # noqa: E402
 from remote_payload.trainer.config import DrafterConfig, preset  # noqa: E402
 from remote_payload.trainer.model import Drafter, dense_mask  # noqa: E402
@@ -207,6 +209,121 @@ def test_spec_generate_gives_the_targets_greedy_output_and_evals_acceptance_leng
                                                                  model.last_acceptance_lengths)
 
 
+# --- where an export may land ------------------------------------------------------------
+
+
+def _snapshot(d: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("out", ["ckpt", "run", "inside-ckpt"])
+def test_an_export_onto_a_checkpoint_or_its_run_is_refused_and_resume_still_works(exported, out):
+    path, _, _ = exported
+    run = path.parent / "run"
+    (ckpt,) = run.glob("ckpt-*")
+    before = _snapshot(run)
+    dest = {"ckpt": ckpt, "run": run, "inside-ckpt": ckpt / "export"}[out]
+    with pytest.raises(DestinationRefused, match="refused as export OUT"):
+        export.export(str(ckpt), str(dest), "float32", force=True)
+    assert _snapshot(run) == before
+    assert checkpoint.resolve("auto", str(run)) == ckpt
+    evaluate.load_drafter(str(run), torch.device("cpu"))
+
+
+def test_an_export_beside_the_checkpoints_in_the_run_directory_is_fine(exported):
+    path, _, _ = exported
+    run = path.parent / "run"
+    export.export(str(run), str(run / "export"), "float32")
+    assert safe_write.read_marker(run / "export") == {"written_by": "opsctl", "kind": "export"}
+    assert checkpoint.resolve("auto", str(run)).name.startswith("ckpt-")
+
+
+def test_a_foreign_model_directory_is_refused_and_replaced_only_with_force(exported, tmp_path):
+    path, _, _ = exported
+    model = tmp_path / "Qwen3-8B"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    (model / "model.safetensors").write_bytes(b"the target's weights")
+    with pytest.raises(DestinationRefused, match="opsctl did not write"):
+        export.export(str(path.parent / "run"), str(model), "float32")
+    assert (model / "model.safetensors").read_bytes() == b"the target's weights"
+    export.export(str(path.parent / "run"), str(model), "float32", force=True)
+    assert safe_write.read_marker(model) == {"written_by": "opsctl", "kind": "export"}
+
+
+def test_a_link_in_a_previous_export_is_never_written_through(exported, tmp_path):
+    path, _, _ = exported
+    out = tmp_path / "out"
+    export.export(str(path.parent / "run"), str(out), "float32")
+    victim = tmp_path / "shadow"
+    victim.write_text("root:x")
+    victim.chmod(0o600)
+    (out / "config.json").unlink()
+    (out / "config.json").symlink_to(victim)
+    export.export(str(path.parent / "run"), str(out), "float32")
+    assert victim.read_text() == "root:x" and victim.stat().st_mode & 0o777 == 0o600
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+def test_a_failed_export_leaves_the_previous_export_whole(exported, tmp_path, monkeypatch):
+    path, _, _ = exported
+    out = tmp_path / "out"
+    export.export(str(path.parent / "run"), str(out), "float32")
+    before = _snapshot(out)
+    def no_space(*_a: object) -> t.NoReturn:  # after the weights were written
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "reference_config", no_space)
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        export.export(str(path.parent / "run"), str(out), "bfloat16")
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("out", ["", ".", "cwd"])
+def test_an_export_never_writes_into_the_current_directory(exported, tmp_path, monkeypatch, out):
+    path, _, _ = exported
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DestinationRefused, match="current directory"):
+        export.export(str(path.parent / "run"), str(tmp_path) if out == "cwd" else out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_or_a_device_as_out_is_one_line_with_exit_2(exported, tmp_path):
+    path, _, _ = exported
+    (tmp_path / "file").write_text("keep")
+    with pytest.raises(DestinationRefused, match="is a file"):
+        export.export(str(path.parent / "run"), str(tmp_path / "file"))
+    with pytest.raises(WriteFailed, match="/dev/full is not a directory"):
+        export.export(str(path.parent / "run"), "/dev/full/x")
+    res = subprocess.run([sys.executable, "-m", "remote_payload.trainer", "export",
+                          str(path.parent / "run"), str(tmp_path / "file")],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"error: {tmp_path}/file: is a file, not a directory; nothing written"]
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing_behind(exported, tmp_path):
+    path, _, _ = exported
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        res = subprocess.run([sys.executable, "-m", "remote_payload.trainer", "export",
+                              str(path.parent / "run"), str(small / "out"), "--dtype", "float32"],
+                             capture_output=True, text=True, check=False)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"error: {small}/out: cannot write: No space left on device"], res.stderr
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
 # --- file modes ---------------------------------------------------------------------------
 
 
@@ -217,10 +334,10 @@ def _modes(d: pathlib.Path) -> dict[str, str]:
 def test_exports_and_checkpoints_are_0644_under_the_usual_umask(exported):
     path, _, _ = exported
     assert _modes(path) == {"README.md": "0o644", "config.json": "0o644", "dflash.py": "0o644",
-                            "model.safetensors": "0o644"}
+                            "model.safetensors": "0o644", safe_write.MARKER: "0o644"}
     (ckpt,) = (path.parent / "run").glob("ckpt-*")
     assert _modes(ckpt) == {"meta.json": "0o644", "model.safetensors": "0o644",
-                            "optim.pt": "0o644"}
+                            "optim.pt": "0o644", safe_write.MARKER: "0o644"}
 
 
 def test_a_umask_that_hides_files_from_other_users_is_respected_and_said_in_one_line(
@@ -233,7 +350,7 @@ def test_a_umask_that_hides_files_from_other_users_is_respected_and_said_in_one_
     finally:
         os.umask(old)
     assert summary["mode"] == "0600", summary
-    assert set(_modes(tmp_path / "private").values()) == {"0o600"}
+    assert set(_modes(tmp_path / "private").values()) == {"0o600"}, _modes(tmp_path / "private")
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: umask 077 makes checkpoints and exports "
                                                "mode 0600, unreadable to other users"), err

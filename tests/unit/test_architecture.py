@@ -10,6 +10,9 @@ still an upward arrow). The layers, top to bottom::
     opsctl.config   paths, yaml, inventory, playbooks, torch builds
     opsctl.errors   the error tree                       remote_payload.wire (stdlib only)
 
+opsctl imports from the container side only the modules both sides share, each stdlib only
+(:data:`SHARED_WITH_OPSCTL`): the wire contract, the file writer, the tar sync, GPU facts.
+
 Each module's layer is the package it sits in. The container side (``remote_payload``) never
 imports ``opsctl``.
 """
@@ -38,6 +41,12 @@ LAYERS: dict[str, set[str]] = {
     "opsctl.config": {"opsctl.errors"},
     "opsctl.errors": set(),
 }
+
+#: The container side's modules opsctl may import: stdlib only, shared by both sides.
+SHARED_WITH_OPSCTL = ("remote_payload.wire", "remote_payload.wire_shapes",
+                      "remote_payload.safe_write", "remote_payload.tarsync",
+                      "remote_payload.gpufacts")
+
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -125,10 +134,8 @@ def test_the_container_side_never_imports_opsctl():
     assert offenders == []
 
 
-def test_the_wire_contract_is_stdlib_only():
-    """wire.py is imported on both sides; it may not pull either side in."""
-    assert GRAPH["remote_payload.wire"] == set()
-    tree = ast.parse(MODULES["remote_payload.wire"].read_text(encoding="utf-8"))
+def _third_party(module: str) -> list[str]:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
     third_party = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -137,8 +144,31 @@ def test_the_wire_contract_is_stdlib_only():
             names = [node.module or ""]
         else:
             continue
-        third_party += [n for n in names if n.split(".")[0] not in sys.stdlib_module_names]
-    assert third_party == []
+        third_party += [n for n in names if n.split(".")[0] not in sys.stdlib_module_names
+                        and n.split(".")[0] not in PACKAGES]
+    return third_party
+
+
+def test_the_wire_contract_is_stdlib_only():
+    """wire.py is imported on both sides; it may not pull either side in (only the shared
+    file writer, which is stdlib only too)."""
+    assert GRAPH["remote_payload.wire"] <= {"remote_payload.safe_write"}
+    assert _third_party("remote_payload.wire") == []
+
+
+def test_the_file_writer_is_stdlib_only_and_imports_nothing_of_the_project():
+    """safe_write.py is imported by the CLI, the agent (Python 3.10) and the trainer."""
+    assert GRAPH["remote_payload.safe_write"] == set()
+    assert _third_party("remote_payload.safe_write") == []
+
+
+def test_opsctl_imports_only_the_shared_modules_of_the_container_side():
+    def shared(dep: str) -> bool:
+        return any(dep == m or dep.startswith(m + ".") for m in SHARED_WITH_OPSCTL)
+
+    offenders = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if m.startswith("opsctl")
+                       for d in deps if d.startswith("remote_payload") and not shared(d))
+    assert offenders == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

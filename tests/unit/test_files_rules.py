@@ -286,3 +286,45 @@ def test_a_member_name_from_the_peer_never_leaves_the_destination(rel):
         return
     assert got == "/dest" if rel == "" else filepaths.contains("/dest", posixpath.normpath(got))
     assert got == "/dest" or posixpath.normpath(got) != "/dest"
+
+
+class TestPlaybookOutputsNeverCollide:
+    def test_two_outputs_with_one_name_are_refused_naming_both(self):
+        from opsctl.ops import files
+
+        with pytest.raises(errors.ConfigError) as info:
+            files.output_dests("/opt/opsctl", ["run-a/data", "/scratch/data"])
+        assert str(info.value) == ("pull: outputs '/opt/opsctl/data/run-a/data' and "
+                                   "'/scratch/data' would both land in ./data; nothing fetched")
+
+    def test_distinct_names_each_land_in_their_own_directory(self):
+        from opsctl.ops import files
+
+        assert files.output_dests("/opt/opsctl", ["ckpts", "/scratch/logs", "ckpts/"]) == {
+            "/opt/opsctl/data/ckpts": "ckpts", "/scratch/logs": "logs"}
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.text(st.sampled_from("ab/."), min_size=1, max_size=6), max_size=5))
+    def test_any_outputs_get_distinct_local_names_or_a_config_error(self, outputs):
+        from opsctl.ops import files
+
+        try:
+            dests = files.output_dests("/opt/opsctl", outputs)
+        except errors.ConfigError:
+            return
+        assert len(set(dests.values())) == len(dests)
+
+
+class TestContentIsComparedNotAssumed:
+    def test_a_file_with_the_same_size_and_mtime_but_other_bytes_is_sent(self, tmp_path):
+        src, dest = tmp_path / "src", tmp_path / "dest"
+        src.mkdir()
+        dest.mkdir()
+        (src / "f").write_bytes(b"remote!")
+        (dest / "f").write_bytes(b"local!!")
+        st = (src / "f").stat()
+        os.utime(dest / "f", ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert tarsync.scan(str(dest), tarsync.listing(str(src), sums=True)) == ["f"]
+        (dest / "f").write_bytes(b"remote!")
+        os.utime(dest / "f", ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert tarsync.scan(str(dest), tarsync.listing(str(src), sums=True)) == []

@@ -690,7 +690,7 @@ def _job_row(root: str, job_id: str) -> JobRowDoc:
     }
     if doc["state"] in _TERMINAL_NAMES and stamp:
         try:
-            write_json_atomic(summary_path, {**row, "status_mtime_ns": stamp})
+            write_json_atomic(summary_path, {**row, "status_mtime_ns": stamp}, durable=False)
         except OSError:  # a full disk costs the cache, never the list
             pass
     return row

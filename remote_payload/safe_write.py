@@ -1,0 +1,427 @@
+"""The one way opsctl, the agent and the trainer write a file or a directory a user keeps.
+
+Every write goes to a temporary name beside the target (``.<name>.<random>.tmp``), is flushed
+to the disk (the file, then its directory) and renamed over the target, so a reader or a
+crash sees the old content or the new, never half of either. A directory of files (an
+export, a checkpoint) is filled under a temporary sibling directory and swapped in whole:
+a failure while it is written leaves the previous directory as it was.
+
+The rules, and why:
+
+- **A link at the destination is never followed.** A file is replaced by ``rename``, which
+  acts on the link itself; a link *is* refused, so nothing written through a dangling or
+  planted link lands elsewhere; modes are set with ``fchmod`` on the new file's descriptor,
+  never through a path (an export once made a ``config.json`` link's target 0644).
+- **A directory opsctl did not write is never replaced** unless the caller passes
+  ``force``: opsctl's directories carry :data:`MARKER` (``{"written_by": "opsctl",
+  "kind": ...}``). An empty directory holds nothing to lose and is taken.
+- **Never the current directory, ``/``, a top-level directory or a home** (as typed and
+  with links resolved), nor a directory that contains the current directory: with or
+  without ``force``. An empty path is the current directory and is refused too.
+- **The OS saying no** (a full disk, a read-only file system, no permission, a file where a
+  directory is needed) is a :class:`WriteFailed` naming the path and the reason in one line.
+
+Both errors subclass :class:`OSError`, so code that already survives a failed write (the
+agent's never-raise writers) still does. Stdlib only: the agent (Python 3.10) imports it on
+every ``status`` poll, so its import pulls in nothing beyond ``os``/``stat``/``json``
+(``tempfile``, ``shutil``, ``ctypes`` and ``pathlib`` are imported where a directory is
+written).
+Ours because nothing in the stdlib renames atomically with these refusals, and the
+well-kept packages (``atomicwrites`` is archived; ``safer`` follows links) do not either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as errno_mod
+import json
+import os
+import stat
+import typing as t
+
+if t.TYPE_CHECKING:
+    import pathlib
+
+#: The file that says "opsctl wrote this directory" (and what it is: ``kind``).
+MARKER = ".opsctl-written.json"
+
+PathLike = t.Union[str, "os.PathLike[str]"]
+
+
+class DestinationError(OSError):
+    """A destination could not be written; the message is one line and names the path."""
+
+    def __init__(self, path: PathLike, reason: str, code: int = 0):
+        super().__init__(code, reason, os.fspath(path))
+        self.path = os.fspath(path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.path or repr(self.path)}: {self.reason}"
+
+
+class DestinationRefused(DestinationError):
+    """A rule refused the destination (a link, a protected place, someone else's
+    directory); nothing was written."""
+
+
+class WriteFailed(DestinationError):
+    """The OS refused the write (full disk, read-only, permission, not a directory); the
+    previous content is kept."""
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def failure(path: PathLike, exc: OSError) -> WriteFailed:
+    """The :class:`WriteFailed` of an ``OSError`` met while writing ``path`` (a file where a
+    directory is needed is named)."""
+    where = os.path.dirname(os.path.abspath(os.fspath(path)))
+    while where != "/" and not os.path.lexists(where):
+        where = os.path.dirname(where)
+    if os.path.lexists(where) and not os.path.isdir(where):
+        return WriteFailed(path, f"cannot write: {where} is not a directory",
+                           errno_mod.ENOTDIR)
+    return WriteFailed(path, f"cannot write: {exc.strerror or exc}", exc.errno or 0)
+
+
+# --- where a directory may be written ------------------------------------------------------
+
+
+def _contains(outer: str, inner: str) -> bool:
+    return outer == "/" or inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def protected_refusal(path: PathLike, *, cwd: str | None = None,
+                      home: str | None = None) -> str | None:
+    """Why a directory may never be written or replaced at ``path``, or None.
+
+    Refused: an empty path, ``/`` or a top-level directory, a home, the current directory
+    or a directory that contains it; each as typed and with links resolved.
+    """
+    raw = os.fspath(path)
+    if raw.strip() == "":
+        return "an empty path is the current directory; name a directory of its own"
+    here = cwd or os.getcwd()
+    homes = {h for h in (home, os.environ.get("HOME"), os.path.expanduser("~")) if h}
+    typed = os.path.normpath(os.path.abspath(raw))
+    for where in {typed, os.path.realpath(raw)}:
+        if len([p for p in where.split("/") if p]) <= 1:
+            return "it is / or a top-level directory"
+        for h in homes:
+            if where in {os.path.normpath(h), os.path.realpath(h)}:
+                return "it is a home directory"
+        for c in {os.path.normpath(here), os.path.realpath(here)}:
+            if _contains(where, c):
+                return ("it is the current directory" if where == c
+                        else f"it contains the current directory ({c})")
+    return None
+
+
+def read_marker(directory: PathLike) -> dict[str, t.Any] | None:
+    """The marker of a directory opsctl wrote, or None (none, a link, unreadable, foreign)."""
+    path = os.path.join(os.fspath(directory), MARKER)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            doc = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("written_by") == "opsctl" else None
+
+
+def _is_empty_dir(path: str) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+
+
+def check_directory(path: PathLike, *, kind: str, force: bool = False) -> None:
+    """Refuse a destination directory that :func:`new_directory` may not replace.
+
+    Raises:
+        DestinationRefused: a protected place, a link, a file, or a non-empty directory
+            without opsctl's marker (without ``force``), or one of another kind.
+    """
+    dest = os.fspath(path)
+    why = protected_refusal(dest)
+    if why is not None:
+        raise DestinationRefused(dest, f"refused as a destination: {why}")
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise failure(dest, exc) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise DestinationRefused(dest, "is a symbolic link; not followed (name the real "
+                                       "directory, or remove the link)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise DestinationRefused(dest, "is a file, not a directory; nothing written")
+    if _is_empty_dir(dest):
+        return
+    marker = read_marker(dest)
+    if marker is None and not force:
+        raise DestinationRefused(dest, f"holds files opsctl did not write (no {MARKER}); "
+                                       "nothing replaced (pass --force to replace it)")
+    if marker is not None and marker.get("kind") != kind and not force:
+        raise DestinationRefused(dest, f"is a {marker.get('kind')} opsctl wrote, not a {kind}; "
+                                       "nothing replaced")
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def _temp_name(parent: str, name: str, suffix: str) -> str:
+    return os.path.join(parent, f".{name[:200]}.{os.urandom(6).hex()}{suffix}")
+
+
+def _new_temp_file(parent: str, name: str) -> tuple[int, str]:
+    """A new file beside the target, 0600, created exclusively (never an existing name or a
+    link); ``tempfile.mkstemp`` without importing ``tempfile``."""
+    while True:
+        tmp = _temp_name(parent, name, ".tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except FileExistsError:
+            continue
+        return fd, tmp
+
+
+def _new_temp_dir(parent: str, name: str, suffix: str) -> str:
+    while True:
+        tmp = _temp_name(parent, name, suffix)
+        try:
+            os.mkdir(tmp, 0o700)
+        except FileExistsError:
+            continue
+        return tmp
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_file_target(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise failure(path, exc) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise DestinationRefused(path, "is a symbolic link; not followed, nothing written")
+    if not stat.S_ISREG(st.st_mode):
+        raise DestinationRefused(path, "is not a regular file (a directory, FIFO or device); "
+                                       "nothing written")
+
+
+def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
+               mode: int = 0o644, durable: bool = True, make_parents: bool = False) -> None:
+    """``fill(f)`` writes the new content into a temporary file beside ``path``, which is
+    flushed and renamed over ``path``. ``mode`` less the umask; ``durable=False`` skips
+    the fsyncs (a file rewritten every few seconds whose loss costs nothing);
+    ``make_parents`` creates missing parent directories.
+
+    Raises:
+        DestinationRefused: ``path`` is a link, a directory or a device.
+        WriteFailed: the OS said no (the previous file is kept).
+    """
+    dest = os.path.abspath(os.fspath(path))
+    if os.fspath(path).endswith("/") or os.path.basename(dest) in ("", ".", ".."):
+        raise DestinationRefused(os.fspath(path), "names a directory, not a file")
+    _check_file_target(dest)
+    parent, name = os.path.split(dest)
+    try:
+        if make_parents:
+            os.makedirs(parent, exist_ok=True)
+        fd, tmp = _new_temp_file(parent, name)
+    except OSError as exc:
+        raise failure(dest, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fchmod(f.fileno(), mode & ~umask())
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, dest)
+        if durable:
+            _fsync_dir(parent)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, DestinationError):
+            raise failure(dest, exc) from None
+        raise
+
+
+def write_bytes(path: PathLike, data: bytes, *, mode: int = 0o644, durable: bool = True,
+                make_parents: bool = False) -> None:
+    """:func:`write_with` of ``data``."""
+    write_with(path, lambda f: f.write(data), mode=mode, durable=durable,
+               make_parents=make_parents)
+
+
+def write_text(path: PathLike, text: str, *, mode: int = 0o644, durable: bool = True,
+               make_parents: bool = False) -> None:
+    """:func:`write_with` of ``text`` as UTF-8."""
+    write_bytes(path, text.encode("utf-8"), mode=mode, durable=durable,
+                make_parents=make_parents)
+
+
+def write_json(path: PathLike, doc: t.Any, *, mode: int = 0o644, durable: bool = True,
+               dumps: t.Callable[..., str] | None = None) -> None:
+    """``doc`` as indented, key-sorted JSON (no NaN) and a newline; ``dumps`` may replace
+    ``json.dumps`` (the wire's strict one)."""
+    if dumps is None:
+        text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
+    else:
+        text = dumps(doc, indent=1, sort_keys=True)
+    write_text(path, text + "\n", mode=mode, durable=durable)
+
+
+def append_text(path: PathLike, text: str, *, mode: int = 0o644) -> None:
+    """Append ``text`` to a log (created ``mode``); a link or a device there is refused.
+
+    Raises:
+        DestinationRefused: ``path`` is a link (``O_NOFOLLOW``) or not a regular file.
+        WriteFailed: the OS said no.
+    """
+    dest = os.fspath(path)
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno_mod.ELOOP:
+            raise DestinationRefused(dest, "is a symbolic link; not followed, nothing written") \
+                from None
+        raise failure(dest, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DestinationRefused(dest, "is not a regular file; nothing written")
+        os.write(fd, text.encode("utf-8"))
+    except OSError as exc:
+        if isinstance(exc, DestinationError):
+            raise
+        raise failure(dest, exc) from None
+    finally:
+        os.close(fd)
+
+
+# --- directories ---------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    C library or the file system has no such call."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno_mod.EINVAL, errno_mod.ENOSYS):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _fsync_tree(root: str) -> None:
+    for here, _dirs, files in os.walk(root):
+        for name in files:
+            p = os.path.join(here, name)
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(here)
+
+
+def _swap_in(tmp: str, dest: str, kind: str, force: bool) -> None:
+    """Put the finished ``tmp`` at ``dest``; the old directory (if any) is removed after."""
+    import shutil
+
+    parent, name = os.path.split(dest)
+    try:
+        os.rename(tmp, dest)  # dest missing or an empty directory
+    except OSError as exc:
+        if exc.errno not in (errno_mod.EEXIST, errno_mod.ENOTEMPTY):
+            raise
+        check_directory(dest, kind=kind, force=force)  # another writer may have put it there
+        if _exchange(tmp, dest):
+            old = tmp
+        else:
+            old = _new_temp_dir(parent, name, ".old")
+            os.rename(dest, os.path.join(old, "d"))
+            os.rename(tmp, dest)
+        _fsync_dir(parent)
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(parent)
+
+
+@contextlib.contextmanager
+def new_directory(path: PathLike, *, kind: str, force: bool = False,
+                  mode: int = 0o755) -> t.Iterator[pathlib.Path]:
+    """Fill a fresh temporary sibling of ``path`` (yielded), then swap it in whole.
+
+    On a normal exit the files are fsynced, :data:`MARKER` written (``kind``), and the
+    directory renamed into place (the previous one, if any, swapped out and removed). On an
+    exception the temporary directory is removed and ``path`` is untouched.
+
+    Raises:
+        DestinationRefused: as :func:`check_directory`.
+        WriteFailed: the OS said no (disk full, read-only, permission, a file in the way).
+    """
+    import pathlib
+    import shutil
+
+    dest = os.path.normpath(os.path.abspath(os.fspath(path)))
+    check_directory(path, kind=kind, force=force)
+    parent, name = os.path.split(dest)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = _new_temp_dir(parent, name, ".tmp")
+    except OSError as exc:
+        raise failure(dest, exc) from None
+    try:
+        yield pathlib.Path(tmp)
+        write_json(os.path.join(tmp, MARKER), {"written_by": "opsctl", "kind": kind},
+                   durable=False)
+        os.chmod(tmp, mode & ~umask())  # made 0700; tmp is ours, never a link
+        _fsync_tree(tmp)
+        _swap_in(tmp, dest, kind, force)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, DestinationError):
+            raise failure(dest, exc) from None
+        raise
