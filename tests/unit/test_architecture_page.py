@@ -15,14 +15,14 @@ import tomllib
 import pytest
 
 from tests.paths import REPO
-from tests.unit.test_architecture import GRAPH, LAYERS, MODULES
+from tests.unit.test_architecture import GRAPH, LAYERS, MODULES, SHARED_WITH_OPSCTL
 from tests.unit.test_docs import _hooks
 
 PAGE = REPO / "docs" / "architecture.md"
 
-#: What opsctl may import from remote_payload: the contract and the parsers both sides share.
-SHARED = ("remote_payload.wire", "remote_payload.wire_shapes", "remote_payload.tarsync",
-          "remote_payload.gpufacts")
+#: What opsctl may import from remote_payload: the contract, the writer and the parsers both
+#: sides share (one list, in the layer test).
+SHARED = SHARED_WITH_OPSCTL
 
 
 def _diagram() -> str:
