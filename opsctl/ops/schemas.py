@@ -1,27 +1,28 @@
-"""The JSON Schema (draft 2020-12) of every ``--json`` document and of the trainer's events.
+"""The JSON Schema (draft 2020-12) of every ``--json`` document, of the trainer's events and
+of the playbook and inventory files.
 
 Nothing here is written by hand a second time: each document's schema is built by pydantic
 from the type that produces the document (the agent's shapes in
-``remote_payload/wire_shapes.py``, the CLI's reply models, the use cases' report
-dataclasses), then wrapped in the envelope ``opsctl/cli/jsonout.py`` writes: ``"ok": true``
-plus the document, or ``"ok": false`` with an ``error`` (and, for some commands, what they
-got before failing). Objects whose keys opsctl decides are closed
-(``additionalProperties: false``); free-form maps (a step event, an error's fields) stay open.
-``tests/sandbox/test_schema_sandbox.py`` validates real outputs of each command against these.
+``remote_payload/wire_shapes.py``, which the CLI validates every reply against; the use
+cases' report dataclasses and TypedDicts), then wrapped in the envelope
+``opsctl/cli/jsonout.py`` writes: ``"ok": true`` plus the document, or ``"ok": false`` with an
+``error`` (and, for some commands, what they got before failing). Objects whose keys opsctl
+decides are closed (``additionalProperties: false``); free-form maps (a step event, an
+error's fields) stay open. Commands that print the same document share its one entry
+(:data:`DOCUMENTS` maps each command to it). ``tests/unit/test_schema.py`` fails on a command
+with ``--json`` and no entry; ``tests/sandbox/test_schema_sandbox.py`` validates real outputs.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import typing as t
 
 import typing_extensions as te
 from pydantic import TypeAdapter
 
-from opsctl.ops.deploy import DeployReport
-from opsctl.ops.fleet import FleetRow
-from opsctl.ops.hosts import HostRow
-from opsctl.remote import models, shapes
+from opsctl.remote import shapes
 from remote_payload import wire
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -31,68 +32,182 @@ _NONFINITE = {"type": "array", "items": {"type": "string"},
               "description": "paths of numbers that were NaN or infinite and are null here"}
 
 
-class _JobsDocument(models.JobList):
-    target: str  # "host/ct"
-
-
-class _QueueDocument(models.QueueList):
-    target: str  # "host/ct"
-
-
-class _HostsDocument(te.TypedDict):
-    hosts: list[HostRow]
-
-
-class _FleetDocument(te.TypedDict):
-    hosts: list[str]
-    took_s: float
-    deadline_s: float
-    errors: int
-    rows: list[FleetRow]
-
-
-#: ``opsctl schema`` names -> (what the document is, the type that produces it).
-DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
-    "status": ("one job's status (`status --json`, `status --follow --json`)",
-               lambda: models.JobStatus),
-    "jobs": ("the container's jobs, newest first (`jobs --json`)", lambda: _JobsDocument),
-    "deploy": ("what deploy did and the job's status (`deploy --json`)", lambda: DeployReport),
-    "stop": ("the signals sent and what survived (`stop --json`)", lambda: models.StopResult),
-    "queue": ("the container's queue, first to start first, and who holds which GPU slots "
-              "(`queue --json`, `queue move --json`)", lambda: _QueueDocument),
-    "queue add": ("the jobs queued, those started at once, and the queue (`queue add --json`, "
-                  "`deploy --json` of a pipeline)", lambda: _queue_add_report()),
-    "envs": ("the container's torch builds (`envs --json`)",
-             lambda: shapes.pydantic_view(_wire_shapes().EnvsDoc)),
-    "hosts": ("the inventory's hosts, reachability with --check (`hosts --json`)",
-              lambda: _HostsDocument),
-    "status --all": ("one row per container of the fleet (`status --all --json`)",
-                     lambda: _FleetDocument),
-    "doctor": ("the GPU chain's checks, a row each (`doctor --json`)", lambda: _doctor_document()),
-}
-EVENT = "event"
-
-
-def _queue_add_report() -> t.Any:
-    from opsctl.ops.queue import QueueAddReport
-
-    return QueueAddReport
-
-
-def _doctor_document() -> t.Any:
-    row = shapes.pydantic_view(_wire_shapes().DoctorRowDoc)
-    fields = {"target": str, "elapsed_s": float, "rows": list[row]}  # type: ignore[valid-type]
-    return te.TypedDict("DoctorDocument", fields)  # type: ignore[operator]  # built at run time
-
-
-def _wire_shapes() -> t.Any:
+def _wire() -> t.Any:
     from remote_payload import wire_shapes
 
     return wire_shapes
 
 
+def _reply(name: str) -> t.Callable[[], t.Any]:
+    """An agent reply printed as the CLI validated it: its wire shape."""
+    return lambda: shapes.pydantic_view(getattr(_wire(), name))
+
+
+def _with(name: str, base: t.Any, **extra: t.Any) -> t.Any:
+    """``base``'s keys (a TypedDict or a dataclass, printed flat) plus ``extra``'s, as one
+    TypedDict: a document that adds a key or two to a shape it prints."""
+    hints = t.get_type_hints(base)
+    required = getattr(base, "__required_keys__", None)
+    if dataclasses.is_dataclass(base):
+        fields: dict[str, t.Any] = dict(hints)
+    else:
+        fields = {k: (v if required is None or k in required else te.NotRequired[v])
+                  for k, v in hints.items()}
+    fields.update(extra)
+    return te.TypedDict(name, fields)  # type: ignore[operator]  # built at run time
+
+
+def _status() -> t.Any:
+    return _reply("StatusDoc")()
+
+
+def _jobs() -> t.Any:
+    return _with("JobsDocument", _reply("JobListDoc")(), target=str)
+
+
+def _queue() -> t.Any:
+    return _with("QueueDocument", _reply("QueueDoc")(), target=str)
+
+
+def _queue_rm() -> t.Any:
+    return _with("QueueRmDocument", _reply("QueueRmDoc")(), target=str)
+
+
+def _deploy() -> t.Any:
+    from opsctl.ops.deploy import DeployReport
+
+    return DeployReport
+
+
+def _queue_add() -> t.Any:
+    from opsctl.ops.queue import QueueAddReport
+
+    return QueueAddReport
+
+
+def _hosts() -> t.Any:
+    from opsctl.ops.hosts import HostRow
+
+    return te.TypedDict("HostsDocument", {"hosts": list[HostRow]})  # type: ignore[operator]
+
+
+def _fleet() -> t.Any:
+    from opsctl.ops.fleet import FleetRow
+
+    return te.TypedDict("FleetDocument", {  # type: ignore[operator]
+        "hosts": list[str], "took_s": float, "deadline_s": float, "errors": int,
+        "rows": list[FleetRow]})
+
+
+def _doctor() -> t.Any:
+    row = _reply("DoctorRowDoc")()
+    return te.TypedDict("DoctorDocument", {  # type: ignore[operator]
+        "target": str, "elapsed_s": float, "rows": list[row]})  # type: ignore[valid-type]
+
+
+def _transfer() -> t.Any:
+    from opsctl.ops.files import TransferPlan, TransferReport
+
+    many = te.TypedDict("TransfersDocument", {"transfers": list[TransferReport]})  # type: ignore[operator]
+    return TransferReport | TransferPlan | many
+
+
+def _swap() -> t.Any:
+    from opsctl.ops.torch import SwapReport
+
+    return shapes.pydantic_view(SwapReport)
+
+
+def _playbooks() -> t.Any:
+    from opsctl.config.paths import SearchDir
+    from opsctl.config.playbook import Found
+
+    return te.TypedDict("PlaybooksDocument", {  # type: ignore[operator]
+        "playbooks": list[Found], "search_path": list[SearchDir]})
+
+
+def _muxes() -> t.Any:
+    from opsctl.remote.mux_client import MuxRow
+
+    row = shapes.pydantic_view(MuxRow)
+    return te.TypedDict("MuxesDocument", {"muxes": list[row]})  # type: ignore[operator,valid-type]
+
+
+def _sandbox_up() -> t.Any:
+    from opsctl.sandbox.host import SandboxInfo
+
+    return _with("SandboxUpDocument", SandboxInfo, elapsed_s=float)
+
+
+def _sandbox_status() -> t.Any:
+    from opsctl.sandbox.host import SandboxInfo
+
+    absent = te.TypedDict("SandboxAbsent", {"set_up": t.Literal[False]})  # type: ignore[operator]
+    present = _with("SandboxStatusDocument", SandboxInfo, set_up=t.Literal[True],
+                    sshd_running=bool, container_states=dict[int, str], healthy=bool)
+    return absent | present
+
+
+#: ``opsctl schema`` names -> (what the document is, the type that produces it). Commands
+#: that print the same document share its producer.
+DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
+    "status": ("one job's status (`status --json`, `status --follow --json`)", _status),
+    "jobs": ("the container's jobs, newest first (`jobs --json`)", _jobs),
+    "deploy": ("what deploy did and the job's status (`deploy --json`)", _deploy),
+    "stop": ("the signals sent and what survived (`stop --json`)", _reply("StopDoc")),
+    "queue": ("the container's queue, first to start first, and who holds which GPU slots "
+              "(`queue --json`)", _queue),
+    "queue add": ("the jobs queued, those started at once, and the queue (`queue add --json`, "
+                  "`deploy --json` of a pipeline)", _queue_add),
+    "queue rm": ("the removed job, its dependants cancelled with it, and the queue "
+                 "(`queue rm --json`)", _queue_rm),
+    "queue move": ("the queue after the move (`queue move --json`; the same document as "
+                   "`queue --json`)", _queue),
+    "push": ("what was sent, or with --dry-run what would be (`push --json`; several targets: "
+             "`transfers`)", _transfer),
+    "pull": ("what was fetched, or with --dry-run what would be (`pull --json`)", _transfer),
+    "plot": ("a job's full bounded history (`plot --json`)", _reply("HistoryReplyDoc")),
+    "stacks": ("every thread's stack of every process of the job (`stacks --json`)",
+               _reply("StacksDoc")),
+    "probe compile-race": ("the compile-race probe's report (`probe compile-race --json`)",
+                           _reply("ProbeReportDoc")),
+    "doctor": ("the GPU chain's checks, a row each (`doctor --json`)", _doctor),
+    "swap-torch": ("what the swap did, or with --dry-run would do (`swap-torch --json`)", _swap),
+    "envs": ("the container's torch builds (`envs --json`)", _reply("EnvsDoc")),
+    "cache info": ("the compile caches, per fingerprint (`cache info --json`)",
+                   _reply("CacheInfoDoc")),
+    "cache clear": ("the caches removed and the bytes freed (`cache clear --json`)",
+                    _reply("CacheClearDoc")),
+    "cache seed": ("the seeded artifact and the proof of its reuse (`cache seed --json`)",
+                   _reply("CacheSeedDoc")),
+    "hosts": ("the inventory's hosts, reachability with --check (`hosts --json`)", _hosts),
+    "status --all": ("one row per container of the fleet (`status --all --json`)", _fleet),
+    "playbooks": ("the playbooks by name and where each was found (`playbooks --json`)",
+                  _playbooks),
+    "mux status": ("the live connection multiplexers (`mux status --json`)", _muxes),
+    "sandbox up": ("how to reach the sandbox host (`sandbox up --json`)", _sandbox_up),
+    "sandbox status": ("whether the sandbox's sshd and containers run (`sandbox status --json`)",
+                       _sandbox_status),
+}
+EVENT = "event"
+#: File formats: the schema of the YAML file itself (no envelope), for editors and checks.
+FILES: dict[str, str] = {
+    "playbook": "a playbook file (playbooks/*.yaml): one job, or a pipeline (`steps:`)",
+    "inventory": "an inventory file (inventory/*.yaml)",
+}
+
+
 def names() -> list[str]:
-    return [*DOCUMENTS, EVENT]
+    return [*DOCUMENTS, EVENT, *FILES]
+
+
+def what(name: str) -> str:
+    """One line on what ``name``'s schema describes."""
+    if name in DOCUMENTS:
+        return DOCUMENTS[name][0]
+    if name == EVENT:
+        return "one trainer event (a JSON object per line of the job's output)"
+    return FILES[name]
 
 
 def _close(node: t.Any) -> None:
@@ -117,37 +232,70 @@ def _error_object() -> dict[str, t.Any]:
             "additionalProperties": True}  # some errors carry fields of their own
 
 
+def _success(body: dict[str, t.Any], defs: dict[str, t.Any]) -> dict[str, t.Any]:
+    """``body`` (an object, or a union of objects) with ``"ok": true`` added to each."""
+    if "$ref" in body:
+        body = copy.deepcopy(defs[body["$ref"].rsplit("/", 1)[1]])
+    for key in ("anyOf", "oneOf"):
+        if key in body:
+            return {"anyOf": [_success(b, defs) for b in body[key]]}
+    body["properties"] = {"ok": {"const": True}, **body.get("properties", {}),
+                          wire.NONFINITE_KEY: _NONFINITE}
+    body["required"] = ["ok", *body.get("required", [])]
+    return body
+
+
 def document_schema(name: str) -> dict[str, t.Any]:
-    """The schema of ``opsctl NAME --json``'s one document.
+    """The schema of ``opsctl NAME --json``'s one document (or of the file ``NAME``).
 
     Raises:
         KeyError: ``name`` is not one of :func:`names` (the CLI says which are).
     """
     if name == EVENT:
         return event_schema()
-    what, producer = DOCUMENTS[name]
+    if name in FILES:
+        return file_schema(name)
+    description, producer = DOCUMENTS[name]
     body = copy.deepcopy(TypeAdapter(producer()).json_schema())
     defs = body.pop("$defs", {})
     _close(body)
     _close(defs)
-    body["properties"] = {"ok": {"const": True}, **body.get("properties", {}),
-                          wire.NONFINITE_KEY: _NONFINITE}
-    body["required"] = ["ok", *body.get("required", [])]
     failure = {"type": "object", "properties": {"ok": {"const": False}, "error": {"$ref": "#/$defs/Error"}},
                "required": ["ok", "error"],
                "description": "a failure: the error, and what the command got before it"}
-    return {"$schema": DRAFT, "title": f"opsctl {name} --json", "description": what,
-            "oneOf": [body, failure], "$defs": {**defs, "Error": _error_object()}}
+    return {"$schema": DRAFT, "title": f"opsctl {name} --json", "description": description,
+            "oneOf": [_success(body, defs), failure], "$defs": {**defs, "Error": _error_object()}}
+
+
+def file_schema(name: str) -> dict[str, t.Any]:
+    """The JSON Schema of a playbook or inventory file, from its pydantic model (the one
+    definition ``opsctl`` loads the file with).
+
+    Raises:
+        KeyError: ``name`` is not one of :data:`FILES`.
+    """
+    if name == "playbook":  # one job, or a pipeline of them (a file with ``steps:``)
+        from opsctl.config.pipeline import Pipeline
+        from opsctl.config.playbook import Playbook
+
+        body = TypeAdapter(Playbook | Pipeline).json_schema()
+    elif name == "inventory":
+        from opsctl.config.inventory import InventoryFile
+
+        body = InventoryFile.model_json_schema()
+    else:
+        raise KeyError(name)
+    return {"$schema": DRAFT, "title": f"opsctl {name} file", "description": FILES[name], **body}
 
 
 def event_schema() -> dict[str, t.Any]:
     """One trainer event: any JSON object with a string ``event``; the ones opsctl writes have
     the keys their shapes list (and may carry more: events are open)."""
-    known = _wire_shapes().EVENT_SHAPES
+    known = _wire().EVENT_SHAPES
     branches = []
     defs: dict[str, t.Any] = {}
     for name, shape in known.items():
-        schema = shapes.json_schema(shape)
+        schema = copy.deepcopy(shapes.json_schema(shape))
         schema["properties"][wire.NONFINITE_KEY] = _NONFINITE
         defs.update(schema.pop("$defs", {}))
         schema["properties"]["event"] = {"const": name}
