@@ -159,6 +159,33 @@ class BabysittingDoc(t.TypedDict):
     run: RunDoc | None
 
 
+# --- the envelope of every reply (``wire.ok_reply`` / ``wire.error_reply``) -----------------
+
+
+class _AgentErrorRequired(t.TypedDict):
+    type: str  # a :class:`~remote_payload.wire.ErrorType` name (or a newer agent's)
+    message: str
+
+
+class AgentErrorDoc(_AgentErrorRequired, total=False):
+    """An error document's ``error``, with the fields its type carries."""
+
+    fields: dict[str, t.Any]
+
+
+class _ReplyRequired(t.TypedDict):
+    ok: bool
+    verb: str
+
+
+class AgentReplyDoc(_ReplyRequired, total=False):
+    """The one JSON document every agent verb prints: ``data`` when ``ok``, else ``error``."""
+
+    agent_version: int
+    data: t.Any
+    error: AgentErrorDoc
+
+
 # --- agent replies (the ``data`` of ``{"ok": true, "verb", "data"}``) -----------------------
 
 

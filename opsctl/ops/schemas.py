@@ -16,7 +16,6 @@ with ``--json`` and no entry; ``tests/sandbox/test_schema_sandbox.py`` validates
 from __future__ import annotations
 
 import copy
-import dataclasses
 import typing as t
 
 import typing_extensions as te
@@ -43,18 +42,20 @@ def _reply(name: str) -> t.Callable[[], t.Any]:
     return lambda: shapes.pydantic_view(getattr(_wire(), name))
 
 
+def _object(name: str, **fields: t.Any) -> t.Any:
+    """A document of a few keys around the shapes it holds (all required)."""
+    return te.TypedDict(name, fields)  # type: ignore[operator]  # built at run time
+
+
 def _with(name: str, base: t.Any, **extra: t.Any) -> t.Any:
     """``base``'s keys (a TypedDict or a dataclass, printed flat) plus ``extra``'s, as one
     TypedDict: a document that adds a key or two to a shape it prints."""
-    hints = t.get_type_hints(base)
-    required = getattr(base, "__required_keys__", None)
-    if dataclasses.is_dataclass(base):
-        fields: dict[str, t.Any] = dict(hints)
-    else:
-        fields = {k: (v if required is None or k in required else te.NotRequired[v])
-                  for k, v in hints.items()}
+    view = shapes.pydantic_view(base)
+    required = view.__required_keys__
+    fields = {k: (v if k in required else te.NotRequired[v])
+              for k, v in t.get_type_hints(view).items()}
     fields.update(extra)
-    return te.TypedDict(name, fields)  # type: ignore[operator]  # built at run time
+    return _object(name, **fields)
 
 
 def _status() -> t.Any:
@@ -76,39 +77,37 @@ def _queue_rm() -> t.Any:
 def _deploy() -> t.Any:
     from opsctl.ops.deploy import DeployReport
 
-    return DeployReport
+    return shapes.pydantic_view(DeployReport)
 
 
 def _queue_add() -> t.Any:
     from opsctl.ops.queue import QueueAddReport
 
-    return QueueAddReport
+    return shapes.pydantic_view(QueueAddReport)
 
 
 def _hosts() -> t.Any:
     from opsctl.ops.hosts import HostRow
 
-    return te.TypedDict("HostsDocument", {"hosts": list[HostRow]})  # type: ignore[operator]
+    return _object("HostsDocument", hosts=list[HostRow])
 
 
 def _fleet() -> t.Any:
     from opsctl.ops.fleet import FleetRow
 
-    return te.TypedDict("FleetDocument", {  # type: ignore[operator]
-        "hosts": list[str], "took_s": float, "deadline_s": float, "errors": int,
-        "rows": list[FleetRow]})
+    return _object("FleetDocument", hosts=list[str], took_s=float, deadline_s=float, errors=int,
+                   rows=list[FleetRow])
 
 
 def _doctor() -> t.Any:
     row = _reply("DoctorRowDoc")()
-    return te.TypedDict("DoctorDocument", {  # type: ignore[operator]
-        "target": str, "elapsed_s": float, "rows": list[row]})  # type: ignore[valid-type]
+    return _object("DoctorDocument", target=str, elapsed_s=float, rows=list[row])  # type: ignore[valid-type]
 
 
 def _transfer() -> t.Any:
     from opsctl.ops.files import TransferPlan, TransferReport
 
-    many = te.TypedDict("TransfersDocument", {"transfers": list[TransferReport]})  # type: ignore[operator]
+    many = _object("TransfersDocument", transfers=list[TransferReport])
     return TransferReport | TransferPlan | many
 
 
@@ -122,15 +121,14 @@ def _playbooks() -> t.Any:
     from opsctl.config.paths import SearchDir
     from opsctl.config.playbook import Found
 
-    return te.TypedDict("PlaybooksDocument", {  # type: ignore[operator]
-        "playbooks": list[Found], "search_path": list[SearchDir]})
+    return _object("PlaybooksDocument", playbooks=list[Found], search_path=list[SearchDir])
 
 
 def _muxes() -> t.Any:
     from opsctl.remote.mux_client import MuxRow
 
     row = shapes.pydantic_view(MuxRow)
-    return te.TypedDict("MuxesDocument", {"muxes": list[row]})  # type: ignore[operator,valid-type]
+    return _object("MuxesDocument", muxes=list[row])  # type: ignore[valid-type]
 
 
 def _sandbox_up() -> t.Any:
@@ -142,7 +140,7 @@ def _sandbox_up() -> t.Any:
 def _sandbox_status() -> t.Any:
     from opsctl.sandbox.host import SandboxInfo
 
-    absent = te.TypedDict("SandboxAbsent", {"set_up": t.Literal[False]})  # type: ignore[operator]
+    absent = _object("SandboxAbsent", set_up=t.Literal[False])
     present = _with("SandboxStatusDocument", SandboxInfo, set_up=t.Literal[True],
                     sshd_running=bool, container_states=dict[int, str], healthy=bool)
     return absent | present

@@ -15,6 +15,7 @@ milliseconds; a ``status`` poll validates one reply).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 import typing as t
@@ -34,8 +35,25 @@ def _is_typeddict(tp: t.Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
 
 
+def _is_record(tp: t.Any) -> bool:
+    """A TypedDict, a dataclass or a NamedTuple: printed as a JSON object of its fields."""
+    return _is_typeddict(tp) or (isinstance(tp, type) and (
+        dataclasses.is_dataclass(tp) or (issubclass(tp, tuple) and hasattr(tp, "_fields"))))
+
+
+def _required(shape: type) -> frozenset[str]:
+    if _is_typeddict(shape):
+        return frozenset(shape.__required_keys__)  # type: ignore[attr-defined]
+    if dataclasses.is_dataclass(shape):
+        return frozenset(f.name for f in dataclasses.fields(shape)
+                         if f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+    defaults = getattr(shape, "_field_defaults", {})
+    return frozenset(n for n in shape._fields if n not in defaults)  # type: ignore[attr-defined]
+
+
 def _convert(tp: t.Any) -> t.Any:
-    if _is_typeddict(tp):
+    if _is_record(tp):
         return pydantic_view(tp)
     origin = t.get_origin(tp)
     if origin is None:
@@ -50,9 +68,11 @@ def _convert(tp: t.Any) -> t.Any:
 
 @functools.cache
 def pydantic_view(shape: type) -> t.Any:
-    """``shape`` as a ``typing_extensions.TypedDict`` pydantic accepts on Python 3.11."""
+    """``shape`` (a TypedDict, or a report dataclass or NamedTuple that a command prints as an
+    object of its fields) as a ``typing_extensions.TypedDict`` pydantic accepts on Python
+    3.11, with the same keys, types and required keys."""
     hints = t.get_type_hints(shape)
-    required = shape.__required_keys__  # type: ignore[attr-defined]
+    required = _required(shape)
     fields = {name: (_convert(tp) if name in required else te.NotRequired[_convert(tp)])
               for name, tp in hints.items()}
     view = te.TypedDict(shape.__name__, fields)  # type: ignore[misc]  # built at run time
@@ -81,7 +101,7 @@ def validate(shape: type[T], data: t.Any, *, where: str) -> T:
         ReplyShapeError: ``data`` is not ``shape`` (one line: the first wrong field and why).
     """
     try:
-        return t.cast(T, adapter(shape).validate_python(data))
+        return t.cast(T, adapter(t.cast(type, shape)).validate_python(data))
     except ValidationError as exc:
         raise ReplyShapeError(
             f"{where}: the reply is not a {shape.__name__}: {_first_problem(exc)}"
