@@ -1,7 +1,7 @@
 """``opsctl schema [COMMAND]``: the JSON Schema of a command's ``--json`` document.
 
 Listed in :data:`COMMANDS` (assembled by :mod:`opsctl.cli`). The schemas are built in
-:mod:`opsctl.ops.schemas` from the types that produce the documents, so a script written
+:mod:`opsctl.cli.schemas` from the types that produce the documents, so a script written
 against them keeps working exactly as long as the output does.
 """
 
@@ -24,7 +24,7 @@ def schema(command: tuple[str, ...]) -> None:
     Without COMMAND, lists every schema. `opsctl schema status --all` is the fleet view's.
     Exit 2 for a command without a schema.
     """
-    from opsctl.ops import schemas
+    from opsctl.cli import schemas
 
     if not command:
         width = max(len(n) for n in schemas.names())

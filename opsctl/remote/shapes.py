@@ -52,13 +52,15 @@ def _required(shape: type) -> frozenset[str]:
     return frozenset(n for n in shape._fields if n not in defaults)  # type: ignore[attr-defined]
 
 
-def _convert(tp: t.Any) -> t.Any:
+def pydantic_type(tp: t.Any) -> t.Any:
+    """``tp`` with every TypedDict, dataclass or NamedTuple in it replaced by its
+    :func:`pydantic_view` (``list[StatusDoc]``, ``StopDoc | None``...)."""
     if _is_record(tp):
         return pydantic_view(tp)
     origin = t.get_origin(tp)
     if origin is None:
         return tp
-    args = tuple(_convert(a) for a in t.get_args(tp))
+    args = tuple(pydantic_type(a) for a in t.get_args(tp))
     if origin in (t.Union, types.UnionType):
         return t.Union[args]  # noqa: UP007 (built from a tuple of types)
     if origin is t.Literal:
@@ -73,7 +75,7 @@ def pydantic_view(shape: type) -> t.Any:
     3.11, with the same keys, types and required keys."""
     hints = t.get_type_hints(shape)
     required = _required(shape)
-    fields = {name: (_convert(tp) if name in required else te.NotRequired[_convert(tp)])
+    fields = {name: (pydantic_type(tp) if name in required else te.NotRequired[pydantic_type(tp)])
               for name, tp in hints.items()}
     view = te.TypedDict(shape.__name__, fields)  # type: ignore[misc]  # built at run time
     view.__doc__ = shape.__doc__

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 
 from opsctl import errors
 from opsctl.cli import cli
-from opsctl.ops import schemas
+from opsctl.cli import schemas
 from tests.paths import REPO
 
 STOPPED = {"job_id": "j", "state": "CANCELLED", "signals_sent": ["SIGINT"], "remaining_pids": [],

@@ -44,7 +44,7 @@ def _reply(name: str) -> t.Callable[[], t.Any]:
 
 def _object(name: str, **fields: t.Any) -> t.Any:
     """A document of a few keys around the shapes it holds (all required)."""
-    return te.TypedDict(name, fields)  # type: ignore[operator]  # built at run time
+    return te.TypedDict(name, {k: shapes.pydantic_type(v) for k, v in fields.items()})  # type: ignore[operator]
 
 
 def _with(name: str, base: t.Any, **extra: t.Any) -> t.Any:
@@ -108,7 +108,7 @@ def _transfer() -> t.Any:
     from opsctl.ops.files import TransferPlan, TransferReport
 
     many = _object("TransfersDocument", transfers=list[TransferReport])
-    return TransferReport | TransferPlan | many
+    return shapes.pydantic_type(TransferReport | TransferPlan) | many
 
 
 def _swap() -> t.Any:
