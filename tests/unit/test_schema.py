@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from opsctl import errors
-from opsctl.cli import cli
-from opsctl.cli import schemas
+from opsctl.cli import cli, schemas
 from tests.paths import REPO
 
 STOPPED = {"job_id": "j", "state": "CANCELLED", "signals_sent": ["SIGINT"], "remaining_pids": [],
