@@ -5,12 +5,12 @@ defining these classes costs ~10 ms and the agent starts on every ``status`` pol
 imports this module only for type checking (``if t.TYPE_CHECKING``), so mypy checks that its
 builders produce exactly these keys and types, at no cost at run time.
 
-Derived from these, never written again by hand:
+Used directly, never written again by hand:
 
-- ``opsctl/remote/models.py``'s pydantic models (what the CLI parses) are checked against
-  them by ``tests/unit/test_contract.py``: every field a model reads is here, with the same type;
+- the CLI validates every reply against its shape (``opsctl/remote/shapes.py``: a pydantic
+  ``TypeAdapter`` over the shape) and reads it as that TypedDict (mypy checks every key);
 - ``opsctl schema`` (the JSON Schema of every ``--json`` document) and ``opsctl schema event``
-  build on the same models and on :data:`EVENT_SHAPES`;
+  build on the same shapes and on :data:`EVENT_SHAPES`;
 - the docs' contract page lists them (``docs/hooks/generated.py``).
 
 Stdlib only, and valid on Python 3.10 (the container's python): optional keys are declared

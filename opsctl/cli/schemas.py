@@ -104,6 +104,12 @@ def _doctor() -> t.Any:
     return _object("DoctorDocument", target=str, elapsed_s=float, rows=list[row])  # type: ignore[valid-type]
 
 
+def _run() -> t.Any:
+    from opsctl.ops.multinode import RunReport
+
+    return _with("RunDocument", RunReport, state=str, complete=bool)
+
+
 def _transfer() -> t.Any:
     from opsctl.ops.files import TransferPlan, TransferReport
 
@@ -180,6 +186,9 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
                    _reply("CacheSeedDoc")),
     "hosts": ("the inventory's hosts, reachability with --check (`hosts --json`)", _hosts),
     "status --all": ("one row per container of the fleet (`status --all --json`)", _fleet),
+    "status --nodes": ("a multi-node run, one row per node (`status --nodes --json`)", _run),
+    "deploy --nodes": ("what deploy did on every node of a multi-node run (`deploy --nodes --json`)",
+                       _run),
     "playbooks": ("the playbooks by name and where each was found (`playbooks --json`)",
                   _playbooks),
     "mux status": ("the live connection multiplexers (`mux status --json`)", _muxes),

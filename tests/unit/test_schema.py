@@ -148,3 +148,15 @@ def test_every_bundled_playbook_and_the_example_inventory_validate_against_their
 ])
 def test_the_file_schemas_refuse_what_the_loader_refuses(kind, doc):
     assert list(Draft202012Validator(schemas.file_schema(kind)).iter_errors(doc)) != []
+
+
+def test_a_multi_node_runs_document_validates_against_its_schema():
+    from opsctl.ops import multinode
+    from tests.replies import status_doc
+
+    rows = [multinode.NodeRow(0, "h:200", "h ct 200", status=status_doc(job_id="run-1")),
+            multinode.NodeRow(1, "h:201", "h ct 201", error="connection refused",
+                              error_exit_code=10)]
+    report = multinode.RunReport("run-1", rows, playbook="p", outcome="RUNNING")
+    v = Draft202012Validator(schemas.document_schema("status --nodes"))
+    assert list(v.iter_errors({"ok": True, **report.to_dict()})) == []
