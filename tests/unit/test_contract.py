@@ -129,3 +129,46 @@ def test_the_agent_never_imports_the_shapes_at_run_time():
         for node in tree.body:  # top-level imports run at import time
             if isinstance(node, ast.ImportFrom) and node.module == "remote_payload.wire_shapes":
                 pytest.fail(f"{path} imports wire_shapes at run time")
+
+
+class _Agent:
+    """An agent whose every reply is ``reply`` (pure logic: no container)."""
+
+    def __init__(self, reply: t.Any) -> None:
+        self.reply = reply
+
+    def ensure_payload(self, force: bool = False) -> None:
+        return None
+
+    def call(self, verb: str, *args: str, **_: t.Any) -> t.Any:
+        return self.reply
+
+
+@pytest.mark.parametrize("reply", [
+    {"root": "/opt/opsctl", "caches": "not a list"},
+    {"root": "/opt/opsctl", "current_fingerprint": None, "current_build": None,
+     "caches": [{"fingerprint": "a\nb\x1b[2J", "size_bytes": -1}], "outside": [], "warnings": []},
+    ["a", "list"], None, "text"])
+def test_a_command_given_a_reply_that_is_not_its_shape_exits_25_with_one_json_error(reply, monkeypatch):
+    import contextlib
+    import json
+    import types
+
+    from click.testing import CliRunner
+
+    from opsctl.cli import cli
+    from opsctl.ops import jobs
+
+    @contextlib.contextmanager
+    def target(*_: t.Any, **__: t.Any) -> t.Iterator[t.Any]:
+        yield types.SimpleNamespace(label="pve1 ct 200", agent=_Agent(reply))
+
+    monkeypatch.setattr(jobs, "open_target", target)
+    res = CliRunner().invoke(cli, ["cache", "info", "--host", "pve1", "--ct", "200", "--json"])
+    assert res.exit_code == errors.REMOTE_FAILED, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    (line,) = [ln for ln in res.stdout.splitlines() if '"type"' in ln]
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "ReplyShapeError"
+    assert doc["error"]["message"].startswith("pve1 ct 200: cache-info: the reply is not a CacheInfoDoc")
+    assert "\n" not in doc["error"]["message"] and "\x1b" not in line
