@@ -6,12 +6,8 @@ list it in that module's ``COMMANDS``; its use case goes in ``opsctl/ops/``. A n
 one more entry in :data:`FAMILY_MODULES`. ``tests/unit/test_cli_commands.py`` fails for a command
 that is defined but not listed.
 
-The group (``cli``) and ``FAMILIES`` are built on first use, not on import: :func:`main` first
-offers the command line to :func:`opsctl.faststatus.entry.run`, which serves a plain
-``status [--json] [--host H] [--ct N]`` without importing click or any family. Before even
-that, :func:`main` lets the launch record start that status's ``ssh``
-(:mod:`opsctl.faststatus.launchrecord`), so this module imports nothing at all (not ``typing``:
-~4 ms of every start).
+The group (``cli``) and ``FAMILIES`` are built on first use, not on import, so this module
+imports nothing at all (not ``typing``: ~4 ms of every start).
 """
 
 from __future__ import annotations
@@ -47,22 +43,6 @@ def __getattr__(name: str) -> t.Any:
 
 
 def main() -> None:
-    import sys
-
-    from opsctl.faststatus import trace
-
-    trace.mark("start-up")
-    from opsctl.faststatus import launchrecord
-
-    early = launchrecord.launch(sys.argv[1:])  # first: its ssh runs while the rest loads
-    if early is not None:
-        trace.mark("ssh start (record)")
-    from opsctl.faststatus import entry as statusonce
-
-    if statusonce.run(sys.argv[1:], early):  # pragma: no cover - run() exits when it took it
-        return
-    if early is not None:
-        early.discard()
     import os
 
     if os.environ.get("_OPSCTL_COMPLETE"):  # completion: stdout holds candidates only, and
