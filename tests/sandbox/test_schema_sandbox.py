@@ -3,8 +3,9 @@ schema for it, on the sandbox: deploy, status, jobs, stop, envs, hosts (and --ch
 ``status --all``, doctor, a failure document, and the trainer-like job's events; then, in a
 container root of the test's own, stacks, plot, queue (add, move, rm), push and pull (and
 their dry runs), cache info and clear, playbooks, mux status and sandbox up and status.
-(swap-torch, cache seed and probe compile-race need a torch build and minutes of compiling:
-their replies are checked against the same shapes by the CLI itself, ``opsctl/remote/shapes.py``.)"""
+(swap-torch and cache seed are validated in ``tests/sandbox/test_torch_sandbox.py``, which
+installs a torch build; probe compile-race's report, minutes of compiling, only by the CLI's
+own check of the reply against its shape, ``opsctl/remote/shapes.py``.)"""
 
 from __future__ import annotations
 
