@@ -223,6 +223,11 @@ class SourceChanged(RemoteCommandFailed):
         return {**super().to_dict(), "files": self.files}
 
 
+class ReplyShapeError(RemoteCommandFailed):
+    """The agent answered valid JSON that is not the shape ``remote_payload/wire_shapes.py``
+    defines for the verb (a payload from another opsctl version, or a damaged reply)."""
+
+
 class DeadlineExceeded(RemoteCommandFailed):
     """The per-call deadline fired; the remote process group was killed."""
 

@@ -5,12 +5,12 @@ defining these classes costs ~10 ms and the agent starts on every ``status`` pol
 imports this module only for type checking (``if t.TYPE_CHECKING``), so mypy checks that its
 builders produce exactly these keys and types, at no cost at run time.
 
-Derived from these, never written again by hand:
+Used directly, never written again by hand:
 
-- ``opsctl/remote/models.py``'s pydantic models (what the CLI parses) are checked against
-  them by ``tests/unit/test_contract.py``: every field a model reads is here, with the same type;
+- the CLI validates every reply against its shape (``opsctl/remote/shapes.py``: a pydantic
+  ``TypeAdapter`` over the shape) and reads it as that TypedDict (mypy checks every key);
 - ``opsctl schema`` (the JSON Schema of every ``--json`` document) and ``opsctl schema event``
-  build on the same models and on :data:`EVENT_SHAPES`;
+  build on the same shapes and on :data:`EVENT_SHAPES`;
 - the docs' contract page lists them (``docs/hooks/generated.py``).
 
 Stdlib only, and valid on Python 3.10 (the container's python): optional keys are declared
@@ -157,6 +157,33 @@ class BabysittingDoc(t.TypedDict):
     end_reason: str | None
     max_duration_s: float | None
     run: RunDoc | None
+
+
+# --- the envelope of every reply (``wire.ok_reply`` / ``wire.error_reply``) -----------------
+
+
+class _AgentErrorRequired(t.TypedDict):
+    type: str  # a :class:`~remote_payload.wire.ErrorType` name (or a newer agent's)
+    message: str
+
+
+class AgentErrorDoc(_AgentErrorRequired, total=False):
+    """An error document's ``error``, with the fields its type carries."""
+
+    fields: dict[str, t.Any]
+
+
+class _ReplyRequired(t.TypedDict):
+    ok: bool
+    verb: str
+
+
+class AgentReplyDoc(_ReplyRequired, total=False):
+    """The one JSON document every agent verb prints: ``data`` when ``ok``, else ``error``."""
+
+    agent_version: int
+    data: t.Any
+    error: AgentErrorDoc
 
 
 # --- agent replies (the ``data`` of ``{"ok": true, "verb", "data"}``) -----------------------
@@ -392,11 +419,204 @@ class DoctorRowDoc(t.TypedDict):
     fix: str  # the exact command or config line
 
 
+class QueueRmDoc(t.TypedDict):
+    """``queue-rm``: the removed job (never run), its dependants cancelled with it, the queue."""
+
+    job_id: str
+    state: JobStateName  # always CANCELLED
+    end_reason: str
+    cancelled: list[str]
+    queue: QueueDoc
+
+
+class StackProcessDoc(t.TypedDict):
+    """One process's dump (``remote_payload/agent/stacks.py``), with its place in the job."""
+
+    pid: int | None  # None: a dump found in output.log that no file claimed
+    rank: int | None
+    role: str | None
+    gpu: str | None
+    cmd: str
+    dump: str
+    threads: int
+    where: str  # the main thread's innermost frame, "file.py:123 func"
+    collective: str | None  # the torch.distributed call it waits in, if any
+    caller: str | None  # the job's own frame that made that call
+    label: str
+
+
+class StacksDoc(t.TypedDict):
+    """``stacks``: every thread's Python stack of every process of the job."""
+
+    job_id: str
+    pids: list[int]  # the processes asked to dump
+    unarmed_pids: list[int]  # python processes without the sitehook's handler
+    processes: list[StackProcessDoc]
+    summary: str
+    threads: int
+    dump: str
+    saved_to: str | None
+
+
+class HistoryReplyDoc(t.TypedDict):
+    """``history``: a job's full bounded plot data (``opsctl plot``)."""
+
+    job_id: str
+    name: str | None
+    state: JobStateName
+    phase: str | None
+    created_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    now: float
+    source: t.Literal["history.json", "events.jsonl"]
+    diagnosis: list[DiagnosisDoc]
+    history: HistoryDoc
+
+
+class CacheRowDoc(t.TypedDict):
+    """One compile cache (``cache/<fingerprint>/``) of ``cache-info``."""
+
+    fingerprint: str
+    path: str
+    size_bytes: int
+    files: int
+    created_at: float | None
+    created_by: str | None
+    build: str | None
+    last_used_at: float | None
+    current: bool
+    status: t.Literal["current", "stale"]
+    mega_cache: str | None  # the mega-cache artifact, when there is one
+    seed: dict[str, t.Any] | None  # what cache-seed recorded
+
+
+class OutsideCacheDoc(t.TypedDict):
+    """A compile cache outside opsctl's (torch's defaults): a risk across builds."""
+
+    path: str
+    size_bytes: int
+    files: int
+    why: str
+
+
+class CacheInfoDoc(t.TypedDict):
+    """``cache-info``: the compile caches, the current build's, and the ones outside."""
+
+    root: str
+    current_fingerprint: str | None
+    current_build: str | None
+    caches: list[CacheRowDoc]
+    outside: list[OutsideCacheDoc]
+    warnings: list[str]
+
+
+class RemovedCacheDoc(t.TypedDict):
+    fingerprint: str
+    path: str
+    size_bytes: int
+    files: int
+
+
+class CacheClearDoc(t.TypedDict):
+    """``cache-clear``: what was removed and the bytes it freed."""
+
+    removed: list[RemovedCacheDoc]
+    freed_bytes: int
+
+
+class SeedRunDoc(t.TypedDict):
+    """One warm-up run of ``cache-seed`` (cold or seeded)."""
+
+    wall_seconds: float
+    compile_seconds: float | None
+    compile_seconds_source: t.Literal["events", "wall"]
+    counters: dict[str, float]  # the compile events' *hit*/*miss* counters
+    hits: float
+    events: int
+
+
+class CacheSeedDoc(t.TypedDict):
+    """``cache-seed``: the artifact installed and the proof that the seeded run reused it."""
+
+    build: str
+    fingerprint: str
+    artifact: str
+    artifact_bytes: int
+    cold: SeedRunDoc
+    seeded: SeedRunDoc
+    speedup: float | None
+    reuse_proven: bool
+    log_path: str | None
+
+
+class VerificationDoc(t.TypedDict):
+    """The new build's checks (``inspect_torch.py --verify``) and the facts it read."""
+
+    checks: list[dict[str, t.Any]]  # {"name", "ok", "detail", "skipped"?}
+    facts: dict[str, t.Any]
+
+
+class _SwapRequired(t.TypedDict):
+    action: str  # noop | switch | install | install-only | present
+    build: str
+    previous: str | None
+    dry_run: bool
+    path: str
+    log_path: str | None
+    verification: VerificationDoc | None
+    install_seconds: float | None
+    switch_seconds: float | None
+    current: str | None
+    seconds: float
+
+
+class SwapDoc(_SwapRequired, total=False):
+    """``swap``: what the swap did (or, with ``--dry-run``, would do and what it checked)."""
+
+    python: str  # the new current build's python (after a switch)
+    fingerprint: str  # the new build's compile cache fingerprint (after an install)
+    checked: list[str]  # --dry-run: what it could check without writing anything
+
+
+class _ProbeRequired(t.TypedDict):
+    probe: str  # "compile-race"
+    status: t.Literal["ok", "affected", "crashed"]
+    affected: bool | None  # None: the probe learned nothing (crashed)
+    verdict: str
+    modes: dict[str, dict[str, t.Any]]  # per mode: status, timings, errors, hang stacks
+    env: dict[str, t.Any]  # torch, cuda, triton, python, device, hostname, ...
+
+
+class ProbeReportDoc(_ProbeRequired, total=False):
+    """``probe``: the compile-race probe's report (``remote_payload/probes/compile_race.py``);
+    a probe that died is ``status: "crashed"`` with what it left (never an error document)."""
+
+    version: int
+    config: dict[str, t.Any]
+    raw_output: str | None
+    started_at: float
+    wall_s: float
+    error: str
+    detail: str
+    deadline_hit: bool
+    probe_rc: int | None
+    probe_output: str
+    rc: int | None
+    signal: str | None
+    stderr_tail: list[str]
+    stdout_tail: list[str]
+    argv: list[str]
+
+
 #: The replies the CLI parses or passes through, by verb.
 REPLY_SHAPES: dict[str, type] = {
     "status": StatusDoc, "launch": StatusDoc, "jobs": JobListDoc, "stop": StopDoc,
     "logs": LogsChunkDoc, "envs": EnvsDoc, "queue": QueueDoc, "queue-move": QueueDoc,
-    "queue-add": QueueAddDoc, "queue-advance": QueueAdvanceDoc,
+    "queue-add": QueueAddDoc, "queue-advance": QueueAdvanceDoc, "queue-rm": QueueRmDoc,
+    "stacks": StacksDoc, "history": HistoryReplyDoc, "cache-info": CacheInfoDoc,
+    "cache-clear": CacheClearDoc, "cache-seed": CacheSeedDoc, "swap": SwapDoc,
+    "probe": ProbeReportDoc,
 }
 
 

@@ -17,6 +17,9 @@ time, with text made from the code itself:
   ``Field(description=...)`` written on the model), nested models after their parent;
 - ``agent-verbs``: every verb of the container agent (``VERBS`` in
   ``remote_payload/agent/__main__.py``, read with :mod:`ast`), by the module that serves it;
+- ``json-schemas``: every ``opsctl schema NAME`` (a command's ``--json`` document, trainer
+  events, the playbook and inventory files) with what it describes, from
+  :mod:`opsctl.cli.schemas`;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
   severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
@@ -183,6 +186,18 @@ def wire_shapes() -> str:
     return "\n".join(out)
 
 
+def json_schemas() -> str:
+    """Every schema ``opsctl schema`` prints, one row each, from its registry."""
+    _import_root()
+    from opsctl.cli import schemas
+
+    rows = ["| `opsctl schema …` | describes |", "| --- | --- |"]
+    for name in schemas.names():
+        what = schemas.what(name).replace("|", "\\|")
+        rows.append(f"| `{name}` | {what} |")
+    return "\n".join(rows)
+
+
 def trainer_flags() -> str:
     """Every flag of ``python -m remote_payload.trainer``: one per ``TrainArgs`` field, with its
     default and help, exactly as the trainer's own parser builds them (no torch import)."""
@@ -317,7 +332,7 @@ def torch_build_fields() -> str:
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
     "agent-verbs": agent_verb_table,
-    "wire-shapes": wire_shapes,
+    "wire-shapes": wire_shapes, "json-schemas": json_schemas,
     "trainer-flags": trainer_flags,
     "prometheus-metrics": prometheus_metrics, "prometheus-alerts": prometheus_alerts,
     "playbook-fields": playbook_fields, "pipeline-fields": pipeline_fields,

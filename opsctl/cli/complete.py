@@ -84,8 +84,9 @@ def jobs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Co
         with jobs_ops.open_target(host, ctid) as tgt:
             listed = jobs_ops.list_jobs(tgt, timeout=timeout)
         found.extend(candidates(
-            [r.job_id for r in listed.jobs], incomplete,
-            helps={r.job_id: f"{r.name or ''} {r.state.value if r.state else ''}" for r in listed.jobs}))
+            [r["job_id"] for r in listed["jobs"]], incomplete,
+            helps={r["job_id"]: f"{r.get('name') or ''} {r.get('state') or ''}"
+                   for r in listed["jobs"]}))
 
     def guarded() -> None:
         try:

@@ -39,8 +39,8 @@ from opsctl.errors import AgentError, OpsctlError, TransportError
 from opsctl.ops import jobs, watch
 from opsctl.ops import queue as queue_ops
 from opsctl.remote.agent_client import NoPayload
-from opsctl.remote.models import JobStatus
 from remote_payload.wire import dumps_strict, parse_event
+from remote_payload.wire_shapes import StatusDoc
 
 BIND = "127.0.0.1"  # loopback only: the reason the page needs no login (module docstring)
 MAX_WORKERS = 8
@@ -66,7 +66,7 @@ DOCTOR_DEADLINE_S = 60.0
 class ContainerView:
     host: str
     ctid: int
-    status: JobStatus | None = None
+    status: StatusDoc | None = None
     note: str | None = None  # no job / no payload: not an error
     error: str | None = None
     stale_s: float | None = None  # no answer this refresh: the data shown is this old
@@ -157,7 +157,7 @@ class Fleet:
         if last is not None and time.monotonic() - last[0] < QUEUE_EVERY_S:
             return last[1]
         try:
-            length = len(queue_ops.listing(tgt).jobs)
+            length = len(queue_ops.listing(tgt)["jobs"])
         except OpsctlError:
             return None
         self.queues[(host, ctid)] = (time.monotonic(), length)
@@ -401,43 +401,46 @@ def _container(cv: ContainerView) -> str:
         body = (f"<p class=\"err\">{esc(cv.error)}</p>" if cv.error
                 else f"<p class=\"note\">{esc(cv.note or '')}</p>")
         return head + "</h3>" + body + _doctor_line(cv) + "</div>"
-    parts = [head, f" · job <span class=\"job\">{esc(st.job_id)}</span> "
-             f"<span class=\"state {st.state.value}\" data-state=\"{st.state.value}\">"
-             f"{st.state.value}</span>"]
-    if st.phase:
-        parts.append(f" <span class=\"meta\">phase {esc(st.phase)}</span>")
+    state = esc(st["state"])
+    parts = [head, f" · job <span class=\"job\">{esc(st['job_id'])}</span> "
+             f"<span class=\"state {state}\" data-state=\"{state}\">{state}</span>"]
+    if st["phase"]:
+        parts.append(f" <span class=\"meta\">phase {esc(st['phase'])}</span>")
     parts.append("</h3>")
     from opsctl.cli.render import duration, metrics_line
 
-    facts = [f"elapsed {duration(st.elapsed_s)}"]
-    if st.exit_code is not None:
-        facts.append(f"exit code {st.exit_code}")
-    if st.signal:
-        facts.append(f"killed by {esc(st.signal)}")
+    facts = [f"elapsed {duration(st['elapsed_s'])}"]
+    if st["exit_code"] is not None:
+        facts.append(f"exit code {st['exit_code']}")
+    if st["signal"]:
+        facts.append(f"killed by {esc(st['signal'])}")
     if cv.queued:
         facts.append(f"{cv.queued} queued")
     parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
     parts.append(_doctor_line(cv))
-    parts.append(f"<div>{esc(metrics_line(st.last_step).plain)}</div>")
-    if st.history is not None:
-        charts = [plots.svg_chart(s, st.history.marks, escape=esc)
-                  for s in plots.series(st.history, plots.STATUS_METRICS)]
+    parts.append(f"<div>{esc(metrics_line(st['last_step']).plain)}</div>")
+    history = st.get("history")
+    if history is not None:
+        charts = [plots.svg_chart(s, history.get("marks", []), escape=esc)
+                  for s in plots.series(history, plots.STATUS_METRICS)]
         if charts:
             parts.append("<div class=\"charts\">" + "".join(charts) + "</div>")
-    for d in st.diagnosis:
-        parts.append(f"<div class=\"diag {esc(d.severity)}\"><b>[{esc(d.severity)}] {esc(d.cause)}</b>: "
-                     f"{esc(d.summary)}" + "".join(f"<br><small>evidence: {esc(e)}</small>"
-                                                  for e in d.evidence[:4])
-                     + (f"<br>next: {esc(d.hint)}" if d.hint else "") + "</div>")
-    for e in st.evidence:
+    for d in st["diagnosis"]:
+        sev = esc(d["severity"])
+        parts.append(f"<div class=\"diag {sev}\"><b>[{sev}] {esc(d['cause'])}</b>: "
+                     f"{esc(d['summary'])}" + "".join(f"<br><small>evidence: {esc(e)}</small>"
+                                                     for e in d["evidence"][:4])
+                     + (f"<br>next: {esc(d['hint'])}" if d["hint"] else "") + "</div>")
+    for e in st["evidence"]:
         parts.append(f"<div class=\"meta\">evidence: {esc(e)}</div>")
-    tail = [x for x in (st.pane_tail or st.output_tail) if parse_event(x) is None]
+    tail = [x for x in (st["pane_tail"] or st["output_tail"]) if parse_event(x) is None]
     if tail:
         parts.append("<pre class=\"pane\">" + html.escape(safe("\n".join(tail), newlines=True))
                      + "</pre>")
-    if st.gpus:
-        rows = "".join(f"<tr><td>{g.index}</td><td>{esc(g.name)}</td><td>{_n(g.util_pct)}</td>"
-                       f"<td>{_n(g.mem_used_mib)}/{_n(g.mem_total_mib)}</td></tr>" for g in st.gpus)
+    if st["gpus"]:
+        rows = "".join(f"<tr><td>{g['index']}</td><td>{esc(g['name'])}</td><td>{_n(g['util_pct'])}</td>"
+                       f"<td>{_n(g['mem_used_mib'])}/{_n(g['mem_total_mib'])}</td></tr>"
+                       for g in st["gpus"])
         parts.append("<table class=\"gpus\"><tr><th>#</th><th>GPU</th><th>util %</th>"
                      f"<th>mem MiB</th></tr>{rows}</table>")
     parts.append("</div>")
@@ -500,7 +503,7 @@ class Handler(BaseHTTPRequestHandler):
             doc = {"taken_at": snap.taken_at, "hosts": [
                 {"name": h.name, "error": h.error, "containers": [
                     {"ctid": c.ctid, "note": c.note, "error": c.error, "stale_s": c.stale_s,
-                     "status": None if c.status is None else c.status.model_dump(mode="json")}
+                     "status": c.status}
                     for c in h.containers]} for h in snap.hosts]}
             self._send(200, dumps_strict(doc), "application/json")
         elif path == "/metrics":

@@ -119,9 +119,9 @@ def _confirm_replacing(tgt: t.Any) -> None:
         st = watch.fetch_status(tgt.agent, None, lines=0)
     except (errors.UnknownJob, NoPayload):  # nothing launched (or shipped) yet
         return
-    if not st.terminal:
-        confirm(f"{tgt.label}: replace job {st.job_id} ({st.state.value}, "
-                f"{_step_text(st.last_step)})?", yes=False)
+    if not watch.is_terminal(st):
+        confirm(f"{tgt.label}: replace job {st['job_id']} ({st['state']}, "
+                f"{_step_text(st['last_step'])})?", yes=False)
 
 
 def _step_text(step: dict[str, t.Any] | None) -> str:
@@ -145,12 +145,12 @@ def _deploy_nodes(nodes_text: str, host: str | None, ctid: int | None, accept_ne
             err.print(render.plain(f"{render.now_stamp()} {name}…"))
 
     def on_poll(rows: list[t.Any], elapsed: float) -> None:
-        key = [(r.status.state, r.status.phase) if r.status else r.error for r in rows]
+        key = [(r.status["state"], r.status["phase"]) if r.status else r.error for r in rows]
         if not as_json and key != seen["key"]:
             seen["key"] = key
             err.print(render.plain(f"{render.now_stamp()} " + "  ".join(
-                f"node {r.index}: {r.status.state.value if r.status else 'no answer'}"
-                f"{' ' + r.status.phase if r.status and r.status.phase else ''}" for r in rows)))
+                f"node {r.index}: {r.status['state'] if r.status else 'no answer'}"
+                f"{' ' + r.status['phase'] if r.status and r.status['phase'] else ''}" for r in rows)))
 
     try:
         report = multinode.deploy(refs, playbook_path, replace=replace, wait=not no_wait,
@@ -194,7 +194,7 @@ class _Progress:
         if self.spinner is not None:
             self.spinner.update(text=line)
             return
-        key = (st.state, st.phase) if st is not None else None
+        key = (st["state"], st["phase"]) if st is not None else None
         if not self.quiet and (problem or key != self._last):
             self._last = key
             self.err.print(line)
@@ -288,7 +288,7 @@ def _status_once(host: str | None, ctid: int | None, accept_new_host_key: bool,
     if as_json:  # jsonout, not render: scripts poll this, and it needs no rich
         from opsctl.cli.jsonout import print_json
 
-        print_json(st.model_dump(mode="json"))
+        print_json(st)
     else:
         from opsctl.cli import render
 
@@ -319,24 +319,24 @@ def _status_follow(host: str | None, ctid: int | None, accept_new_host_key: bool
         seen: dict[str, t.Any] = {"key": None}
 
         def on_update(st: t.Any, elapsed: float, problem: str | None) -> None:
-            key = (st.state, st.phase, (st.last_step or {}).get("step")) if st else None
+            key = (st["state"], st["phase"], (st["last_step"] or {}).get("step")) if st else None
             if not as_json and (problem or key != seen["key"]):
                 seen["key"] = key
                 err.print(render.progress_line(st, elapsed, problem))
 
         st = watch.wait(tgt.agent, job_id, until="terminal", timeout_s=None, poll_s=poll_s,
                         on_update=on_update, lines=lines).status
-        if st.state.value in ("FAILED", "LOST"):  # the host's Xid/OOM lines of the job's window
+        if st["state"] in ("FAILED", "LOST"):  # the host's Xid/OOM lines of the job's window
             from opsctl.ops import deploy as deploy_ops
 
             st = deploy_ops.with_host_events(tgt, st)
         if not as_json:  # the job followed is the one it started with, whatever came after
-            err.print(render.plain(f"followed job {st.job_id} to its end: {st.state.value}"))
+            err.print(render.plain(f"followed job {st['job_id']} to its end: {st['state']}"))
     if as_json:
-        render.print_json(st.model_dump(mode="json"))
+        render.print_json(st)
     else:
         render.status(render.console(), tgt.label, st, pane_lines=lines)
-    if st.state.value != "SUCCEEDED":
+    if st["state"] != "SUCCEEDED":
         sys.exit(errors.JOB_FAILED)
 
 
@@ -387,6 +387,7 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
     """
     from opsctl.cli import plots, render
     from opsctl.ops import jobs
+    from remote_payload.wire import JobState
 
     since_s = plots.parse_since(since)
     out = sys.stdout.buffer
@@ -403,11 +404,11 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
         last = jobs.follow_logs(tgt, job_id, write, follow=follow, offset=offset, tail=tail,
                                 since_s=since_s, on_notice=notice)
     if follow:
-        how = (f"killed by {last.signal}" if last.signal else
-               f"exit code {last.exit_code}" if last.exit_code is not None else "no exit code")
-        err.print(render.plain(f"job {last.job_id} ended: {last.state.value} ({how})",
-                               style=render.STATE_COLOR[last.state]))
-        if last.state.value != "SUCCEEDED":
+        how = (f"killed by {last['signal']}" if last["signal"] else
+               f"exit code {last['exit_code']}" if last["exit_code"] is not None else "no exit code")
+        err.print(render.plain(f"job {last['job_id']} ended: {last['state']} ({how})",
+                               style=render.STATE_COLOR[JobState(last["state"])]))
+        if last["state"] != "SUCCEEDED":
             sys.exit(errors.JOB_FAILED)
 
 
@@ -440,7 +441,7 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
         except errors.FleetIncomplete as exc:  # the nodes reached were stopped; not "ok"
             _show_run(exc.report, as_json, render.run_stop_lines, exc)
             raise
-        survivors = any(r.stop and r.stop.remaining_pids for r in report.nodes)
+        survivors = any(r.stop and r.stop["remaining_pids"] for r in report.nodes)
         if as_json:
             render.print_json({"ok": not survivors, **report.to_dict()})
         else:
@@ -451,17 +452,17 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if not yes and interactive():
             st = watch.fetch_status(tgt.agent, job_id, lines=0)
-            job_id = st.job_id  # stop exactly the job the question named
-            if not st.terminal:
-                confirm(f"{tgt.label}: stop job {st.job_id} ({st.state.value}, "
-                        f"{_step_text(st.last_step)})?", yes=False)
+            job_id = st["job_id"]  # stop exactly the job the question named
+            if not watch.is_terminal(st):
+                confirm(f"{tgt.label}: stop job {st['job_id']} ({st['state']}, "
+                        f"{_step_text(st['last_step'])})?", yes=False)
         res = jobs.stop(tgt, job_id, grace_s)
     if as_json:
-        render.print_json(res.model_dump(mode="json"))
+        render.print_json(res)
     else:
-        render.console().print(render.stop_line(res.job_id, res.state, res.signals_sent,
-                                                res.remaining_pids))
-    if res.remaining_pids:
+        render.console().print(render.stop_line(res["job_id"], res["state"], res["signals_sent"],
+                                                res["remaining_pids"]))
+    if res["remaining_pids"]:
         sys.exit(errors.REMOTE_FAILED)
 
 
@@ -480,7 +481,7 @@ def jobs_cmd(host: str | None, ctid: int | None, accept_new_host_key: bool, all_
     if as_json:
         from opsctl.cli.jsonout import print_json
 
-        print_json({"target": tgt.label, **listed.model_dump(mode="json")})
+        print_json({"target": tgt.label, **listed})
         return
     from opsctl.cli import render
 

@@ -1,7 +1,7 @@
 """Pictures of a job's history: sparklines, terminal charts, PNG and SVG.
 
 Pure data preparation and drawing; no click, no rich, no remote calls. The data is the
-agent's bounded history (:class:`opsctl.models.History`: columns aligned with ``t``,
+agent's bounded history (:class:`remote_payload.wire_shapes.HistoryDoc`: columns aligned with ``t``,
 plus *marks* for recompiles, restarts, errors, hangs, diagnoses and the end).
 
 * :func:`sparkline_rows` — one line per metric for ``opsctl status``;
@@ -22,7 +22,7 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import ConfigError, LocalWriteError
-from opsctl.remote.models import History
+from remote_payload.wire_shapes import HistoryDoc, HistoryMarkDoc
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -102,16 +102,24 @@ def parse_since(text: str | None) -> float | None:
     return float(m["n"]) * _UNIT_S[m["unit"]]
 
 
-def series(hist: History, metrics: t.Sequence[str] = DEFAULT_METRICS) -> list[Series]:
+def _t(hist: HistoryDoc) -> list[float]:
+    return hist.get("t", [])
+
+
+def _marks(hist: HistoryDoc) -> list[HistoryMarkDoc]:
+    return hist.get("marks", [])
+
+
+def series(hist: HistoryDoc, metrics: t.Sequence[str] = DEFAULT_METRICS) -> list[Series]:
     """One :class:`Series` per metric that has at least one value in ``hist``."""
     out = []
     for name in metrics:
         metric = METRICS[name]
         for col in metric.columns:
-            raw: list[float | None] = getattr(hist, col, None) or []
+            raw: list[float | None] = t.cast(t.Mapping[str, t.Any], hist).get(col) or []
             if any(x is not None for x in raw):
                 vals = [None if x is None else x * metric.scale for x in raw]
-                out.append(Series(metric, list(hist.t[:len(vals)]), vals[:len(hist.t)]))
+                out.append(Series(metric, list(_t(hist)[:len(vals)]), vals[:len(_t(hist))]))
                 break
     return out
 
@@ -144,7 +152,7 @@ class SparkRow:
     high: str
 
 
-def sparkline_rows(hist: History | None, width: int = 40,
+def sparkline_rows(hist: HistoryDoc | None, width: int = 40,
                    metrics: t.Sequence[str] = STATUS_METRICS) -> list[SparkRow]:
     """The lines ``opsctl status`` shows under the metrics: label, sparkline, last, range."""
     if hist is None:
@@ -158,16 +166,16 @@ def sparkline_rows(hist: History | None, width: int = 40,
     return rows
 
 
-def mark_line(hist: History, width: int) -> str:
+def mark_line(hist: HistoryDoc, width: int) -> str:
     """Letters under a sparkline of ``width`` cells where the marks fall (C compile, R restart…)."""
-    if not hist.t or not hist.marks or width <= 0:
+    if not _t(hist) or not _marks(hist) or width <= 0:
         return ""
-    t0, t1 = hist.t[0], max(hist.t[-1] + hist.bucket_s, hist.t[0] + 1e-9)
-    n = math.ceil(len(hist.t) / max(1, math.ceil(len(hist.t) / width)))  # = the sparkline's cells
+    t0, t1 = _t(hist)[0], max(_t(hist)[-1] + hist.get("bucket_s", 0.0), _t(hist)[0] + 1e-9)
+    n = math.ceil(len(_t(hist)) / max(1, math.ceil(len(_t(hist)) / width)))  # = the sparkline's cells
     cells = [" "] * n
-    for m in hist.marks:  # where two fall in one cell the more serious one is shown
-        i = min(max(int((m.t - t0) / (t1 - t0) * n), 0), n - 1)
-        letter = MARK_LETTER.get(m.kind, "?")
+    for m in _marks(hist):  # where two fall in one cell the more serious one is shown
+        i = min(max(int((m["t"] - t0) / (t1 - t0) * n), 0), n - 1)
+        letter = MARK_LETTER.get(m["kind"], "?")
         if _RANK.get(letter, 0) >= _RANK.get(cells[i], -1):
             cells[i] = letter
     return "".join(cells)
@@ -176,21 +184,21 @@ def mark_line(hist: History, width: int) -> str:
 _RANK = {" ": -1, "X": 0, "C": 1, "R": 2, "E": 3, "H": 3, "D": 4}
 
 
-def legend(hist: History) -> list[str]:
+def legend(hist: HistoryDoc) -> list[str]:
     """One line per mark kind present: ``C compile ×3 (last: drafter_step)``; remote text raw,
     the caller makes it safe for where it is shown."""
     seen: dict[str, list[str]] = {}
-    for m in hist.marks:
-        seen.setdefault(m.kind, []).append(m.label)
+    for m in _marks(hist):
+        seen.setdefault(m["kind"], []).append(m["label"])
     return [f"{MARK_LETTER.get(k, '?')} {k} ×{len(v)} (last: {v[-1]})" for k, v in seen.items()]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def start_of(hist: History) -> float:
+def start_of(hist: HistoryDoc) -> float:
     """The time axis' zero: the first row, or an earlier mark (the first compile)."""
-    return min([hist.t[0], *(m.t for m in hist.marks)]) if hist.t else 0.0
+    return min([_t(hist)[0], *(m["t"] for m in _marks(hist))]) if _t(hist) else 0.0
 
 
 def _x(ts: t.Sequence[float], t0: float) -> tuple[list[float], str]:
@@ -206,7 +214,7 @@ def _pairs(s: Series) -> tuple[list[float], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100,
+def terminal_charts(hist: HistoryDoc, metrics: t.Sequence[str], *, width: int = 100,
                     height_each: int = 12, color: bool = True) -> str:
     """The charts ``opsctl plot`` prints: one panel per metric, marks as vertical lines.
 
@@ -235,15 +243,15 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
         if i == len(found):
             plx.xlabel(xlabel)
         unit = 3600.0 if xlabel.startswith("hours") else 60.0
-        for m in hist.marks:
-            plx.vline((m.t - t0) / unit, "red" if m.kind in ("error", "hang", "diagnosis") else
-                      "magenta" if m.kind == "compile" else "blue")
+        for m in _marks(hist):
+            plx.vline((m["t"] - t0) / unit, "red" if m["kind"] in ("error", "hang", "diagnosis") else
+                      "magenta" if m["kind"] == "compile" else "blue")
     out = str(plx.build())
     plx.clear_figure()
     return out if color else _ANSI.sub("", out)
 
 
-def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "") -> None:
+def write_png(hist: HistoryDoc, metrics: t.Sequence[str], path: str, title: str = "") -> None:
     """The same charts as a PNG (matplotlib, headless).
 
     Raises:
@@ -270,11 +278,11 @@ def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "
         ax.set_ylabel(s.metric.label)
         ax.grid(alpha=0.3)
         unit = 3600.0 if xlabel.startswith("hours") else 60.0
-        for m in hist.marks:
-            ax.axvline((m.t - t0) / unit, color=MARK_COLOR.get(m.kind, "k"), linewidth=0.8,
+        for m in _marks(hist):
+            ax.axvline((m["t"] - t0) / unit, color=MARK_COLOR.get(m["kind"], "k"), linewidth=0.8,
                        linestyle="--")
     axes[-1, 0].set_xlabel(xlabel + "  (dashed: " + ", ".join(
-        sorted({m.kind for m in hist.marks})) + ")" if hist.marks else xlabel)
+        sorted({m["kind"] for m in _marks(hist)})) + ")" if _marks(hist) else xlabel)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -351,11 +359,11 @@ def svg_chart(s: Series, marks: t.Sequence[t.Any], *, width: int = 320, height: 
 
     parts = [head]
     for m in marks:
-        if t0 <= m.t <= t1 + 1:
-            x = px(min(m.t, t1))
+        if t0 <= m["t"] <= t1 + 1:
+            x = px(min(m["t"], t1))
             parts.append(f'<line x1="{x:.1f}" y1="12" x2="{x:.1f}" y2="{height}" '
-                         f'stroke="{MARK_COLOR.get(m.kind, "#999")}" stroke-dasharray="3,2">'
-                         f"<title>{esc(m.kind)}: {esc(m.label)}</title></line>")
+                         f'stroke="{MARK_COLOR.get(m["kind"], "#999")}" stroke-dasharray="3,2">'
+                         f"<title>{esc(m['kind'])}: {esc(m['label'])}</title></line>")
     pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
     parts.append(f'<polyline fill="none" stroke="#2c7be5" stroke-width="1.5" points="{pts}"/>')
     f = s.metric.fmt

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from remote_payload.wire import NONFINITE_KEY, JobState
 
 if t.TYPE_CHECKING:
-    from opsctl.remote.models import JobStatus
+    from remote_payload.wire_shapes import StatusDoc
 
 
 # The dashboard's snapshot as this module reads it (structural: the dashboard imports this
@@ -40,7 +40,7 @@ class ContainerView(t.Protocol):
     @property
     def ctid(self) -> int: ...
     @property
-    def status(self) -> JobStatus | None: ...
+    def status(self) -> StatusDoc | None: ...
     @property
     def error(self) -> str | None: ...
     @property
@@ -106,15 +106,16 @@ def _age(now: float, at: t.Any) -> float | None:
     return max(0.0, now - float(at))
 
 
-def last_event_at(st: JobStatus) -> float | None:
+def last_event_at(st: StatusDoc) -> float | None:
     """When the job last said anything: its newest event, step or output line."""
     times: list[float] = []
-    for doc in [st.last_step or {}, *st.events_tail]:
+    for doc in [st["last_step"] or {}, *st["events_tail"]]:
         at = doc.get("_at")
         if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
             times.append(float(at))
-    if st.last_output_at is not None and math.isfinite(st.last_output_at):
-        times.append(st.last_output_at)
+    last_output_at = st["last_output_at"]
+    if last_output_at is not None and math.isfinite(last_output_at):
+        times.append(last_output_at)
     return max(times) if times else None
 
 
@@ -159,11 +160,11 @@ def _doctor(g: dict[str, GaugeMetricFamily], ct: list[str], rows: t.Sequence[t.M
         g["opsctl_doctor_age_seconds"].add_metric(ct, age)
 
 
-def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: JobStatus, now: float) -> None:
-    job = [*ct, st.job_id]
+def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: StatusDoc, now: float) -> None:
+    job = [*ct, st["job_id"]]
     for state in JobState:
-        g["opsctl_job_state"].add_metric([*job, state.value], 1.0 if st.state is state else 0.0)
-    step = st.last_step or {}
+        g["opsctl_job_state"].add_metric([*job, state.value], 1.0 if st["state"] == state.value else 0.0)
+    step = st["last_step"] or {}
     for key, name in (("step", "opsctl_job_step"), ("loss", "opsctl_job_loss"),
                       ("tok_s", "opsctl_job_tokens_per_second")):
         value = _number(step, key)
@@ -174,15 +175,15 @@ def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: JobStatus, now: flo
         age = _age(now, at)
         if age is not None:
             g[name].add_metric(job, age)
-    g["opsctl_job_restarts"].add_metric(job, float(len(st.restarts)))
-    for gpu in st.gpus:
-        lab = [*ct, str(gpu.index)]
-        g["opsctl_gpu_info"].add_metric([*lab, gpu.name], 1.0)
-        for name, value, scale in (("opsctl_gpu_utilization_ratio", gpu.util_pct, 0.01),
-                                   ("opsctl_gpu_memory_used_bytes", gpu.mem_used_mib, MIB),
-                                   ("opsctl_gpu_memory_total_bytes", gpu.mem_total_mib, MIB),
-                                   ("opsctl_gpu_temperature_celsius", gpu.temp_c, 1.0),
-                                   ("opsctl_gpu_power_watts", gpu.power_w, 1.0)):
+    g["opsctl_job_restarts"].add_metric(job, float(len(st["restarts"])))
+    for gpu in st["gpus"]:
+        lab = [*ct, str(gpu["index"])]
+        g["opsctl_gpu_info"].add_metric([*lab, gpu["name"]], 1.0)
+        for name, value, scale in (("opsctl_gpu_utilization_ratio", gpu["util_pct"], 0.01),
+                                   ("opsctl_gpu_memory_used_bytes", gpu["mem_used_mib"], MIB),
+                                   ("opsctl_gpu_memory_total_bytes", gpu["mem_total_mib"], MIB),
+                                   ("opsctl_gpu_temperature_celsius", gpu["temp_c"], 1.0),
+                                   ("opsctl_gpu_power_watts", gpu["power_w"], 1.0)):
             if value is not None:
                 g[name].add_metric(lab, value * scale)
 

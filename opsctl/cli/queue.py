@@ -18,6 +18,9 @@ from opsctl.cli import params as clitypes
 from opsctl.cli.app import json_option, target_options
 from remote_payload import wire
 
+if t.TYPE_CHECKING:
+    from remote_payload.wire_shapes import QueueDoc
+
 
 class GpuSpec(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     """``--gpus 4`` (a count) or ``--gpus 0,1,3`` (slot indices); refused at parse time."""
@@ -43,11 +46,11 @@ def _open(host: str | None, ctid: int | None, accept_new_host_key: bool) -> t.An
     return jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key)
 
 
-def _show_queue(label: str, listed: t.Any, as_json: bool) -> None:
+def _show_queue(label: str, listed: QueueDoc, as_json: bool) -> None:
     from opsctl.cli import render
 
     if as_json:
-        render.print_json({"target": label, **listed.model_dump(mode="json")})
+        render.print_json({"target": label, **listed})
     else:
         render.queue_table(render.console(), label, listed)
 

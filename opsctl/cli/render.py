@@ -28,16 +28,19 @@ from rich.text import Text
 
 from opsctl.cli.jsonout import print_json as print_json  # re-exported: callers use render.print_json
 from opsctl.errors import OpsctlError
-from opsctl.remote.models import (
-    DiagnosisItem,
-    GpuRow,
-    JobList,
-    JobStatus,
-    QueueHolder,
-    QueueList,
-    RestartFields,
-)
 from remote_payload.wire import EVENT_ACCEPTANCE, JobState, parse_event
+
+if t.TYPE_CHECKING:
+    from remote_payload.wire_shapes import (
+        DamagedRecordDoc,
+        DiagnosisDoc,
+        GpuRowDoc,
+        JobListDoc,
+        JobRowDoc,
+        QueueDoc,
+        QueueHolderDoc,
+        StatusDoc,
+    )
 
 STATE_COLOR: dict[JobState, str] = {
     JobState.QUEUED: "blue",
@@ -106,65 +109,68 @@ def duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def state_text(state: JobState) -> Text:
-    return Text(state.value, style=STATE_COLOR[state])
+def state_text(state: JobState | str) -> Text:
+    known = JobState(state)
+    return Text(known.value, style=STATE_COLOR[known])
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def gpu_table(gpus: list[GpuRow], holders: t.Sequence[QueueHolder] = ()) -> Table:
+def gpu_table(gpus: list[GpuRowDoc], holders: t.Sequence[QueueHolderDoc] = ()) -> Table:
     """The GPU table; with ``holders`` (the queue's record) a column says which job holds each."""
     table = Table(title="GPUs", title_justify="left", box=None, pad_edge=False)
     cols = ["#", "name", "util %", "mem used/total MiB", "temp °C", "power W"]
     for col in [*cols, *(["job"] if holders else [])]:
         table.add_column(col, justify="left" if col in ("name", "job") else "right")
     for g in gpus:
-        row: list[str | Text] = [str(g.index), plain(g.name), _num(g.util_pct),
-               f"{_num(g.mem_used_mib)}/{_num(g.mem_total_mib)}", _num(g.temp_c),
-               _num(g.power_w, "{:.1f}")]
+        row: list[str | Text] = [str(g["index"]), plain(g["name"]), _num(g["util_pct"]),
+               f"{_num(g['mem_used_mib'])}/{_num(g['mem_total_mib'])}", _num(g["temp_c"]),
+               _num(g["power_w"], "{:.1f}")]
         if holders:
-            row.append(plain(holder_of(g.index, holders) or "-"))
+            row.append(plain(holder_of(g["index"], holders) or "-"))
         table.add_row(*row)
     return table
 
 
-def holder_of(index: int, holders: t.Sequence[QueueHolder]) -> str | None:
+def holder_of(index: int, holders: t.Sequence[QueueHolderDoc]) -> str | None:
     """The job holding GPU ``index`` (a job without slots holds the whole container)."""
-    return next((h.job_id for h in holders if h.gpu_slots is None or index in h.gpu_slots), None)
+    return next((h["job_id"] for h in holders
+                 if h["gpu_slots"] is None or index in h["gpu_slots"]), None)
 
 
 def slots_text(slots: list[int] | None) -> str:
     return "all" if slots is None else ",".join(str(g) for g in slots)
 
 
-def queue_table(con: Console, label: str, q: QueueList) -> None:
+def queue_table(con: Console, label: str, q: QueueDoc) -> None:
     """``opsctl queue``: the queued jobs in order, then who holds which GPU slots."""
-    slots = "unknown (set gpus: for the container in the inventory)" if q.slots is None \
-        else str(q.slots)
+    slots = "unknown (set gpus: for the container in the inventory)" if q["slots"] is None \
+        else str(q["slots"])
     con.print(Text.assemble(("queue on ", "dim"), (safe(label), "bold"),
-                            (f"  ({len(q.jobs)} queued; GPU slots {slots})", "dim")))
-    if q.jobs:
+                            (f"  ({len(q['jobs'])} queued; GPU slots {slots})", "dim")))
+    if q["jobs"]:
         table = Table(box=None, pad_edge=False, header_style="bold")
         for col in ("#", "JOB", "PLAYBOOK", "AFTER", "GPUS", "WAITING FOR"):
             table.add_column(col, no_wrap=col != "WAITING FOR", overflow="fold")
-        for r in q.jobs:
-            gpus = "all" if r.gpus is None else (str(r.gpus) if isinstance(r.gpus, int)
-                                                 else "slots " + slots_text(r.gpus))
-            table.add_row(str(r.position), plain(r.job_id), plain(r.name or "-"),
-                          plain(r.after or "-"), gpus, plain(r.waiting_for))
+        for r in q["jobs"]:
+            want = r["gpus"]
+            gpus = "all" if want is None else (str(want) if isinstance(want, int)
+                                               else "slots " + slots_text(want))
+            table.add_row(str(r["position"]), plain(r["job_id"]), plain(r["name"] or "-"),
+                          plain(r["after"] or "-"), gpus, plain(r["waiting_for"]))
         con.print(table)
-    for h in q.holders:
-        con.print(plain(f"running: {h.job_id} ({h.state or '?'}) holds GPU slots "
-                        f"{slots_text(h.gpu_slots)}", style="dim"))
-    damaged_records(con, q.damaged)
+    for h in q["holders"]:
+        con.print(plain(f"running: {h['job_id']} ({h['state'] or '?'}) holds GPU slots "
+                        f"{slots_text(h['gpu_slots'])}", style="dim"))
+    damaged_records(con, q.get("damaged", []))
 
 
-def damaged_records(con: Console, damaged: t.Sequence[t.Any]) -> None:
+def damaged_records(con: Console, damaged: t.Sequence[DamagedRecordDoc]) -> None:
     """One line per job record the agent could not parse (left on disk untouched)."""
     for d in damaged:
-        con.print(plain(f"damaged record (set aside, left as it is): {d.path}: {d.reason}",
+        con.print(plain(f"damaged record (set aside, left as it is): {d['path']}: {d['reason']}",
                         style="yellow"))
 
 
@@ -181,16 +187,17 @@ def queue_added(con: Console, report: t.Any) -> None:
     con.print(plain("the container runs the queue by itself: `opsctl queue` shows it", style="dim"))
 
 
-def diagnosis(items: list[DiagnosisItem]) -> Panel | None:
+def diagnosis(items: list[DiagnosisDoc]) -> Panel | None:
     if not items:
         return None
     parts: list[Text] = []
     for d in items:
-        parts.append(plain(f"[{d.severity}] {d.cause}: {d.summary}", style=SEVERITY_COLOR[d.severity]))
-        parts.extend(plain(f"    evidence: {e}", style="dim") for e in d.evidence[:4])
-        if d.hint:
-            parts.append(plain(f"    next: {d.hint}", style="bold"))
-    worst = "red" if any(d.severity == "error" for d in items) else "yellow"
+        parts.append(plain(f"[{d['severity']}] {d['cause']}: {d['summary']}",
+                           style=SEVERITY_COLOR[d["severity"]]))
+        parts.extend(plain(f"    evidence: {e}", style="dim") for e in d["evidence"][:4])
+        if d["hint"]:
+            parts.append(plain(f"    next: {d['hint']}", style="bold"))
+    worst = "red" if any(d["severity"] == "error" for d in items) else "yellow"
     return Panel(Group(*parts), title="diagnosis", border_style=worst, title_align="left")
 
 
@@ -275,69 +282,75 @@ def acceptance_line(events: list[dict[str, t.Any]]) -> Text | None:
     return Text(line, style="bold")
 
 
-def status(con: Console, target: str, st: JobStatus, *, pane_lines: int = 20) -> None:
-    head = Text.assemble(("job ", "dim"), (safe(st.job_id), "bold"), ("  on ", "dim"),
-                         (safe(target), "bold"), ("  state ", "dim"), state_text(st.state))
-    if st.phase:
-        head.append(f"  phase {safe(st.phase)}", style="dim")
+def status(con: Console, target: str, st: StatusDoc, *, pane_lines: int = 20) -> None:
+    head = Text.assemble(("job ", "dim"), (safe(st["job_id"]), "bold"), ("  on ", "dim"),
+                         (safe(target), "bold"), ("  state ", "dim"), state_text(st["state"]))
+    if st["phase"]:
+        head.append(f"  phase {safe(st['phase'])}", style="dim")
     con.print(head)
     ended = ""
-    if st.exit_code is not None:
-        ended = f"  exit code {st.exit_code}"
-    if st.signal:
-        ended = f"  killed by {safe(st.signal)}"
-    con.print(Text(f"elapsed {duration(st.elapsed_s)}  pid {st.pid or '-'}{ended}", style="dim"))
+    if st["exit_code"] is not None:
+        ended = f"  exit code {st['exit_code']}"
+    if st["signal"]:
+        ended = f"  killed by {safe(st['signal'])}"
+    con.print(Text(f"elapsed {duration(st['elapsed_s'])}  pid {st['pid'] or '-'}{ended}", style="dim"))
     for line in restart_lines(st):
         con.print(line)
-    con.print(metrics_line(st.last_step))
-    tau = acceptance_line(st.events_tail)
+    con.print(metrics_line(st["last_step"]))
+    tau = acceptance_line(st["events_tail"])
     if tau is not None:
         con.print(tau)
     sparklines(con, st)
-    for e in st.evidence:
+    for e in st["evidence"]:
         con.print(plain(f"evidence: {e}", style="yellow"))
-    panel = diagnosis(st.diagnosis)
+    panel = diagnosis(st["diagnosis"])
     if panel is not None:
         con.print(panel)
     # events are for machines (status parses them); the human panel shows the human lines
-    tail = [x for x in (st.pane_tail or st.output_tail) if parse_event(x) is None]
+    tail = [x for x in (st["pane_tail"] or st["output_tail"]) if parse_event(x) is None]
     if tail:
-        src = "pane" if st.pane_tail else "output.log"
+        src = "pane" if st["pane_tail"] else "output.log"
         shown = tail[-pane_lines:]
         con.print(Panel(Text("\n".join(safe(x) for x in shown)), title=f"{src} (last {len(shown)} lines)",
                         title_align="left", border_style="dim"))
-    if st.gpu_slots is not None:
-        con.print(plain(f"GPU slots {slots_text(st.gpu_slots)} (CUDA_VISIBLE_DEVICES)", style="dim"))
-    if st.after:
-        con.print(plain(f"after job {st.after} (starts when it succeeds)", style="dim"))
-    if st.gpus:
-        con.print(gpu_table(st.gpus, st.gpu_holders))
-    elif st.gpu_error:
-        con.print(plain(f"GPUs: {st.gpu_error}", style="yellow"))
+    slots = st.get("gpu_slots")
+    if slots is not None:
+        con.print(plain(f"GPU slots {slots_text(slots)} (CUDA_VISIBLE_DEVICES)", style="dim"))
+    if st.get("after"):
+        con.print(plain(f"after job {st.get('after')} (starts when it succeeds)", style="dim"))
+    if st["gpus"]:
+        con.print(gpu_table(st["gpus"], st.get("gpu_holders", [])))
+    elif st["gpu_error"]:
+        con.print(plain(f"GPUs: {st['gpu_error']}", style="yellow"))
     else:
         con.print(Text("GPUs: none in this container", style="dim"))
-    if st.output_log:
-        con.print(plain(f"full output: {st.output_log} (in the container; `opsctl logs`)", style="dim"))
+    if st["output_log"]:
+        con.print(plain(f"full output: {st['output_log']} (in the container; `opsctl logs`)",
+                        style="dim"))
 
 
-def attempt_text(r: RestartFields) -> str:
+def attempt_text(r: StatusDoc | JobRowDoc) -> str:
     """``2/4``: attempt 2 of at most 4 (1 + max_restarts); ``-`` without a restart policy."""
-    if r.attempt is None:
+    attempt, most = r.get("attempt"), r.get("max_restarts")
+    if attempt is None:
         return "-"
-    return f"{r.attempt}/{1 + r.max_restarts}" if r.max_restarts is not None else str(r.attempt)
+    return f"{attempt}/{1 + most}" if most is not None else str(attempt)
 
 
-def restart_lines(r: RestartFields) -> list[Text]:
+def restart_lines(r: StatusDoc | JobRowDoc) -> list[Text]:
     """The restart policy's record: the attempt, each decision, why the job ended."""
     out: list[Text] = []
-    if r.attempt is not None and (r.max_restarts or r.restarts or r.attempt > 1):
+    attempt, restarts = r.get("attempt"), r.get("restarts") or []
+    if attempt is not None and (r.get("max_restarts") or restarts or attempt > 1):
         out.append(Text(f"attempt {attempt_text(r)}", style="bold"))
-    for rec in r.restarts:
-        at = time.strftime("%m-%d %H:%M:%S", time.localtime(rec.at)) if rec.at else "-"
-        out.append(plain(f"  attempt {rec.attempt if rec.attempt is not None else '?'} ended {at}: "
-                         f"{rec.reason or '?'} → {rec.decision or '?'}", style="dim"))
-    if r.end_reason:
-        out.append(plain(f"ended: {r.end_reason}", style="dim"))
+    for rec in restarts:
+        when = rec.get("at")
+        at = time.strftime("%m-%d %H:%M:%S", time.localtime(when)) if when else "-"
+        n = rec.get("attempt")
+        out.append(plain(f"  attempt {n if n is not None else '?'} ended {at}: "
+                         f"{rec.get('reason') or '?'} → {rec.get('decision') or '?'}", style="dim"))
+    if r.get("end_reason"):
+        out.append(plain(f"ended: {r.get('end_reason')}", style="dim"))
     return out
 
 
@@ -351,7 +364,7 @@ def _clock(ts: float | None, now: float) -> str:
     return time.strftime("%m-%d %H:%M", lt)
 
 
-def jobs_table(con: Console, label: str, jl: JobList) -> None:
+def jobs_table(con: Console, label: str, jl: JobListDoc) -> None:
     """``opsctl jobs``: one row per job, newest first, sacct-like."""
     now = time.time()
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -361,37 +374,40 @@ def jobs_table(con: Console, label: str, jl: JobList) -> None:
                          ("DIAGNOSIS", "left")):
         table.add_column(col, justify=justify,  # type: ignore[arg-type]
                          no_wrap=col != "DIAGNOSIS", overflow="fold")
-    for r in jl.jobs:
-        step = r.last_step or {}
+    for r in jl["jobs"]:
+        step = r.get("last_step") or {}
         tok = step.get("tok_s")
-        exit_text = safe(r.signal) if r.signal else ("-" if r.exit_code is None else str(r.exit_code))
-        head = r.headline
-        diag = plain(r.error or "", style="red") if r.state is None else (
-            plain(head.summary[:120], style=SEVERITY_COLOR.get(head.severity or "", ""))
+        sig, code, state = r.get("signal"), r.get("exit_code"), r.get("state")
+        exit_text = safe(sig) if sig else ("-" if code is None else str(code))
+        head = r.get("headline")
+        diag = plain(r.get("error") or "", style="red") if state is None else (
+            plain(head["summary"][:120], style=SEVERITY_COLOR.get(head["severity"], ""))
             if head else Text(""))
         table.add_row(
-            "*" if r.current else "", plain(r.job_id), plain(r.name or "-"),
-            state_text(r.state) if r.state else Text("?", style="red"),
-            _clock(r.started_at or r.created_at, now), _clock(r.ended_at, now),
-            duration(r.elapsed_s), exit_text, safe(step.get("step", "-")),
+            "*" if r.get("current") else "", plain(r["job_id"]), plain(r.get("name") or "-"),
+            state_text(state) if state else Text("?", style="red"),
+            _clock(r.get("started_at") or r.get("created_at"), now), _clock(r.get("ended_at"), now),
+            duration(r.get("elapsed_s")), exit_text, safe(step.get("step", "-")),
             f"{tok / 1000:.2f}" if isinstance(tok, int | float) else "-", attempt_text(r), diag)
+    shown, total = len(jl["jobs"]), jl["total"]
     con.print(Text.assemble(("jobs on ", "dim"), (safe(label), "bold"),
-                            (f"  ({len(jl.jobs)} of {jl.total}"
-                             f"{'' if not jl.limit or len(jl.jobs) >= jl.total else '; --all for every job'}"
+                            (f"  ({shown} of {total}"
+                             f"{'' if not jl['limit'] or shown >= total else '; --all for every job'}"
                              "; * = current)", "dim")))
-    if jl.jobs:
+    if jl["jobs"]:
         if not con.is_terminal:  # piped (grep, awk): one line per job, never folded at 80
             con = Console(file=con.file, width=400, highlight=False, color_system=None)
         con.print(table)
-    damaged_records(con, jl.damaged)
+    damaged_records(con, jl.get("damaged", []))
 
 
-def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:
+def sparklines(con: Console, st: StatusDoc, width: int = 48) -> None:
     """Loss, tok/s and GPU utilisation over the job's history, marks underneath."""
     from opsctl.cli import plots
 
-    rows = plots.sparkline_rows(st.history, width)
-    if not rows or st.history is None:
+    history = st.get("history")
+    rows = plots.sparkline_rows(history, width)
+    if not rows or history is None:
         return
     lw = max(len(r.label) for r in rows)
     for r in rows:
@@ -399,26 +415,26 @@ def sparklines(con: Console, st: JobStatus, width: int = 48) -> None:
         line.append(r.spark, style="cyan")
         line.append(f" {r.last}  ({r.low}…{r.high})", style="dim")
         con.print(line)
-    marks = plots.mark_line(st.history, width)
+    marks = plots.mark_line(history, width)
     if marks.strip():
         con.print(Text(f"  {'':<{lw}} {marks}", style="magenta"))
-        for entry in plots.legend(st.history):
+        for entry in plots.legend(history):
             con.print(plain(f"  {'':<{lw}} {entry}", style="dim"))
 
 
-def progress_line(st: JobStatus | None, elapsed: float, problem: str | None) -> Text:
+def progress_line(st: StatusDoc | None, elapsed: float, problem: str | None) -> Text:
     if problem:
         return plain(f"{duration(elapsed)}  {problem}", style="yellow")
     if st is None:
         return Text(f"{duration(elapsed)}  waiting for the first status…")
     line = Text(f"{duration(elapsed)}  ")
-    line.append_text(state_text(st.state))
-    if st.phase:
-        line.append(f" ({safe(st.phase)})", style="dim")
-    if st.last_step and isinstance(st.last_step.get("tok_s"), int | float):
-        line.append(f"  step {safe(st.last_step.get('step'))} "
-                    f"{st.last_step['tok_s'] / 1000:.2f} Ktok/s")
-    human = [x for x in st.output_tail if parse_event(x) is None]
+    line.append_text(state_text(st["state"]))
+    if st["phase"]:
+        line.append(f" ({safe(st['phase'])})", style="dim")
+    step = st["last_step"]
+    if step and isinstance(step.get("tok_s"), int | float):
+        line.append(f"  step {safe(step.get('step'))} {step['tok_s'] / 1000:.2f} Ktok/s")
+    human = [x for x in st["output_tail"] if parse_event(x) is None]
     if human:
         line.append(f"  │ {safe(human[-1][:80])}", style="dim")
     return line
@@ -428,23 +444,24 @@ def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
-def deploy_verdict(job_id: str, outcome: str, st: JobStatus, elapsed_s: float) -> Text:
+def deploy_verdict(job_id: str, outcome: str, st: StatusDoc, elapsed_s: float) -> Text:
     """The last line of a deploy: what the job is doing *now*, never a stale "healthy"."""
     after = f" after {duration(elapsed_s)}"
-    if st.terminal:  # finished before (or while) it was watched: say how
-        how = f"exit code {st.exit_code}" if st.exit_code is not None else (
-            f"killed by {safe(st.signal)}" if st.signal else "no exit code")
-        return Text(f"{safe(job_id)}: finished {st.state.value} ({how}){after}",
-                    style=STATE_COLOR[st.state])
+    state = JobState(st["state"])
+    if state.is_terminal():  # finished before (or while) it was watched: say how
+        how = f"exit code {st['exit_code']}" if st["exit_code"] is not None else (
+            f"killed by {safe(st['signal'])}" if st["signal"] else "no exit code")
+        return Text(f"{safe(job_id)}: finished {state.value} ({how}){after}",
+                    style=STATE_COLOR[state])
     if outcome == "healthy":
-        return Text(f"{safe(job_id)}: healthy: {st.state.value}, training is running{after}",
+        return Text(f"{safe(job_id)}: healthy: {state.value}, training is running{after}",
                     style="bold green")
     if outcome == "launched":
         return Text(f"{safe(job_id)}: launched (not watched){after}", style="bold green")
-    return Text(f"{safe(job_id)}: {safe(outcome)} ({st.state.value}){after}", style="yellow")
+    return Text(f"{safe(job_id)}: {safe(outcome)} ({state.value}){after}", style="yellow")
 
 
-def stop_line(job_id: str, state: JobState, signals: list[str], remaining: list[int]) -> Text:
+def stop_line(job_id: str, state: JobState | str, signals: list[str], remaining: list[int]) -> Text:
     line = Text(f"{safe(job_id)}: ")
     line.append_text(state_text(state))
     line.append(f" (signals: {safe(', '.join(signals)) or 'none'})")
@@ -454,7 +471,7 @@ def stop_line(job_id: str, state: JobState, signals: list[str], remaining: list[
     return line
 
 
-def swap_headline(rep: dict[str, t.Any]) -> Text:
+def swap_headline(rep: t.Mapping[str, t.Any]) -> Text:
     """``swap-torch``'s first line; a dry run says what *would* happen (nothing changed)."""
     action = str(rep.get("action"))
     if rep.get("dry_run"):
@@ -473,7 +490,7 @@ def swap_headline(rep: dict[str, t.Any]) -> Text:
     return line
 
 
-def stacks(con: Console, doc: dict[str, t.Any]) -> None:
+def stacks(con: Console, doc: t.Mapping[str, t.Any]) -> None:
     """``opsctl stacks``: a summary line, then each process's dump under its rank/pid/GPU."""
     procs = doc.get("processes") or []
     con.print(safe(f"{doc.get('job_id')}: {doc.get('threads')} threads in {len(procs)} process(es); "
@@ -493,7 +510,7 @@ def stacks(con: Console, doc: dict[str, t.Any]) -> None:
 # --- tables of the torch, probe and hosts commands -------------------------------------------
 
 
-def torch_envs(con: Console, label: str, doc: dict[str, t.Any], history: int) -> None:
+def torch_envs(con: Console, label: str, doc: t.Mapping[str, t.Any], history: int) -> None:
     """``opsctl envs``: the builds in the container and the swap history."""
     table = Table(title=f"torch builds on {label}", title_justify="left", box=None)
     for col in ("", "build", "pin", "size", "installed", "source"):
@@ -513,7 +530,7 @@ def torch_envs(con: Console, label: str, doc: dict[str, t.Any], history: int) ->
             + (f" ({h.get('step')}: {h.get('reason')})" if h.get("result") != "ok" else "")))
 
 
-def compile_caches(con: Console, label: str, doc: dict[str, t.Any]) -> None:
+def compile_caches(con: Console, label: str, doc: t.Mapping[str, t.Any]) -> None:
     """``opsctl cache info``: one row per compile cache."""
     table = Table(title=f"compile caches on {label}", title_justify="left", box=None)
     for col in ("status", "fingerprint", "size", "files", "last used", "mega-cache"):
@@ -532,7 +549,7 @@ def compile_caches(con: Console, label: str, doc: dict[str, t.Any]) -> None:
 PROBE_STATUS_STYLE = {"ok": "green", "error": "bold red", "hang": "bold red", "crashed": "bold red"}
 
 
-def probe_report(con: Console, label: str, report: dict[str, t.Any]) -> None:
+def probe_report(con: Console, label: str, report: t.Mapping[str, t.Any]) -> None:
     env = report.get("env") or {}
     con.print(plain(f"compile-race probe on {label}: torch {env.get('torch', '?')} "
                    f"(CUDA {env.get('cuda') or '-'}, Triton {env.get('triton') or '-'}), "
@@ -616,9 +633,9 @@ def run_table(con: Console, report: t.Any) -> None:
             table.add_row(str(row.index), plain(row.label), Text("-", style="dim"), "", "", "", "",
                           plain(row.error or "", style="yellow"))
             continue
-        step = st.last_step or {}
-        first = st.diagnosis[0].summary if st.diagnosis else ""
-        table.add_row(str(row.index), plain(row.label), state_text(st.state), plain(st.phase or ""),
+        step = st["last_step"] or {}
+        first = st["diagnosis"][0]["summary"] if st["diagnosis"] else ""
+        table.add_row(str(row.index), plain(row.label), state_text(st["state"]), plain(st["phase"] or ""),
                       safe(step.get("step", "")), safe(step.get("loss", "")),
                       safe(step.get("tok_s", "")), plain(first[:100]))
     con.print(table)
@@ -634,8 +651,8 @@ def run_stop_lines(con: Console, report: t.Any) -> None:
             con.print(plain(prefix + (row.error or "no answer"), style="yellow"))
             continue
         line = plain(prefix)
-        line.append_text(stop_line(row.stop.job_id, row.stop.state, row.stop.signals_sent,
-                                   row.stop.remaining_pids))
+        line.append_text(stop_line(row.stop["job_id"], row.stop["state"], row.stop["signals_sent"],
+                                   row.stop["remaining_pids"]))
         con.print(line)
 
 

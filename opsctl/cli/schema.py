@@ -1,7 +1,7 @@
 """``opsctl schema [COMMAND]``: the JSON Schema of a command's ``--json`` document.
 
 Listed in :data:`COMMANDS` (assembled by :mod:`opsctl.cli`). The schemas are built in
-:mod:`opsctl.ops.schemas` from the types that produce the documents, so a script written
+:mod:`opsctl.cli.schemas` from the types that produce the documents, so a script written
 against them keeps working exactly as long as the output does.
 """
 
@@ -18,19 +18,18 @@ from opsctl import errors
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def schema(command: tuple[str, ...]) -> None:
-    """The JSON Schema (draft 2020-12) of `opsctl COMMAND --json`; `event` for trainer events.
+    """The JSON Schema (draft 2020-12) of `opsctl COMMAND --json`; `event` for trainer events,
+    `playbook` and `inventory` for those files.
 
-    Without COMMAND, lists the commands that have one. `opsctl schema status --all` is the
-    fleet view's. Exit 2 for a command without a schema.
+    Without COMMAND, lists every schema. `opsctl schema status --all` is the fleet view's.
+    Exit 2 for a command without a schema.
     """
-    from opsctl.ops import schemas
+    from opsctl.cli import schemas
 
     if not command:
         width = max(len(n) for n in schemas.names())
         for name in schemas.names():
-            what = schemas.DOCUMENTS[name][0] if name in schemas.DOCUMENTS else \
-                "one trainer event (a JSON object per line of the job's output)"
-            sys.stdout.write(f"{name:<{width}}  {what}\n")
+            sys.stdout.write(f"{name:<{width}}  {schemas.what(name)}\n")
         return
     name = " ".join(command).replace("--json", "").strip()
     name = " ".join(name.split())

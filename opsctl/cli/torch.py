@@ -56,7 +56,8 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
     con.print(render.swap_headline(rep))
     for fact in rep.get("checked") or []:
         con.print(render.plain(f"  checked: {fact}"))
-    checks = ((rep.get("verification") or {}).get("checks")) or []
+    verification = rep.get("verification")
+    checks = verification["checks"] if verification else []
     for c in checks:
         mark = "skipped" if c.get("skipped") else ("ok" if c.get("ok") else "FAILED")
         con.print(render.plain(f"  verify {c.get('name')}: {mark} {c.get('detail') or ''}"))

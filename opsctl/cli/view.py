@@ -45,20 +45,20 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         rep = history.fetch(tgt.agent, job_id, since_s)
     if as_json:
-        render.print_json(rep.model_dump(mode="json"))
+        render.print_json(rep)
         return
     con = render.console()
-    title = f"job {rep.job_id} on {tgt.label}: {rep.state.value}"
+    title = f"job {rep['job_id']} on {tgt.label}: {rep['state']}"
     if png_path is not None:
-        plots.write_png(rep.history, names, png_path, title=render.safe(title))
+        plots.write_png(rep["history"], names, png_path, title=render.safe(title))
         con.print(render.plain(f"{title}: charts written to {png_path}"))
         return
     con.print(render.plain(title, style="bold"))
     cols = width or max(40, min(shutil.get_terminal_size((100, 24)).columns, 160))
-    sys.stdout.write(plots.terminal_charts(rep.history, names, width=cols,
+    sys.stdout.write(plots.terminal_charts(rep["history"], names, width=cols,
                                            color=sys.stdout.isatty()) + "\n")
     sys.stdout.flush()
-    for entry in plots.legend(rep.history):
+    for entry in plots.legend(rep["history"]):
         con.print(render.plain(entry, style="dim"))
 
 

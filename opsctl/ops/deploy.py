@@ -36,10 +36,10 @@ from opsctl.ops import torch as torch_ops
 from opsctl.ops import watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.agent_client import NoPayload, PayloadResult
-from opsctl.remote.models import JobStatus
 from opsctl.state import last_target as target_mod
 from remote_payload import wire
 from remote_payload.wire import ErrorType, JobState
+from remote_payload.wire_shapes import StatusDoc
 
 Progress = t.Callable[[str], None]
 
@@ -80,7 +80,7 @@ class DeployReport:
     playbook: str
     payload: PayloadResult
     outcome: str  # healthy | terminal | timeout | launched
-    status: JobStatus
+    status: StatusDoc
     elapsed_s: float
     steps: list[dict[str, t.Any]] = field(default_factory=list)
 
@@ -89,7 +89,7 @@ class DeployReport:
             "target": self.target, "job_id": self.job_id, "playbook": self.playbook,
             "payload": self.payload.__dict__, "outcome": self.outcome,
             "elapsed_s": round(self.elapsed_s, 3), "steps": self.steps,
-            "status": self.status.model_dump(mode="json"),
+            "status": self.status,
         }
 
 
@@ -173,7 +173,7 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
                               "launched and keeps running",
                               hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
         status, outcome = result.status, result.reason
-    if status.state in (JobState.FAILED, JobState.LOST) or outcome == "timeout":
+    if status["state"] in (JobState.FAILED, JobState.LOST) or outcome == "timeout":
         status = with_host_events(tgt, status)
     report = DeployReport(tgt.label, job_id, book.name, pay, outcome, status,
                           time.monotonic() - start, steps)
@@ -185,7 +185,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
                      step: t.Callable[..., None], steps: list[dict[str, t.Any]],
                      ship: t.Callable[[bool], PayloadResult], *, replace: bool,
                      force_payload: bool, on_step: Progress | None,
-                     force_gpus: bool, secrets: dict[str, str]) -> tuple[JobStatus, PayloadResult]:
+                     force_gpus: bool, secrets: dict[str, str]) -> tuple[StatusDoc, PayloadResult]:
     job_id = spec["job_id"]
     pay: PayloadResult | None = None
     if force_payload or needs_torch_work(book):
@@ -205,7 +205,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
         step("files")
         pushed = files_mod.push_playbook_files(tgt, book)
         step("files-done", files=sum(r.files for r in pushed), bytes=sum(r.bytes for r in pushed))
-    status: JobStatus | None = None
+    status: StatusDoc | None = None
     if pay is None:  # launch checks the installed payload's digest: one round trip
         from opsctl.remote import payload as payload_mod
 
@@ -324,7 +324,7 @@ def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) 
 
 
 def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,
-            secrets: dict[str, str], payload_digest: str | None = None) -> JobStatus:
+            secrets: dict[str, str], payload_digest: str | None = None) -> StatusDoc:
     args = ["--spec-json", json.dumps(spec)]
     stdin = None
     if spec.get("secrets"):
@@ -339,10 +339,11 @@ def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool
         args += ["--slots", str(container.gpus)]  # a count of GPUs needs the container's count
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
-    return JobStatus.model_validate(tgt.agent.call("launch", *args, timeout=60, stdin=stdin))
+    return watch.parse_status(tgt.agent.call("launch", *args, timeout=60, stdin=stdin),
+                              where=f"{tgt.label}: launch")
 
 
-def with_host_events(tgt: Target, st: JobStatus) -> JobStatus:
+def with_host_events(tgt: Target, st: StatusDoc) -> StatusDoc:
     """``st`` with the host kernel's Xid/OOM entries of the job's window first in its
     diagnosis (the agent in the container cannot read the host's log); a log that could not
     be read is an ``info`` entry at the end, never in front of the job's own diagnosis."""
@@ -351,25 +352,26 @@ def with_host_events(tgt: Target, st: JobStatus) -> JobStatus:
     extra = doctor.kernel_diagnosis(tgt, st)
     if not extra:
         return st
-    found = [d for d in extra if d.severity != "info"]
-    notes = [d for d in extra if d.severity == "info"]
-    return st.model_copy(update={"diagnosis": [*found, *st.diagnosis, *notes]})
+    found = [d for d in extra if d["severity"] != "info"]
+    notes = [d for d in extra if d["severity"] == "info"]
+    return {**st, "diagnosis": [*found, *st["diagnosis"], *notes]}
 
 
 def check_outcome(report: DeployReport) -> None:
     st = report.status
-    if st.terminal and st.state.value != "SUCCEEDED":
-        why = f"exit code {st.exit_code}" if st.exit_code is not None else (st.signal or "")
-        first = st.diagnosis[0].summary if st.diagnosis else (st.output_tail[-1] if st.output_tail else "")
-        err = JobFailed(f"{report.target}: job {report.job_id} {st.state.value}"
+    if watch.is_terminal(st) and st["state"] != "SUCCEEDED":
+        why = f"exit code {st['exit_code']}" if st["exit_code"] is not None else (st["signal"] or "")
+        first = st["diagnosis"][0]["summary"] if st["diagnosis"] else \
+            (st["output_tail"][-1] if st["output_tail"] else "")
+        err = JobFailed(f"{report.target}: job {report.job_id} {st['state']}"
                         f"{' (' + why + ')' if why else ''}{': ' + first if first else ''}",
                         hint="opsctl status  (pane tail, diagnosis) · opsctl logs  (full output)",
-                        log_path=st.output_log, report=report)
+                        log_path=st["output_log"], report=report)
         raise err
     if report.outcome == "timeout":
         err2 = JobUnhealthy(f"{report.target}: job {report.job_id} not healthy after "
-                            f"{report.elapsed_s:.0f} s (state {st.state.value})",
-                            hint="opsctl status  ·  opsctl stacks (is it stuck?)", log_path=st.output_log,
+                            f"{report.elapsed_s:.0f} s (state {st['state']})",
+                            hint="opsctl status  ·  opsctl stacks (is it stuck?)", log_path=st["output_log"],
                             report=report)
         raise err2
 
@@ -396,7 +398,7 @@ def _prepare_torch(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
         else:
             spec = book.torch
 
-            def do_swap(install_only: bool = False) -> dict[str, t.Any]:
+            def do_swap(install_only: bool = False) -> t.Mapping[str, t.Any]:
                 return torch_ops.swap(tgt, spec.variant, version=spec.version, requirements=book.requirements,
                             install_only=install_only, progress=progress)
 

@@ -30,7 +30,7 @@ from remote_payload.wire import doctor_row
 
 if t.TYPE_CHECKING:
     from opsctl.ops.jobs import Target
-    from opsctl.remote.models import DiagnosisItem, JobStatus
+    from remote_payload.wire_shapes import DiagnosisDoc, StatusDoc
 
 Row = dict[str, str]
 NO_DRIVER = "no NVIDIA driver on the host"
@@ -303,39 +303,36 @@ def _gpu_name(pci: str | None, bus_to_index: dict[str, int]) -> str:
 # --- host kernel events in a job's diagnosis ---------------------------------------------
 
 
-def kernel_diagnosis(tgt: Target, st: JobStatus, *, timeout: float = 20.0) -> list[DiagnosisItem]:
+def kernel_diagnosis(tgt: Target, st: StatusDoc, *, timeout: float = 20.0) -> list[DiagnosisDoc]:
     """Diagnosis entries for the host kernel's Xid lines and OOM kills of this container in
     the job's time window: ``host-xid`` (an error for a failed/lost job, a warning for a live
     one) and ``host-oom``. [] when there are none; one ``info`` entry when the host's log
     cannot be read (it says why). Transport errors are entries too: the diagnosis around it
     must still show."""
-    from opsctl.remote.models import DiagnosisItem
+    from opsctl.ops.watch import is_terminal
 
-    since = st.started_at or st.created_at
-    if since is None:
-        return []
-    until = st.ended_at or time.time()
+    since = st["started_at"] or st["created_at"]
+    until = st["ended_at"] or time.time()
     try:
         log = hostfacts.kernel_events(tgt.remote, since, until, timeout=timeout)
         host = hostfacts.gpus(tgt.remote, timeout) if any(e.kind == "xid" for e in log.events) \
             else hostfacts.HostGpus(None, "")
     except OpsctlError as exc:
-        return [DiagnosisItem(cause="host-log", severity="info",
-                              summary=f"the host's kernel log could not be read: {exc.message}")]
+        return [{"cause": "host-log", "severity": "info",
+                 "summary": f"the host's kernel log could not be read: {exc.message}",
+                 "evidence": [], "hint": ""}]
     if log.error is not None:
-        return [DiagnosisItem(cause="host-log", severity="info",
-                              summary="the host's kernel log is not readable: Xid and OOM lines "
-                                      "of this job are unknown", evidence=[log.error],
-                              hint=f"on the host: usermod -aG adm,systemd-journal {tgt.host.user}")]
-    return diagnosis_items(log.events, host.bus_to_index, tgt.ctid, live=not st.terminal)
+        return [{"cause": "host-log", "severity": "info",
+                 "summary": "the host's kernel log is not readable: Xid and OOM lines of this "
+                            "job are unknown", "evidence": [log.error],
+                 "hint": f"on the host: usermod -aG adm,systemd-journal {tgt.host.user}"}]
+    return diagnosis_items(log.events, host.bus_to_index, tgt.ctid, live=not is_terminal(st))
 
 
 def diagnosis_items(events: list[kernlog.KernelEvent], bus_to_index: dict[str, int], ctid: int,
-                    *, live: bool) -> list[DiagnosisItem]:
+                    *, live: bool) -> list[DiagnosisDoc]:
     """The ``host-xid``/``host-oom`` entries of a window's kernel events (pure)."""
-    from opsctl.remote.models import DiagnosisItem
-
-    items: list[DiagnosisItem] = []
+    items: list[DiagnosisDoc] = []
     by_code: dict[tuple[int, str], list[kernlog.KernelEvent]] = {}
     for e in events:
         if e.kind == "xid":
@@ -343,16 +340,16 @@ def diagnosis_items(events: list[kernlog.KernelEvent], bus_to_index: dict[str, i
     for (code, pci), evs in by_code.items():
         meaning, action = kernlog.xid_meaning(code)
         gpu = _gpu_name(pci, bus_to_index)
-        items.append(DiagnosisItem(
-            cause="host-xid", severity="warning" if live else "error",
-            summary=f"host kernel: Xid {code} on {gpu} during the job: {meaning}",
-            evidence=[e.line for e in evs[-3:]], hint=action))
+        items.append({
+            "cause": "host-xid", "severity": "warning" if live else "error",
+            "summary": f"host kernel: Xid {code} on {gpu} during the job: {meaning}",
+            "evidence": [e.line for e in evs[-3:]], "hint": action})
     for e in events:
         if e.kind == "oom" and kernlog.of_container(e, ctid):
-            items.append(DiagnosisItem(
-                cause="host-oom", severity="error",
-                summary=f"host kernel: the OOM killer killed {e.process or 'a process'} (pid "
-                        f"{e.pid}) of container {ctid} during the job",
-                evidence=[e.line], hint=f"give container {ctid} more memory (pct set {ctid} "
-                                        "--memory <MiB>) or make the job use less"))
+            items.append({
+                "cause": "host-oom", "severity": "error",
+                "summary": f"host kernel: the OOM killer killed {e.process or 'a process'} (pid "
+                           f"{e.pid}) of container {ctid} during the job",
+                "evidence": [e.line], "hint": f"give container {ctid} more memory (pct set {ctid} "
+                                              "--memory <MiB>) or make the job use less"})
     return items

@@ -59,7 +59,7 @@ class TransferReport:
     seconds: float
 
     def to_dict(self) -> dict[str, t.Any]:
-        return {"ok": True, **asdict(self)}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,10 @@ class TransferPlan:
     dest: str
     send: list[str]
     delete: list[str]
+    dry_run: bool = True  # in the --json document: a plan, nothing was sent
 
     def to_dict(self) -> dict[str, t.Any]:
-        return {"ok": True, "dry_run": True, **asdict(self)}
+        return asdict(self)
 
 
 #: Called with the plan of a ``--delete`` transfer before anything is sent; raises to stop it.

@@ -104,16 +104,16 @@ def container_row(host: str, ctid: int, agent: Agent, lines: int = 0) -> FleetRo
     except OpsctlError as exc:
         row.error = _error(exc)
     else:
-        step = st.last_step or {}
-        utils = [g.util_pct for g in st.gpus if g.util_pct is not None]
-        mems = [g.mem_used_mib for g in st.gpus if g.mem_used_mib is not None]
-        row.job_id, row.state, row.phase = st.job_id, st.state.value, st.phase
+        step = st["last_step"] or {}
+        utils = [u for g in st["gpus"] if (u := g["util_pct"]) is not None]
+        mems = [m for g in st["gpus"] if (m := g["mem_used_mib"]) is not None]
+        row.job_id, row.state, row.phase = st["job_id"], st["state"], st["phase"]
         row.step = step.get("step") if isinstance(step.get("step"), int) else None
         row.tok_s = step.get("tok_s") if isinstance(step.get("tok_s"), (int, float)) else None
-        row.gpus = len(st.gpus)
+        row.gpus = len(st["gpus"])
         row.gpu_util_pct = round(sum(utils) / len(utils), 1) if utils else None
         row.gpu_mem_used_gib = round(sum(mems) / 1024, 2) if mems else None
-        row.diagnosis = st.diagnosis[0].summary if st.diagnosis else None
+        row.diagnosis = st["diagnosis"][0]["summary"] if st["diagnosis"] else None
     row.elapsed_s = round(time.monotonic() - start, 3)
     return row
 

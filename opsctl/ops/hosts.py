@@ -12,6 +12,9 @@ from opsctl.errors import HostKeyError, OpsctlError, TransportError
 from opsctl.remote.command import known_hosts_name
 from opsctl.remote.transport import Remote, fingerprint, load_known_hosts
 
+if t.TYPE_CHECKING:
+    from opsctl.remote.mux_client import MuxRow
+
 
 @dataclass
 class HostRow:
@@ -155,7 +158,7 @@ def record(shown: ShownKey) -> Path:
     return kh
 
 
-def list_muxes() -> list[dict[str, t.Any]]:
+def list_muxes() -> list[MuxRow]:
     """The live connection multiplexers of this OPSCTL_HOME (``opsctl mux status``)."""
     from opsctl.remote import mux_client
 

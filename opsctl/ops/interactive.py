@@ -55,15 +55,16 @@ def attach_plan(tgt: Target, job_id: str | None) -> AttachPlan:
         RemoteCommandFailed: the job has no tmux session (launched without one, or gone).
     """
     st = watch.fetch_status(tgt.agent, job_id, lines=0)
-    ref = st.tmux
-    if ref is None or not ref.socket or not ref.session:
-        raise RemoteCommandFailed(f"{tgt.label}: job {st.job_id} has no tmux session to attach to")
-    if ref.error:
-        raise RemoteCommandFailed(f"{tgt.label}: job {st.job_id}: its tmux pane is gone ({ref.error})",
-                                  hint=f"`opsctl logs {st.job_id}` has all of its output")
-    argv = ["env", f"TERM={terminal_type()}", "tmux", "-L", ref.socket, "attach-session",
-            "-t", f"={ref.session}"]
-    return AttachPlan(st.job_id, st.state.value, argv)
+    ref, job = st["tmux"], st["job_id"]
+    socket, session = ref["socket"], ref["session"]
+    if not socket or not session:
+        raise RemoteCommandFailed(f"{tgt.label}: job {job} has no tmux session to attach to")
+    if ref["error"]:
+        raise RemoteCommandFailed(f"{tgt.label}: job {job}: its tmux pane is gone ({ref['error']})",
+                                  hint=f"`opsctl logs {job}` has all of its output")
+    argv = ["env", f"TERM={terminal_type()}", "tmux", "-L", socket, "attach-session",
+            "-t", f"={session}"]
+    return AttachPlan(job, st["state"], argv)
 
 
 def shell_argv() -> list[str]:

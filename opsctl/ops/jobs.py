@@ -14,10 +14,11 @@ from opsctl.config import inventory as inventory_mod
 from opsctl.config.ctid import check_ctid
 from opsctl.config.inventory import HostSpec, Inventory
 from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, TransportError
+from opsctl.remote import shapes
 from opsctl.remote.agent_client import Agent
-from opsctl.remote.models import JobList, LogsChunk, StopResult
 from opsctl.remote.transport import Remote
 from opsctl.state import last_target as target_mod
+from remote_payload.wire_shapes import JobListDoc, LogsChunkDoc, StopDoc
 
 
 @dataclass
@@ -66,14 +67,15 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
 RECENT_JOBS = 20
 
 
-def list_jobs(tgt: Target, *, all_jobs: bool = False, timeout: float = 60) -> JobList:
+def list_jobs(tgt: Target, *, all_jobs: bool = False, timeout: float = 60) -> JobListDoc:
     """The container's jobs, newest first (the window: :data:`RECENT_JOBS`)."""
     limit = 0 if all_jobs else RECENT_JOBS
-    return JobList.model_validate(tgt.agent.call("jobs", "--limit", str(limit), timeout=timeout))
+    return shapes.validate(JobListDoc, tgt.agent.call("jobs", "--limit", str(limit), timeout=timeout),
+                           where=f"{tgt.label}: jobs")
 
 
 def read_logs(tgt: Target, job_id: str | None, offset: int, max_bytes: int = 1 << 20, *,
-              tail: int | None = None, since_s: float | None = None) -> tuple[bytes, LogsChunk]:
+              tail: int | None = None, since_s: float | None = None) -> tuple[bytes, LogsChunkDoc]:
     args = ["--offset", str(offset), "--max-bytes", str(max_bytes)]
     if tail is not None:
         args += ["--tail", str(tail)]
@@ -81,8 +83,9 @@ def read_logs(tgt: Target, job_id: str | None, offset: int, max_bytes: int = 1 <
         args += ["--since-s", f"{since_s:g}"]
     if job_id:
         args += ["--job", job_id]
-    chunk = LogsChunk.model_validate(tgt.agent.call("logs", *args, timeout=30))
-    return base64.b64decode(chunk.data_b64), chunk
+    chunk = shapes.validate(LogsChunkDoc, tgt.agent.call("logs", *args, timeout=30),
+                            where=f"{tgt.label}: logs")
+    return base64.b64decode(chunk["data_b64"]), chunk
 
 
 #: ``logs -f`` after a dropped connection: first retry after this long, doubling up to the cap.
@@ -94,7 +97,7 @@ def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None
                 follow: bool, offset: int = 0, tail: int | None = None,
                 since_s: float | None = None, poll_s: float = 1.0,
                 on_notice: t.Callable[[str], None] | None = None,
-                sleep: t.Callable[[float], None] = time.sleep) -> LogsChunk:
+                sleep: t.Callable[[float], None] = time.sleep) -> LogsChunkDoc:
     """Stream output.log from ``offset`` (or the last ``tail`` lines, or the last
     ``since_s`` seconds); with ``follow`` until the job ends. Returns the last chunk, whose
     ``state``/``exit_code`` are the job's final ones when it ended.
@@ -134,23 +137,24 @@ def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None
         if outage and on_notice is not None:
             on_notice(f"reconnected; resuming at byte {offset}")
         outage, backoff = False, RECONNECT_FIRST_S
-        if first and chunk.since_indexed is False and on_notice is not None:
-            on_notice(f"job {chunk.job_id} has no output time index (launched by an older "
+        if first and chunk["since_indexed"] is False and on_notice is not None:
+            on_notice(f"job {chunk['job_id']} has no output time index (launched by an older "
                       "opsctl): showing all of its output")
         first = False
-        job_id = chunk.job_id
+        job_id = chunk["job_id"]
         if data:
             write(data)
-        offset = chunk.next_offset
-        if not chunk.eof:
+        offset = chunk["next_offset"]
+        if not chunk["eof"]:
             continue
-        if not follow or chunk.terminal:
+        if not follow or chunk["terminal"]:
             return chunk
         sleep(poll_s)
 
 
-def stop(tgt: Target, job_id: str | None, grace_s: float) -> StopResult:
+def stop(tgt: Target, job_id: str | None, grace_s: float) -> StopDoc:
     args = ["--grace", f"{grace_s:g}"]
     if job_id:
         args += ["--job", job_id]
-    return StopResult.model_validate(tgt.agent.call("stop", *args, timeout=grace_s + 30))
+    return shapes.validate(StopDoc, tgt.agent.call("stop", *args, timeout=grace_s + 30),
+                           where=f"{tgt.label}: stop")

@@ -50,9 +50,10 @@ from opsctl.errors import (
 )
 from opsctl.ops import jobs, torchrun, watch
 from opsctl.ops.jobs import Target
-from opsctl.remote.models import JobStatus, StopResult
+from opsctl.ops.watch import is_terminal
 from opsctl.state import last_target as target_mod
 from remote_payload import wire
+from remote_payload.wire_shapes import StatusDoc, StopDoc
 
 if t.TYPE_CHECKING:  # deploy (playbooks, payload) is imported by deploy only: status stays light
     from opsctl.config.playbook import Playbook
@@ -86,8 +87,8 @@ class NodeRow:
     index: int
     node: str  # HOST:CT as given
     label: str  # the host's inventory label and ct
-    status: JobStatus | None = None
-    stop: StopResult | None = None
+    status: StatusDoc | None = None
+    stop: StopDoc | None = None
     error: str | None = None
     error_exit_code: int | None = None  # the error's exit code (26: the node has no such job)
     address: str | None = None  # what it announced to the rendezvous (deploy only)
@@ -96,8 +97,7 @@ class NodeRow:
         return {"index": self.index, "node": self.node, "label": self.label,
                 "address": self.address, "error": self.error,
                 "error_exit_code": self.error_exit_code,
-                "status": self.status.model_dump(mode="json") if self.status else None,
-                "stop": self.stop.model_dump(mode="json") if self.stop else None}
+                "status": self.status, "stop": self.stop}
 
 
 @dataclass
@@ -236,7 +236,7 @@ def run_state(rows: t.Sequence[NodeRow]) -> str:
     """FAILED when any node's job failed or was lost; CANCELLED when the unsuccessful ones were
     all stopped (``opsctl stop``); SUCCEEDED when all succeeded; UNKNOWN when a node could not
     be asked; else the least advanced live state."""
-    states = [r.status.state.value if r.status else None for r in rows]
+    states = [r.status["state"] if r.status else None for r in rows]
     if any(s in ("FAILED", "LOST") for s in states):
         return "FAILED"
     if "CANCELLED" in states:
@@ -255,11 +255,11 @@ def first_failure(rows: t.Sequence[NodeRow]) -> NodeRow | None:
     When one node dies, torchrun on the others fails moments later with a rendezvous or
     collective error, which says nothing about the cause: the first to end is the cause.
     """
-    failed = [r for r in rows if r.status is not None and r.status.terminal
-              and r.status.state.value != "SUCCEEDED"]
+    failed = [r for r in rows if r.status is not None and is_terminal(r.status)
+              and r.status["state"] != "SUCCEEDED"]
     if not failed:
         return None
-    return min(failed, key=lambda r: (r.status.ended_at if r.status and r.status.ended_at
+    return min(failed, key=lambda r: (r.status["ended_at"] if r.status and r.status["ended_at"]
                                       else float("inf"), r.index))
 
 
@@ -268,9 +268,10 @@ def failure_summary(row: NodeRow) -> str:
     st = row.status
     if st is None:
         return f"node {row.index} ({row.label}): {row.error}"
-    why = f"exit code {st.exit_code}" if st.exit_code is not None else (st.signal or "")
-    first = st.diagnosis[0].summary if st.diagnosis else (st.output_tail[-1] if st.output_tail else "")
-    return (f"node {row.index} ({row.label}) {st.state.value}{' (' + why + ')' if why else ''}"
+    why = f"exit code {st['exit_code']}" if st["exit_code"] is not None else (st["signal"] or "")
+    first = st["diagnosis"][0]["summary"] if st["diagnosis"] else \
+        (st["output_tail"][-1] if st["output_tail"] else "")
+    return (f"node {row.index} ({row.label}) {st['state']}{' (' + why + ')' if why else ''}"
             f"{': ' + first if first else ''}")
 
 
@@ -285,7 +286,7 @@ def _verdict(report: RunReport) -> None:
                           f"run {report.job_id} was stopped on the nodes reached; {unreached}")
     elif bad is not None:
         others = [r for r in report.nodes if r is not bad]
-        tail = "; ".join(f"node {r.index}: {r.status.state.value if r.status else r.error}"
+        tail = "; ".join(f"node {r.index}: {r.status['state'] if r.status else r.error}"
                          for r in others)
         report.summary = (f"run {report.job_id} failed: {failure_summary(bad)}"
                           f"{' — then ' + tail if tail else ''}")
@@ -333,7 +334,7 @@ def stop(refs: t.Sequence[NodeRef], job_id: str | None, grace_s: float, *,
         _check_remembered(nodes)
         found = _poll(nodes, job_id, 0)
         run_id = one_run(found, job_id)
-        ids = {r.index: r.status.job_id for r in found if r.status is not None}
+        ids = {r.index: r.status["job_id"] for r in found if r.status is not None}
         reached = [n for n in nodes if n.index in ids]
         stopped = _rows(reached, fan_out(reached, lambda n: jobs.stop(n.target, ids[n.index],
                                                                       grace_s)), "stop")
@@ -374,9 +375,9 @@ def one_run(rows: t.Sequence[NodeRow], job_id: str | None) -> str | None:
     """
     answered = [r for r in rows if r.status is not None]
     missing = [r for r in rows if r.error_exit_code == UnknownJob.exit_code]
-    runs = {r.status.run.id if r.status and r.status.run else None for r in answered}
-    counts = {r.status.run.nodes for r in answered if r.status and r.status.run}
-    indices = [r.status.run.node for r in answered if r.status and r.status.run]
+    runs = {r.status["run"]["id"] if r.status and r.status["run"] else None for r in answered}
+    counts = {r.status["run"]["nodes"] for r in answered if r.status and r.status["run"]}
+    indices = [r.status["run"]["node"] for r in answered if r.status and r.status["run"]]
     if not missing and len(runs) <= 1 and None not in runs and counts <= {len(rows)} \
             and len(set(indices)) == len(indices):
         return next(iter(runs), None)
@@ -384,10 +385,10 @@ def one_run(rows: t.Sequence[NodeRow], job_id: str | None) -> str | None:
     def shown(r: NodeRow) -> str:
         if r.status is None:
             return f"node {r.index} ({r.node}): {r.error}"
-        run = r.status.run
-        member = (f"node {run.node} of {run.nodes} of run {run.id}" if run else
+        run = r.status["run"]
+        member = (f"node {run['node']} of {run['nodes']} of run {run['id']}" if run else
                   "not part of a multi-node run")
-        return f"node {r.index} ({r.node}): job {r.status.job_id}, {member}"
+        return f"node {r.index} ({r.node}): job {r.status['job_id']}, {member}"
 
     which = f"job {job_id}" if job_id else "current jobs"
     raise ConfigError(f"--nodes: the nodes' {which} are not one run (nothing was changed): "
@@ -600,9 +601,9 @@ def _watch(nodes: t.Sequence[Node], job_id: str, timeout_s: float, poll_s: float
         if first_failure(rows) is not None:
             return rows, "terminal"
         if len(statuses) == len(rows):
-            if all(s.terminal for s in statuses):
+            if all(is_terminal(s) for s in statuses):
                 return rows, "terminal"
-            if all(s.healthy or s.terminal for s in statuses):
+            if all(s["healthy"] or is_terminal(s) for s in statuses):
                 return rows, "healthy"
         if elapsed >= timeout_s:
             return rows, "timeout"
@@ -614,10 +615,10 @@ def _check(report: RunReport, book: Playbook) -> None:
         bad = report.nodes[report.failed_node]
         raise JobFailed(report.summary, hint="opsctl status  (every node's row) · opsctl logs "
                         f"--host {bad.node.rpartition(':')[0]} --ct {bad.node.rpartition(':')[2]}",
-                        log_path=bad.status.output_log if bad.status else None, report=report)
+                        log_path=bad.status["output_log"] if bad.status else None, report=report)
     if report.outcome == "timeout":
-        waiting = [f"node {r.index} {r.status.state.value if r.status else r.error}"
-                   for r in report.nodes if not (r.status and r.status.healthy)]
+        waiting = [f"node {r.index} {r.status['state'] if r.status else r.error}"
+                   for r in report.nodes if not (r.status and r.status["healthy"])]
         raise JobUnhealthy(f"run {report.job_id}: not healthy on every node after "
                            f"{book.timeout_s:.0f} s ({', '.join(waiting)})",
                            hint="opsctl status  ·  opsctl stacks --host H --ct C", report=report)

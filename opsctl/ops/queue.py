@@ -20,8 +20,9 @@ from opsctl.errors import ConfigError, Interrupted
 from opsctl.ops import torch as torch_ops
 from opsctl.ops.deploy import collect_secrets
 from opsctl.ops.jobs import Target
-from opsctl.remote.models import QueueAdd, QueueList
+from opsctl.remote import shapes
 from remote_payload import wire
+from remote_payload.wire_shapes import BootHookDoc, QueueAddDoc, QueueDoc, QueueRmDoc
 
 Progress = t.Callable[[str], None]
 
@@ -41,15 +42,14 @@ class QueueAddReport:
     jobs: list[dict[str, t.Any]]  # {"job_id", "playbook", "step", "after"} per queued job
     started: list[str]
     cancelled: list[str]
-    queue: QueueList
+    queue: QueueDoc
     notes: list[str] = field(default_factory=list)
-    # the container's boot hook (systemd unit, crontab line or none): {"kind", "path", "warning"}
-    boot_hook: dict[str, t.Any] | None = None
+    boot_hook: BootHookDoc | None = None  # the container's boot hook: systemd unit, crontab line or none
 
     def to_dict(self) -> dict[str, t.Any]:
         return {"target": self.target, "jobs": self.jobs, "started": self.started,
-                "cancelled": self.cancelled, "queue": self.queue.model_dump(mode="json"),
-                "notes": self.notes, "boot_hook": self.boot_hook}
+                "cancelled": self.cancelled, "queue": self.queue, "notes": self.notes,
+                "boot_hook": self.boot_hook}
 
 
 def slots(tgt: Target) -> int:
@@ -153,14 +153,14 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
                           f"{', '.join(ids)}: all or none of them are queued",
                           hint="opsctl queue  (shows them if they are)  ·  "
                                "opsctl queue rm JOB") from None
-    reply = QueueAdd.model_validate(data)
+    reply = shapes.validate(QueueAddDoc, data, where=f"{tgt.label}: queue-add")
     jobs = [{"job_id": jid, "playbook": s.book.name, "step": s.name, "after": spec["after"]}
-            for jid, s, spec in zip(reply.added, steps, specs, strict=True)]
-    hook = reply.boot_hook.model_dump(mode="json") if reply.boot_hook is not None else None
-    if reply.boot_hook is not None and reply.boot_hook.warning:
-        notes.append(reply.boot_hook.warning)
-    return QueueAddReport(tgt.label, jobs, reply.started, reply.cancelled, reply.queue, notes,
-                          hook)
+            for jid, s, spec in zip(reply["added"], steps, specs, strict=True)]
+    hook = reply["boot_hook"]
+    if hook["warning"]:
+        notes.append(hook["warning"])
+    return QueueAddReport(tgt.label, jobs, reply["started"], reply["cancelled"], reply["queue"],
+                          notes, hook)
 
 
 def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None,
@@ -175,25 +175,26 @@ def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None
                on_step=on_step)
 
 
-def listing(tgt: Target) -> QueueList:
+def listing(tgt: Target) -> QueueDoc:
     """The queue, first to start first, and which job holds which GPU slots."""
-    return QueueList.model_validate(tgt.agent.call("queue", *_slot_args(tgt), timeout=120))
+    return shapes.validate(QueueDoc, tgt.agent.call("queue", *_slot_args(tgt), timeout=120),
+                           where=f"{tgt.label}: queue")
 
 
-def remove(tgt: Target, job_id: str) -> dict[str, t.Any]:
+def remove(tgt: Target, job_id: str) -> QueueRmDoc:
     """``queue rm``: the queued job never runs (CANCELLED, ``end_reason: "removed"``).
 
     Raises:
         AgentError: ``QueueRefused`` for a job that is not queued (a running one: ``stop``).
     """
-    data = tgt.agent.call("queue-rm", "--job", job_id, *_slot_args(tgt), timeout=120)
-    data["queue"] = QueueList.model_validate(data["queue"]).model_dump(mode="json")
-    return t.cast(dict[str, t.Any], data)
+    return shapes.validate(QueueRmDoc, tgt.agent.call("queue-rm", "--job", job_id, *_slot_args(tgt),
+                                                      timeout=120), where=f"{tgt.label}: queue-rm")
 
 
 def move(tgt: Target, job_id: str, *, before: str | None = None,
-         after: str | None = None) -> QueueList:
+         after: str | None = None) -> QueueDoc:
     """``queue move``: reorder (refused when a job would come before its own dependency)."""
     where = ["--before", before] if before is not None else ["--after", str(after)]
-    return QueueList.model_validate(tgt.agent.call("queue-move", "--job", job_id, *where,
-                                                   *_slot_args(tgt), timeout=120))
+    return shapes.validate(QueueDoc, tgt.agent.call("queue-move", "--job", job_id, *where,
+                                                    *_slot_args(tgt), timeout=120),
+                           where=f"{tgt.label}: queue-move")

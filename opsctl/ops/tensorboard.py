@@ -86,23 +86,25 @@ def locate(tgt: Target, job_id: str | None) -> Source:
         RemoteCommandFailed: its events could not be read.
     """
     st = watch.fetch_status(tgt.agent, job_id, lines=0)
-    path = f"{tgt.host.root}/jobs/{st.job_id}/events.jsonl"
+    job = st["job_id"]
+    path = f"{tgt.host.root}/jobs/{job}/events.jsonl"
     res = tgt.remote.pct_exec(tgt.ctid, ["grep", "-F", "--", TRACKERS_LINE, path], timeout=60,
                               step="tensorboard: find the logdir")
     if res.rc == 1:
-        raise no_event_files(tgt.label, st.job_id, "it said nothing about trackers")
+        raise no_event_files(tgt.label, job, "it said nothing about trackers")
     if res.rc != 0:
-        raise RemoteCommandFailed(f"{tgt.label}: cannot read job {st.job_id}'s events "
+        raise RemoteCommandFailed(f"{tgt.label}: cannot read job {job}'s events "
                                   f"(grep rc {res.rc}: {res.stderr_tail(1)})", argv=res.argv, rc=res.rc)
     try:
         logdir = announced_logdir(res.stdout.decode("utf-8", "replace"))
     except ValueError as exc:
-        raise ConfigError(f"{tgt.label}: job {st.job_id}: {exc}; not pulled",
+        raise ConfigError(f"{tgt.label}: job {job}: {exc}; not pulled",
                           hint="the trainer's --report-to tensorboard writes <out-dir>/tensorboard") from None
     if logdir is None:
-        raise no_event_files(tgt.label, st.job_id, "its trackers do not include tensorboard")
-    local = paths.home() / "tensorboard" / f"{_safe(tgt.host.label)}-ct{tgt.ctid}" / st.job_id
-    return Source(st.job_id, st.state.value, st.state in wire.TERMINAL_STATES, logdir, local)
+        raise no_event_files(tgt.label, job, "its trackers do not include tensorboard")
+    local = paths.home() / "tensorboard" / f"{_safe(tgt.host.label)}-ct{tgt.ctid}" / job
+    return Source(job, st["state"], wire.JobState(st["state"]) in wire.TERMINAL_STATES, logdir,
+                  local)
 
 
 def announced_logdir(text: str) -> str | None:
@@ -290,8 +292,8 @@ def serve(tgt: Target, src: Source, port: int, refresh_s: float,
                                       f"{server.tail()}")
                 try:
                     refresh(tgt, src)
-                    terminal = watch.fetch_status(tgt.agent, src.job_id, lines=0).state \
-                        in wire.TERMINAL_STATES
+                    state = watch.fetch_status(tgt.agent, src.job_id, lines=0)["state"]
+                    terminal = wire.JobState(state) in wire.TERMINAL_STATES
                 except (OpsctlError, OSError) as exc:  # a lost connection: try again next time
                     on_notice(f"refresh failed ({exc}); the curves shown stay as they were")
         except (KeyboardInterrupt, Stopped):

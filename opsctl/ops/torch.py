@@ -14,7 +14,9 @@ import typing as t
 from opsctl.config import paths, torch_builds
 from opsctl.errors import ConfigError
 from opsctl.ops import wheelhouse as wheel_download
+from opsctl.remote import shapes
 from opsctl.remote import wheelhouse as wheels
+from remote_payload import wire_shapes as ws
 
 if t.TYPE_CHECKING:
     from opsctl.config.playbook import Playbook
@@ -24,6 +26,27 @@ Progress = t.Callable[[str], None]
 SWAP_TIMEOUT_S = 3600.0
 
 
+class WheelhouseReport(t.TypedDict):
+    """The wheels downloaded on this machine and streamed into the container."""
+
+    files: int
+    bytes: int  # sent into the container
+    download_s: float
+    log_path: str  # pip download's output, on this machine
+    sent: int
+    present: int  # already in the container's wheelhouse
+    seconds: t.NotRequired[float]
+
+
+class SwapReport(ws.SwapDoc, total=False):
+    """``swap-torch``: the agent's ``swap`` reply, the pin, the wheelhouse streamed in (an
+    air-gapped build) and the command's own time."""
+
+    pin: str
+    wheelhouse: WheelhouseReport
+    elapsed_s: float
+
+
 def builds_table(tgt: Target) -> torch_builds.BuildsTable:
     return torch_builds.load_table(tgt.inventory.torch_builds, tgt.host.torch_builds)
 
@@ -31,7 +54,7 @@ def builds_table(tgt: Target) -> torch_builds.BuildsTable:
 def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: str | None = None,
          wheelhouse: bool | None = None, requirements: t.Sequence[str] = (), dry_run: bool = False,
          reinstall: bool = False, install_only: bool = False,
-         progress: Progress | None = None) -> dict[str, t.Any]:
+         progress: Progress | None = None) -> SwapReport:
     """Make ``variant`` the container's current torch build (install if needed).
 
     ``install_only`` installs and verifies the build without switching to it; the agent
@@ -44,7 +67,7 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
     check_index_url(index_url)
     build = builds_table(tgt).resolve(variant, version=version, index_url=index_url,
                                       wheelhouse=wheelhouse)
-    report: dict[str, t.Any] = {"build": build.name, "pin": build.pin}
+    report: dict[str, t.Any] = {"build": build.name, "pin": build.pin}  # a SwapReport once complete
     if dry_run:
         _payload_present(tgt)  # a dry run ships nothing either
     else:
@@ -75,9 +98,10 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
         else:
             progress(f"{'switching to' if switch else 'installing'} {build.name} in the container"
                      + ("" if switch else " (pip + verify: minutes)"))
-    report.update(tgt.agent.call("swap", *args, timeout=SWAP_TIMEOUT_S,
-                                 on_stderr=_line_progress(progress)))
-    return report
+    report.update(shapes.validate(ws.SwapDoc, tgt.agent.call(
+        "swap", *args, timeout=SWAP_TIMEOUT_S, on_stderr=_line_progress(progress)),
+        where=f"{tgt.label}: swap"))
+    return t.cast(SwapReport, report)
 
 
 #: The index URLs a swap accepts (the agent checks them too: ``INDEX_SCHEMES`` in
@@ -144,24 +168,28 @@ def _line_progress(progress: Progress | None) -> t.Callable[[bytes], None] | Non
     return on_stderr
 
 
-def envs(tgt: Target, history: int) -> dict[str, t.Any]:
+def envs(tgt: Target, history: int) -> ws.EnvsDoc:
     """The container's torch builds and the last ``history`` swaps (payload shipped first)."""
     tgt.agent.ensure_payload()
-    return dict(tgt.agent.call("envs", "--history", str(history), timeout=60))
+    return shapes.validate(ws.EnvsDoc, tgt.agent.call("envs", "--history", str(history), timeout=60),
+                           where=f"{tgt.label}: envs")
 
 
-def cache_info(tgt: Target) -> dict[str, t.Any]:
+def cache_info(tgt: Target) -> ws.CacheInfoDoc:
     tgt.agent.ensure_payload()
-    return dict(tgt.agent.call("cache-info", timeout=120))
+    return shapes.validate(ws.CacheInfoDoc, tgt.agent.call("cache-info", timeout=120),
+                           where=f"{tgt.label}: cache-info")
 
 
-def cache_clear(tgt: Target, *, clear_all: bool) -> dict[str, t.Any]:
+def cache_clear(tgt: Target, *, clear_all: bool) -> ws.CacheClearDoc:
     tgt.agent.ensure_payload()
-    return dict(tgt.agent.call("cache-clear", *(["--all"] if clear_all else []), timeout=300))
+    return shapes.validate(ws.CacheClearDoc, tgt.agent.call(
+        "cache-clear", *(["--all"] if clear_all else []), timeout=300),
+        where=f"{tgt.label}: cache-clear")
 
 
 def seed_cache(tgt: Target, book: Playbook, timeout_s: float,
-               progress: Progress | None = None) -> dict[str, t.Any]:
+               progress: Progress | None = None) -> ws.CacheSeedDoc:
     """``opsctl cache seed``: the current payload, then :func:`cache_seed`."""
     tgt.agent.ensure_payload()
     if progress:
@@ -169,10 +197,11 @@ def seed_cache(tgt: Target, book: Playbook, timeout_s: float,
     return cache_seed(tgt, book, timeout_s)
 
 
-def cache_seed(tgt: Target, book: Playbook, timeout_s: float = 1800.0) -> dict[str, t.Any]:
+def cache_seed(tgt: Target, book: Playbook, timeout_s: float = 1800.0) -> ws.CacheSeedDoc:
     """Warm the current build's cache with ``book``'s exact shapes; proves reuse by hit counters."""
     args = ["--command-json", json.dumps(book.command), "--env-json", json.dumps(book.env),
             "--timeout", f"{timeout_s:g}"]
     if book.workdir:
         args += ["--workdir", book.workdir]
-    return dict(tgt.agent.call("cache-seed", *args, timeout=timeout_s * 2 + 60))
+    return shapes.validate(ws.CacheSeedDoc, tgt.agent.call("cache-seed", *args, timeout=timeout_s * 2 + 60),
+                           where=f"{tgt.label}: cache-seed")

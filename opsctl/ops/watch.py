@@ -10,21 +10,23 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from opsctl.errors import TransportError
+from opsctl.errors import ReplyShapeError, TransportError
+from opsctl.remote import shapes
 from opsctl.remote.agent_client import Agent
-from opsctl.remote.models import JobStatus
+from remote_payload.wire import JobState
+from remote_payload.wire_shapes import StatusDoc
 
 DEFAULT_POLL_S = 2.0
 #: Give up after this long without a single successful poll.
 MAX_OUTAGE_S = 90.0
 
 Until = t.Literal["healthy", "terminal"]
-OnUpdate = t.Callable[[JobStatus | None, float, str | None], None]
+OnUpdate = t.Callable[[StatusDoc | None, float, str | None], None]
 
 
 @dataclass(frozen=True)
 class WatchOutcome:
-    status: JobStatus
+    status: StatusDoc
     reason: t.Literal["healthy", "terminal", "timeout"]
     elapsed_s: float
     polls: int
@@ -39,10 +41,31 @@ def status_args(job_id: str | None, lines: int) -> list[str]:
     return ["--lines", str(lines), *(["--job", job_id] if job_id else [])]
 
 
-def fetch_status(agent: Agent, job_id: str | None, lines: int = 20) -> JobStatus:
+def parse_status(data: t.Any, *, where: str) -> StatusDoc:
+    """A ``status`` (or ``launch``) reply checked against :class:`StatusDoc`. Damaged plot
+    data costs the sparklines, never the status: a ``history`` that is not a
+    :class:`~remote_payload.wire_shapes.HistoryDoc` becomes None.
+
+    Raises:
+        ReplyShapeError: the reply is not a status document.
+    """
+    try:
+        return shapes.validate(StatusDoc, data, where=where)
+    except ReplyShapeError:
+        if not isinstance(data, dict) or data.get("history") is None:
+            raise
+        return shapes.validate(StatusDoc, {**data, "history": None}, where=where)
+
+
+def is_terminal(st: StatusDoc) -> bool:
+    return JobState(st["state"]).is_terminal()
+
+
+def fetch_status(agent: Agent, job_id: str | None, lines: int = 20) -> StatusDoc:
     """One ``status`` call."""
-    return JobStatus.model_validate(agent.call("status", *status_args(job_id, lines),
-                                               timeout=STATUS_TIMEOUT_S))
+    return parse_status(agent.call("status", *status_args(job_id, lines),
+                                   timeout=STATUS_TIMEOUT_S),
+                        where=f"{agent.remote.host.label} ct {agent.ctid}: status")
 
 
 def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | None,
@@ -62,12 +85,12 @@ def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | N
     polls = 0
     backoff = 0.5
     last_ok = start
-    status: JobStatus | None = None
+    status: StatusDoc | None = None
     while True:
         loop_start = time.monotonic()
         try:
             status = fetch_status(agent, job_id, lines)
-            job_id = status.job_id  # bound from now on (see above)
+            job_id = status["job_id"]  # bound from now on (see above)
             polls += 1
             backoff = 0.5
             last_ok = time.monotonic()
@@ -81,9 +104,9 @@ def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | N
         if on_update is not None:
             on_update(status, elapsed, problem)
         if status is not None and problem is None:
-            if status.terminal:
+            if is_terminal(status):
                 return WatchOutcome(status, "terminal", elapsed, polls)
-            if until == "healthy" and status.healthy:
+            if until == "healthy" and status["healthy"]:
                 return WatchOutcome(status, "healthy", elapsed, polls)
             if timeout_s is not None and elapsed >= timeout_s:
                 return WatchOutcome(status, "timeout", elapsed, polls)

@@ -14,7 +14,7 @@ from remote_payload import wire
 from remote_payload.wire import ErrorType
 
 if t.TYPE_CHECKING:
-    from opsctl.remote.models import AgentReply
+    from remote_payload.wire_shapes import AgentReplyDoc
 
 
 class TorchAgentError(AgentError, TorchEnvError):
@@ -103,9 +103,9 @@ class Agent:
         """
         step = agent_step(verb)
         reply = parse_reply(self.remote.host.label, self.ctid, step, result)
-        if reply.ok:
-            return reply.data
-        err = reply.error or {}
+        if reply["ok"]:
+            return reply.get("data")
+        err: dict[str, t.Any] = dict(reply.get("error") or {})
         etype = error_type(str(err.get("type", "AgentError")))
         fields = dict(err.get("fields") or {})
         cls = ERROR_FAMILIES.get(etype, AgentError) if isinstance(etype, ErrorType) else AgentError
@@ -166,19 +166,21 @@ class Agent:
                              time.monotonic() - start)
 
 
-def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> AgentReply:
+def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> AgentReplyDoc:
     """Exactly one JSON document, or a clear error with the output saved.
 
     Raises:
         RemoteCommandFailed: the output is not an agent reply.
     """
-    import pydantic  # here, not at import: `opsctl status` usually never gets here
+    import pydantic
 
-    from opsctl.remote.models import AgentReply
+    from opsctl.remote import shapes
+    from remote_payload.wire_shapes import AgentReplyDoc
 
     text = result.stdout.decode("utf-8", "replace").strip()
     try:
-        return AgentReply.model_validate_json(text.splitlines()[-1] if text else "")
+        return t.cast(AgentReplyDoc, shapes.adapter(AgentReplyDoc).validate_json(
+            text.splitlines()[-1] if text else ""))
     except (pydantic.ValidationError, IndexError):
         pass
     path = save_log(step, result)

@@ -264,16 +264,38 @@ def query(sock_path: Path, op: str, timeout: float = 5.0) -> dict[str, t.Any] | 
         sock.close()
 
 
-def list_muxes() -> list[dict[str, t.Any]]:
+class MuxInfo(t.TypedDict):
+    """A mux's answer to ``ping`` and ``stop`` (``opsctl/remote/mux_server.py``)."""
+
+    pid: int
+    target: str  # user@address:port
+    host: str  # the inventory's name
+    calls: int
+    active: int  # calls running now, besides this one
+    connections: int
+    last_error: str | None
+    started_at: float
+    idle_s: float  # it exits after this long without a call
+
+
+class MuxRow(MuxInfo):
+    """One row of ``opsctl mux status``: a live mux and its socket."""
+
+    socket: str
+
+
+def list_muxes() -> list[MuxRow]:
     """Every live mux of this ``OPSCTL_HOME`` (stale sockets are removed on the way)."""
     d = mux_dir(create=False)
     if d is None or not d.is_dir():
         return []
+    from opsctl.remote import shapes  # pydantic: only `opsctl mux status` lists them
+
     rows = []
     for p in sorted(d.glob("*.sock")):
         info = query(p, "ping")
         if info is not None:
-            rows.append({**info, "socket": str(p)})
+            rows.append(shapes.validate(MuxRow, {**info, "socket": str(p)}, where=f"mux {p}"))
     return rows
 
 

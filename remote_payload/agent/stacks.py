@@ -25,6 +25,9 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent import jobstore as jobs
+
+if t.TYPE_CHECKING:  # checked by mypy, never imported at run time
+    from remote_payload.wire_shapes import StackProcessDoc
 from remote_payload.probes import stackdump
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
@@ -56,8 +59,10 @@ class ProcessStacks:
             return f"{who} in {self.collective}" + (f" ({self.caller})" if self.caller else "")
         return f"{who} at {self.where}"
 
-    def to_dict(self) -> dict[str, t.Any]:
-        return {**dataclasses.asdict(self), "label": self.label()}
+    def to_dict(self) -> StackProcessDoc:
+        return {"pid": self.pid, "rank": self.rank, "role": self.role, "gpu": self.gpu,
+                "cmd": self.cmd, "dump": self.dump, "threads": self.threads, "where": self.where,
+                "collective": self.collective, "caller": self.caller, "label": self.label()}
 
 
 def armed_pythons(pgid: int | None, start_ticks: int | None) -> tuple[list[int], list[int]]:

@@ -169,9 +169,9 @@ def test_followers_stay_bound_to_their_job_when_a_deploy_replaces_it(root, tmp_p
     for th in threads:
         th.join(timeout=90)
     st = got["status"]
-    assert (st.job_id, st.state.value) == (job_a, "CANCELLED")  # type: ignore[attr-defined]
-    assert any(f"replaced by job {job_b}" in e for e in st.evidence)  # type: ignore[attr-defined]
-    assert got["chunk"].job_id == job_a  # type: ignore[attr-defined]
+    assert (st["job_id"], st["state"]) == (job_a, "CANCELLED")  # type: ignore[index]
+    assert any(f"replaced by job {job_b}" in e for e in st["evidence"])  # type: ignore[index]
+    assert got["chunk"]["job_id"] == job_a  # type: ignore[index]
     assert b"A-LINE" in got["logs"] and b"B-LINE" not in got["logs"]  # type: ignore[operator]
 
 

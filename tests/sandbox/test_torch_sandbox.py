@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from jsonschema import Draft202012Validator
 
 from opsctl import errors
 from opsctl.cli import cli
@@ -92,6 +93,17 @@ def opsctl(*args: str) -> t.Any:
     return CliRunner().invoke(cli, list(args))
 
 
+def valid(name: str, stdout: str) -> dict[str, t.Any]:
+    """``stdout`` as a document of ``opsctl schema NAME`` (asserted valid against it)."""
+    from opsctl.cli import schemas
+
+    doc = json.loads(stdout)
+    problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in Draft202012Validator(schemas.document_schema(name)).iter_errors(doc)]
+    assert problems == []
+    return t.cast(dict[str, t.Any], doc)
+
+
 def swap(variant: str, *extra: str) -> t.Any:
     return opsctl("swap-torch", variant, "--host", "sandbox", "--ct", "200", "--json", *extra)
 
@@ -99,7 +111,7 @@ def swap(variant: str, *extra: str) -> t.Any:
 def test_swap_installs_verifies_switches_and_records_history(torch_target):
     res = swap("cu128")
     assert res.exit_code == 0, res.output
-    first = json.loads(res.stdout)
+    first = valid("swap-torch", res.stdout)
     assert (first["action"], first["current"]) == ("install", "torch-2.11.0-cu128")
     res = swap("cu130")
     assert json.loads(res.stdout)["current"] == "torch-2.11.0-cu130"
@@ -107,7 +119,7 @@ def test_swap_installs_verifies_switches_and_records_history(torch_target):
     start = time.monotonic()
     res = swap("cu128")
     elapsed = time.monotonic() - start
-    back = json.loads(res.stdout)
+    back = valid("swap-torch", res.stdout)
     assert (back["action"], back["current"]) == ("switch", "torch-2.11.0-cu128")
     assert elapsed <= 2.0 + 1.0, f"switch back took {elapsed:.2f}s (target 2 s on the sandbox)"
 
@@ -236,7 +248,7 @@ def test_cache_seed_on_the_sandbox_proves_reuse_with_hit_counters(sandbox, real_
     res = opsctl("cache", "seed", "--host", "sandbox", "--ct", "200", "--playbook", str(book),
                  "--json")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.stdout)
+    doc = valid("cache seed", res.stdout)
     assert doc["reuse_proven"] is True
     assert doc["cold"]["counters"].get("inductor.fxgraph_cache_miss", 0) >= 1
     assert doc["seeded"]["counters"].get("inductor.fxgraph_cache_hit", 0) >= 1

@@ -5,7 +5,7 @@ still an upward arrow). The layers, top to bottom::
 
     opsctl.cli      click + rich; the only package that imports them
     opsctl.ops      use cases: deploy, jobs, watch, torch, hosts     opsctl.sandbox
-    opsctl.remote   transport, mux, agent client, payload, models
+    opsctl.remote   transport, mux, agent client, payload, reply shapes
     opsctl.state    run-time state: the remembered target
     opsctl.config   paths, yaml, inventory, playbooks, torch builds
     opsctl.errors   the error tree                       remote_payload.wire (stdlib only)

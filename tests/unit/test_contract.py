@@ -1,9 +1,11 @@
 """One contract: the shapes in ``remote_payload/wire_shapes.py`` are the only definition of
-what the agent answers and what the trainer prints; everything else is checked against them.
+what the agent answers and what the trainer prints; nothing on the CLI's side repeats them.
 
-- Every field the CLI's pydantic models read (``opsctl/remote/models.py``) is a field of the
-  agent's shape, and the model accepts every value the shape allows (a model that rejected
-  ``None`` where the agent may send it would turn a valid reply into a crash).
+- The CLI validates every reply against its shape (``opsctl/remote/shapes.py``): a valid reply
+  comes back unchanged, keys a newer agent adds are dropped, and a reply that is not the shape
+  is one named error (``ReplyShapeError``, exit 25), never a traceback.
+- No pydantic model in ``opsctl/`` mirrors a reply: the modules that read replies import the
+  shapes, not a second copy.
 - The agent's builders are annotated with these shapes (mypy --strict checks them), and the
   shapes stay importable on the container's Python 3.10 without ``NotRequired``.
 - Every event the trainer documents in ``wire`` has a shape, and real events validate.
@@ -11,96 +13,91 @@ what the agent answers and what the trainer prints; everything else is checked a
 
 from __future__ import annotations
 
+import ast
 import typing as t
+from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from opsctl.remote import models, shapes
+from opsctl import errors
+from opsctl.remote import shapes
 from remote_payload import wire, wire_shapes
+from tests.replies import status_doc
 
-#: CLI model -> the agent shape it reads.
-MODEL_SHAPES: list[tuple[type[BaseModel], type]] = [
-    (models.JobStatus, wire_shapes.StatusDoc),
-    (models.JobList, wire_shapes.JobListDoc),
-    (models.QueueList, wire_shapes.QueueDoc),
-    (models.QueueRow, wire_shapes.QueueRowDoc),
-    (models.QueueHolder, wire_shapes.QueueHolderDoc),
-    (models.QueueAdd, wire_shapes.QueueAddDoc),
-    (models.JobRow, wire_shapes.JobRowDoc),
-    (models.StopResult, wire_shapes.StopDoc),
-    (models.LogsChunk, wire_shapes.LogsChunkDoc),
-    (models.GpuRow, wire_shapes.GpuRowDoc),
-    (models.DiagnosisItem, wire_shapes.DiagnosisDoc),
-    (models.HangReport, wire_shapes.HangDoc),
-    (models.Preflight, wire_shapes.PreflightDoc),
-    (models.History, wire_shapes.HistoryDoc),
-    (models.RestartRecord, wire_shapes.RestartRecordDoc),
-    (models.RunMembership, wire_shapes.RunDoc),
-    (models.TmuxRef, wire_shapes.TmuxDoc),
-]
+OPSCTL = Path(shapes.__file__).resolve().parents[1]
 
 
-def _resolve(schema: dict[str, t.Any], defs: dict[str, t.Any]) -> dict[str, t.Any]:
-    while "$ref" in schema:
-        schema = defs[schema["$ref"].rsplit("/", 1)[1]]
-    return schema
+@pytest.mark.parametrize("verb", sorted(wire_shapes.REPLY_SHAPES))
+def test_every_reply_shape_builds_one_validator_that_is_kept(verb):
+    shape = wire_shapes.REPLY_SHAPES[verb]
+    assert shapes.adapter(shape) is shapes.adapter(shape)
+    assert shapes.json_schema(shape)["type"] == "object"
 
 
-def _branches(schema: dict[str, t.Any], defs: dict[str, t.Any]) -> list[dict[str, t.Any]]:
-    schema = _resolve(schema, defs)
-    if "anyOf" in schema:
-        return [b for s in schema["anyOf"] for b in _branches(s, defs)]
-    return [schema]
+def test_a_valid_reply_comes_back_unchanged_and_unknown_keys_are_dropped():
+    doc = dict(status_doc())
+    assert shapes.validate(wire_shapes.StatusDoc, doc, where="h ct 1: status") == doc
+    newer = {**doc, "from_a_newer_agent": [1, 2]}
+    assert "from_a_newer_agent" not in shapes.validate(wire_shapes.StatusDoc, newer, where="x")
 
 
-def _kind(schema: dict[str, t.Any]) -> str:
-    if "enum" in schema or "const" in schema:
-        return "string"
-    return str(schema.get("type", "any"))
+@pytest.mark.parametrize(("change", "where"), [
+    ({"state": "DANCING"}, "state"), ({"gpus": [{"index": "zero"}]}, "gpus.0"),
+    ({"job_id": None}, "job_id"), ({"tmux": []}, "tmux")])
+def test_a_reply_that_is_not_its_shape_is_one_named_line_with_exit_25(change, where):
+    bad = {**status_doc(), **change}
+    with pytest.raises(errors.ReplyShapeError) as exc:
+        shapes.validate(wire_shapes.StatusDoc, bad, where="pve1 ct 200: status")
+    assert exc.value.exit_code == errors.REMOTE_FAILED == 25
+    assert exc.value.message.startswith(f"pve1 ct 200: status: the reply is not a StatusDoc: {where}")
+    assert "\n" not in exc.value.message and "opsctl deploy" in (exc.value.hint or "")
 
 
-def _accepts(model: dict[str, t.Any], mdefs: dict[str, t.Any], shape: dict[str, t.Any],
-             sdefs: dict[str, t.Any], where: str) -> list[str]:
-    """Where the model would reject a value the shape allows (empty: it accepts them all)."""
-    problems: list[str] = []
-    model_branches = _branches(model, mdefs)
-    if any(_kind(b) == "any" for b in model_branches):
-        return problems
-    for sb in _branches(shape, sdefs):
-        kind = _kind(sb)
-        fits = [mb for mb in model_branches
-                if _kind(mb) == kind or (_kind(mb) == "number" and kind == "integer")]
-        if kind == "any":
-            problems.append(f"{where}: the shape allows anything, the model does not")
-        elif not fits:
-            problems.append(f"{where}: the shape allows {kind}, the model only "
-                            f"{sorted({_kind(b) for b in model_branches})}")
-        elif kind == "object" and "properties" in fits[0]:
-            problems += _fields_within(fits[0], mdefs, sb, sdefs, where)
-        elif kind == "array" and "items" in fits[0] and "items" in sb:
-            problems += _accepts(fits[0]["items"], mdefs, sb["items"], sdefs, f"{where}[]")
-    return problems
+def test_a_missing_key_is_named():
+    doc = dict(status_doc())
+    del doc["now"]
+    with pytest.raises(errors.ReplyShapeError, match=r"now: Field required"):
+        shapes.validate(wire_shapes.StatusDoc, doc, where="x")
 
 
-def _fields_within(model: dict[str, t.Any], mdefs: dict[str, t.Any], shape: dict[str, t.Any],
-                   sdefs: dict[str, t.Any], where: str) -> list[str]:
-    props = shape.get("properties")
-    if props is None:  # dict[str, Any] on the agent's side: nothing more to check
-        return []
-    problems = [f"{where}.{name}: read by the CLI, not in the agent's shape"
-                for name in model["properties"] if name not in props]
-    for name, sub in model["properties"].items():
-        if name in props:
-            problems += _accepts(sub, mdefs, props[name], sdefs, f"{where}.{name}")
-    return problems
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=8),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8),
+                                                                              kids, max_size=3),
+                     max_leaves=12)
 
 
-@pytest.mark.parametrize(("model", "shape"), MODEL_SHAPES, ids=lambda x: x.__name__)
-def test_every_field_the_cli_reads_is_in_the_agents_shape_with_a_type_it_accepts(model, shape):
-    m = model.model_json_schema()
-    s = shapes.json_schema(shape)
-    assert _fields_within(m, m.get("$defs", {}), s, s.get("$defs", {}), model.__name__) == []
+@settings(max_examples=150, deadline=None)
+@given(verb=st.sampled_from(sorted(wire_shapes.REPLY_SHAPES)), data=_json,
+       hostile_key=st.text(max_size=20))
+def test_any_json_is_a_reply_of_its_shape_or_one_line_naming_why(verb, data, hostile_key):
+    """The agent's output is untrusted: whatever JSON comes back (a hostile key included,
+    newlines and all), validation returns the shape or raises the one named error."""
+    if isinstance(data, dict):
+        data = {**data, hostile_key: data}
+    try:
+        shapes.validate(wire_shapes.REPLY_SHAPES[verb], data, where=f"h ct 1: {verb}")
+    except errors.ReplyShapeError as exc:
+        assert "\n" not in exc.message and len(exc.message) < 400
+
+
+def test_no_module_of_opsctl_defines_a_pydantic_model_of_a_reply():
+    """A reply is read through its wire shape: no second copy by hand (a model whose fields
+    are a shape's, or a class named after one)."""
+    reply_fields = {frozenset(t.get_type_hints(s)) for s in wire_shapes.REPLY_SHAPES.values()}
+    for path in OPSCTL.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {ast.unparse(b) for b in node.bases}
+            if not bases & {"BaseModel", "pydantic.BaseModel"}:
+                continue
+            fields = frozenset(n.target.id for n in node.body
+                               if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+            assert fields not in reply_fields, f"{path}: {node.name} repeats a wire shape"
 
 
 def test_the_shapes_need_no_python_3_11_typing():
@@ -132,3 +129,46 @@ def test_the_agent_never_imports_the_shapes_at_run_time():
         for node in tree.body:  # top-level imports run at import time
             if isinstance(node, ast.ImportFrom) and node.module == "remote_payload.wire_shapes":
                 pytest.fail(f"{path} imports wire_shapes at run time")
+
+
+class _Agent:
+    """An agent whose every reply is ``reply`` (pure logic: no container)."""
+
+    def __init__(self, reply: t.Any) -> None:
+        self.reply = reply
+
+    def ensure_payload(self, force: bool = False) -> None:
+        return None
+
+    def call(self, verb: str, *args: str, **_: t.Any) -> t.Any:
+        return self.reply
+
+
+@pytest.mark.parametrize("reply", [
+    {"root": "/opt/opsctl", "caches": "not a list"},
+    {"root": "/opt/opsctl", "current_fingerprint": None, "current_build": None,
+     "caches": [{"fingerprint": "a\nb\x1b[2J", "size_bytes": -1}], "outside": [], "warnings": []},
+    ["a", "list"], None, "text"])
+def test_a_command_given_a_reply_that_is_not_its_shape_exits_25_with_one_json_error(reply, monkeypatch):
+    import contextlib
+    import json
+    import types
+
+    from click.testing import CliRunner
+
+    from opsctl.cli import cli
+    from opsctl.ops import jobs
+
+    @contextlib.contextmanager
+    def target(*_: t.Any, **__: t.Any) -> t.Iterator[t.Any]:
+        yield types.SimpleNamespace(label="pve1 ct 200", agent=_Agent(reply))
+
+    monkeypatch.setattr(jobs, "open_target", target)
+    res = CliRunner().invoke(cli, ["cache", "info", "--host", "pve1", "--ct", "200", "--json"])
+    assert res.exit_code == errors.REMOTE_FAILED, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    (line,) = [ln for ln in res.stdout.splitlines() if '"type"' in ln]
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "ReplyShapeError"
+    assert doc["error"]["message"].startswith("pve1 ct 200: cache-info: the reply is not a CacheInfoDoc")
+    assert "\n" not in doc["error"]["message"] and "\x1b" not in line

@@ -108,11 +108,11 @@ def test_xid_79_names_the_gpu_and_says_drain_it() -> None:
     events = kernlog.parse("NVRM: Xid (PCI:0000:41:00): 79, pid=1234, name=python3, "
                            "GPU has fallen off the bus.")
     (item,) = doctor_ops.diagnosis_items(events, {"0000:41:00": 3}, 120, live=False)
-    assert item.cause == "host-xid" and item.severity == "error"
-    assert "Xid 79 on GPU 3 (0000:41:00)" in item.summary and "fallen off the bus" in item.summary
-    assert "drain it" in item.hint and "reset" in item.hint
+    assert item["cause"] == "host-xid" and item["severity"] == "error"
+    assert "Xid 79 on GPU 3 (0000:41:00)" in item["summary"] and "fallen off the bus" in item["summary"]
+    assert "drain it" in item["hint"] and "reset" in item["hint"]
     (live,) = doctor_ops.diagnosis_items(events, {}, 120, live=True)
-    assert live.severity == "warning" and "GPU at 0000:41:00" in live.summary
+    assert live["severity"] == "warning" and "GPU at 0000:41:00" in live["summary"]
 
 
 def test_an_oom_kill_of_another_container_is_not_this_jobs() -> None:
@@ -120,7 +120,7 @@ def test_an_oom_kill_of_another_container_is_not_this_jobs() -> None:
                            "task=python3,pid=7,uid=0")
     assert doctor_ops.diagnosis_items(events, {}, 120, live=False) == []
     (item,) = doctor_ops.diagnosis_items(events, {}, 121, live=False)
-    assert item.cause == "host-oom" and "pct set 121 --memory" in item.hint
+    assert item["cause"] == "host-oom" and "pct set 121 --memory" in item["hint"]
 
 
 def test_the_doctor_verb_on_this_machine_answers_skip_rows_without_a_driver(tmp_path: Path) -> None:

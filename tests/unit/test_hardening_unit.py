@@ -20,7 +20,8 @@ from rich.console import Console
 from opsctl import errors
 from opsctl.cli import render
 from opsctl.config import paths, playbook
-from opsctl.remote.models import JobStatus
+from remote_payload.wire_shapes import StatusDoc
+from tests.replies import status_doc
 
 # OSC title, clear-scrollback, OSC 52 clipboard write, a CSI clear screen, an 8-bit CSI, a
 # BEL, a carriage return that would overwrite the line, a bidi override and rich markup
@@ -29,11 +30,12 @@ EVIL = ("\x1b]0;pwned\x07\x1b[3J\x1b]52;c;ZXZpbA==\x1b\\\x1b[2J\x9b31m\x07\rspoo
 CONTROL = re.compile(r"\x1b\]|\x1b\[[0-9;]*[JHK]|\x1b\\|[\x07\x9b\r\u202e]")
 
 
-def evil_status(**extra: object) -> JobStatus:
-    return JobStatus.model_validate({
+def evil_status(**extra: object) -> StatusDoc:
+    return status_doc(**{
         "job_id": "job-1", "state": "RUNNING", "phase": EVIL, "pane_tail": [EVIL, "ok"],
         "output_tail": [EVIL], "evidence": [EVIL],
-        "diagnosis": [{"cause": "x", "summary": EVIL, "evidence": [EVIL], "hint": EVIL}],
+        "diagnosis": [{"cause": "x", "severity": "error", "summary": EVIL, "evidence": [EVIL],
+                       "hint": EVIL}],
         "last_step": {"step": EVIL, "tok_s": 1000.0, "loss": EVIL}, "gpu_error": EVIL,
         "output_log": EVIL, **extra})
 
@@ -80,12 +82,11 @@ def test_the_metrics_line_wraps_between_values_never_inside_one():
 
 
 def test_a_deploy_whose_job_already_finished_says_so_with_its_exit_code():
-    done = JobStatus.model_validate({"job_id": "j", "state": "SUCCEEDED", "exit_code": 0,
-                                     "healthy": True})
+    done = status_doc(job_id="j", state="SUCCEEDED", exit_code=0, healthy=True)
     for outcome in ("terminal", "healthy"):
         line = render.deploy_verdict("j", outcome, done, 2.0).plain
         assert "finished SUCCEEDED (exit code 0)" in line and "running" not in line
-    live = JobStatus.model_validate({"job_id": "j", "state": "RUNNING", "healthy": True})
+    live = status_doc(job_id="j", state="RUNNING", healthy=True)
     assert "healthy" in render.deploy_verdict("j", "healthy", live, 2.0).plain
 
 

@@ -22,19 +22,23 @@ import pytest
 
 from opsctl.cli import dashboard, plots
 from opsctl.errors import ConfigError
-from opsctl.remote.models import History, JobStatus
+from opsctl.ops.watch import parse_status
+from opsctl.remote import shapes
 from remote_payload.agent import history as agent_history
+from remote_payload.wire_shapes import HistoryDoc, StatusDoc
 from tests.paths import FIXTURES, REPO
+from tests.replies import status_doc
 
 FIXTURE = FIXTURES / "history" / "events.jsonl"
 WEEK_S = 7 * 86400
 
 
 @pytest.fixture(scope="module")
-def recorded() -> History:
+def recorded() -> HistoryDoc:
     """The fixture's history as a status reply carries it."""
     cols = agent_history.from_events(str(FIXTURE)).columns()
-    return History.model_validate(agent_history.reduce(cols, agent_history.STATUS_POINTS))
+    return shapes.validate(HistoryDoc, agent_history.reduce(cols, agent_history.STATUS_POINTS),
+                           where="test")
 
 
 class TestRecordedRun:
@@ -50,13 +54,13 @@ class TestRecordedRun:
             assert len(cols[key]) == 40
 
     def test_recompiles_restart_and_error_are_marked_on_the_time_axis(self, recorded):
-        kinds = [m.kind for m in recorded.marks]
+        kinds = [m["kind"] for m in recorded["marks"]]
         assert kinds.count("compile") == 5  # phase compiling + 2 buckets, then again after the resume
         assert "restart" in kinds and "error" in kinds
-        restart = next(m for m in recorded.marks if m.kind == "restart")
-        assert restart.label == "resumed at step 600"
-        error = next(m for m in recorded.marks if m.kind == "error")
-        assert error.label.startswith("NCCLTimeout:")
+        restart = next(m for m in recorded["marks"] if m["kind"] == "restart")
+        assert restart["label"] == "resumed at step 600"
+        error = next(m for m in recorded["marks"] if m["kind"] == "error")
+        assert error["label"].startswith("NCCLTimeout:")
         assert kinds.index("error") < kinds.index("restart")
 
     def test_sparklines_show_the_loss_falling_and_the_throughput_drop(self, recorded):
@@ -88,7 +92,7 @@ class TestRecordedRun:
         assert out.stat().st_size > 10_000
 
     def test_nothing_to_draw_is_an_error_that_says_so(self):
-        empty = History(t=[1.0], gpu_util=[50.0])
+        empty: HistoryDoc = {"t": [1.0], "gpu_util": [50.0]}
         with pytest.raises(ConfigError, match="no data"):
             plots.terminal_charts(empty, ["loss"])
 
@@ -156,9 +160,9 @@ class TestRecorder:
         doc = agent_history.for_status(
             str(tmp_path), [{"severity": "error", "cause": "cuda_oom"}], now)
         assert doc is not None
-        hist = History.model_validate(doc)
-        assert hist.gpu_util[0] == pytest.approx(70.0)
-        assert [m.kind for m in hist.marks] == ["compile", "diagnosis"]
+        hist = shapes.validate(HistoryDoc, doc, where="test")
+        assert hist["gpu_util"][0] == pytest.approx(70.0)
+        assert [m["kind"] for m in hist["marks"]] == ["compile", "diagnosis"]
         assert not list(tmp_path.glob("*.tmp.*"))
 
     def test_status_without_a_history_file_has_none(self, tmp_path):
@@ -170,13 +174,12 @@ class TestRecorder:
         (tmp_path / agent_history.FILE).write_text(content)
         doc = agent_history.for_status(str(tmp_path))
         assert doc is None or isinstance(doc["t"], list)
-        st = JobStatus.model_validate({"job_id": "j", "state": "RUNNING", "history": doc})
-        assert st.history is None or st.history.t == [1.0, 2.0]
+        st = parse_status({**status_doc(), "history": doc}, where="test")
+        assert st.get("history") is None or st["history"]["t"] == [1.0, 2.0]
 
     def test_the_client_drops_history_it_cannot_parse_and_keeps_the_status(self):
-        st = JobStatus.model_validate({"job_id": "j", "state": "RUNNING",
-                                       "history": {"t": ["x"], "marks": "no"}})
-        assert st.state.value == "RUNNING" and st.history is None
+        st = parse_status({**status_doc(), "history": {"t": ["x"], "marks": "no"}}, where="test")
+        assert st["state"] == "RUNNING" and st["history"] is None
 
 
 class TestParsing:
@@ -209,12 +212,13 @@ class TestParsing:
 EVIL = "<script>alert(1)</script>\x1b]52;c;aGk=\x07"
 
 
-def _status(**kw: object) -> JobStatus:
+def _status(**kw: object) -> StatusDoc:
     doc = {"job_id": "job-1", "state": "RUNNING", "pane_tail": [EVIL, "step 3 ok"],
-           "diagnosis": [{"cause": EVIL, "summary": EVIL, "severity": "error", "evidence": [EVIL]}],
+           "diagnosis": [{"cause": EVIL, "summary": EVIL, "severity": "error", "evidence": [EVIL],
+                          "hint": ""}],
            "history": {"bucket_s": 2, "t": [1.0, 3.0], "loss": [2.0, 1.0],
                        "marks": [{"t": 2.0, "kind": "error", "label": EVIL}]}, **kw}
-    return JobStatus.model_validate(doc)
+    return status_doc(**doc)
 
 
 class TestDashboardHtml:

@@ -14,9 +14,9 @@ from opsctl.config.nodes import NodeRef, parse_nodes
 from opsctl.errors import ConfigError, FleetIncomplete
 from opsctl.ops import multinode, torchrun
 from opsctl.ops.multinode import NodeRow
-from opsctl.remote.models import DiagnosisItem, JobStatus
 from remote_payload import wire
 from remote_payload.agent.verbs.net import choose_address
+from tests.replies import diagnosis, status_doc
 
 SMOKE = ["python3", "-m", "remote_payload.trainer", "--preset", "tiny", "--nproc", "2"]
 RDZV = torchrun.Rendezvous("10.0.0.5", 29400, "run-1", 2)
@@ -86,14 +86,14 @@ class TestTorchrunArgv:
 
 
 def row(index: int, state: str, ended_at: float | None = None, **extra: object) -> NodeRow:
-    st = JobStatus(job_id="run-1", state=state, ended_at=ended_at, **extra)  # type: ignore[arg-type]
+    st = status_doc(job_id="run-1", state=state, ended_at=ended_at, **extra)
     return NodeRow(index, f"h:{200 + index}", f"h ct {200 + index}", status=st)
 
 
 class TestRunVerdict:
     def test_the_node_that_ended_first_is_the_cause(self):
         rows = [row(0, "FAILED", 105.0, exit_code=1), row(1, "FAILED", 100.0, signal="SIGKILL",
-                diagnosis=[DiagnosisItem(cause="killed", summary="Killed by SIGKILL")])]
+                diagnosis=[diagnosis("killed", "Killed by SIGKILL")])]
         report = multinode.RunReport("run-1", rows)
         multinode._verdict(report)
         assert report.failed_node == 1 and report.state == "FAILED"
@@ -149,7 +149,7 @@ def test_local_rank_0_of_every_node_speaks_and_other_ranks_only_report_errors():
 
 
 def member(index: int, job_id: str, run: dict[str, object] | None, state: str = "RUNNING") -> NodeRow:
-    st = JobStatus.model_validate({"job_id": job_id, "state": state, "run": run})
+    st = status_doc(job_id=job_id, state=state, run=run)
     return NodeRow(index, f"h:{200 + index}", f"h ct {200 + index}", status=st)
 
 

@@ -12,13 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from opsctl.cli import prometheus_metrics
 from opsctl.cli.dashboard import ContainerView, HostView, Snapshot
-from opsctl.remote.models import JobStatus
 from remote_payload.wire import JobState, finite_doc
+from remote_payload.wire_shapes import StatusDoc
+from tests.replies import status_doc
 
 NOW = 1_800_000_000.0
 
 
-def status(**fields: t.Any) -> JobStatus:
+def status(**fields: t.Any) -> StatusDoc:
     doc: dict[str, t.Any] = {"job_id": "j-1", "state": "RUNNING",
                              "last_step": {"event": "step", "step": 42, "loss": 1.5,
                                            "tok_s": 12800.0, "_at": NOW - 30},
@@ -26,7 +27,7 @@ def status(**fields: t.Any) -> JobStatus:
                                        "mem_used_mib": 1024.0, "mem_total_mib": 2048.0,
                                        "temp_c": 61.0, "power_w": 650.0}]}
     doc.update(fields)
-    return JobStatus.model_validate(doc)
+    return status_doc(**doc)
 
 
 def snap(*hosts: HostView) -> Snapshot:

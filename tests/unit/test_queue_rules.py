@@ -364,7 +364,10 @@ class _TorchAgent:
         if verb == "swap":
             if self.interrupt_swap:
                 raise KeyboardInterrupt
-            return {"action": "install-only", "build": "torch-2.13.0-cpu"}
+            return {"action": "install-only", "build": "torch-2.13.0-cpu", "previous": None,
+                    "dry_run": False, "path": "/opt/opsctl/envs/torch-2.13.0-cpu",
+                    "log_path": None, "verification": None, "install_seconds": 1.0,
+                    "switch_seconds": None, "current": None, "seconds": 1.0}
         empty = {"jobs": [], "slots": None, "holders": []}
         return {"added": [json.loads(t.cast(bytes, stdin))["specs"][0]["job_id"]],
                 "started": [], "cancelled": [], "queue": empty,

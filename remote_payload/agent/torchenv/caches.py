@@ -24,6 +24,15 @@ from remote_payload.agent.torchenv.jobguard import refuse_if_job_running
 from remote_payload.agent.torchenv.layout import Layout, current_build, dir_usage, locked
 from remote_payload.wire import ErrorType
 
+if t.TYPE_CHECKING:  # the reply shapes: checked by mypy, never imported at run time
+    from remote_payload.wire_shapes import (
+        CacheClearDoc,
+        CacheInfoDoc,
+        CacheRowDoc,
+        OutsideCacheDoc,
+        RemovedCacheDoc,
+    )
+
 PROVENANCE = "provenance.json"
 LAST_USED = ".last_used"
 MEGA_CACHE = "mega-cache.bin"
@@ -106,16 +115,16 @@ def outside_candidates() -> list[tuple[str, str]]:
 
 
 def cache_info(layout: Layout, outside: t.Sequence[tuple[str, str]] | None = None
-               ) -> dict[str, t.Any]:
+               ) -> CacheInfoDoc:
     """Per fingerprint: size, files, created, last used, current or stale; outside caches."""
-    warnings = []
+    warnings: list[str] = []
     try:
         cur = current_fingerprint(layout)
     except AgentFailure as exc:  # a broken build must not hide the caches
         cur = None
         warnings.append(f"cannot fingerprint the current build: {exc.message}")
     current_fp = cur[1] if cur else None
-    caches = []
+    caches: list[CacheRowDoc] = []
     names = sorted(os.listdir(layout.cache)) if os.path.isdir(layout.cache) else []
     for name in names:
         path = os.path.join(layout.cache, name)
@@ -134,7 +143,7 @@ def cache_info(layout: Layout, outside: t.Sequence[tuple[str, str]] | None = Non
             "current": name == current_fp, "status": "current" if name == current_fp else "stale",
             "mega_cache": mega if os.path.exists(mega) else None, "seed": prov.get("seed"),
         })
-    outside_found = []
+    outside_found: list[OutsideCacheDoc] = []
     for path, why in (outside_candidates() if outside is None else outside):
         if not os.path.exists(path):
             continue
@@ -155,7 +164,7 @@ def remove_tree(path: str) -> None:
 
 
 def cache_clear(layout: Layout, *, clear_all: bool = False, fingerprint: str | None = None
-                ) -> dict[str, t.Any]:
+                ) -> CacheClearDoc:
     """Remove the current build's cache (default), one fingerprint's, or every cache.
 
     Raises
@@ -176,7 +185,7 @@ def cache_clear(layout: Layout, *, clear_all: bool = False, fingerprint: str | N
                 raise AgentFailure(ErrorType.NoCurrentBuild, "no current torch build, so no current cache;"
                                    " use --all", hint="opsctl cache clear --all")
             names = [cur[1]]
-        removed = []
+        removed: list[RemovedCacheDoc] = []
         for name in sorted(names):
             path = os.path.join(layout.cache, name)
             if os.path.basename(path) != name or not os.path.isdir(path):

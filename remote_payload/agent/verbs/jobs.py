@@ -36,6 +36,7 @@ if t.TYPE_CHECKING:
         JobRowDoc,
         LogsChunkDoc,
         QueueHolderDoc,
+        StacksDoc,
         StatusDoc,
         StopDoc,
     )
@@ -545,7 +546,7 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
 # --- stacks -------------------------------------------------------------------
 
 
-def stacks(root: str, job_id: str, *, timeout: float) -> dict[str, t.Any]:
+def stacks(root: str, job_id: str, *, timeout: float) -> StacksDoc:
     """Every python process of the job dumps all its threads' stacks into its own file.
 
     Raises
