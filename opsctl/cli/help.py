@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import typing as t
 import textwrap
 
 import click
@@ -38,6 +39,19 @@ def exit_code_table(width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+class ExitCodeRow(t.TypedDict):
+    """One exit status: its number (None: the command's own, passed through) and meaning."""
+
+    code: int | None
+    meaning: str
+
+
+class ExitCodesDocument(t.TypedDict):
+    """``help exit-codes --json``: every exit status opsctl ends with, in the docs' order."""
+
+    exit_codes: list[ExitCodeRow]
+
+
 @click.group("help", invoke_without_command=True)
 @click.pass_context
 def help_(ctx: click.Context) -> None:
@@ -54,8 +68,10 @@ def exit_codes(as_json: bool) -> None:
     if as_json:
         from opsctl.cli.jsonout import print_json
 
-        print_json({"exit_codes": [{"code": int(code) if code.isdigit() else None, "meaning": meaning}
-                                   for code, meaning in exit_code_rows()]})
+        doc: ExitCodesDocument = {"exit_codes": [
+            {"code": int(code) if code.isdigit() else None, "meaning": meaning}
+            for code, meaning in exit_code_rows()]}
+        print_json(doc)
         return
     width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
     sys.stdout.write(exit_code_table(width))

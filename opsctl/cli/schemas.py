@@ -143,6 +143,12 @@ def _sandbox_up() -> t.Any:
     return _with("SandboxUpDocument", SandboxInfo, elapsed_s=float)
 
 
+def _exit_codes() -> t.Any:
+    from opsctl.cli.help import ExitCodesDocument
+
+    return shapes.pydantic_view(ExitCodesDocument)
+
+
 def _sandbox_status() -> t.Any:
     from opsctl.sandbox.host import SandboxInfo
 
@@ -193,6 +199,8 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
                   _playbooks),
     "mux status": ("the live connection multiplexers (`mux status --json`)", _muxes),
     "sandbox up": ("how to reach the sandbox host (`sandbox up --json`)", _sandbox_up),
+    "help exit-codes": ("every exit status and its meaning (`help exit-codes --json`)",
+                        _exit_codes),
     "sandbox status": ("whether the sandbox's sshd and containers run (`sandbox status --json`)",
                        _sandbox_status),
 }

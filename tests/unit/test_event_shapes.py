@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsctl.ops import schemas
+from opsctl.cli import schemas
 from remote_payload import wire
 from remote_payload.wire_shapes import EVENT_SHAPES, event_problem
 

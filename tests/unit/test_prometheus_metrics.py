@@ -30,6 +30,12 @@ def status(**fields: t.Any) -> StatusDoc:
     return status_doc(**doc)
 
 
+def gpu(**fields: t.Any) -> dict[str, t.Any]:
+    """A whole GPU row (every key the shape requires), with ``fields`` over the defaults."""
+    return {"index": 0, "name": "NVIDIA H200", "util_pct": None, "mem_used_mib": None,
+            "mem_total_mib": None, "temp_c": None, "power_w": None, **fields}
+
+
 def snap(*hosts: HostView) -> Snapshot:
     return Snapshot(list(hosts), NOW, 0.1)
 
@@ -171,7 +177,7 @@ HOSTILE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 def test_any_remote_text_in_a_label_reads_back_exactly(gpu_name, job_id, host):
     """Quotes, backslashes, newlines, unicode: prometheus-client escapes them, and its parser
     (the text format's reference) reads the very same label values back."""
-    st_ = status(job_id=job_id, gpus=[{"index": 3, "name": gpu_name, "util_pct": 1.0}])
+    st_ = status(job_id=job_id, gpus=[gpu(index=3, name=gpu_name, util_pct=1.0)])
     found = series(snap(HostView(host, host, [ContainerView(host, 200, status=st_)])))
     assert found["opsctl_gpu_info"] == [({"host": host, "container": "200", "gpu": "3",
                                           "name": gpu_name}, 1.0)]
@@ -180,7 +186,7 @@ def test_any_remote_text_in_a_label_reads_back_exactly(gpu_name, job_id, host):
 
 
 def test_a_label_with_a_quote_and_a_newline_is_escaped_in_the_text():
-    st_ = status(gpus=[{"index": 0, "name": 'H200"}\nopsctl_host_up{host="x"} 1', "util_pct": 5.0}])
+    st_ = status(gpus=[gpu(name='H200"}\nopsctl_host_up{host="x"} 1', util_pct=5.0)])
     text = prometheus_metrics.render(snap(HostView("h", "h", [ContainerView("h", 200, status=st_)])))
     assert b'name="H200\\"}\\nopsctl_host_up{host=\\"x\\"} 1"' in text
     assert not [ln for ln in text.decode().splitlines() if ln.startswith('opsctl_host_up{host="x"}')]

@@ -368,7 +368,7 @@ class _TorchAgent:
                     "dry_run": False, "path": "/opt/opsctl/envs/torch-2.13.0-cpu",
                     "log_path": None, "verification": None, "install_seconds": 1.0,
                     "switch_seconds": None, "current": None, "seconds": 1.0}
-        empty = {"jobs": [], "slots": None, "holders": []}
+        empty = {"jobs": [], "slots": None, "holders": [], "damaged": []}
         return {"added": [json.loads(t.cast(bytes, stdin))["specs"][0]["job_id"]],
                 "started": [], "cancelled": [], "queue": empty,
                 "boot_hook": {"kind": "none", "path": None, "warning": "no boot hook here"}}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import types
 import typing as t
 
 import pytest
 
 from opsctl.errors import TransportError
 from opsctl.ops import watch
+from tests.replies import status_doc
 
 
 class ScriptedAgent:
@@ -16,6 +18,8 @@ class ScriptedAgent:
     def __init__(self, replies: list[t.Any]):
         self.replies = list(replies)
         self.remote = self
+        self.host = types.SimpleNamespace(label="h")  # what a reply's error names
+        self.ctid = 200
         self.closed = 0
 
     def call(self, verb: str, *args: str, timeout: float = 0) -> t.Any:
@@ -29,7 +33,7 @@ class ScriptedAgent:
 
 
 def doc(state: str, healthy: bool = False) -> dict[str, t.Any]:
-    return {"job_id": "j", "state": state, "healthy": healthy}
+    return {**status_doc(), "job_id": "j", "state": state, "healthy": healthy}
 
 
 @pytest.fixture(autouse=True)
@@ -40,13 +44,13 @@ def no_sleep(monkeypatch):
 def test_waiting_for_healthy_stops_at_the_first_healthy_status():
     agent = ScriptedAgent([doc("SETTING_UP"), doc("COMPILING"), doc("RUNNING", True), doc("RUNNING")])
     out = watch.wait(agent, "j", until="healthy", timeout_s=None)  # type: ignore[arg-type]
-    assert (out.reason, out.status.state, out.polls) == ("healthy", "RUNNING", 3)
+    assert (out.reason, out.status["state"], out.polls) == ("healthy", "RUNNING", 3)
 
 
 def test_a_terminal_state_ends_any_wait():
     agent = ScriptedAgent([doc("RUNNING", True), doc("FAILED")])
     out = watch.wait(agent, "j", until="terminal", timeout_s=None)  # type: ignore[arg-type]
-    assert (out.reason, out.status.state) == ("terminal", "FAILED")
+    assert (out.reason, out.status["state"]) == ("terminal", "FAILED")
 
 
 def test_connection_errors_reconnect_and_the_watch_goes_on():
