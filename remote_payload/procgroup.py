@@ -78,13 +78,16 @@ class Finished(t.NamedTuple):
 
 class Group:
     """``argv`` started now in a session of its own (found on PATH; stdin /dev/null).
+    ``hand_over`` ({child fd: this process's fd}) gives the child one of this process's
+    open files (a lock) under a fixed number.
 
     Raises:
         OSError: it could not be started (as ``subprocess.Popen``).
     """
 
     def __init__(self, argv: t.Sequence[str], *, env: t.Mapping[str, str] | None = None,
-                 cwd: str | None = None, stdout: int = PIPE, stderr: int = PIPE):
+                 cwd: str | None = None, stdout: int = PIPE, stderr: int = PIPE,
+                 hand_over: t.Mapping[int, int] | None = None):
         self.argv = list(argv)
         self.token = f"{os.getpid()}-{time.monotonic_ns()}-{id(self)}"
         full = dict(os.environ if env is None else env)
@@ -93,12 +96,15 @@ class Group:
         self.out: int | None = None
         self.err: int | None = None
         if cwd is None:
-            self.pid = self._spawn(full, stdout, stderr)
+            self.pid = self._spawn(full, stdout, stderr, hand_over or {})
+        elif hand_over:
+            raise ValueError("hand_over needs cwd None")
         else:
             self.pid = self._popen(full, cwd, stdout, stderr)
         _LIVE[self.pid] = self
 
-    def _spawn(self, env: dict[str, str], stdout: int, stderr: int) -> int:
+    def _spawn(self, env: dict[str, str], stdout: int, stderr: int,
+               hand_over: t.Mapping[int, int]) -> int:
         opened: list[int] = []
         actions: list[tuple[int, int, int]] = []
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -113,6 +119,8 @@ class Group:
                 actions.append((os.POSIX_SPAWN_DUP2, w, target))
             elif how == DEVNULL:
                 actions.append((os.POSIX_SPAWN_DUP2, null, target))
+        for target, source in hand_over.items():  # dup2 clears close-on-exec on the copy
+            actions.append((os.POSIX_SPAWN_DUP2, source, target))
         try:
             pid = os.posix_spawnp(self.argv[0], self.argv, env, file_actions=actions,
                                   setsid=True)
@@ -168,6 +176,14 @@ class Group:
                 raise TimeoutError(f"still running after {timeout:g} s")
             time.sleep(0.02)
         return t.cast(int, self.returncode)
+
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to the child alone (not its group), while it is not yet reaped."""
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def _reaped(self, status: int) -> None:
         self.returncode = os.waitstatus_to_exitcode(status)
