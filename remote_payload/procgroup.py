@@ -328,10 +328,11 @@ def install_signal_handlers() -> None:
     thread (``finally`` blocks run; the caller exits with ``exc.code``). SIGINT stays
     Python's ``KeyboardInterrupt``; :meth:`Group.result` ends its group on it."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _terminate)
+        signal.signal(sig, terminate)
 
 
-def _terminate(signum: int, _frame: object) -> None:
+def terminate(signum: int, _frame: object) -> None:
+    """The SIGTERM/SIGHUP handler: end every child group, then raise :class:`Terminated`."""
     for sig in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the clean-up
         signal.signal(sig, signal.SIG_IGN)
     end_all()

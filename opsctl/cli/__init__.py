@@ -47,6 +47,9 @@ def __getattr__(name: str) -> t.Any:
 
 
 def main() -> None:
+    from opsctl.cli import interrupts
+
+    interrupts.install()  # first: Ctrl-C, SIGTERM, SIGHUP are one line and an exit code
     import sys
 
     from opsctl.faststatus import trace

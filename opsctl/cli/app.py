@@ -13,7 +13,7 @@ import typing as t
 import click
 
 from opsctl import errors
-from opsctl.cli import complete
+from opsctl.cli import complete, interrupts
 from opsctl.cli import params as clitypes
 from opsctl.errors import OpsctlError
 
@@ -24,6 +24,7 @@ class OpsctlGroup(click.Group):
     def invoke(self, ctx: click.Context) -> t.Any:
         # what the subcommand will parse (click empties these before it does)
         words = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        interrupts.commands_running()
         try:
             return super().invoke(ctx)
         except OpsctlError as exc:
