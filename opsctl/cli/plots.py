@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from opsctl.errors import ConfigError
 from opsctl.remote.models import History
+from remote_payload import limits
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -34,15 +35,18 @@ class Metric:
     label: str
     scale: float = 1.0  # shown value = raw * scale
     fmt: str = "{:.3g}"
+    low: float = 0.0  # raw values are drawn clamped to [low, high] (:func:`drawable`)
+    high: float = 1e9
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("loss", ("loss",), "loss", fmt="{:.4f}"),
-    Metric("tok_s", ("tok_s",), "Ktok/s", 1e-3, "{:.2f}"),
-    Metric("gpu_util", ("gpu_util",), "GPU util %", fmt="{:.0f}"),
-    Metric("mem", ("gpu_mem_gib", "mem_gib"), "GPU mem GiB", fmt="{:.1f}"),
-    Metric("mfu", ("mfu",), "MFU", fmt="{:.3f}"),
-    Metric("feature_wait_pct", ("feature_wait_pct",), "feature wait %", fmt="{:.0f}"),
+    Metric("tok_s", ("tok_s",), "Ktok/s", 1e-3, "{:.2f}", high=1e12),
+    Metric("gpu_util", ("gpu_util",), "GPU util %", fmt="{:.0f}", high=100.0),
+    Metric("mem", ("gpu_mem_gib", "mem_gib"), "GPU mem GiB", fmt="{:.1f}", high=1e6),
+    Metric("mfu", ("mfu",), "MFU", fmt="{:.3f}", high=1.0),
+    Metric("feature_wait_pct", ("feature_wait_pct",), "feature wait %", fmt="{:.0f}",
+           high=100.0),
 )}
 DEFAULT_METRICS = ("loss", "tok_s", "gpu_util", "mem")
 STATUS_METRICS = ("loss", "tok_s", "gpu_util")
@@ -102,8 +106,35 @@ def parse_since(text: str | None) -> float | None:
     return float(m["n"]) * _UNIT_S[m["unit"]]
 
 
+#: epoch seconds a chart's time axis can hold (years 1970 to ~5000)
+TIME_RANGE = (0.0, 1e11)
+
+
+def drawable(hist: History) -> History:
+    """``hist`` as a chart can draw it: rows and marks whose time is no finite number in
+    :data:`TIME_RANGE` dropped, every value clamped to its metric's range (1e308 and inf land
+    on the edge, a negative loss on 0), nan a gap. A job's history is its trainer's output,
+    so anything may be in it."""
+    keep = [i for i, x in enumerate(hist.t) if _in_range(x, *TIME_RANGE)]
+    columns: dict[str, list[float | None]] = {}
+    for metric in METRICS.values():
+        for col in metric.columns:
+            raw: list[float | None] = getattr(hist, col, None) or []
+            columns[col] = [limits.clamp(raw[i], metric.low, metric.high) if i < len(raw)
+                            and raw[i] is not None else None for i in keep if i < len(raw)]
+    marks = [m for m in hist.marks if _in_range(m.t, *TIME_RANGE)]
+    bucket = limits.clamp(hist.bucket_s, 0.0, TIME_RANGE[1]) or 0.0
+    return hist.model_copy(update={"t": [hist.t[i] for i in keep], "marks": marks,
+                                   "bucket_s": bucket, **columns})
+
+
+def _in_range(x: object, low: float, high: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and low <= x <= high
+
+
 def series(hist: History, metrics: t.Sequence[str] = DEFAULT_METRICS) -> list[Series]:
-    """One :class:`Series` per metric that has at least one value in ``hist``."""
+    """One :class:`Series` per metric that has at least one value in ``hist`` (drawable)."""
+    hist = drawable(hist)
     out = []
     for name in metrics:
         metric = METRICS[name]
@@ -160,6 +191,7 @@ def sparkline_rows(hist: History | None, width: int = 40,
 
 def mark_line(hist: History, width: int) -> str:
     """Letters under a sparkline of ``width`` cells where the marks fall (C compile, R restart…)."""
+    hist = drawable(hist)
     if not hist.t or not hist.marks or width <= 0:
         return ""
     t0, t1 = hist.t[0], max(hist.t[-1] + hist.bucket_s, hist.t[0] + 1e-9)
@@ -190,6 +222,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def start_of(hist: History) -> float:
     """The time axis' zero: the first row, or an earlier mark (the first compile)."""
+    hist = drawable(hist)
     return min([hist.t[0], *(m.t for m in hist.marks)]) if hist.t else 0.0
 
 
@@ -218,6 +251,7 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
     except ImportError:
         raise ConfigError("opsctl plot needs plotext, a dependency of opsctl that is missing here",
                           hint="pip install 'plotext>=5.2,<6' (or reinstall opsctl)") from None
+    hist = drawable(hist)
     found = series(hist, metrics)
     if not found:
         raise ConfigError("no data to plot yet for these metrics",
@@ -256,6 +290,7 @@ def write_png(hist: History, metrics: t.Sequence[str], path: str, title: str = "
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--png needs matplotlib", hint="pip install 'opsctl[plots]'") from None
+    hist = drawable(hist)
     found = series(hist, metrics)
     if not found:
         raise ConfigError("no data to plot yet for these metrics")

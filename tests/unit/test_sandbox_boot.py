@@ -71,3 +71,26 @@ def test_a_wait_that_hangs_is_cut_at_the_deadline(monkeypatch):
     monkeypatch.setattr(host, "_lxc", hang)
     with pytest.raises(ContainerError, match="did not finish booting"):
         host._wait_booted(LAYOUT, "200")
+
+
+def test_offline_right_after_a_start_is_asked_again_not_a_failed_boot(monkeypatch):
+    """``sandbox down`` then ``up`` at once: systemctl answers "offline" (on stdout, rc 1) while
+    it cannot reach PID 1's bus, whether the new PID 1 is not up yet or the old container is
+    still going away. That is a boot still to come, not one that failed."""
+    calls = answers(monkeypatch, [("offline\n", BUS_DOWN), ("offline\n", ""),
+                                  ("starting\n", ""), ("running\n", "")])
+    host._wait_booted(LAYOUT, "200")
+    assert len(calls) == 4
+
+
+def test_a_boot_that_stays_offline_is_named_at_the_deadline_with_its_real_length(monkeypatch):
+    monkeypatch.setattr(host, "CONTAINER_BOOT_TIMEOUT_S", 0.05)
+    answers(monkeypatch, [("offline\n", BUS_DOWN)])
+    with pytest.raises(ContainerError, match=r"within 0.05 s \(systemctl is-system-running: offline"):
+        host._wait_booted(LAYOUT, "200")
+
+
+def test_a_failed_boot_state_says_how_long_it_took_not_the_whole_deadline(monkeypatch):
+    answers(monkeypatch, [("maintenance\n", "")])
+    with pytest.raises(ContainerError, match=r"ended its boot in state maintenance after 0 s"):
+        host._wait_booted(LAYOUT, "200")
