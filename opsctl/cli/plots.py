@@ -234,6 +234,17 @@ def _x(ts: t.Sequence[float], t0: float) -> tuple[list[float], str]:
     return [(x - t0) / 60.0 for x in ts], "minutes since start"
 
 
+def _span(values: t.Sequence[float]) -> tuple[float, float]:
+    """Axis limits around ``values`` that a chart can divide by: a span of at least a
+    millionth of their size (and of 1e-9), centred on them when they are all one value."""
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    least = max(abs(lo), abs(hi), 1e-3) * 1e-6
+    if hi - lo < least:
+        mid = (lo + hi) / 2
+        return mid - least, mid + least
+    return lo, hi
+
+
 def _pairs(s: Series) -> tuple[list[float], list[float]]:
     pts = [(x, y) for x, y in zip(s.t, s.v, strict=False) if y is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -257,7 +268,8 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
         raise ConfigError("no data to plot yet for these metrics",
                           hint="the job has logged no step events or GPU samples so far")
     t0 = start_of(hist)
-    plx.clear_figure()
+    plx.main()  # the whole figure: clear_figure() alone clears only the active subplot, and
+    plx.clear_figure()  # a last call's subplots (their data, their limits) would stay
     plx.subplots(len(found), 1)
     plx.plotsize(width, height_each * len(found))
     for i, s in enumerate(found, start=1):
@@ -265,6 +277,9 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
         xs, ys = _pairs(s)
         x, xlabel = _x(xs, t0)
         plx.plot(x, ys, marker="braille")
+        plx.xlim(*_span([*x, *((m.t - t0) / (3600.0 if xlabel.startswith("hours") else 60.0)
+                               for m in hist.marks)]))
+        plx.ylim(*_span(ys))  # plotext divides by the span: never 0 or a denormal one
         plx.title(s.metric.label)
         if i == len(found):
             plx.xlabel(xlabel)
@@ -273,6 +288,7 @@ def terminal_charts(hist: History, metrics: t.Sequence[str], *, width: int = 100
             plx.vline((m.t - t0) / unit, "red" if m.kind in ("error", "hang", "diagnosis") else
                       "magenta" if m.kind == "compile" else "blue")
     out = str(plx.build())
+    plx.main()
     plx.clear_figure()
     return out if color else _ANSI.sub("", out)
 
