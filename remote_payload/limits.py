@@ -4,7 +4,7 @@ One definition on both sides (the agent, the trainer and the CLI import it; stdl
 the container's Python 3.10 can): a kernel log of 300 MB of Xid lines, an ``nvidia-smi`` that
 prints without end or a job that writes one 100 KB line must cost a bounded time and memory,
 and a line shown as evidence is cut where a reader can still see it was cut
-(``…[cut 99,871 bytes]``). docs/input-limits.md lists these numbers.
+(``…[cut 99871 bytes]``). docs/input-limits.md lists these numbers.
 
 Each cap can be lowered (or raised) for one process through its environment variable
 (:func:`cap`), which the tests use to show a cap at work on a small input.
@@ -44,7 +44,8 @@ def cap(name: str) -> int:
 
 
 def cut_marker(dropped: int) -> str:
-    return f"…[cut {dropped:,} bytes]"
+    """What stands where a line was cut (the host's awk prints the same: no separators)."""
+    return f"…[cut {dropped} bytes]"
 
 
 def cut_line(line: str, limit: int | None = None) -> str:
