@@ -75,8 +75,9 @@ def _leave(signum: int | None, words: str) -> None:
         from remote_payload import procgroup
 
         procgroup.end_all()
-        code = {None: errors.INTERRUPTED, signal.SIGTERM: errors.TERMINATED,
-                signal.SIGHUP: errors.HANGUP}.get(signum, 128 + (signum or 2))
+        codes: dict[int | None, int] = {None: errors.INTERRUPTED, signal.SIGTERM: errors.TERMINATED,
+                                        signal.SIGHUP: errors.HANGUP}
+        code = codes.get(signum, 128 + (signum or signal.SIGINT))
     except BaseException:  # a second signal during these imports: still the same exit
         code = 128 + (signum or signal.SIGINT)
     try:
