@@ -682,6 +682,10 @@ def _ensure_base(layout: _Layout, source: _Layout | None = None) -> None:
             return
         layout.lxc_path.mkdir(parents=True, exist_ok=True)
         if (layout.lxc_path / BASE).exists():
+            # a half-made base may still run (a boot wait that failed): lxc-destroy refuses a
+            # running container, and a rootfs made anew under it leaves that container
+            # running on a deleted tree (no /dev/null, no systemctl: never booted)
+            _lxc(layout, "lxc-stop", BASE, "--kill", check=False)
             _lxc(layout, "lxc-destroy", BASE, check=False)
             shutil.rmtree(layout.lxc_path / BASE, ignore_errors=True)
         if source is None:
@@ -699,8 +703,8 @@ def _make_base(layout: _Layout) -> None:
     _lxc(layout, "lxc-create", BASE, "-t", "debian", "--", "-r", RELEASE,
          f"--packages={','.join(PACKAGES)}", timeout=1800)
     _configure_base(layout.lxc_path / BASE)
-    _start(layout, BASE)
     try:
+        _start(layout, BASE)  # inside: a boot that fails still leaves the base stopped
         _ensure_late_packages(layout, BASE)
     finally:
         _lxc(layout, "lxc-stop", BASE, "--kill", check=False)
