@@ -94,3 +94,33 @@ def test_a_failed_boot_state_says_how_long_it_took_not_the_whole_deadline(monkey
     answers(monkeypatch, [("maintenance\n", "")])
     with pytest.raises(ContainerError, match=r"ended its boot in state maintenance after 0 s"):
         host._wait_booted(LAYOUT, "200")
+
+
+def test_a_half_made_base_is_stopped_before_it_is_made_again(monkeypatch, tmp_path):
+    """lxc-destroy refuses a running container; a rootfs made anew under a base that still
+    runs leaves it running on a deleted tree, which never boots."""
+    layout = host._Layout(home=tmp_path, state_dir=tmp_path / "sandbox")
+    (layout.lxc_path / host.BASE).mkdir(parents=True)  # no .opsctl-ready: half-made
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(host, "_lxc", lambda _l, tool, name, *args, **kw: calls.append(
+        (tool, *args)) or subprocess.CompletedProcess([tool], 0, "", ""))
+    monkeypatch.setattr(host, "_make_base", lambda _l: calls.append(("make",)) or (
+        layout.lxc_path / host.BASE).mkdir())
+    host._ensure_base(layout)
+    assert calls == [("lxc-stop", "--kill"), ("lxc-destroy",), ("make",)]
+
+
+def test_a_base_whose_boot_fails_is_left_stopped(monkeypatch, tmp_path):
+    layout = host._Layout(home=tmp_path, state_dir=tmp_path / "sandbox")
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(host, "_lxc", lambda _l, tool, name, *args, **kw: calls.append(
+        (tool, *args)) or subprocess.CompletedProcess([tool], 0, "", ""))
+    monkeypatch.setattr(host, "_configure_base", lambda _d: None)
+
+    def no_boot(_l: object, _n: str) -> None:
+        raise ContainerError("did not finish booting")
+
+    monkeypatch.setattr(host, "_start", no_boot)
+    with pytest.raises(ContainerError):
+        host._make_base(layout)
+    assert calls[-1] == ("lxc-stop", "--kill")
