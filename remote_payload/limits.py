@@ -72,3 +72,21 @@ def clamp(value: object, low: float, high: float) -> float | None:
     if math.isnan(number):
         return None
     return min(max(number, low), high)
+
+
+#: A fixed program run on the host: the first BYTES of a command's output, and the command's
+#: own exit status (141, SIGPIPE, where it printed more and was cut off). The cap and the
+#: command are its arguments, never text joined into it.
+HEAD_SCRIPT = r"""b=$1; shift
+exec 3>&1
+rc=$( { { "$@"; echo $? >&4; } | head -c "$b" >&3; } 4>&1 )
+exit "${rc:-1}"
+"""
+
+
+def head_argv(argv: list[str], size: int | None = None) -> list[str]:
+    """``argv`` run on a host with its standard output capped at ``size`` bytes (None: the
+    child-output cap): what a hung or chatty ``nvidia-smi`` prints never reaches the client
+    whole."""
+    return ["sh", "-c", HEAD_SCRIPT, "sh", str(cap("CHILD_OUTPUT_BYTES") if size is None
+                                                else size), *argv]

@@ -46,7 +46,8 @@ def gpus(remote: Remote, timeout: float) -> HostGpus:
         return HostGpus(None, first_line(res.stderr.decode("utf-8", "replace")))
     text = _text(res)
     version = nvidia.driver_from_proc(text)
-    smi = remote.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+    smi = remote.run(limits.head_argv(["nvidia-smi", "--query-gpu=index,pci.bus_id",
+                                       "--format=csv,noheader"]),
                      timeout=timeout, step="host nvidia-smi")
     mapping: dict[str, int] = {}
     err = None

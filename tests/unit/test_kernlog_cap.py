@@ -95,3 +95,12 @@ def test_the_caps_can_be_lowered_through_the_environment(monkeypatch):
     assert limits.cap("KERNLOG_BYTES") == 1234
     monkeypatch.setenv("OPSCTL_KERNLOG_BYTES", "-5")
     assert limits.cap("KERNLOG_BYTES") == limits.KERNLOG_BYTES
+
+
+def test_a_host_command_prints_at_most_the_cap_and_keeps_its_exit_status():
+    res = subprocess.run(limits.head_argv(["sh", "-c", "echo hi; echo err >&2; exit 4"], 100),
+                         capture_output=True, timeout=30, check=False)
+    assert (res.returncode, res.stdout, res.stderr) == (4, b"hi\n", b"err\n")
+    endless = subprocess.run(limits.head_argv(["cat", "/dev/zero"], 10), capture_output=True,
+                             timeout=30, check=False)
+    assert len(endless.stdout) == 10 and endless.returncode == 141  # cut off: SIGPIPE
