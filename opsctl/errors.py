@@ -33,7 +33,9 @@ DOCTOR_FAILED = 28
 TORCH_ENV = 30
 JOB_FAILED = 40
 JOB_UNHEALTHY = 41
+HANGUP = 129
 INTERRUPTED = 130
+TERMINATED = 143
 
 EXIT_CODES: dict[int, str] = {
     OK: "success (job healthy / finished / command done)",
@@ -68,6 +70,10 @@ EXIT_CODES: dict[int, str] = {
     INTERRUPTED: "interrupted (Ctrl-C, or a confirmation of `stop`/`deploy --replace` answered no; the "
                  "remote job keeps running; an interrupted deploy never launches its job later and "
                  "says what it already did)",
+    HANGUP: "the terminal went away (SIGHUP): every process opsctl had started here was ended "
+            "first (a `forward` tunnel, an ssh); the remote job keeps running",
+    TERMINATED: "ended by SIGTERM: every process opsctl had started here was ended first (a "
+                "`forward` tunnel, an ssh); the remote job keeps running",
 }
 
 #: Exit statuses opsctl passes on rather than chooses: the table's last row.

@@ -37,7 +37,8 @@ for _family in FAMILIES:
 
 
 def main() -> None:
-    """The ``opsctl`` console script."""
+    """The command line (``opsctl.__main__.main``, the console script, installs the signal
+    handlers first, before this package and its libraries are imported)."""
     if os.environ.get("_OPSCTL_COMPLETE"):  # completion: stdout holds candidates only, and
         # nothing may land in the user's prompt (a known_hosts warning, a library's log line)
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)

@@ -12,7 +12,7 @@ import typing as t
 
 import click
 
-from opsctl import errors
+from opsctl import errors, interrupts
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.errors import OpsctlError
@@ -25,6 +25,7 @@ class OpsctlGroup(click.Group):
     def invoke(self, ctx: click.Context) -> t.Any:
         # what the subcommand will parse (click empties these before it does)
         words = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        interrupts.commands_running()
         try:
             return super().invoke(ctx)
         except OpsctlError as exc:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import shutil
 import sys
-import typing as t
 import textwrap
+import typing as t
 
 import click
 

@@ -22,6 +22,7 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import ConfigError, LocalWriteError
+from remote_payload import limits
 from remote_payload.wire_shapes import HistoryDoc, HistoryMarkDoc
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -34,15 +35,18 @@ class Metric:
     label: str
     scale: float = 1.0  # shown value = raw * scale
     fmt: str = "{:.3g}"
+    low: float = 0.0  # raw values are drawn clamped to [low, high] (:func:`drawable`)
+    high: float = 1e9
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("loss", ("loss",), "loss", fmt="{:.4f}"),
-    Metric("tok_s", ("tok_s",), "Ktok/s", 1e-3, "{:.2f}"),
-    Metric("gpu_util", ("gpu_util",), "GPU util %", fmt="{:.0f}"),
-    Metric("mem", ("gpu_mem_gib", "mem_gib"), "GPU mem GiB", fmt="{:.1f}"),
-    Metric("mfu", ("mfu",), "MFU", fmt="{:.3f}"),
-    Metric("feature_wait_pct", ("feature_wait_pct",), "feature wait %", fmt="{:.0f}"),
+    Metric("tok_s", ("tok_s",), "Ktok/s", 1e-3, "{:.2f}", high=1e12),
+    Metric("gpu_util", ("gpu_util",), "GPU util %", fmt="{:.0f}", high=100.0),
+    Metric("mem", ("gpu_mem_gib", "mem_gib"), "GPU mem GiB", fmt="{:.1f}", high=1e6),
+    Metric("mfu", ("mfu",), "MFU", fmt="{:.3f}", high=1.0),
+    Metric("feature_wait_pct", ("feature_wait_pct",), "feature wait %", fmt="{:.0f}",
+           high=100.0),
 )}
 DEFAULT_METRICS = ("loss", "tok_s", "gpu_util", "mem")
 STATUS_METRICS = ("loss", "tok_s", "gpu_util")
@@ -110,8 +114,38 @@ def _marks(hist: HistoryDoc) -> list[HistoryMarkDoc]:
     return hist.get("marks", [])
 
 
+#: epoch seconds a chart's time axis can hold (years 1970 to ~5000)
+TIME_RANGE = (0.0, 1e11)
+
+
+def drawable(hist: HistoryDoc) -> HistoryDoc:
+    """``hist`` as a chart can draw it: rows and marks whose time is no finite number in
+    :data:`TIME_RANGE` dropped, every value clamped to its metric's range (1e308 and inf land
+    on the edge, a negative loss on 0), nan a gap. A job's history is its trainer's output,
+    so anything may be in it."""
+    ts = _t(hist)
+    keep = [i for i, x in enumerate(ts) if _in_range(x, *TIME_RANGE)]
+    out = t.cast(dict[str, t.Any], dict(hist))
+    for metric in METRICS.values():
+        for col in metric.columns:
+            raw: list[float | None] = out.get(col) or []
+            if col in out:
+                out[col] = [limits.clamp(raw[i], metric.low, metric.high) if raw[i] is not None
+                            else None for i in keep if i < len(raw)]
+    out["t"] = [ts[i] for i in keep]
+    out["marks"] = [m for m in _marks(hist) if _in_range(m.get("t"), *TIME_RANGE)]
+    out["bucket_s"] = limits.clamp(hist.get("bucket_s", 0.0), 0.0, TIME_RANGE[1]) or 0.0
+    return t.cast(HistoryDoc, out)
+
+
+def _in_range(x: object, low: float, high: float) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) \
+        and low <= x <= high
+
+
 def series(hist: HistoryDoc, metrics: t.Sequence[str] = DEFAULT_METRICS) -> list[Series]:
-    """One :class:`Series` per metric that has at least one value in ``hist``."""
+    """One :class:`Series` per metric that has at least one value in ``hist`` (drawable)."""
+    hist = drawable(hist)
     out = []
     for name in metrics:
         metric = METRICS[name]
@@ -168,6 +202,7 @@ def sparkline_rows(hist: HistoryDoc | None, width: int = 40,
 
 def mark_line(hist: HistoryDoc, width: int) -> str:
     """Letters under a sparkline of ``width`` cells where the marks fall (C compile, R restart…)."""
+    hist = drawable(hist)
     if not _t(hist) or not _marks(hist) or width <= 0:
         return ""
     t0, t1 = _t(hist)[0], max(_t(hist)[-1] + hist.get("bucket_s", 0.0), _t(hist)[0] + 1e-9)
@@ -198,6 +233,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def start_of(hist: HistoryDoc) -> float:
     """The time axis' zero: the first row, or an earlier mark (the first compile)."""
+    hist = drawable(hist)
     return min([_t(hist)[0], *(m["t"] for m in _marks(hist))]) if _t(hist) else 0.0
 
 
@@ -207,6 +243,17 @@ def _x(ts: t.Sequence[float], t0: float) -> tuple[list[float], str]:
     if span > 3 * 3600:
         return [(x - t0) / 3600.0 for x in ts], "hours since start"
     return [(x - t0) / 60.0 for x in ts], "minutes since start"
+
+
+def _span(values: t.Sequence[float]) -> tuple[float, float]:
+    """Axis limits around ``values`` that a chart can divide by: a span of at least a
+    millionth of their size (and of 1e-9), centred on them when they are all one value."""
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    least = max(abs(lo), abs(hi), 1e-3) * 1e-6
+    if hi - lo < least:
+        mid = (lo + hi) / 2
+        return mid - least, mid + least
+    return lo, hi
 
 
 def _pairs(s: Series) -> tuple[list[float], list[float]]:
@@ -226,12 +273,14 @@ def terminal_charts(hist: HistoryDoc, metrics: t.Sequence[str], *, width: int = 
     except ImportError:
         raise ConfigError("opsctl plot needs plotext, a dependency of opsctl that is missing here",
                           hint="pip install 'plotext>=5.2,<6' (or reinstall opsctl)") from None
+    hist = drawable(hist)
     found = series(hist, metrics)
     if not found:
         raise ConfigError("no data to plot yet for these metrics",
                           hint="the job has logged no step events or GPU samples so far")
     t0 = start_of(hist)
-    plx.clear_figure()
+    plx.main()  # the whole figure: clear_figure() alone clears only the active subplot, and
+    plx.clear_figure()  # a last call's subplots (their data, their limits) would stay
     plx.subplots(len(found), 1)
     plx.plotsize(width, height_each * len(found))
     for i, s in enumerate(found, start=1):
@@ -239,6 +288,9 @@ def terminal_charts(hist: HistoryDoc, metrics: t.Sequence[str], *, width: int = 
         xs, ys = _pairs(s)
         x, xlabel = _x(xs, t0)
         plx.plot(x, ys, marker="braille")
+        plx.xlim(*_span([*x, *((m["t"] - t0) / (3600.0 if xlabel.startswith("hours") else 60.0)
+                               for m in _marks(drawable(hist)))]))
+        plx.ylim(*_span(ys))  # plotext divides by the span: never 0 or a denormal one
         plx.title(s.metric.label)
         if i == len(found):
             plx.xlabel(xlabel)
@@ -247,6 +299,7 @@ def terminal_charts(hist: HistoryDoc, metrics: t.Sequence[str], *, width: int = 
             plx.vline((m["t"] - t0) / unit, "red" if m["kind"] in ("error", "hang", "diagnosis") else
                       "magenta" if m["kind"] == "compile" else "blue")
     out = str(plx.build())
+    plx.main()
     plx.clear_figure()
     return out if color else _ANSI.sub("", out)
 
@@ -264,6 +317,7 @@ def write_png(hist: HistoryDoc, metrics: t.Sequence[str], path: str, title: str 
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--png needs matplotlib", hint="pip install 'opsctl[plots]'") from None
+    hist = drawable(hist)
     found = series(hist, metrics)
     if not found:
         raise ConfigError("no data to plot yet for these metrics")

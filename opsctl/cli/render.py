@@ -144,34 +144,45 @@ def slots_text(slots: list[int] | None) -> str:
     return "all" if slots is None else ",".join(str(g) for g in slots)
 
 
+_QUEUE_COLUMNS = ("#", "JOB", "PLAYBOOK", "AFTER", "GPUS", "WAITING FOR")
+
+
 def queue_table(con: Console, label: str, q: QueueDoc) -> None:
     """``opsctl queue``: the queued jobs in order, then who holds which GPU slots."""
     slots = "unknown (set gpus: for the container in the inventory)" if q["slots"] is None \
         else str(q["slots"])
     con.print(Text.assemble(("queue on ", "dim"), (safe(label), "bold"),
                             (f"  ({len(q['jobs'])} queued; GPU slots {slots})", "dim")))
-    if q["jobs"]:
+    if q["jobs"] and not con.is_terminal:  # a pipe or a file: one line a job, never wrapped
+        con.print(plain("  ".join(_QUEUE_COLUMNS)), soft_wrap=True)
+        for r in q["jobs"]:
+            con.print(plain("  ".join([str(r["position"]), r["job_id"], r["name"] or "-",
+                                        r["after"] or "-", _queue_gpus(r["gpus"]),
+                                        r["waiting_for"]])), soft_wrap=True)
+    elif q["jobs"]:
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("#", "JOB", "PLAYBOOK", "AFTER", "GPUS", "WAITING FOR"):
+        for col in _QUEUE_COLUMNS:
             table.add_column(col, no_wrap=col != "WAITING FOR", overflow="fold")
         for r in q["jobs"]:
-            want = r["gpus"]
-            gpus = "all" if want is None else (str(want) if isinstance(want, int)
-                                               else "slots " + slots_text(want))
             table.add_row(str(r["position"]), plain(r["job_id"]), plain(r["name"] or "-"),
-                          plain(r["after"] or "-"), gpus, plain(r["waiting_for"]))
+                          plain(r["after"] or "-"), _queue_gpus(r["gpus"]), plain(r["waiting_for"]))
         con.print(table)
     for h in q["holders"]:
         con.print(plain(f"running: {h['job_id']} ({h['state'] or '?'}) holds GPU slots "
-                        f"{slots_text(h['gpu_slots'])}", style="dim"))
+                        f"{slots_text(h['gpu_slots'])}", style="dim"), soft_wrap=True)
     damaged_records(con, q.get("damaged", []))
+
+
+def _queue_gpus(gpus: int | list[int] | None) -> str:
+    return "all" if gpus is None else (str(gpus) if isinstance(gpus, int)
+                                       else "slots " + slots_text(gpus))
 
 
 def damaged_records(con: Console, damaged: t.Sequence[DamagedRecordDoc]) -> None:
     """One line per job record the agent could not parse (left on disk untouched)."""
     for d in damaged:
         con.print(plain(f"damaged record (set aside, left as it is): {d['path']}: {d['reason']}",
-                        style="yellow"))
+                        style="yellow"), soft_wrap=True)
 
 
 def queue_added(con: Console, report: t.Any) -> None:

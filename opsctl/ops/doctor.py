@@ -12,6 +12,7 @@ Also here: the host kernel's Xid and OOM lines of a job's time window as diagnos
 
 from __future__ import annotations
 
+import math
 import time
 import typing as t
 from dataclasses import dataclass, field
@@ -72,8 +73,16 @@ class _Clock:
         """
         left = self.left()
         if left <= 1.0:
-            raise DeadlineExceeded(f"doctor's {self.total:g} s deadline passed")
+            raise DeadlineExceeded(f"doctor's {seconds(self.total)} s deadline passed")
         return max(1.0, min(cap, left - 1.0))
+
+
+def seconds(value: float) -> str:
+    """A duration as doctor prints it: whole seconds from 10 s up, else one decimal (never
+    ``0.123457`` or ``44.9824``); rounded down, so a timeout sent on stays inside the deadline."""
+    if value >= 10:
+        return str(int(value))
+    return f"{math.floor(value * 10) / 10:.1f}"
 
 
 def doctor(tgt: Target, *, deadline_s: float = DEFAULT_DEADLINE_S, torch: bool = True,
@@ -256,7 +265,7 @@ def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: flo
     want = tgt.host.containers[tgt.ctid].gpus if tgt.ctid in tgt.host.containers else None
     try:
         tgt.agent.ensure_payload()
-        args = ["--torch-timeout", f"{min(torch_timeout_s, max(1.0, clock.left() - 15)):g}",
+        args = ["--torch-timeout", seconds(min(torch_timeout_s, max(1.0, clock.left() - 15))),
                 "--ct", str(tgt.ctid)]
         if want:
             args += ["--expect-gpus", str(want)]

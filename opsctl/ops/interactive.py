@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from opsctl.errors import ConfigError, RemoteCommandFailed, TransportError
 from opsctl.ops import watch
 from opsctl.remote import sshclient
+from remote_payload import procgroup
 
 if t.TYPE_CHECKING:
     from opsctl.ops.jobs import Target
@@ -172,14 +173,15 @@ def forward(tgt: Target, local: int, remote_port: int,
         argv = sshclient.ssh_argv(tgt.host, key.path, options=[
             "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
             "-L", f"127.0.0.1:{local}:{address}:{remote_port}"])
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        # a session of its own: Ctrl-C, SIGTERM and SIGHUP reach opsctl, which ends it
+        # (`finally`, and procgroup's handlers for a signal that arrives anywhere)
+        proc = procgroup.Group(argv, stdout=procgroup.INHERIT, stderr=procgroup.INHERIT)
         try:
             deadline = time.monotonic() + FORWARD_READY_S
             # listening = the port is taken (it was free before); connecting to test it would
             # open a channel to the remote port and make ssh complain if nothing listens yet
             while proc.poll() is None and _port_free(local):
                 if time.monotonic() > deadline:
-                    proc.terminate()
                     raise TransportError(f"{tgt.label}: the forward did not come up within "
                                          f"{FORWARD_READY_S:g} s")
                 time.sleep(0.05)
@@ -189,9 +191,4 @@ def forward(tgt: Target, local: int, remote_port: int,
             on_ready(address, why)
             return proc.wait()
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            proc.end(grace=5.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass, field
 
+from remote_payload import limits
 from remote_payload.gpufacts import kernlog, nvidia
 
 if t.TYPE_CHECKING:
@@ -20,7 +21,7 @@ def _text(res: CommandResult) -> str:
 
 
 def first_line(text: str) -> str:
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")[:300]
+    return limits.cut_line(next((ln.strip() for ln in text.splitlines() if ln.strip()), ""))
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ def gpus(remote: Remote, timeout: float) -> HostGpus:
         return HostGpus(None, first_line(res.stderr.decode("utf-8", "replace")))
     text = _text(res)
     version = nvidia.driver_from_proc(text)
-    smi = remote.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+    smi = remote.run(limits.head_argv(["nvidia-smi", "--query-gpu=index,pci.bus_id",
+                                       "--format=csv,noheader"]),
                      timeout=timeout, step="host nvidia-smi")
     mapping: dict[str, int] = {}
     err = None
@@ -87,18 +89,35 @@ def kernel_events(remote: Remote, since: float, until: float, *, timeout: float)
     Raises:
         TransportError, DeadlineExceeded: from the transport.
     """
-    res = remote.run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso-precise",
-                      "--since", f"@{int(since)}", "--until", f"@{int(until) + 1}"],
+    res = remote.run(_capped(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso-precise",
+                              "--since", f"@{int(since)}", "--until", f"@{int(until) + 1}"]),
                      timeout=timeout, step="host kernel log (journalctl)")
     err_text = res.stderr.decode("utf-8", "replace")
     if res.rc == 0 and "No journal files were found" not in err_text and res.stdout.strip():
-        return KernelLog(kernlog.in_window(kernlog.parse(_text(res)), since, until), "journalctl")
-    res = remote.run(["dmesg", "--time-format", "iso"], timeout=timeout,
+        return KernelLog(kernlog.in_window(kernlog.parse(_capped_text(res)), since, until),
+                         "journalctl")
+    res = remote.run(_capped(["dmesg", "--time-format", "iso"]), timeout=timeout,
                      step="host kernel log (dmesg)")
     if res.rc != 0:
         why = first_line(res.stderr.decode("utf-8", "replace")) or f"dmesg exited {res.rc}"
         return KernelLog([], "", f"neither journalctl -k nor dmesg is readable: {why}")
-    return KernelLog(kernlog.in_window(kernlog.parse(_text(res)), since, until), "dmesg")
+    return KernelLog(kernlog.in_window(kernlog.parse(_capped_text(res)), since, until), "dmesg")
+
+
+def _capped(argv: list[str]) -> list[str]:
+    """``argv`` filtered and capped on the host (:data:`remote_payload.limits`): a kernel log
+    of 300 MB of Xid lines costs the client at most the byte cap, never the whole log."""
+    return kernlog.capped_argv(argv, lines=limits.cap("KERNLOG_LINES"),
+                               size=limits.cap("KERNLOG_BYTES"),
+                               width=limits.cap("EVIDENCE_LINE_CHARS"))
+
+
+def _capped_text(res: CommandResult) -> str:
+    """The capped log's text; a first line the byte cap cut into is left out."""
+    data = res.stdout
+    if len(data) >= limits.cap("KERNLOG_BYTES"):
+        data = data.partition(b"\n")[2]
+    return data.decode("utf-8", "replace")
 
 
 def command_text(remote: Remote, argv: list[str], *, timeout: float, step: str) -> tuple[int, str]:

@@ -61,8 +61,11 @@ PVE_CONFIG_LINES = ("lxc.environment = TERM=linux",)
 CONTAINER_BOOT_TIMEOUT_S = 60  # a loaded 2-core machine booting three sandboxes at once
 #: `systemctl is-system-running` states after boot: "degraded" is booted with a failed unit
 BOOTED_STATES = frozenset({"running", "degraded"})
-#: states that waiting longer will not turn into a booted container
-FAILED_BOOT_STATES = frozenset({"maintenance", "stopping", "offline"})
+#: states that waiting longer will not turn into a booted container. "offline" is not one:
+#: systemctl prints it when it cannot reach PID 1's bus, as right after ``lxc-start`` (PID 1
+#: not yet up) or while a container stopped a moment ago is still going away (``sandbox
+#: down`` then ``up`` at once), so it is asked again like "Failed to connect to bus"
+FAILED_BOOT_STATES = frozenset({"maintenance", "stopping"})
 
 
 @dataclass(frozen=True)
@@ -616,7 +619,8 @@ def _wait_booted(layout: _Layout, name: str) -> None:
         ContainerError: the boot did not finish within :data:`CONTAINER_BOOT_TIMEOUT_S`, or
             ended in a state no test can use (the last answer is named).
     """
-    deadline = time.monotonic() + CONTAINER_BOOT_TIMEOUT_S
+    started = time.monotonic()
+    deadline = started + CONTAINER_BOOT_TIMEOUT_S
     answer = "no answer"
     while (left := deadline - time.monotonic()) > 0:
         try:
@@ -629,7 +633,10 @@ def _wait_booted(layout: _Layout, name: str) -> None:
         if state in BOOTED_STATES:
             return
         if state in FAILED_BOOT_STATES:
-            break
+            raise ContainerError(
+                f"sandbox container {name} ended its boot in state {state} after "
+                f"{time.monotonic() - started:.0f} s (systemctl is-system-running: {answer})",
+                hint=f"lxc-attach -P {layout.lxc_path} -n {name} -- systemctl --failed")
         time.sleep(0.2)  # the loop's condition keeps the deadline
     raise ContainerError(f"sandbox container {name} did not finish booting within "
                          f"{CONTAINER_BOOT_TIMEOUT_S} s (systemctl is-system-running: {answer})",
@@ -676,6 +683,10 @@ def _ensure_base(layout: _Layout, source: _Layout | None = None) -> None:
             return
         layout.lxc_path.mkdir(parents=True, exist_ok=True)
         if (layout.lxc_path / BASE).exists():
+            # a half-made base may still run (a boot wait that failed): lxc-destroy refuses a
+            # running container, and a rootfs made anew under it leaves that container
+            # running on a deleted tree (no /dev/null, no systemctl: never booted)
+            _lxc(layout, "lxc-stop", BASE, "--kill", check=False)
             _lxc(layout, "lxc-destroy", BASE, check=False)
             shutil.rmtree(layout.lxc_path / BASE, ignore_errors=True)
         if source is None:
@@ -693,8 +704,8 @@ def _make_base(layout: _Layout) -> None:
     _lxc(layout, "lxc-create", BASE, "-t", "debian", "--", "-r", RELEASE,
          f"--packages={','.join(PACKAGES)}", timeout=1800)
     _configure_base(layout.lxc_path / BASE)
-    _start(layout, BASE)
     try:
+        _start(layout, BASE)  # inside: a boot that fails still leaves the base stopped
         _ensure_late_packages(layout, BASE)
     finally:
         _lxc(layout, "lxc-stop", BASE, "--kill", check=False)

@@ -181,7 +181,13 @@ def _crashed(verb: str, exc: BaseException) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    code = main()
+    from remote_payload import procgroup
+
+    procgroup.install_signal_handlers()  # SIGTERM/SIGHUP (pct or ssh gone) end our children
+    try:
+        code = main()
+    except procgroup.Terminated as exc:
+        code = exc.code
     # The one JSON document is out (main flushed it); skip the interpreter's teardown, ~4 ms
     # of every `status` poll: no verb leaves work behind (its threads are daemons, no exit
     # handlers), and stderr is flushed here.

@@ -16,6 +16,7 @@ import json
 import os
 import typing as t
 
+from remote_payload import limits
 from remote_payload.gpufacts import nvidia, shm
 from remote_payload.wire import doctor_row
 
@@ -52,7 +53,7 @@ def driver_version() -> str | None:
 def _first_line(text: str, needle: str = "") -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     hit = [ln for ln in lines if needle in ln] if needle else lines
-    return (hit or lines or [""])[0][:300]
+    return limits.cut_line((hit or lines or [""])[0])
 
 
 # --- libraries --------------------------------------------------------------------------
@@ -159,20 +160,19 @@ def smi_gpus() -> tuple[list[dict[str, str]], str | None]:
     smi = which("nvidia-smi")
     if smi is None:
         return [], "nvidia-smi not found in the container"
-    import subprocess
+    from remote_payload import procgroup
 
     try:
-        proc = subprocess.run([smi, "--query-gpu=index,pci.bus_id,persistence_mode,name",
-                               "--format=csv,noheader"], capture_output=True,
-                              timeout=SMI_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
+        proc = procgroup.run([smi, "--query-gpu=index,pci.bus_id,persistence_mode,name",
+                              "--format=csv,noheader"], SMI_TIMEOUT_S)
+    except TimeoutError:
         return [], f"nvidia-smi did not answer within {SMI_TIMEOUT_S:g} s"
     except OSError as exc:
         return [], f"nvidia-smi: {exc}"
-    out = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        return [], _first_line(out + "\n" + proc.stderr.decode("utf-8", "replace")) \
-            or f"nvidia-smi exited {proc.returncode}"
+    out = proc.out.decode("utf-8", "replace")
+    if proc.rc != 0:
+        return [], _first_line(out + "\n" + proc.err.decode("utf-8", "replace")) \
+            or f"nvidia-smi exited {proc.rc}"
     return parse_smi_rows(out)
 
 
@@ -350,23 +350,22 @@ def check_torch(driver: str | None, root: str, timeout_s: float,
     if python is None:
         return doctor_row(name, "skip", "no torch build installed by opsctl",
                           f"{root}/envs/current missing", "opsctl torch swap --host H --ct N <build>")
-    import subprocess
+    from remote_payload import procgroup
 
     try:
-        proc = subprocess.run([python, "-c", TORCH_SCRIPT], capture_output=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
+        proc = procgroup.run([python, "-c", TORCH_SCRIPT], timeout_s)
+    except TimeoutError:
         return doctor_row(name, "fail", f"torch did not finish a matmul on every GPU within "
                           f"{timeout_s:g} s (a hung CUDA init or a wedged GPU)", python,
                           "see persistence-mode and the host's Xid events; reset the GPU")
     except OSError as exc:
         return doctor_row(name, "fail", f"cannot run {python}", str(exc))
-    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    lines = proc.out.decode("utf-8", "replace").strip().splitlines()
     try:
         doc = json.loads(lines[-1])
     except (ValueError, IndexError):
-        err = proc.stderr.decode("utf-8", "replace")
-        return doctor_row(name, "fail", f"torch failed (exit {proc.returncode})",
+        err = proc.err.decode("utf-8", "replace")
+        return doctor_row(name, "fail", f"torch failed (exit {proc.rc})",
                           _first_line("\n".join(reversed(err.splitlines())), "Error"))
     bad = [d for d in doc.get("devices", []) if not d.get("ok")]
     evidence = (f"torch {doc.get('torch')} (CUDA {doc.get('cuda')}): {doc.get('count')} "

@@ -24,8 +24,8 @@ import time
 import typing as t
 
 from remote_payload import safe_write
-from remote_payload.agent.childproc import Child
 from remote_payload.agent.common import which
+from remote_payload.procgroup import Group
 
 if t.TYPE_CHECKING:
     import threading
@@ -136,13 +136,13 @@ class GpuQuery:
 
     def __init__(self, smi: str | None = None):
         self._done: tuple[list[Gpu], str | None] | None = None
-        self._proc: Child | None = None
+        self._proc: Group | None = None
         smi = smi or which("nvidia-smi")
         if smi is None:
             self._done = (_nvml_query() or [], None)
             return
         try:
-            self._proc = Child([smi, *SMI_ARGS])
+            self._proc = Group([smi, *SMI_ARGS])
         except OSError as exc:
             self._done = ([], f"nvidia-smi: {exc}")
 
@@ -153,7 +153,7 @@ class GpuQuery:
         if proc is None:  # unreachable: __init__ sets one of the two
             return [], "no GPU query started"
         try:
-            rc, out, err = proc.result(SMI_TIMEOUT_S)
+            rc, out, err, _, _ = proc.result(SMI_TIMEOUT_S)
         except TimeoutError:
             self._done = ([], f"nvidia-smi timed out after {SMI_TIMEOUT_S:g}s")
             return self._done
@@ -260,12 +260,10 @@ def _preflight_once(needed: list[int] | None, own_pids: t.Collection[int], smi: 
     out: dict[str, t.Any] = {"needed": needed, "busy": [], "error": None}
     if smi is None:
         return out
-    import subprocess  # here: `status` never needs it (agent/childproc.py says why)
-
     try:
         ids = _smi_rows(smi, _IDS_ARGS, 3)
         apps = _smi_rows(smi, _APPS_ARGS, 4)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+    except (OSError, ValueError, TimeoutError) as exc:
         out["error"] = f"nvidia-smi: {exc}"
         return out
     by_uuid: dict[str, list[dict[str, t.Any]]] = {}
@@ -291,15 +289,14 @@ def _preflight_once(needed: list[int] | None, own_pids: t.Collection[int], smi: 
 
 
 def _smi_rows(smi: str, args: t.Sequence[str], width: int) -> list[list[str]]:
-    import subprocess
+    from remote_payload import procgroup
 
-    proc = subprocess.run([smi, *args], capture_output=True, timeout=SMI_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL, check=False)
-    if proc.returncode != 0:
-        raise ValueError(f"exited {proc.returncode}: "
-                         f"{proc.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+    proc = procgroup.run([smi, *args], SMI_TIMEOUT_S)
+    if proc.rc != 0:
+        raise ValueError(f"exited {proc.rc}: "
+                         f"{proc.err.decode('utf-8', 'replace').strip()[-300:]}")
     rows = []
-    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+    for line in proc.out.decode("utf-8", "replace").splitlines():
         if not line.strip() or "No running" in line:
             continue
         parts = [p.strip() for p in line.split(",", width - 1)]

@@ -3,7 +3,7 @@
 Starting a session goes through libtmux (``Server.cmd`` is its single argv
 builder). Reading a pane is a plain ``tmux capture-pane`` child because ``status`` must
 stay fast and importing libtmux costs ~120 ms (and ``subprocess`` ~3 ms: it is started with
-:class:`~remote_payload.agent.childproc.Child`; the calls off the ``status`` path import
+:class:`~remote_payload.procgroup.Group`; the calls off the ``status`` path import
 ``subprocess`` where they run).
 """
 
@@ -13,8 +13,8 @@ import os
 import typing as t
 
 from remote_payload import wire
-from remote_payload.agent.childproc import Child
 from remote_payload.agent.common import which
+from remote_payload.procgroup import Group
 
 DEFAULT_SOCKET = wire.DEFAULT_TMUX_SOCKET
 SESSION_PREFIX = "opsctl-"
@@ -118,7 +118,7 @@ class PaneCapture:
 
     def __init__(self, socket: str, session: str, lines: int):
         self.lines = lines
-        self.proc: Child | None = None
+        self.proc: Group | None = None
         self.error: str | None = None
         tmux = which("tmux")
         if tmux is None:
@@ -126,14 +126,14 @@ class PaneCapture:
             return
         argv = [tmux, "-L", socket, "capture-pane", "-p", "-J", "-t", f"={session}:",
                 "-S", f"-{max(lines, 1)}"]  # N history rows plus the visible ones
-        self.proc = Child(argv, env=_clean_env())
+        self.proc = Group(argv, env=_clean_env())
 
     def result(self) -> list[str]:
         """Last ``lines`` non-blank-trailing lines; [] (with ``error`` set) when unavailable."""
         if self.proc is None:
             return []
         try:
-            rc, out, err = self.proc.result(_TMUX_TIMEOUT_S)
+            rc, out, err, _, _ = self.proc.result(_TMUX_TIMEOUT_S)
         except TimeoutError:
             self.error = "tmux capture-pane timed out"
             return []

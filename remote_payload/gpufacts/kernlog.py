@@ -147,6 +147,32 @@ def parse_line(line: str) -> KernelEvent | None:
     return None
 
 
+#: the lines :func:`parse` can use (the rest of a kernel log is never read past the host)
+HOST_PATTERN = r"NVRM: Xid|oom-kill:|Killed process"
+
+#: The host side of the cap (a fixed program; the caps and the log command are its arguments,
+#: never text joined into it): keep the lines :func:`parse` can use, cut each at WIDTH bytes
+#: with the cut marked, keep the newest LINES of them and at most BYTES in all, and exit with
+#: the log command's own status. Every stage streams, so the host holds one line at a time
+#: plus the kept tail, whatever the log's size.
+CAP_SCRIPT = r"""n=$1; b=$2; w=$3; shift 3
+cut='{ if (length($0) > w) printf "%s\342\200\246[cut %d bytes]\n", substr($0, 1, w),
+       length($0) - w; else print }'
+exec 3>&1
+rc=$( { { "$@"; echo $? >&4; } | grep -a -E "$HOST_PATTERN" | LC_ALL=C awk -v w="$w" "$cut" \
+      | tail -n "$n" | tail -c "$b" >&3; } 4>&1 )
+exit "${rc:-1}"
+"""
+
+
+def capped_argv(argv: t.Sequence[str], *, lines: int, size: int, width: int) -> list[str]:
+    """``argv`` (``journalctl -k …`` or ``dmesg …``) run on the host through
+    :data:`CAP_SCRIPT`: at most ``lines`` lines and ``size`` bytes come back, each line cut at
+    ``width`` bytes (``…[cut N bytes]``)."""
+    return ["env", f"HOST_PATTERN={HOST_PATTERN}", "sh", "-c", CAP_SCRIPT, "sh", str(lines),
+            str(size), str(width), *argv]
+
+
 def parse(text: str) -> list[KernelEvent]:
     """Every Xid/OOM event of a kernel log; the two lines the OOM killer writes for one kill
     (``oom-kill:...`` then ``Killed process``) are one event, with the cgroup of the first."""

@@ -16,7 +16,7 @@ imports torch on one core, a ``compileall`` child compiles torch, triton and sym
 others (:func:`prime`). On the H200 machine a cold start reached its process group 7.5 s later
 than a warm one (2026-12-02), all of it ``compile()`` on one core. Python's own atomic writes
 make the two writers safe: each pyc appears whole or not at all, and whichever comes first is
-used. One primer per prefix (a lock the child holds), none on machines of under
+used. One primer per prefix (a lock the primer alone holds: :func:`drive`), none on machines of under
 :data:`PRIME_MIN_CPUS` cores, where it would only take the importing core's time.
 
 Nothing changes where bytecode is already cached or can be (a writable env: Python writes it
@@ -26,15 +26,16 @@ trainer starts either way.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import os
+import signal
 import struct
-import subprocess
 import sys
 import typing as t
 
-from .. import wire
+from .. import procgroup, wire
 
 ENV_SWITCH = "OPSCTL_PYCACHE"  # "off": leave Python's bytecode caching alone
 SUBDIR = "pycache"
@@ -76,11 +77,12 @@ def cache_bytecode(package: str = "torch",
 
 
 def prime(prefix: str, environ: t.Mapping[str, str], workers: int,
-          packages: t.Sequence[str] | None = None) -> subprocess.Popen[bytes] | None:
+          packages: t.Sequence[str] | None = None) -> procgroup.Group | None:
     """Compile the bytecode of those ``packages`` (None: :data:`PRIME_PACKAGES`) that have
     none in ``prefix`` yet (it is ``sys.pycache_prefix`` by then) on ``workers`` processes,
-    in a child that this process does not wait for. Returns the child, or None when none was
-    started: no workers, no package that needs it, or another primer holds the prefix."""
+    in a primer (:func:`drive`) that this process does not wait for. Returns the primer, or
+    None when none was started: no workers, no package that needs it, or another primer
+    holds the prefix."""
     if workers < 1:
         return None
     names = PRIME_PACKAGES if packages is None else packages
@@ -88,20 +90,79 @@ def prime(prefix: str, environ: t.Mapping[str, str], workers: int,
     if not roots:
         return None
     try:
-        lock = os.open(os.path.join(prefix, _PRIME_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        lock = os.open(os.path.join(prefix, _PRIME_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                       0o644)
     except OSError:
         return None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the child holds it until it ends
-        argv = [sys.executable, "-m", "compileall", "-q", "-j", str(workers), "-x", PRIME_SKIP,
-                *roots]
-        return subprocess.Popen(argv, env={**environ, "PYTHONPYCACHEPREFIX": prefix},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, pass_fds=(lock,), close_fds=True)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # handed to the primer, which alone
+        argv = [sys.executable, "-c", _DRIVER, _PAYLOAD_ROOT, str(os.getpid()), prefix,  # keeps it
+                str(workers), *roots]
+        return procgroup.Group(argv, env={**environ, "PYTHONPYCACHEPREFIX": prefix},
+                               stdout=procgroup.DEVNULL, stderr=procgroup.DEVNULL,
+                               hand_over={_LOCK_FD: lock})
     except OSError:  # held by another primer, or no process to be had: only the speed-up
         return None
     finally:
         os.close(lock)
+
+
+_PAYLOAD_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_DRIVER = ("import sys; sys.path.insert(0, sys.argv[1]); "
+           "from remote_payload.trainer.bytecode import drive; sys.exit(drive(sys.argv[2:]))")
+_PR_SET_PDEATHSIG = 1
+_LOCK_FD = 3  # where the primer finds the prefix's lock, taken by :func:`prime`
+
+
+def drive(args: t.Sequence[str]) -> int:
+    """The primer: ``PARENT_PID PREFIX WORKERS ROOT...``. Holds the prefix's lock alone (taken
+    by :func:`prime` and handed over as fd 3, close-on-exec here, so neither ``compileall``
+    nor its workers ever hold it), runs
+    ``compileall`` as a process group of its own (:mod:`remote_payload.procgroup`) and ends
+    that whole group when it is itself ended (SIGTERM, SIGHUP, Ctrl-C, or its parent's end:
+    the kernel's parent-death signal). Killed outright (SIGKILL), it lets go of the lock with
+    its last breath; workers it left behind carry the token recorded in the lock file, and
+    the next primer ends them before it starts its own. Returns compileall's exit code (0:
+    another primer holds the prefix)."""
+    parent, prefix, workers, roots = int(args[0]), args[1], int(args[2]), list(args[3:])
+    procgroup.install_signal_handlers()
+    _die_with(parent)
+    del prefix  # named for ps; the lock came as fd _LOCK_FD, already taken
+    lock = _LOCK_FD
+    os.set_inheritable(lock, False)  # compileall and its workers never hold it
+    try:
+        for token in os.read(lock, 4096).decode("ascii", "replace").split():
+            for pid in procgroup.marked(token):  # a killed primer's workers
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        argv = [sys.executable, "-m", "compileall", "-q", "-j", str(workers), "-x", PRIME_SKIP,
+                *roots]
+        child = procgroup.Group(argv, stdout=procgroup.DEVNULL, stderr=procgroup.DEVNULL)
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, f"{child.token}\n".encode(), 0)
+        try:
+            return child.wait()
+        except BaseException:
+            child.end()
+            raise
+    except procgroup.Terminated as exc:
+        return exc.code
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    finally:
+        os.close(lock)  # the last holder: the lock is free
+
+
+def _die_with(parent: int) -> None:
+    """SIGTERM to this process when ``parent`` ends (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # no prctl: the primer outlives its parent, as before
+        return
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _cold(package: str) -> str | None:

@@ -124,6 +124,45 @@ def test_forward_serves_a_port_of_the_container_on_127_0_0_1_until_ctrl_c(target
         server.wait(10)
 
 
+def _tunnels_to(local: int) -> list[int]:
+    """Live ``ssh`` processes forwarding 127.0.0.1:``local``."""
+    needle = f"127.0.0.1:{local}:".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"ssh") and any(needle in a for a in argv):
+            found.append(int(name))
+    return found
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", errors.TERMINATED),
+                                           ("SIGHUP", errors.HANGUP)])
+def test_forward_ended_by_a_signal_leaves_no_tunnel_listening(target, sig, code):
+    import signal
+
+    remote, local = _free_port(), _free_port()
+    fwd = opsctl_pty("forward", f"{local}:{remote}", *T)
+    try:
+        fwd.expect(rb"forwarding 127\.0\.0\.1:\d+ -> ")
+        assert _tunnels_to(local)
+        os.kill(fwd.pid, getattr(signal, sig))
+        fwd.expect(pexpect.EOF)
+        fwd.close()
+        assert fwd.exitstatus == code
+        assert f"opsctl: terminated by {sig}".encode() in fwd.before
+        assert not _tunnels_to(local)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", local))  # nothing listens on it any more
+    finally:
+        fwd.close(force=True)
+        for pid in _tunnels_to(local):
+            os.kill(pid, 9)
+
+
 def test_stop_asks_on_a_terminal_and_no_leaves_the_job_running(target):
     term = opsctl_pty("stop", *T, target)
     term.expect(rb"stop job \S+ \(RUNNING, no step yet\)\? \[y/N\]")

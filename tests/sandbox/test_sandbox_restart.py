@@ -43,3 +43,19 @@ def test_an_sshd_restart_with_a_session_in_flight_keeps_the_port(sandbox, isolat
         assert fut.result() == b"done\n"
     with Remote(spec, use_mux=False) as r:
         assert r.pct_exec(200, ["true"], timeout=30).rc == 0
+
+
+def test_sandbox_down_then_up_at_once_boots_every_time(sandbox, isolated_env):
+    """Right after ``down``, ``up`` starts the container again and asks systemd whether it
+    booted while PID 1's bus may not answer yet ("offline"): that is a boot still to come,
+    waited for, never a failed boot."""
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    spec = inventory.load().resolve("sandbox")
+    for _ in range(3):
+        sandbox_mod.down(sandbox_home())
+        sandbox_mod.up(sandbox_home(), containers=(200,))
+        with Remote(spec, use_mux=False) as r:
+            assert r.pct_exec(200, ["systemctl", "is-system-running"], timeout=30).stdout in (
+                b"running\n", b"degraded\n")

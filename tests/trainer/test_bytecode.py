@@ -278,7 +278,7 @@ def test_the_trainer_primes_a_cold_prefix_only_with_cores_to_spare(pkg, tmp_path
 
 
 def test_a_primer_stopped_midway_leaves_whole_bytecode_and_frees_the_prefix(cold):
-    """Ctrl-C reaches the primer with its process group: what it wrote is whole (Python writes
+    """Ctrl-C to the primer ends its whole group: what it wrote is whole (Python writes
     each pyc atomically), and the next start may prime again."""
     import signal
     import time
@@ -298,3 +298,54 @@ def test_a_primer_stopped_midway_leaves_whole_bytecode_and_frees_the_prefix(cold
     again = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
     if again is not None:  # the package's __init__ was not reached: still cold, primed again
         assert again.wait(timeout=120) == 0
+
+
+def _primer_tree(prefix) -> set[int]:
+    """Live processes of the primer of ``prefix`` (the primer, compileall, its workers): each
+    carries ``PYTHONPYCACHEPREFIX=<prefix>`` in its environment."""
+    needle = f"PYTHONPYCACHEPREFIX={prefix}".encode()
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    continue
+        except OSError:
+            continue
+        found.add(int(name))
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT", "SIGKILL"])
+def test_a_primer_killed_midway_leaves_no_worker_holding_the_prefix(cold, sig):
+    """The primer alone holds the prefix's lock: its compileall workers never do. Ended by a
+    signal it can handle, it ends their whole group; killed outright, it frees the lock at
+    once and the next primer ends the workers it left before it starts its own."""
+    import signal
+
+    from tests.waiting import wait_for
+
+    pkg, prefix = cold
+    for i in range(1500):
+        (pkg / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n" for j in range(80)))
+    child = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert child is not None
+    wait_for(lambda: len(_primer_tree(prefix)) >= 4, 30, what="the primer's workers")
+    first = _primer_tree(prefix)
+    os.kill(child.pid, getattr(signal, sig))
+    child.wait(timeout=30)
+    if sig != "SIGKILL":
+        assert wait_for(lambda: not (_primer_tree(prefix) & first), 10), _primer_tree(prefix)
+    _wait_unlocked(prefix, timeout=5)  # the lock is free at once, whatever is left
+    for pyc in prefix.rglob("*.pyc"):  # cold again, so the next start primes
+        pyc.unlink()
+    again = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert again is not None  # a fresh primer takes the prefix
+    assert wait_for(lambda: not (_primer_tree(prefix) & first), 10), "a killed primer's workers"
+    again.end()
+    assert wait_for(lambda: not _primer_tree(prefix), 10), _primer_tree(prefix)

@@ -33,19 +33,21 @@ PACKAGES = ("opsctl", "remote_payload")
 # A module may import from its own layer and the ones listed (transitively below it).
 LAYERS: dict[str, set[str]] = {
     "opsctl.cli": {"opsctl.ops", "opsctl.sandbox", "opsctl.remote", "opsctl.state", "opsctl.config",
-                   "opsctl.errors"},
+                   "opsctl.errors", "opsctl.interrupts"},
     "opsctl.ops": {"opsctl.remote", "opsctl.state", "opsctl.config", "opsctl.errors"},
     "opsctl.sandbox": {"opsctl.config", "opsctl.errors"},
     "opsctl.remote": {"opsctl.config", "opsctl.errors"},
     "opsctl.state": {"opsctl.config", "opsctl.errors"},  # run-time state: the remembered target
     "opsctl.config": {"opsctl.errors"},
     "opsctl.errors": set(),
+    "opsctl.interrupts": set(),  # the console script's signal handlers: imports nothing of opsctl
 }
 
 #: The container side's modules opsctl may import: stdlib only, shared by both sides.
 SHARED_WITH_OPSCTL = ("remote_payload.wire", "remote_payload.wire_shapes",
                       "remote_payload.safe_write", "remote_payload.tarsync",
-                      "remote_payload.gpufacts")
+                      "remote_payload.gpufacts", "remote_payload.procgroup",
+                      "remote_payload.limits")
 
 
 def _module_name(path: Path) -> str:

@@ -219,3 +219,20 @@ def test_pve8_dev_entries_pass_the_nodes_through() -> None:
 def test_a_container_the_inventory_gives_no_gpus_is_not_a_config_failure() -> None:
     row = doctor_ops._ct_config_row(_ct_target(0), HOST_NODES, "arch: amd64\n", "arch: amd64\n")
     assert row["status"] == "skip" and "gpus: 0" in row["reason"]
+
+
+@pytest.mark.parametrize(("value", "shown"), [(0.123456789, "0.1"), (9.99, "9.9"), (10.0, "10"),
+                                              (44.98237, "44"), (604800.0, "604800")])
+def test_doctor_prints_durations_rounded_down(value, shown):
+    from opsctl.ops import doctor as ops_doctor
+
+    assert ops_doctor.seconds(value) == shown
+
+
+def test_a_passed_deadline_names_it_rounded():
+    from opsctl.errors import DeadlineExceeded
+    from opsctl.ops import doctor as ops_doctor
+
+    clock = ops_doctor._Clock(0.123456789)
+    with pytest.raises(DeadlineExceeded, match=r"doctor's 0\.1 s deadline passed"):
+        clock.step()

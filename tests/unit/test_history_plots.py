@@ -353,3 +353,45 @@ def test_plot_needs_no_extra_plotext_is_a_dependency_and_matplotlib_only_for_png
     assert any(dep.startswith("plotext") for dep in project["dependencies"])
     assert not any(dep.startswith("matplotlib") for dep in project["dependencies"])
     assert any(dep.startswith("matplotlib") for dep in project["optional-dependencies"]["plots"])
+
+
+# --- any number a trainer may log --------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_ANY_FLOAT = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.none(),
+                       st.sampled_from([1e308, -1e308, float("inf"), float("-inf"),
+                                        float("nan"), -1.0, 0.0]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.lists(_ANY_FLOAT, min_size=1, max_size=30),
+       times=st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=30))
+def test_every_chart_draws_any_float_a_trainer_logs(values, times):
+    n = min(len(values), len(times))
+    hist = dict(t=times[:n], loss=values[:n], tok_s=values[:n], gpu_util=values[:n],
+                   gpu_mem_gib=values[:n], marks=[{"t": times[0], "kind": "compile", "label": "drafter_step"}])
+    rows = plots.sparkline_rows(hist, metrics=("loss", "tok_s", "gpu_util"))
+    for row in rows:
+        for shown in (row.last, row.low, row.high):
+            assert "inf" not in shown and "nan" not in shown and len(shown) < 20, row
+    plots.mark_line(hist, 40)
+    found = plots.series(hist, ("loss", "gpu_util"))
+    for s in found:
+        assert all(v is None or s.metric.low * s.metric.scale <= v <= s.metric.high * s.metric.scale
+                   for v in s.v)
+        plots.svg_chart(s, hist.marks)
+    try:
+        plots.terminal_charts(hist, ("loss", "tok_s"), color=False)
+    except ConfigError as exc:  # every value was nan or every time absurd: nothing to draw
+        assert "no data to plot" in str(exc)
+
+
+@pytest.mark.parametrize("loss", [1e308, float("inf"), -1e308, float("nan")])
+def test_an_absurd_loss_is_drawn_clamped_not_a_traceback(loss):
+    hist = dict(t=[1_700_000_000.0, 1_700_000_060.0, 1_700_000_120.0], loss=[2.5, loss, 2.0])
+    chart = plots.terminal_charts(hist, ("loss",), color=False)
+    assert "loss" in chart
+    (row,) = plots.sparkline_rows(hist, metrics=("loss",))
+    assert row.last == "2.0000" and float(row.high) <= plots.METRICS["loss"].high

@@ -71,3 +71,56 @@ def test_a_wait_that_hangs_is_cut_at_the_deadline(monkeypatch):
     monkeypatch.setattr(host, "_lxc", hang)
     with pytest.raises(ContainerError, match="did not finish booting"):
         host._wait_booted(LAYOUT, "200")
+
+
+def test_offline_right_after_a_start_is_asked_again_not_a_failed_boot(monkeypatch):
+    """``sandbox down`` then ``up`` at once: systemctl answers "offline" (on stdout, rc 1) while
+    it cannot reach PID 1's bus, whether the new PID 1 is not up yet or the old container is
+    still going away. That is a boot still to come, not one that failed."""
+    calls = answers(monkeypatch, [("offline\n", BUS_DOWN), ("offline\n", ""),
+                                  ("starting\n", ""), ("running\n", "")])
+    host._wait_booted(LAYOUT, "200")
+    assert len(calls) == 4
+
+
+def test_a_boot_that_stays_offline_is_named_at_the_deadline_with_its_real_length(monkeypatch):
+    monkeypatch.setattr(host, "CONTAINER_BOOT_TIMEOUT_S", 0.05)
+    answers(monkeypatch, [("offline\n", BUS_DOWN)])
+    with pytest.raises(ContainerError, match=r"within 0.05 s \(systemctl is-system-running: offline"):
+        host._wait_booted(LAYOUT, "200")
+
+
+def test_a_failed_boot_state_says_how_long_it_took_not_the_whole_deadline(monkeypatch):
+    answers(monkeypatch, [("maintenance\n", "")])
+    with pytest.raises(ContainerError, match=r"ended its boot in state maintenance after 0 s"):
+        host._wait_booted(LAYOUT, "200")
+
+
+def test_a_half_made_base_is_stopped_before_it_is_made_again(monkeypatch, tmp_path):
+    """lxc-destroy refuses a running container; a rootfs made anew under a base that still
+    runs leaves it running on a deleted tree, which never boots."""
+    layout = host._Layout(home=tmp_path, state_dir=tmp_path / "sandbox")
+    (layout.lxc_path / host.BASE).mkdir(parents=True)  # no .opsctl-ready: half-made
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(host, "_lxc", lambda _l, tool, name, *args, **kw: calls.append(
+        (tool, *args)) or subprocess.CompletedProcess([tool], 0, "", ""))
+    monkeypatch.setattr(host, "_make_base", lambda _l: calls.append(("make",)) or (
+        layout.lxc_path / host.BASE).mkdir())
+    host._ensure_base(layout)
+    assert calls == [("lxc-stop", "--kill"), ("lxc-destroy",), ("make",)]
+
+
+def test_a_base_whose_boot_fails_is_left_stopped(monkeypatch, tmp_path):
+    layout = host._Layout(home=tmp_path, state_dir=tmp_path / "sandbox")
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(host, "_lxc", lambda _l, tool, name, *args, **kw: calls.append(
+        (tool, *args)) or subprocess.CompletedProcess([tool], 0, "", ""))
+    monkeypatch.setattr(host, "_configure_base", lambda _d: None)
+
+    def no_boot(_l: object, _n: str) -> None:
+        raise ContainerError("did not finish booting")
+
+    monkeypatch.setattr(host, "_start", no_boot)
+    with pytest.raises(ContainerError):
+        host._make_base(layout)
+    assert calls[-1] == ("lxc-stop", "--kill")

@@ -10,21 +10,20 @@ the tail of its output. Raw output lands in ``<root>/probes/<timestamp>/raw.log`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import procgroup, wire
 from remote_payload.probes.compile_race import signal_name, tail  # stdlib-only module
 
 PROBE_MODULE = "remote_payload.probes.compile_race"
 MODES = ("unguarded", "guarded")
 TAIL_LINES = 30
 TERM_GRACE_S = 10.0
+#: the probe prints its report last, after every mode's log: keep all of a probe's output
+PROBE_OUTPUT_BYTES = 64 << 20
 _PAYLOAD_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -75,32 +74,23 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
     t0 = time.monotonic()
     timed_out = False
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                cwd=outdir, start_new_session=True)
+        child = procgroup.Group(argv, env=env, cwd=outdir)
     except OSError as exc:
         return crashed(f"cannot start the probe with {argv[0]}: {exc}", argv=argv, rc=None,
                        raw=raw, wall_s=0.0)
+    # At the deadline SIGTERM first: the probe then kills its mode child and still prints
+    # a report; what the probe left behind is ended with it (procgroup).
     try:
-        out_b, err_b = proc.communicate(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: the probe then kills its mode child and still prints a report.
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out_b, err_b = proc.communicate(timeout=TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out_b, err_b = proc.communicate()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # children the probe left behind
+        done = child.result(deadline, PROBE_OUTPUT_BYTES, grace=TERM_GRACE_S)
+    except procgroup.ChildTimeout as exc:
+        timed_out, done = True, exc.finished
+    out_b, err_b, returncode = done.out, done.err, done.rc
     wall = round(time.monotonic() - t0, 3)
     out = out_b.decode("utf-8", "replace")
     err = err_b.decode("utf-8", "replace")
     with open(os.path.join(outdir, "probe-output.log"), "w", encoding="utf-8") as f:
         f.write(f"$ {' '.join(argv)}\n----- stdout\n{out}\n----- stderr\n{err}\n"
-                f"----- rc={proc.returncode} timed_out={timed_out} wall_s={wall}\n")
+                f"----- rc={returncode} timed_out={timed_out} wall_s={wall}\n")
 
     report = None
     for line in out.splitlines():
@@ -110,12 +100,12 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
     if report is None:
         why = (f"the probe printed no report before the {deadline:g} s deadline (killed)"
                if timed_out else "the probe exited without printing a report")
-        return crashed(why, argv=argv, rc=proc.returncode, raw=raw, wall_s=wall,
+        return crashed(why, argv=argv, rc=returncode, raw=raw, wall_s=wall,
                        stdout=out, stderr=err)
     report.pop("event", None)
     report["deadline_hit"] = timed_out  # then it is the probe's crashed report after SIGTERM
     report.setdefault("raw_output", raw)
-    report["probe_rc"] = proc.returncode
+    report["probe_rc"] = returncode
     report["probe_output"] = os.path.join(outdir, "probe-output.log")
     return report
 

@@ -1,0 +1,92 @@
+"""How much of another program's output opsctl reads, and how one line of evidence is cut.
+
+One definition on both sides (the agent, the trainer and the CLI import it; stdlib only, so
+the container's Python 3.10 can): a kernel log of 300 MB of Xid lines, an ``nvidia-smi`` that
+prints without end or a job that writes one 100 KB line must cost a bounded time and memory,
+and a line shown as evidence is cut where a reader can still see it was cut
+(``…[cut 99871 bytes]``). docs/input-limits.md lists these numbers.
+
+Each cap can be lowered (or raised) for one process through its environment variable
+(:func:`cap`), which the tests use to show a cap at work on a small input.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+#: bytes of one stream of a child's output kept (nvidia-smi, tmux, a torch check); the rest
+#: is read and dropped, so the child never blocks on a full pipe
+CHILD_OUTPUT_BYTES = 1 << 20
+#: bytes of the host's kernel log read (the newest Xid/OOM lines, after the host's own filter)
+KERNLOG_BYTES = 4 << 20
+#: lines of the host's kernel log read (the newest)
+KERNLOG_LINES = 20_000
+#: characters of one line shown as evidence
+EVIDENCE_LINE_CHARS = 300
+
+_ENV = {
+    "CHILD_OUTPUT_BYTES": "OPSCTL_CHILD_OUTPUT_BYTES",
+    "KERNLOG_BYTES": "OPSCTL_KERNLOG_BYTES",
+    "KERNLOG_LINES": "OPSCTL_KERNLOG_LINES",
+    "EVIDENCE_LINE_CHARS": "OPSCTL_EVIDENCE_LINE_CHARS",
+}
+
+
+def cap(name: str) -> int:
+    """The cap ``name`` (one of the constants above), or its environment override when that
+    is a whole number of at least 1."""
+    value = int(globals()[name])
+    raw = os.environ.get(_ENV[name], "")
+    if raw.strip().isdigit() and int(raw) >= 1:
+        return int(raw)
+    return value
+
+
+def cut_marker(dropped: int) -> str:
+    """What stands where a line was cut (the host's awk prints the same: no separators)."""
+    return f"…[cut {dropped} bytes]"
+
+
+def cut_line(line: str, limit: int | None = None) -> str:
+    """``line`` whole when it has at most ``limit`` characters (None: the evidence cap), else
+    its first ``limit`` characters and the marker naming how many bytes were left out."""
+    width = cap("EVIDENCE_LINE_CHARS") if limit is None else limit
+    if len(line) <= width:
+        return line
+    dropped = len(line[width:].encode("utf-8", "surrogateescape"))
+    return line[:width] + cut_marker(dropped)
+
+
+def cut_bytes(data: bytes, limit: int) -> tuple[bytes, int]:
+    """The first ``limit`` bytes of ``data`` and how many were left out."""
+    return data[:limit], max(0, len(data) - limit)
+
+
+def clamp(value: object, low: float, high: float) -> float | None:
+    """``value`` as a number a view can draw: None for what is no number (nan, a string),
+    else kept inside ``[low, high]`` (inf and 1e308 land on the edge)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    if math.isnan(number):
+        return None
+    return min(max(number, low), high)
+
+
+#: A fixed program run on the host: the first BYTES of a command's output, and the command's
+#: own exit status (141, SIGPIPE, where it printed more and was cut off). The cap and the
+#: command are its arguments, never text joined into it.
+HEAD_SCRIPT = r"""b=$1; shift
+exec 3>&1
+rc=$( { { "$@"; echo $? >&4; } | head -c "$b" >&3; } 4>&1 )
+exit "${rc:-1}"
+"""
+
+
+def head_argv(argv: list[str], size: int | None = None) -> list[str]:
+    """``argv`` run on a host with its standard output capped at ``size`` bytes (None: the
+    child-output cap): what a hung or chatty ``nvidia-smi`` prints never reaches the client
+    whole."""
+    return ["sh", "-c", HEAD_SCRIPT, "sh", str(cap("CHILD_OUTPUT_BYTES") if size is None
+                                                else size), *argv]

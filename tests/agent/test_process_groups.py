@@ -1,0 +1,251 @@
+"""Every child opsctl or the agent starts is one process group that ends as a whole
+(remote_payload/procgroup.py): at its deadline, and when this process gets Ctrl-C, SIGTERM or
+SIGHUP. Real processes; each test marks its processes with a unique environment variable
+(``PGTEST=<token>``, which every descendant inherits, ``setsid`` ones too) and scans /proc
+for leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from remote_payload import limits, procgroup
+from tests.paths import REPO
+from tests.waiting import wait_for
+
+
+def _with_token(token: str) -> set[int]:
+    """Live processes whose environment carries ``PGTEST=<token>``."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"PGTEST={token}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    continue
+        except OSError:
+            continue
+        found.add(int(name))
+    return found
+
+
+def _tree_script() -> list[str]:
+    """A child that ignores SIGTERM, with a grandchild in its group, one that ignores SIGTERM
+    too and one that left for a session of its own (``setsid``)."""
+    return ["sh", "-c", textwrap.dedent("""\
+        trap '' TERM
+        sleep 300 &
+        sh -c "trap '' TERM; sleep 301" &
+        setsid sleep 302 &
+        echo started
+        sleep 303
+        """)]
+
+
+@pytest.fixture
+def token(monkeypatch) -> str:
+    """A unique marker in this test's environment, so in every process it starts."""
+    tok = uuid.uuid4().hex
+    monkeypatch.setenv("PGTEST", tok)
+    yield tok
+    for pid in _with_token(tok):  # never leave a failed test's processes behind
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_deadline_ends_the_whole_tree_setsid_and_stubborn_children_included(token):
+    started = time.monotonic()
+    with pytest.raises(procgroup.ChildTimeout) as caught:
+        procgroup.run(_tree_script(), 1.0)
+    assert caught.value.finished.out == b"started\n"  # what it printed before its end
+    assert time.monotonic() - started < 1.0 + 2 * procgroup.GRACE_S + 2
+    assert wait_for(lambda: not _with_token(token), 5) or not _with_token(token), \
+        _with_token(token)
+
+
+def test_ending_a_group_twice_is_harmless(token):
+    group = procgroup.Group(_tree_script())
+    wait_for(lambda: len(_with_token(token)) >= 4, 10, what="the tree")
+    group.end(grace=0.2)
+    assert group.end() is not None
+    assert not _with_token(token)
+
+
+def test_output_past_the_cap_is_read_and_dropped_so_the_child_never_blocks():
+    done = procgroup.run(["sh", "-c", "head -c 5000000 /dev/zero; echo end >&2"], 20, cap=1000)
+    assert (done.rc, len(done.out), done.out_dropped, done.err) == (0, 1000, 4999000, b"end\n")
+
+
+def test_a_program_that_is_not_there_is_an_oserror():
+    with pytest.raises(OSError):
+        procgroup.Group(["/no/such/program-xyz"])
+
+
+_PARENT = textwrap.dedent("""\
+    import sys, time
+    from remote_payload import procgroup
+    procgroup.install_signal_handlers()
+    argv = sys.argv[2:]
+    try:
+        if sys.argv[1] == "late":
+            print("waiting", flush=True)
+            time.sleep(0.3)
+        print("running", flush=True)
+        procgroup.run(argv, 60)
+    except procgroup.Terminated as exc:
+        sys.exit(exc.code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    """)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.parametrize("stage", ["before the child", "while it runs"])
+def test_a_signal_to_the_parent_ends_every_child_tree(token, sig, stage):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT,
+                               "late" if stage == "before the child" else "now",
+                               *_tree_script()],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert parent.stdout is not None
+    if stage == "before the child":
+        assert parent.stdout.readline() == b"waiting\n"
+    else:
+        assert parent.stdout.readline() == b"running\n"
+        wait_for(lambda: len(_with_token(token)) >= 4, 10, what="the tree")
+    parent.send_signal(sig)
+    _out, err = parent.communicate(timeout=30)
+    if stage == "before the child" and parent.returncode == 0:  # pragma: no cover - a race
+        pytest.fail("the signal came after the child ended")
+    assert parent.returncode == 128 + sig, err
+    assert b"Traceback" not in err
+    assert wait_for(lambda: not _with_token(token), 5), _with_token(token)
+
+
+# --- doctor's nvidia-smi --------------------------------------------------------------------
+
+
+def _fake_smi(bin_dir: Path) -> None:
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        for i in 1 2 3 4; do sleep 300 & done
+        setsid sleep 301 &
+        exec sleep 302
+        """))
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+
+
+def test_a_hung_nvidia_smi_leaves_nothing_behind_in_doctor(token, tmp_path, monkeypatch):
+    from remote_payload.agent import doctor
+
+    _fake_smi(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(doctor, "SMI_TIMEOUT_S", 1.0)
+    rows, error = doctor.smi_gpus()
+    assert rows == [] and error == "nvidia-smi did not answer within 1 s"
+    assert wait_for(lambda: not _with_token(token), 5), _with_token(token)
+
+
+def test_a_hung_nvidia_smi_leaves_nothing_behind_in_the_gpu_preflight(token, tmp_path,
+                                                                      monkeypatch):
+    from remote_payload.agent import gpus
+
+    _fake_smi(tmp_path / "bin")
+    monkeypatch.setattr(gpus, "SMI_TIMEOUT_S", 1.0)
+    out = gpus._preflight_once(None, (), str(tmp_path / "bin" / "nvidia-smi"), True)
+    assert out["error"] and "still running after 1 s" in out["error"]
+    assert wait_for(lambda: not _with_token(token), 5), _with_token(token)
+
+
+def test_a_hung_nvidia_smi_leaves_nothing_behind_in_the_status_query(token, tmp_path,
+                                                                    monkeypatch):
+    from remote_payload.agent import gpus
+
+    _fake_smi(tmp_path / "bin")
+    monkeypatch.setattr(gpus, "SMI_TIMEOUT_S", 1.0)
+    assert gpus.GpuQuery(str(tmp_path / "bin" / "nvidia-smi")).result() == (
+        [], "nvidia-smi timed out after 1s")
+    assert wait_for(lambda: not _with_token(token), 5), _with_token(token)
+
+
+# --- the console script's first moments -----------------------------------------------------
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (sig - 1)))
+
+
+def _start_opsctl(*words: str) -> subprocess.Popen[bytes]:
+    """The console script's two lines (``from opsctl.cli import main; main()``), returned once
+    its first line ran: from then on SIGTERM has opsctl's handler. Python's own start-up
+    before it (``site``: ~0.2 s on a loaded test machine with editable installs) is outside
+    opsctl; a signal there ends the interpreter as Python decides."""
+    proc = subprocess.Popen([sys.executable, "-c", "from opsctl.cli import main; main()", *words],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_for(lambda: _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, 30,
+             interval=0.001)
+    return proc
+
+
+@pytest.mark.parametrize("delay_ms", [0, 20, 50, 100])
+def test_ctrl_c_at_the_start_of_a_command_is_one_line_and_exit_130(delay_ms):
+    proc = _start_opsctl("sandbox", "--help")
+    time.sleep(delay_ms / 1000)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
+    if proc.returncode == 0:  # it finished first: the help, whole
+        assert b"Usage:" in out
+    else:
+        assert (proc.returncode, err) == (130, b"opsctl: interrupted\n")
+
+
+@pytest.mark.parametrize("delay_ms", [0, 50])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_at_the_start_of_a_command_exit_with_their_codes(sig, code, delay_ms):
+    proc = _start_opsctl("sandbox", "--help")
+    time.sleep(delay_ms / 1000)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert b"Traceback" not in err, err.decode()
+    if proc.returncode == 0:
+        assert b"Usage:" in out
+    else:
+        assert (proc.returncode, err) == (
+            code, f"opsctl: terminated by {signal.Signals(sig).name}\n".encode())
+
+
+# --- evidence lines --------------------------------------------------------------------------
+
+
+def test_a_100_kb_line_is_cut_and_the_cut_is_marked():
+    line = "NVRM: Xid (PCI:0000:41:00): 79, " + "x" * 100_000
+    shown = limits.cut_line(line)
+    assert len(shown) < 400
+    assert shown.startswith("NVRM: Xid (PCI:0000:41:00): 79, ")
+    assert shown.endswith(f"…[cut {len(line) - limits.EVIDENCE_LINE_CHARS} bytes]")
+
+
+def test_a_line_within_the_cap_is_shown_whole():
+    assert limits.cut_line("x" * limits.EVIDENCE_LINE_CHARS) == "x" * limits.EVIDENCE_LINE_CHARS

@@ -1,0 +1,106 @@
+"""The host's kernel log is filtered and capped on the host (remote_payload/gpufacts/kernlog.py
+``CAP_SCRIPT``, caps in remote_payload/limits.py): a log of hundreds of MB of Xid lines costs
+the client the cap, one 100 KB line is cut with the cut marked, and the log command's own
+exit status still comes back. The script runs here under ``sh``, as on a Proxmox host."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remote_payload import limits
+from remote_payload.gpufacts import kernlog
+
+XID = ("2026-12-01T16:11:09.262206+00:00 host kernel: NVRM: Xid (PCI:0000:41:00): 79, pid=1234, "
+       "name=python3, GPU has fallen off the bus.\n")
+
+
+@pytest.fixture(scope="module")
+def big_log(tmp_path_factory) -> Path:
+    """~20 MB: noise, 150,000 Xid lines, one Xid line of 100 KB, noise."""
+    path = tmp_path_factory.mktemp("klog") / "kern.log"
+    with path.open("w") as f:
+        f.write("systemd[1]: noise\n" * 1000)
+        f.write(XID * 150_000)
+        f.write("2026-12-01T16:11:10.000000+00:00 host kernel: NVRM: Xid (PCI:0000:41:00): 79, "
+                + "x" * 100_000 + "\n")
+        f.write("systemd[1]: more noise\n")
+    return path
+
+
+def _run(argv: list[str], **caps: int) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(kernlog.capped_argv(argv, **caps), capture_output=True, timeout=60,
+                          check=False)
+
+
+def test_a_20_mb_log_comes_back_as_its_newest_lines_within_the_byte_cap(big_log):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    started = time.monotonic()
+    res = _run(["cat", str(big_log)], lines=1000, size=100_000, width=300)
+    assert time.monotonic() - started < 20
+    assert res.returncode == 0 and len(res.stdout) <= 100_000
+    rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert rss_kib < 200_000 or rss_kib == before  # no stage held the log (~20 MB) many times
+    lines = res.stdout.decode().splitlines()
+    assert len(lines) <= 1000
+    head = "2026-12-01T16:11:10.000000+00:00 host kernel: NVRM: Xid (PCI:0000:41:00): 79, "
+    assert lines[-1] == (head + "x" * 100_000)[:300] + limits.cut_marker(len(head) + 100_000 - 300)
+    assert len(lines[-1].encode()) < 400
+    events = kernlog.parse(res.stdout.decode())
+    assert events and events[-1].xid == 79
+
+
+def test_the_line_cap_keeps_the_newest_lines():
+    res = _run(["printf", "NVRM: Xid a\\nNVRM: Xid b\\nNVRM: Xid c\\n"], lines=2, size=1000, width=300)
+    assert res.stdout == b"NVRM: Xid b\nNVRM: Xid c\n"
+
+
+def test_only_the_lines_the_parser_can_use_leave_the_host():
+    res = _run(["printf", "noise\\nOut of memory: Killed process 42 (python3)\\nmore\\n"],
+               lines=10, size=1000, width=300)
+    assert res.stdout == b"Out of memory: Killed process 42 (python3)\n"
+
+
+@pytest.mark.parametrize("rc", [0, 1, 3])
+def test_the_log_commands_own_exit_status_comes_back(rc):
+    res = _run(["sh", "-c", f"echo 'NVRM: Xid x'; echo oops >&2; exit {rc}"], lines=10, size=100,
+               width=300)
+    assert (res.returncode, res.stdout, res.stderr) == (rc, b"NVRM: Xid x\n", b"oops\n")
+
+
+def test_a_missing_log_command_is_a_failure_not_an_empty_log():
+    res = _run(["no-such-journalctl-xyz"], lines=10, size=100, width=300)
+    assert res.returncode == 127 and res.stdout == b""
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                    max_size=400))
+def test_whatever_the_log_holds_the_cap_holds_and_the_parser_answers(text):
+    data = ("NVRM: Xid " + text).encode("utf-8")
+    res = subprocess.run(kernlog.capped_argv(["cat"], lines=5, size=200, width=50), input=data,
+                         capture_output=True, timeout=30, check=False)
+    assert len(res.stdout) <= 200
+    kernlog.parse(res.stdout.decode("utf-8", "replace"))
+
+
+def test_the_caps_can_be_lowered_through_the_environment(monkeypatch):
+    monkeypatch.setenv("OPSCTL_KERNLOG_BYTES", "1234")
+    assert limits.cap("KERNLOG_BYTES") == 1234
+    monkeypatch.setenv("OPSCTL_KERNLOG_BYTES", "-5")
+    assert limits.cap("KERNLOG_BYTES") == limits.KERNLOG_BYTES
+
+
+def test_a_host_command_prints_at_most_the_cap_and_keeps_its_exit_status():
+    res = subprocess.run(limits.head_argv(["sh", "-c", "echo hi; echo err >&2; exit 4"], 100),
+                         capture_output=True, timeout=30, check=False)
+    assert (res.returncode, res.stdout, res.stderr) == (4, b"hi\n", b"err\n")
+    endless = subprocess.run(limits.head_argv(["cat", "/dev/zero"], 10), capture_output=True,
+                             timeout=30, check=False)
+    assert len(endless.stdout) == 10 and endless.returncode == 141  # cut off: SIGPIPE
