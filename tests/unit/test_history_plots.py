@@ -371,7 +371,8 @@ _ANY_FLOAT = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.none()
 def test_every_chart_draws_any_float_a_trainer_logs(values, times):
     n = min(len(values), len(times))
     hist = dict(t=times[:n], loss=values[:n], tok_s=values[:n], gpu_util=values[:n],
-                   gpu_mem_gib=values[:n], marks=[{"t": times[0], "kind": "compile", "label": "drafter_step"}])
+                   gpu_mem_gib=values[:n], marks=[{"t": times[0], "kind": "compile",
+                                                        "label": "drafter_step"}])
     rows = plots.sparkline_rows(hist, metrics=("loss", "tok_s", "gpu_util"))
     for row in rows:
         for shown in (row.last, row.low, row.high):

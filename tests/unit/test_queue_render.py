@@ -7,31 +7,32 @@ import io
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opsctl.remote.models import QueueList
 from rich.console import Console
 
 from opsctl.cli import render
+from opsctl.remote import shapes
+from remote_payload.wire_shapes import QueueDoc
 
 LONG = {"jobs": [{"job_id": "j-" + "a" * 70, "name": "n" * 40, "position": 1, "after": "b" * 50,
                   "gpus": [0, 1], "waiting_for": "job bbb to end, and GPU slots 0,1 held by j-x"}],
-        "slots": 2, "holders": [{"job_id": "j-x", "gpu_slots": [0, 1], "state": "RUNNING"}]}
+        "slots": 2, "holders": [{"job_id": "j-x", "gpu_slots": [0, 1], "state": "RUNNING"}], "damaged": []}
 
 
-def _text(q: QueueList, terminal: bool) -> str:
+def _text(q: QueueDoc, terminal: bool) -> str:
     buf = io.StringIO()
     render.queue_table(Console(file=buf, width=80, force_terminal=terminal), "sandbox:200", q)
     return buf.getvalue()
 
 
 def test_a_piped_queue_is_one_line_a_job_with_every_field_whole():
-    lines = _text(QueueList.model_validate(LONG), terminal=False).splitlines()
+    lines = _text(shapes.validate(QueueDoc, LONG, where="test"), terminal=False).splitlines()
     assert lines[1] == "  ".join(("#", "JOB", "PLAYBOOK", "AFTER", "GPUS", "WAITING FOR"))
     assert lines[2] == "  ".join(["1", "j-" + "a" * 70, "n" * 40, "b" * 50, "slots 0,1",
                                   "job bbb to end, and GPU slots 0,1 held by j-x"])
 
 
 def test_a_holders_state_is_shown_by_its_name():
-    text = _text(QueueList.model_validate(LONG), terminal=False)
+    text = _text(shapes.validate(QueueDoc, LONG, where="test"), terminal=False)
     assert "running: j-x (RUNNING) holds GPU slots 0,1" in text
     assert "JobState" not in text
 
@@ -40,5 +41,5 @@ def test_a_holders_state_is_shown_by_its_name():
 @given(waiting=st.text(max_size=300), name=st.text(max_size=100))
 def test_no_line_of_a_piped_queue_is_a_single_wrapped_character(waiting, name):
     doc = {**LONG, "jobs": [{**LONG["jobs"][0], "waiting_for": waiting, "name": name}]}
-    lines = _text(QueueList.model_validate(doc), terminal=False).splitlines()
+    lines = _text(shapes.validate(QueueDoc, doc, where="test"), terminal=False).splitlines()
     assert lines[2].startswith("1  j-" + "a" * 70 + "  ")
