@@ -40,7 +40,7 @@ LAYERS: dict[str, set[str]] = {
     "opsctl.state": {"opsctl.config", "opsctl.errors"},  # run-time state: the remembered target
     "opsctl.config": {"opsctl.errors"},
     "opsctl.errors": set(),
-    "opsctl.interrupts": set(),  # the console script's signal handlers: imports nothing of opsctl
+    "opsctl.interrupts": {"opsctl.errors"},  # the console script's signal handlers
 }
 
 #: The container side's modules opsctl may import: stdlib only, shared by both sides.

@@ -382,7 +382,7 @@ def test_every_chart_draws_any_float_a_trainer_logs(values, times):
     for s in found:
         assert all(v is None or s.metric.low * s.metric.scale <= v <= s.metric.high * s.metric.scale
                    for v in s.v)
-        plots.svg_chart(s, hist.marks)
+        plots.svg_chart(s, hist["marks"])
     try:
         plots.terminal_charts(hist, ("loss", "tok_s"), color=False)
     except ConfigError as exc:  # every value was nan or every time absurd: nothing to draw

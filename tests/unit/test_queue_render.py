@@ -14,7 +14,8 @@ from opsctl.remote import shapes
 from remote_payload.wire_shapes import QueueDoc
 
 LONG = {"jobs": [{"job_id": "j-" + "a" * 70, "name": "n" * 40, "position": 1, "after": "b" * 50,
-                  "gpus": [0, 1], "waiting_for": "job bbb to end, and GPU slots 0,1 held by j-x"}],
+                  "gpus": [0, 1], "created_at": None,
+                  "waiting_for": "job bbb to end, and GPU slots 0,1 held by j-x"}],
         "slots": 2, "holders": [{"job_id": "j-x", "gpu_slots": [0, 1], "state": "RUNNING"}], "damaged": []}
 
 
