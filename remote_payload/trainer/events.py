@@ -30,7 +30,11 @@ class Log:
         return self.rank == 0 or self.local_rank == 0
 
     def _write(self, line: str) -> None:
-        self.stream.write(line + "\n")
+        try:
+            self.stream.write(line + "\n")
+        except UnicodeEncodeError:  # a file name that is not UTF-8 on a strict stdout: shown
+            # escaped (\udcff) rather than a crash after the work is done
+            self.stream.write(line.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
         self.stream.flush()
 
     def event(self, event: str, /, **fields: t.Any) -> None:

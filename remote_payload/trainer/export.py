@@ -40,7 +40,7 @@ import typing as t
 import torch
 
 from .config import DrafterConfig, TrainerConfigError
-from .serving import export_card
+from .serving import export_card, write_card
 
 _LAYER_MAP = {
     "input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
@@ -125,7 +125,7 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16") -> dict[str, t.Any]:
     (dst / MODELING_FILE).write_bytes(pathlib.Path(__file__).with_name("hf_dflash.py").read_bytes())
     card = export_card(config, dst, path)  # README.md, unless OUT has one of the user's
     for name, text in card.items():
-        (dst / name).write_text(text)
+        write_card(dst / name, text)
     mode = make_readable(dst / n for n in ("model.safetensors", "config.json", MODELING_FILE,
                                            *card))
     return {"ckpt": str(path), "out": str(dst), "tensors": len(state), "dtype": dtype,
