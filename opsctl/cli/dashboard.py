@@ -292,9 +292,13 @@ class App:
         self._snap: Snapshot | None = None
 
     def snapshot(self) -> Snapshot:
+        asked = time.time()
         with self.lock:  # one refresh at a time; concurrent requests share it
             snap = self._snap
-            if snap is None or time.time() - snap.taken_at >= self.refresh_s * 0.8:
+            # a snapshot taken while this request waited for the lock is fresh enough for it:
+            # a burst of scrapes shares one refresh instead of queueing a refresh each
+            if snap is None or (snap.taken_at < asked
+                                and time.time() - snap.taken_at >= self.refresh_s * 0.8):
                 try:
                     snap = self.fleet.snapshot()
                 except OpsctlError as exc:  # e.g. a broken inventory file: say it on the page
@@ -526,6 +530,9 @@ def allowed_hosts(server: Server) -> frozenset[str]:
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    #: connections the kernel holds before they are accepted (the standard library's 5 resets
+    #: a burst of scrapes or browser tabs)
+    request_queue_size = 256
 
     def __init__(self, port: int, app: App):
         self.app = app

@@ -5,6 +5,7 @@ The containers' answers are scripted (pure logic); the sandbox test scrapes a re
 from __future__ import annotations
 
 import threading
+import time
 import typing as t
 import urllib.error
 import urllib.request
@@ -135,3 +136,28 @@ def test_a_slow_doctor_runs_once_per_period_and_never_delays_a_scrape(server, is
     assert found == [({"host": "pve1", "container": "120"}, 1.0)]
     assert "dev-shm failing" in get(server, "/fragment")[2]
     assert len(runs) == 1  # not again within --doctor-every
+
+
+def test_a_burst_of_scrapes_is_answered_every_one_and_shares_one_refresh(server, isolated_env,
+                                                                        monkeypatch):
+    """300 scrapes at once (Prometheus replicas, a dashboard of dashboards): every connection
+    is accepted (no reset from a short listen queue) and answered, and the requests that
+    waited while a refresh ran take that refresh instead of each queueing one of their own."""
+    refreshes: list[float] = []
+
+    def snapshot(_fleet: dashboard.Fleet) -> dashboard.Snapshot:
+        refreshes.append(0.0)
+        threading.Event().wait(0.4)  # a fleet that takes longer than the page's refresh
+        return dashboard.Snapshot([], time.time(), 0.4)
+
+    monkeypatch.setattr(dashboard.Fleet, "snapshot", snapshot)
+    together = threading.Barrier(300)
+
+    def scrape(_: int) -> int:
+        together.wait(30)
+        return get(server, "/metrics")[0]
+
+    with ThreadPoolExecutor(300) as pool:
+        answers = list(pool.map(scrape, range(300)))
+    assert answers == [200] * 300
+    assert len(refreshes) <= 3, len(refreshes)
