@@ -72,7 +72,8 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
 @click.option("--doctor-every", "doctor_every_s", type=clitypes.DOCTOR_EVERY, default=0.0,
               show_default=True,
               help="Run `opsctl doctor` (no torch matmul) on each container every this many "
-                   "seconds and show its failing checks, also on /metrics (0: never).")
+                   "seconds and show its failing checks, also on /metrics (0: never; otherwise at "
+                   "least 60).")
 def dashboard(port: int, refresh_s: float, lines: int, doctor_every_s: float) -> None:
     """A read-only web page of every inventory host's containers and jobs, on 127.0.0.1.
 
