@@ -60,6 +60,9 @@ QUEUE_EVERY_S = 30.0
 #: matmul (it would take a training GPU's time), in a thread of its own on a connection of its
 #: own, so a slow doctor never delays the page. Its failing rows are shown and on /metrics.
 DOCTOR_DEADLINE_S = 60.0
+#: Doctor runs at a time, from a pool of their own: doctors that hang (a wedged driver's
+#: nvidia-smi on every host) never take the slots the page's status calls need.
+DOCTOR_WORKERS = 2
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Fleet:
         self.took: dict[tuple[str, int], float] = {}  # how long the last finished call took
         self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
+        self.doctor_slots = threading.BoundedSemaphore(DOCTOR_WORKERS)
         self.queues: dict[tuple[str, int], tuple[float, int]] = {}  # monotonic time, length
         self.doctors: dict[tuple[str, int], tuple[float, list[dict[str, str]]]] = {}  # time(), rows
         self.doctoring: set[tuple[str, int]] = set()  # a doctor run is in flight
@@ -181,7 +185,7 @@ class Fleet:
 
         rows: list[dict[str, str]] | None = None
         try:
-            with self.slots, jobs.open_target(*key) as tgt:
+            with self.doctor_slots, jobs.open_target(*key) as tgt:
                 rows = doctor.doctor(tgt, deadline_s=DOCTOR_DEADLINE_S, torch=False).rows
         except OpsctlError:
             rows = None  # e.g. the inventory changed: no rows rather than a guess

@@ -4,8 +4,10 @@ The containers' answers are scripted (pure logic); the sandbox test scrapes a re
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import types
 import typing as t
 import urllib.error
 import urllib.request
@@ -161,3 +163,43 @@ def test_a_burst_of_scrapes_is_answered_every_one_and_shares_one_refresh(server,
         answers = list(pool.map(scrape, range(300)))
     assert answers == [200] * 300
     assert len(refreshes) <= 3, len(refreshes)
+
+
+def test_doctors_that_hang_on_every_container_never_starve_the_status_calls(server, isolated_env,
+                                                                            monkeypatch):
+    """A doctor stuck on each of more containers than the dashboard has workers: the status of
+    every container is still fetched and served (doctors have a pool of their own)."""
+    from opsctl.ops import doctor
+
+    cts = list(range(120, 120 + dashboard.MAX_WORKERS + 4))
+    write_inventory(isolated_env, {"pve1": {"address": "127.0.0.1",
+                                            "containers": {ct: {} for ct in cts}}})
+    release = threading.Event()
+
+    def stuck_doctor(tgt: t.Any, **_: t.Any) -> doctor.DoctorReport:
+        release.wait(60)
+        return doctor.DoctorReport(tgt.label)
+
+    @contextlib.contextmanager
+    def connected(host: str, ctid: int) -> t.Iterator[t.Any]:
+        yield types.SimpleNamespace(label=f"{host} ct {ctid}")
+
+    monkeypatch.setattr(doctor, "doctor", stuck_doctor)
+    monkeypatch.setattr(dashboard.jobs, "open_target", connected)
+    monkeypatch.setattr(dashboard.Fleet, "container", lambda _f, host, ctid: dashboard.ContainerView(
+        host, ctid, note="no job launched here yet"))
+    monkeypatch.setattr(dashboard, "REFRESH_WAIT_S", 0.5)
+    server.app.fleet.doctor_every_s = 3600.0
+    server.app.refresh_s = 0.0  # every scrape a refresh of its own
+    try:
+        get(server, "/metrics")  # starts the doctors
+        def up() -> int:
+            found = samples(get(server, "/metrics")[2]).get("opsctl_container_up", [])
+            return sum(v == 1.0 for _, v in found)
+
+        assert wait_for(lambda: up() == len(cts), 10, what="every container up")
+        for _ in range(3):  # later refreshes too, while every doctor still hangs
+            found = samples(get(server, "/metrics")[2])["opsctl_container_up"]
+            assert [v for _, v in found] == [1.0] * len(cts)
+    finally:
+        release.set()
