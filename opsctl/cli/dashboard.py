@@ -294,6 +294,19 @@ class App:
         self.refresh_s = refresh_s
         self.lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self.metrics_lock = threading.Lock()
+        self._metrics: tuple[Snapshot, bytes] | None = None
+
+    def metrics(self) -> bytes:
+        """``/metrics`` of the current snapshot, rendered once per snapshot: scrapes that share
+        a refresh share its text too (a big fleet's text takes a while to write)."""
+        from opsctl.cli import prometheus_metrics
+
+        snap = self.snapshot()
+        with self.metrics_lock:
+            if self._metrics is None or self._metrics[0] is not snap:
+                self._metrics = (snap, prometheus_metrics.render(snap))
+            return self._metrics[1]
 
     def snapshot(self) -> Snapshot:
         asked = time.time()
@@ -514,7 +527,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             from opsctl.cli import prometheus_metrics
 
-            self._send(200, prometheus_metrics.render(app.snapshot()), prometheus_metrics.CONTENT_TYPE)
+            self._send(200, app.metrics(), prometheus_metrics.CONTENT_TYPE)
         else:
             self._send(404, "not found", "text/plain")
 

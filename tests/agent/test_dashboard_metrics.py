@@ -144,7 +144,8 @@ def test_a_burst_of_scrapes_is_answered_every_one_and_shares_one_refresh(server,
                                                                         monkeypatch):
     """300 scrapes at once (Prometheus replicas, a dashboard of dashboards): every connection
     is accepted (no reset from a short listen queue) and answered, and the requests that
-    waited while a refresh ran take that refresh instead of each queueing one of their own."""
+    waited while a refresh ran take that refresh, and its text, instead of each queueing one
+    of their own."""
     refreshes: list[float] = []
 
     def snapshot(_fleet: dashboard.Fleet) -> dashboard.Snapshot:
@@ -152,6 +153,12 @@ def test_a_burst_of_scrapes_is_answered_every_one_and_shares_one_refresh(server,
         threading.Event().wait(0.4)  # a fleet that takes longer than the page's refresh
         return dashboard.Snapshot([], time.time(), 0.4)
 
+    from opsctl.cli import prometheus_metrics
+
+    rendered: list[int] = []
+    render = prometheus_metrics.render
+    monkeypatch.setattr(prometheus_metrics, "render",
+                        lambda snap: rendered.append(0) or render(snap))
     monkeypatch.setattr(dashboard.Fleet, "snapshot", snapshot)
     together = threading.Barrier(300)
 
@@ -163,6 +170,7 @@ def test_a_burst_of_scrapes_is_answered_every_one_and_shares_one_refresh(server,
         answers = list(pool.map(scrape, range(300)))
     assert answers == [200] * 300
     assert len(refreshes) <= 3, len(refreshes)
+    assert len(rendered) == len(refreshes)  # the text too: once per refresh
 
 
 def test_doctors_that_hang_on_every_container_never_starve_the_status_calls(server, isolated_env,
