@@ -294,6 +294,7 @@ class App:
         self.refresh_s = refresh_s
         self.lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self._snap_done = 0.0  # time.monotonic() when it was taken
         self.metrics_lock = threading.Lock()
         self._metrics: tuple[Snapshot, bytes] | None = None
 
@@ -309,18 +310,18 @@ class App:
             return self._metrics[1]
 
     def snapshot(self) -> Snapshot:
-        asked = time.time()
+        asked = time.monotonic()  # (not the wall clock: a clock set back would freeze the page)
         with self.lock:  # one refresh at a time; concurrent requests share it
             snap = self._snap
             # a snapshot taken while this request waited for the lock is fresh enough for it:
             # a burst of scrapes shares one refresh instead of queueing a refresh each
-            if snap is None or (snap.taken_at < asked
-                                and time.time() - snap.taken_at >= self.refresh_s * 0.8):
+            if snap is None or (self._snap_done < asked
+                                and time.monotonic() - self._snap_done >= self.refresh_s * 0.8):
                 try:
                     snap = self.fleet.snapshot()
                 except OpsctlError as exc:  # e.g. a broken inventory file: say it on the page
                     snap = Snapshot([], time.time(), 0.0, error=exc.message)
-                self._snap = snap
+                self._snap, self._snap_done = snap, time.monotonic()
             return snap
 
     def close(self) -> None:

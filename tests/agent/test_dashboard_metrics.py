@@ -211,3 +211,19 @@ def test_doctors_that_hang_on_every_container_never_starve_the_status_calls(serv
             assert [v for _, v in found] == [1.0] * len(cts)
     finally:
         release.set()
+
+
+def test_a_wall_clock_set_back_does_not_freeze_the_page_s_refresh(server, isolated_env,
+                                                                 monkeypatch):
+    """The refresh's age is measured on the monotonic clock: a snapshot stamped an hour in the
+    future (the clock was set back since) is still refreshed after the page's period."""
+    taken: list[float] = []
+
+    def snapshot(_fleet: dashboard.Fleet) -> dashboard.Snapshot:
+        taken.append(time.monotonic())
+        return dashboard.Snapshot([], time.time() + 3600, 0.0)
+
+    monkeypatch.setattr(dashboard.Fleet, "snapshot", snapshot)
+    get(server, "/metrics")
+    assert wait_for(lambda: get(server, "/metrics") and len(taken) >= 2, 10,
+                    what="a second refresh")
