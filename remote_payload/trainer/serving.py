@@ -227,8 +227,21 @@ def _small_file(path: pathlib.Path) -> bytes:
 
 def write_card(path: pathlib.Path, text: str) -> None:
     """Write the card as UTF-8; a path that is not UTF-8 (a lone surrogate from the file
-    system's bytes) is written back as those very bytes, so its lines name the real path."""
-    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    system's bytes) is written back as those very bytes, so its lines name the real path.
+
+    Written beside it and renamed over it: a README.md that became a link after :func:`ours`
+    looked (another process in a shared directory) is replaced, never written through, and
+    an export stopped halfway leaves the old card or the new one, not half of one."""
+    data = text.encode("utf-8", "surrogateescape")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def ours(readme: pathlib.Path) -> bool:
