@@ -114,7 +114,7 @@ class Fleet:
         self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
         self.doctor_slots = threading.BoundedSemaphore(DOCTOR_WORKERS)
-        self.queues: dict[tuple[str, int], tuple[float, int]] = {}  # monotonic time, length
+        self.queues: dict[tuple[str, int], tuple[float, int | None]] = {}  # monotonic, length
         self.doctors: dict[tuple[str, int], tuple[float, list[dict[str, str]]]] = {}  # time(), rows
         self.doctoring: set[tuple[str, int]] = set()  # a doctor run is in flight
 
@@ -160,10 +160,11 @@ class Fleet:
         last = self.queues.get((host, ctid))
         if last is not None and time.monotonic() - last[0] < QUEUE_EVERY_S:
             return last[1]
+        length: int | None
         try:
             length = len(queue_ops.listing(tgt).jobs)
         except OpsctlError:
-            return None
+            length = None  # not asked again before QUEUE_EVERY_S either (an agent without it)
         self.queues[(host, ctid)] = (time.monotonic(), length)
         return length
 

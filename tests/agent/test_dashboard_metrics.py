@@ -227,3 +227,21 @@ def test_a_wall_clock_set_back_does_not_freeze_the_page_s_refresh(server, isolat
     get(server, "/metrics")
     assert wait_for(lambda: get(server, "/metrics") and len(taken) >= 2, 10,
                     what="a second refresh")
+
+
+def test_a_queue_the_agent_cannot_list_is_asked_again_only_after_the_queue_period(monkeypatch):
+    """An agent that refuses the queue call costs one more call per QUEUE_EVERY_S, not one
+    per refresh; its length is unknown (no series), not 0."""
+    from opsctl.errors import AgentError
+    from opsctl.ops import queue as queue_ops
+
+    asked: list[int] = []
+
+    def refusing(_tgt: t.Any) -> t.Any:
+        asked.append(1)
+        raise AgentError("unknown command 'queue'", remote_type="UsageError")
+
+    monkeypatch.setattr(queue_ops, "listing", refusing)
+    fleet = dashboard.Fleet()
+    assert [fleet._queued(t.cast(t.Any, None), "pve1", 120) for _ in range(5)] == [None] * 5
+    assert len(asked) == 1
