@@ -63,6 +63,9 @@ DOCTOR_DEADLINE_S = 60.0
 #: Doctor runs at a time, from a pool of their own: doctors that hang (a wedged driver's
 #: nvidia-smi on every host) never take the slots the page's status calls need.
 DOCTOR_WORKERS = 2
+#: how long the server keeps a connection that sends nothing (Prometheus scrapes at most every
+#: few minutes in practice and reconnects when it must)
+IDLE_CONNECTION_S = 120.0
 
 
 @dataclass
@@ -486,6 +489,10 @@ def _n(v: float | None) -> str:
 class Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"
+    #: seconds a connection may sit without sending a request (a kept-alive one between
+    #: scrapes included): each holds a thread, so a client that opens hundreds and says
+    #: nothing (or a tab left open) frees them, instead of holding them for ever
+    timeout = IDLE_CONNECTION_S
 
     def log_message(self, format: str, *args: t.Any) -> None:
         pass  # the terminal stays quiet; errors show on the page

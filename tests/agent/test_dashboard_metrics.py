@@ -245,3 +245,26 @@ def test_a_queue_the_agent_cannot_list_is_asked_again_only_after_the_queue_perio
     fleet = dashboard.Fleet()
     assert [fleet._queued(t.cast(t.Any, None), "pve1", 120) for _ in range(5)] == [None] * 5
     assert len(asked) == 1
+
+
+def test_connections_that_send_nothing_are_closed_and_free_their_threads(isolated_env,
+                                                                         monkeypatch):
+    """Fifty connections opened and left silent (or kept alive after a scrape) are closed by
+    the server after its idle limit; a scrape still works meanwhile."""
+    import socket
+
+    assert dashboard.Handler.timeout is not None and 0 < dashboard.Handler.timeout <= 600
+    monkeypatch.setattr(dashboard.Handler, "timeout", 0.5)  # the same rule, sooner
+    srv = dashboard.serve(port=0, refresh_s=0.2)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    silent = [socket.create_connection(srv.server_address, timeout=10) for _ in range(50)]
+    try:
+        assert get(srv, "/metrics")[0] == 200
+        for conn in silent:  # the server closes each: recv sees the end of the stream
+            assert conn.recv(1) == b""
+    finally:
+        for conn in silent:
+            conn.close()
+        srv.shutdown()
+        srv.server_close()
+        srv.app.close()
