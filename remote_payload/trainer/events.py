@@ -32,9 +32,10 @@ class Log:
     def _write(self, line: str) -> None:
         try:
             self.stream.write(line + "\n")
-        except UnicodeEncodeError:  # a file name that is not UTF-8 on a strict stdout: shown
-            # escaped (\udcff) rather than a crash after the work is done
-            self.stream.write(line.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
+        except UnicodeEncodeError:  # a file name that is not UTF-8 (or text an ASCII stdout
+            # cannot hold): shown escaped (\udcff) rather than a crash after the work is done
+            enc = getattr(self.stream, "encoding", None) or "utf-8"
+            self.stream.write(line.encode(enc, "backslashreplace").decode(enc) + "\n")
         self.stream.flush()
 
     def event(self, event: str, /, **fields: t.Any) -> None:

@@ -224,3 +224,19 @@ def test_a_readme_that_becomes_a_link_after_the_check_is_replaced_never_written_
     assert victim.read_text() == "the user's\n"
     assert not readme.is_symlink() and readme.read_text().startswith(serving.CARD_MARK)
     assert sorted(p.name for p in readme.parent.iterdir()) == [serving.README_FILE]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_a_printed_line_the_stdout_cannot_encode_is_shown_escaped_not_a_crash(encoding):
+    """The export's lines name OUT; a name that is not UTF-8 (or not ASCII, on an ASCII
+    stdout) is printed with backslash escapes after the work is done, never a traceback."""
+    import io
+
+    from remote_payload.trainer.events import Log
+
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding=encoding)
+    Log(stream=stream).say("  vllm serve /models/ü-\udcff")
+    stream.flush()
+    shown = raw.getvalue().decode(encoding)
+    assert shown.startswith("  vllm serve /models/") and "\\udcff" in shown
