@@ -84,7 +84,16 @@ def dashboard(port: int, refresh_s: float, lines: int, doctor_every_s: float) ->
     """
     from opsctl.cli import dashboard as dash
 
-    server = dash.serve(port=port, refresh_s=refresh_s, lines=lines, doctor_every_s=doctor_every_s)
+    try:
+        server = dash.serve(port=port, refresh_s=refresh_s, lines=lines,
+                            doctor_every_s=doctor_every_s)
+    except OSError as exc:  # the port is taken (a dashboard already runs there) or refused
+        from opsctl.errors import ConfigError
+
+        raise ConfigError(f"dashboard: cannot listen on 127.0.0.1:{port}: "
+                          f"{exc.strerror or exc}",
+                          hint="a dashboard may run there already (open it), or pick another "
+                               "--port (0: any free one)") from None
     click.echo(f"dashboard on {dash.url(server)} (read-only, loopback only; Ctrl-C stops)", err=True)
     try:
         server.serve_forever()

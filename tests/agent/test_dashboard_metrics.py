@@ -268,3 +268,23 @@ def test_connections_that_send_nothing_are_closed_and_free_their_threads(isolate
         srv.shutdown()
         srv.server_close()
         srv.app.close()
+
+
+def test_a_port_already_taken_is_one_line_and_exit_2(isolated_env):
+    """`opsctl dashboard` started twice on one port: one line naming the port, exit 2 (not
+    the standard library's traceback)."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from opsctl import errors
+    from opsctl.cli import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = CliRunner().invoke(cli, ["dashboard", "--port", str(port)])
+    assert res.exit_code == errors.USAGE, res.output
+    assert f"cannot listen on 127.0.0.1:{port}" in res.output
+    assert "Traceback" not in res.output
