@@ -60,6 +60,12 @@ QUEUE_EVERY_S = 30.0
 #: matmul (it would take a training GPU's time), in a thread of its own on a connection of its
 #: own, so a slow doctor never delays the page. Its failing rows are shown and on /metrics.
 DOCTOR_DEADLINE_S = 60.0
+#: Doctor runs at a time, from a pool of their own: doctors that hang (a wedged driver's
+#: nvidia-smi on every host) never take the slots the page's status calls need.
+DOCTOR_WORKERS = 2
+#: how long the server keeps a connection that sends nothing (Prometheus scrapes at most every
+#: few minutes in practice and reconnects when it must)
+IDLE_CONNECTION_S = 120.0
 
 
 @dataclass
@@ -110,7 +116,8 @@ class Fleet:
         self.took: dict[tuple[str, int], float] = {}  # how long the last finished call took
         self.dropped: set[tuple[str, int]] = set()  # past CONTAINER_DEADLINE_S, closed once
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
-        self.queues: dict[tuple[str, int], tuple[float, int]] = {}  # monotonic time, length
+        self.doctor_slots = threading.BoundedSemaphore(DOCTOR_WORKERS)
+        self.queues: dict[tuple[str, int], tuple[float, int | None]] = {}  # monotonic, length
         self.doctors: dict[tuple[str, int], tuple[float, list[dict[str, str]]]] = {}  # time(), rows
         self.doctoring: set[tuple[str, int]] = set()  # a doctor run is in flight
 
@@ -156,10 +163,11 @@ class Fleet:
         last = self.queues.get((host, ctid))
         if last is not None and time.monotonic() - last[0] < QUEUE_EVERY_S:
             return last[1]
+        length: int | None
         try:
             length = len(queue_ops.listing(tgt)["jobs"])
         except OpsctlError:
-            return None
+            length = None  # not asked again before QUEUE_EVERY_S either (an agent without it)
         self.queues[(host, ctid)] = (time.monotonic(), length)
         return length
 
@@ -181,7 +189,7 @@ class Fleet:
 
         rows: list[dict[str, str]] | None = None
         try:
-            with self.slots, jobs.open_target(*key) as tgt:
+            with self.doctor_slots, jobs.open_target(*key) as tgt:
                 rows = doctor.doctor(tgt, deadline_s=DOCTOR_DEADLINE_S, torch=False).rows
         except OpsctlError:
             rows = None  # e.g. the inventory changed: no rows rather than a guess
@@ -290,16 +298,34 @@ class App:
         self.refresh_s = refresh_s
         self.lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self._snap_done = 0.0  # time.monotonic() when it was taken
+        self.metrics_lock = threading.Lock()
+        self._metrics: tuple[Snapshot, bytes] | None = None
+
+    def metrics(self) -> bytes:
+        """``/metrics`` of the current snapshot, rendered once per snapshot: scrapes that share
+        a refresh share its text too (a big fleet's text takes a while to write)."""
+        from opsctl.cli import prometheus_metrics
+
+        snap = self.snapshot()
+        with self.metrics_lock:
+            if self._metrics is None or self._metrics[0] is not snap:
+                self._metrics = (snap, prometheus_metrics.render(snap))
+            return self._metrics[1]
 
     def snapshot(self) -> Snapshot:
+        asked = time.monotonic()  # (not the wall clock: a clock set back would freeze the page)
         with self.lock:  # one refresh at a time; concurrent requests share it
             snap = self._snap
-            if snap is None or time.time() - snap.taken_at >= self.refresh_s * 0.8:
+            # a snapshot taken while this request waited for the lock is fresh enough for it:
+            # a burst of scrapes shares one refresh instead of queueing a refresh each
+            if snap is None or (self._snap_done < asked
+                                and time.monotonic() - self._snap_done >= self.refresh_s * 0.8):
                 try:
                     snap = self.fleet.snapshot()
                 except OpsctlError as exc:  # e.g. a broken inventory file: say it on the page
                     snap = Snapshot([], time.time(), 0.0, error=exc.message)
-                self._snap = snap
+                self._snap, self._snap_done = snap, time.monotonic()
             return snap
 
     def close(self) -> None:
@@ -466,6 +492,10 @@ def _n(v: float | None) -> str:
 class Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"
+    #: seconds a connection may sit without sending a request (a kept-alive one between
+    #: scrapes included): each holds a thread, so a client that opens hundreds and says
+    #: nothing (or a tab left open) frees them, instead of holding them for ever
+    timeout = IDLE_CONNECTION_S
 
     def log_message(self, format: str, *args: t.Any) -> None:
         pass  # the terminal stays quiet; errors show on the page
@@ -509,7 +539,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             from opsctl.cli import prometheus_metrics
 
-            self._send(200, prometheus_metrics.render(app.snapshot()), prometheus_metrics.CONTENT_TYPE)
+            self._send(200, app.metrics(), prometheus_metrics.CONTENT_TYPE)
         else:
             self._send(404, "not found", "text/plain")
 
@@ -529,6 +559,9 @@ def allowed_hosts(server: Server) -> frozenset[str]:
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    #: connections the kernel holds before they are accepted (the standard library's 5 resets
+    #: a burst of scrapes or browser tabs)
+    request_queue_size = 256
 
     def __init__(self, port: int, app: App):
         self.app = app

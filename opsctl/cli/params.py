@@ -82,6 +82,17 @@ class Number(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         return (number > self.low if self.low_open else number >= self.low) and number <= self.high
 
 
+class ZeroOrNumber(Number):
+    """0 (the option is off) or a number in ``[low, high]``: a period so short it would run
+    its work back to back (``--doctor-every 0.001``) is refused, not taken at its word."""
+
+    def describe(self) -> str:
+        return f"0 (never) or {super().describe()}"
+
+    def _inside(self, number: float) -> bool:
+        return number == 0 or super()._inside(number)
+
+
 def seconds(high: float, *, allow_zero: bool = False) -> Number:
     """A duration in seconds, ``> 0`` (or ``>= 0``) and at most ``high``."""
     return Number(0, high, low_open=not allow_zero, unit="s")
@@ -128,7 +139,9 @@ SECONDS = seconds(7 * DAY)  # --timeout of deploy/wait/exec/diag
 SECONDS_OR_ZERO = seconds(HOUR, allow_zero=True)  # --grace of stop
 DEADLINE = seconds(HOUR)  # --deadline of a fleet status
 REFRESH = seconds(HOUR)  # --refresh of the dashboard
-DOCTOR_EVERY = seconds(7 * DAY, allow_zero=True)  # --doctor-every of the dashboard (0: never)
+#: --doctor-every of the dashboard: 0 (never) or at least a minute (a doctor runs host commands
+#: and takes seconds; more often would keep every host busy with it)
+DOCTOR_EVERY = ZeroOrNumber(60, 7 * DAY, unit="s")
 COUNT = integer(0, 1_000_000)  # --lines, --tail, --history
 OFFSET = integer(0, 2**53, "bytes")  # --offset of logs (a JSON-safe integer)
 PARALLEL = integer(1, 256)  # --parallel of a fleet status

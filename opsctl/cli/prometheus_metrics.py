@@ -15,6 +15,11 @@ What a series means when a host does not answer: ``opsctl_host_up`` 0 and none o
 host's other series (an absent series, not the last value seen: a stale number would look
 alive to an alert). The same holds for one container (``opsctl_container_up`` 0).
 
+Numbers come from JSON, which holds integers of any size: one beyond a float's range is
+served as ±Inf (a step of 10**400 is no reason to fail the whole scrape), and a time stamp
+beyond it gives no age. Label values are remote text; a lone surrogate (a ``\\udcff`` the
+agent's JSON may carry) cannot be written as UTF-8 and is served as its backslash escape.
+
 Ages (``*_age_seconds``) compare the container's clock (the agent's ``_at`` stamps) with
 this machine's at the snapshot; a host whose clock is off shifts them by that much.
 """
@@ -86,6 +91,28 @@ def host_up(views: t.Sequence[ContainerView]) -> bool:
     return any(fresh(cv) for cv in views)
 
 
+def _float(value: int | float) -> float:
+    """``value`` as a float; an integer beyond a float's range is ±Inf (not OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _finite(value: t.Any) -> float | None:
+    """A finite number from JSON (a time stamp), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = _float(value)
+    return number if math.isfinite(number) else None
+
+
+def label(text: object) -> str:
+    """A label value prometheus-client can write as UTF-8: lone surrogates backslash-escaped."""
+    value = str(text)
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _number(step: t.Mapping[str, t.Any], key: str) -> float | None:
     """A step metric; NaN where the trainer sent a non-finite value (the wire carries it as
     ``null`` and names it under ``nonfinite``), None where it sent none."""
@@ -93,7 +120,7 @@ def _number(step: t.Mapping[str, t.Any], key: str) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        return _float(value)
     nonfinite = step.get(NONFINITE_KEY)
     if isinstance(nonfinite, list) and key in nonfinite:
         return math.nan
@@ -101,21 +128,20 @@ def _number(step: t.Mapping[str, t.Any], key: str) -> float | None:
 
 
 def _age(now: float, at: t.Any) -> float | None:
-    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
-        return None
-    return max(0.0, now - float(at))
+    stamp = _finite(at)
+    return None if stamp is None else max(0.0, now - stamp)
 
 
 def last_event_at(st: StatusDoc) -> float | None:
     """When the job last said anything: its newest event, step or output line."""
     times: list[float] = []
     for doc in [st["last_step"] or {}, *st["events_tail"]]:
-        at = doc.get("_at")
-        if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
-            times.append(float(at))
-    last_output_at = st["last_output_at"]
-    if last_output_at is not None and math.isfinite(last_output_at):
-        times.append(last_output_at)
+        at = _finite(doc.get("_at"))
+        if at is not None:
+            times.append(at)
+    output_at = _finite(st["last_output_at"])
+    if output_at is not None:
+        times.append(output_at)
     return max(times) if times else None
 
 
@@ -131,9 +157,9 @@ class SnapshotCollector(Collector):
         for hv in self.snap.hosts:
             if not hv.containers:
                 continue  # nothing asked of it: neither up nor down
-            g["opsctl_host_up"].add_metric([hv.name], 1.0 if host_up(hv.containers) else 0.0)
+            g["opsctl_host_up"].add_metric([label(hv.name)], 1.0 if host_up(hv.containers) else 0.0)
             for cv in hv.containers:
-                ct = [hv.name, str(cv.ctid)]
+                ct = [label(hv.name), str(cv.ctid)]
                 up = fresh(cv) and cv.error is None
                 g["opsctl_container_up"].add_metric(ct, 1.0 if up else 0.0)
                 if up and cv.queued is not None:
@@ -152,7 +178,7 @@ def _doctor(g: dict[str, GaugeMetricFamily], ct: list[str], rows: t.Sequence[t.M
     for row in rows:
         failed = row.get("status") == "fail"
         failing += failed
-        g["opsctl_doctor_check_failing"].add_metric([*ct, str(row.get("name", "?"))],
+        g["opsctl_doctor_check_failing"].add_metric([*ct, label(row.get("name", "?"))],
                                                     1.0 if failed else 0.0)
     g["opsctl_doctor_failing_checks"].add_metric(ct, float(failing))
     age = _age(now, at)
@@ -161,7 +187,7 @@ def _doctor(g: dict[str, GaugeMetricFamily], ct: list[str], rows: t.Sequence[t.M
 
 
 def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: StatusDoc, now: float) -> None:
-    job = [*ct, st["job_id"]]
+    job = [*ct, label(st["job_id"])]
     for state in JobState:
         g["opsctl_job_state"].add_metric([*job, state.value], 1.0 if st["state"] == state.value else 0.0)
     step = st["last_step"] or {}
@@ -178,7 +204,7 @@ def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: StatusDoc, now: flo
     g["opsctl_job_restarts"].add_metric(job, float(len(st["restarts"])))
     for gpu in st["gpus"]:
         lab = [*ct, str(gpu["index"])]
-        g["opsctl_gpu_info"].add_metric([*lab, gpu["name"]], 1.0)
+        g["opsctl_gpu_info"].add_metric([*lab, label(gpu["name"])], 1.0)
         for name, value, scale in (("opsctl_gpu_utilization_ratio", gpu["util_pct"], 0.01),
                                    ("opsctl_gpu_memory_used_bytes", gpu["mem_used_mib"], MIB),
                                    ("opsctl_gpu_memory_total_bytes", gpu["mem_total_mib"], MIB),

@@ -72,7 +72,8 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
 @click.option("--doctor-every", "doctor_every_s", type=clitypes.DOCTOR_EVERY, default=0.0,
               show_default=True,
               help="Run `opsctl doctor` (no torch matmul) on each container every this many "
-                   "seconds and show its failing checks, also on /metrics (0: never).")
+                   "seconds and show its failing checks, also on /metrics (0: never; otherwise at "
+                   "least 60).")
 def dashboard(port: int, refresh_s: float, lines: int, doctor_every_s: float) -> None:
     """A read-only web page of every inventory host's containers and jobs, on 127.0.0.1.
 
@@ -83,7 +84,16 @@ def dashboard(port: int, refresh_s: float, lines: int, doctor_every_s: float) ->
     """
     from opsctl.cli import dashboard as dash
 
-    server = dash.serve(port=port, refresh_s=refresh_s, lines=lines, doctor_every_s=doctor_every_s)
+    try:
+        server = dash.serve(port=port, refresh_s=refresh_s, lines=lines,
+                            doctor_every_s=doctor_every_s)
+    except OSError as exc:  # the port is taken (a dashboard already runs there) or refused
+        from opsctl.errors import ConfigError
+
+        raise ConfigError(f"dashboard: cannot listen on 127.0.0.1:{port}: "
+                          f"{exc.strerror or exc}",
+                          hint="a dashboard may run there already (open it), or pick another "
+                               "--port (0: any free one)") from None
     click.echo(f"dashboard on {dash.url(server)} (read-only, loopback only; Ctrl-C stops)", err=True)
     try:
         server.serve_forever()

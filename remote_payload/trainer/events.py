@@ -39,7 +39,12 @@ class Log:
 
     def _write(self, line: str) -> None:
         with self._lock:
-            self.stream.write(line + "\n")
+            try:
+                self.stream.write(line + "\n")
+            except UnicodeEncodeError:  # a file name that is not UTF-8 (or text an ASCII stdout
+                # cannot hold): shown escaped (\udcff) rather than a crash after the work is done
+                enc = getattr(self.stream, "encoding", None) or "utf-8"
+                self.stream.write(line.encode(enc, "backslashreplace").decode(enc) + "\n")
             self.stream.flush()
 
     def event(self, event: str, /, **fields: t.Any) -> None:

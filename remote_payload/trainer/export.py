@@ -48,7 +48,7 @@ import torch
 
 from .. import safe_write
 from .config import DrafterConfig, TrainerConfigError
-from .serving import carry_user_readme, export_card
+from .serving import carry_user_readme, export_card, write_card
 
 _LAYER_MAP = {
     "input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",
@@ -167,7 +167,7 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False)
             pathlib.Path(__file__).with_name("hf_dflash.py").read_bytes())
         card = export_card(config, dst, path)  # README.md, unless OUT has one of the user's
         for name, text in card.items():
-            (tmp / name).write_text(text)
+            write_card(tmp / name, text)
         if not card:
             carry_user_readme(dst, tmp)  # the directory is swapped whole: nothing lost
         mode = make_readable(tmp / n for n in ("model.safetensors", "config.json", MODELING_FILE,

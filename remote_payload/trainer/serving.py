@@ -33,6 +33,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import stat
 import sys
 import typing as t
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ SGLANG_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 README_FILE = "README.md"
 #: the card's first line: a README.md that starts otherwise is the user's and is kept
 CARD_MARK = "<!-- written by opsctl's trainer export (serving.py); rewritten at every export -->"
+#: the most of the target's config.json that is read (a real one is a few KiB)
+TARGET_CONFIG_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,8 @@ def model_card(config: t.Mapping[str, t.Any], draft_dir: str, target: Target) ->
         TrainerConfigError: the config lacks what the servers need.
     """
     vllm, sglang = serve_lines(config, draft_dir, target)
-    dflash = config.get("dflash_config") or {}
+    dflash = config.get("dflash_config")
+    dflash = dflash if isinstance(dflash, dict) else {}  # shown as unknown, not a crash
     ids = dflash.get("target_layer_ids")
     trained = (repr(target.path) + (f" ({target.max_positions} positions)"
                                      if target.max_positions else "")
@@ -198,12 +202,47 @@ def target_of(ckpt: pathlib.Path) -> Target:
     if not isinstance(path, str) or not path:
         return Target()
     try:
-        cfg = json.loads((pathlib.Path(path) / "config.json").read_text())
+        cfg = json.loads(_small_file(pathlib.Path(path) / "config.json"))
         longest = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         longest = None
     ok = isinstance(longest, int) and not isinstance(longest, bool) and longest > 0
     return Target(path, longest if ok else None)
+
+
+def _small_file(path: pathlib.Path) -> bytes:
+    """A regular file's bytes, at most :data:`TARGET_CONFIG_MAX_BYTES`. The target's path is
+    the user's (meta.json): a FIFO there would block the export forever and ``/dev/zero``
+    would fill memory, so it is opened without blocking and anything else is refused.
+
+    Raises:
+        OSError: unreadable, not a regular file, or too big.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > TARGET_CONFIG_MAX_BYTES:
+            raise OSError(f"{path}: not a regular file of at most {TARGET_CONFIG_MAX_BYTES} bytes")
+        return f.read(TARGET_CONFIG_MAX_BYTES + 1)
+
+
+def write_card(path: pathlib.Path, text: str) -> None:
+    """Write the card as UTF-8; a path that is not UTF-8 (a lone surrogate from the file
+    system's bytes) is written back as those very bytes, so its lines name the real path.
+
+    Written beside it and renamed over it: a README.md that became a link after :func:`ours`
+    looked (another process in a shared directory) is replaced, never written through, and
+    an export stopped halfway leaves the old card or the new one, not half of one."""
+    data = text.encode("utf-8", "surrogateescape")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def ours(readme: pathlib.Path) -> bool:

@@ -4,7 +4,10 @@ The containers' answers are scripted (pure logic); the sandbox test scrapes a re
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+import types
 import typing as t
 import urllib.error
 import urllib.request
@@ -135,3 +138,153 @@ def test_a_slow_doctor_runs_once_per_period_and_never_delays_a_scrape(server, is
     assert found == [({"host": "pve1", "container": "120"}, 1.0)]
     assert "dev-shm failing" in get(server, "/fragment")[2]
     assert len(runs) == 1  # not again within --doctor-every
+
+
+def test_a_burst_of_scrapes_is_answered_every_one_and_shares_one_refresh(server, isolated_env,
+                                                                        monkeypatch):
+    """300 scrapes at once (Prometheus replicas, a dashboard of dashboards): every connection
+    is accepted (no reset from a short listen queue) and answered, and the requests that
+    waited while a refresh ran take that refresh, and its text, instead of each queueing one
+    of their own."""
+    refreshes: list[float] = []
+
+    def snapshot(_fleet: dashboard.Fleet) -> dashboard.Snapshot:
+        refreshes.append(0.0)
+        threading.Event().wait(0.4)  # a fleet that takes longer than the page's refresh
+        return dashboard.Snapshot([], time.time(), 0.4)
+
+    from opsctl.cli import prometheus_metrics
+
+    rendered: list[int] = []
+    render = prometheus_metrics.render
+    monkeypatch.setattr(prometheus_metrics, "render",
+                        lambda snap: rendered.append(0) or render(snap))
+    monkeypatch.setattr(dashboard.Fleet, "snapshot", snapshot)
+    together = threading.Barrier(300)
+
+    def scrape(_: int) -> int:
+        together.wait(30)
+        return get(server, "/metrics")[0]
+
+    with ThreadPoolExecutor(300) as pool:
+        answers = list(pool.map(scrape, range(300)))
+    assert answers == [200] * 300
+    assert len(refreshes) <= 3, len(refreshes)
+    assert len(rendered) == len(refreshes)  # the text too: once per refresh
+
+
+def test_doctors_that_hang_on_every_container_never_starve_the_status_calls(server, isolated_env,
+                                                                            monkeypatch):
+    """A doctor stuck on each of more containers than the dashboard has workers: the status of
+    every container is still fetched and served (doctors have a pool of their own)."""
+    from opsctl.ops import doctor
+
+    cts = list(range(120, 120 + dashboard.MAX_WORKERS + 4))
+    write_inventory(isolated_env, {"pve1": {"address": "127.0.0.1",
+                                            "containers": {ct: {} for ct in cts}}})
+    release = threading.Event()
+
+    def stuck_doctor(tgt: t.Any, **_: t.Any) -> doctor.DoctorReport:
+        release.wait(60)
+        return doctor.DoctorReport(tgt.label)
+
+    @contextlib.contextmanager
+    def connected(host: str, ctid: int) -> t.Iterator[t.Any]:
+        yield types.SimpleNamespace(label=f"{host} ct {ctid}")
+
+    monkeypatch.setattr(doctor, "doctor", stuck_doctor)
+    monkeypatch.setattr(dashboard.jobs, "open_target", connected)
+    monkeypatch.setattr(dashboard.Fleet, "container", lambda _f, host, ctid: dashboard.ContainerView(
+        host, ctid, note="no job launched here yet"))
+    monkeypatch.setattr(dashboard, "REFRESH_WAIT_S", 0.5)
+    server.app.fleet.doctor_every_s = 3600.0
+    server.app.refresh_s = 0.0  # every scrape a refresh of its own
+    try:
+        get(server, "/metrics")  # starts the doctors
+        def up() -> int:
+            found = samples(get(server, "/metrics")[2]).get("opsctl_container_up", [])
+            return sum(v == 1.0 for _, v in found)
+
+        assert wait_for(lambda: up() == len(cts), 10, what="every container up")
+        for _ in range(3):  # later refreshes too, while every doctor still hangs
+            found = samples(get(server, "/metrics")[2])["opsctl_container_up"]
+            assert [v for _, v in found] == [1.0] * len(cts)
+    finally:
+        release.set()
+
+
+def test_a_wall_clock_set_back_does_not_freeze_the_page_s_refresh(server, isolated_env,
+                                                                 monkeypatch):
+    """The refresh's age is measured on the monotonic clock: a snapshot stamped an hour in the
+    future (the clock was set back since) is still refreshed after the page's period."""
+    taken: list[float] = []
+
+    def snapshot(_fleet: dashboard.Fleet) -> dashboard.Snapshot:
+        taken.append(time.monotonic())
+        return dashboard.Snapshot([], time.time() + 3600, 0.0)
+
+    monkeypatch.setattr(dashboard.Fleet, "snapshot", snapshot)
+    get(server, "/metrics")
+    assert wait_for(lambda: get(server, "/metrics") and len(taken) >= 2, 10,
+                    what="a second refresh")
+
+
+def test_a_queue_the_agent_cannot_list_is_asked_again_only_after_the_queue_period(monkeypatch):
+    """An agent that refuses the queue call costs one more call per QUEUE_EVERY_S, not one
+    per refresh; its length is unknown (no series), not 0."""
+    from opsctl.errors import AgentError
+    from opsctl.ops import queue as queue_ops
+
+    asked: list[int] = []
+
+    def refusing(_tgt: t.Any) -> t.Any:
+        asked.append(1)
+        raise AgentError("unknown command 'queue'", remote_type="UsageError")
+
+    monkeypatch.setattr(queue_ops, "listing", refusing)
+    fleet = dashboard.Fleet()
+    assert [fleet._queued(t.cast(t.Any, None), "pve1", 120) for _ in range(5)] == [None] * 5
+    assert len(asked) == 1
+
+
+def test_connections_that_send_nothing_are_closed_and_free_their_threads(isolated_env,
+                                                                         monkeypatch):
+    """Fifty connections opened and left silent (or kept alive after a scrape) are closed by
+    the server after its idle limit; a scrape still works meanwhile."""
+    import socket
+
+    assert dashboard.Handler.timeout is not None and 0 < dashboard.Handler.timeout <= 600
+    monkeypatch.setattr(dashboard.Handler, "timeout", 0.5)  # the same rule, sooner
+    srv = dashboard.serve(port=0, refresh_s=0.2)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    silent = [socket.create_connection(srv.server_address, timeout=10) for _ in range(50)]
+    try:
+        assert get(srv, "/metrics")[0] == 200
+        for conn in silent:  # the server closes each: recv sees the end of the stream
+            assert conn.recv(1) == b""
+    finally:
+        for conn in silent:
+            conn.close()
+        srv.shutdown()
+        srv.server_close()
+        srv.app.close()
+
+
+def test_a_port_already_taken_is_one_line_and_exit_2(isolated_env):
+    """`opsctl dashboard` started twice on one port: one line naming the port, exit 2 (not
+    the standard library's traceback)."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from opsctl import errors
+    from opsctl.cli import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = CliRunner().invoke(cli, ["dashboard", "--port", str(port)])
+    assert res.exit_code == errors.USAGE, res.output
+    assert f"cannot listen on 127.0.0.1:{port}" in res.output
+    assert "Traceback" not in res.output

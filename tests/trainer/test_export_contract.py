@@ -146,3 +146,15 @@ def test_a_second_export_rewrites_its_own_card(run_dir, tmp_path, capsys):
     assert trainer_main(["export", str(run_dir / "run"), str(out)]) == 0
     assert "stale line" not in (out / "README.md").read_text()
     assert "export: kept" not in capsys.readouterr().err
+
+
+def test_an_export_into_a_directory_whose_name_is_not_utf8_writes_its_card_and_lines(
+        run_dir, tmp_path, capsys):
+    import os
+
+    out = pathlib.Path(os.fsdecode(os.fsencode(tmp_path) + b"/out-\xff"))
+    assert trainer_main(["export", str(run_dir / "run"), str(out)]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if wire.parse_event(ln) is None]
+    escaped = str(out).encode("utf-8", "backslashreplace").decode("utf-8")  # a strict stdout
+    assert printed[-1] in (f"(also in {out / 'README.md'})", f"(also in {escaped}/README.md)")
+    assert os.fsencode(out) in (out / "README.md").read_bytes()

@@ -97,6 +97,7 @@ class TestJsonAndNumbers:
         ["status", "--ct", "5"], ["status", "--ct", "1000000000"], ["dashboard", "--port", "70000"],
         ["dashboard", "--refresh", "-inf"], ["dashboard", "--doctor-every", "nan"],
         ["dashboard", "--doctor-every", "-1"], ["dashboard", "--doctor-every", "1e9"],
+        ["dashboard", "--doctor-every", "0.001"], ["dashboard", "--doctor-every", "59.9"],
         ["plot", "--width", "3"], ["exec", "--timeout", "nan", "true"],
     ])
     def test_an_absurd_number_is_one_line_and_exit_2_before_connecting(self, args):

@@ -197,3 +197,51 @@ def test_the_families_are_named_by_prometheus_conventions():
         assert name.startswith("opsctl_") and name == name.lower(), name
         assert help_text and labels, name
         assert not name.endswith("_total"), name  # gauges only: a counter's suffix would lie
+
+
+JSON_NUMBER = st.one_of(st.integers(min_value=-(10**400), max_value=10**400),
+                        st.integers(min_value=-(2**64), max_value=2**64),
+                        st.floats(allow_nan=False, allow_infinity=False), st.just(-0.0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(step=JSON_NUMBER, loss=JSON_NUMBER, at=JSON_NUMBER, event_at=JSON_NUMBER)
+def test_any_number_the_agent_s_json_can_hold_is_served_never_a_failed_scrape(step, loss, at,
+                                                                               event_at):
+    """JSON integers have no size limit: one past a float's range is ±Inf (a step) or no age
+    (a time stamp); the scrape of the whole fleet never fails on one container's numbers."""
+    st_ = status(last_step={"event": "step", "step": step, "loss": loss, "_at": at},
+                 events_tail=[{"event": "phase", "_at": event_at}])
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=st_)])))
+    served = one(found, "opsctl_job_step")
+    if abs(step) < 2**1000:
+        assert served == float(step)
+    else:
+        assert served == (math.inf if step > 0 else -math.inf)
+    for name in ("opsctl_job_last_step_age_seconds", "opsctl_job_last_event_age_seconds"):
+        assert all(math.isfinite(v) and v >= 0 for _, v in found.get(name, []))
+
+
+def test_a_time_stamp_past_a_float_s_range_gives_no_age_and_the_rest_is_served():
+    st_ = status(last_step={"event": "step", "step": 2**63, "loss": 1.0, "_at": 10**400},
+                 events_tail=[{"event": "phase", "_at": -(10**400)}])
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=st_)])))
+    assert one(found, "opsctl_job_step") == float(2**63)
+    assert "opsctl_job_last_step_age_seconds" not in found
+    assert "opsctl_job_last_event_age_seconds" not in found
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=20).map(lambda s: s + "\udcff"))
+def test_a_label_with_a_lone_surrogate_is_served_backslash_escaped(text):
+    """JSON's ``\\udcff`` escape decodes to a lone surrogate, which UTF-8 cannot hold: the label
+    is served with it escaped, and the scrape (every other host's series) still works."""
+    st_ = status(job_id=text, gpus=[{"index": 0, "name": text}])
+    rows = [{"name": text, "status": "fail"}]
+    found = series(snap(HostView("h", "h", [ContainerView("h", 200, status=st_, doctor=rows)]),
+                        HostView("other", "o", [ContainerView("other", 201)])))
+    escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    assert found["opsctl_job_step"][0][0]["job_id"] == escaped
+    assert found["opsctl_gpu_info"][0][0]["name"] == escaped
+    assert found["opsctl_doctor_check_failing"][0][0]["check"] == escaped
+    assert ({"host": "other"}, 1.0) in found["opsctl_host_up"]

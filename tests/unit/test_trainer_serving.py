@@ -159,3 +159,84 @@ def test_a_readme_that_is_a_link_or_a_directory_is_never_written_through(tmp_pat
     assert not serving.ours(tmp_path / "b" / "README.md")
     (tmp_path / "c" / "README.md").mkdir(parents=True)
     assert not serving.ours(tmp_path / "c" / "README.md")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "too-big", "deep-nesting"])
+def test_a_target_config_that_is_no_small_regular_file_is_not_read_and_never_blocks(tmp_path, kind):
+    """The target's path is the user's: a FIFO there would block the export forever (nobody
+    writes to it), ``/dev/zero`` would fill memory; both, and a huge file, are an unknown
+    length, at once."""
+    import os
+    import threading
+
+    target = tmp_path / "target"
+    target.mkdir()
+    config = target / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    elif kind == "directory":
+        config.mkdir()
+    elif kind == "too-big":
+        config.write_text(json.dumps({"max_position_embeddings": 8192, "pad": "x" * (2 << 20)}))
+    else:
+        config.write_text("[" * 100_000 + "]" * 100_000)
+    ckpt = _ckpt(tmp_path, {"args": {"target_path": str(target)}})
+    found: list[serving.Target] = []
+    reader = threading.Thread(target=lambda: found.append(serving.target_of(ckpt)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert found == [serving.Target(str(target), None)]
+
+
+@pytest.mark.parametrize("junk", [None, [1, 2], "junk", 7])
+def test_a_config_whose_dflash_section_is_not_a_mapping_still_gets_its_card(junk):
+    card = serving.model_card({**CONFIG, "dflash_config": junk}, "/o", QWEN3_8B)
+    assert "| mask token id | None |" in card
+    assert serving.serve_lines(CONFIG, "/o", QWEN3_8B)[0] in card
+
+
+def test_a_card_naming_a_path_that_is_not_utf8_is_written_as_that_path_s_own_bytes(tmp_path):
+    """A file name's bytes that are not UTF-8 arrive as lone surrogates: the card holds the
+    real bytes (its shell lines name the real directory), never a crash after the export."""
+    import os
+
+    out = Path(os.fsdecode(os.fsencode(tmp_path) + b"/out-\xff"))
+    out.mkdir()
+    serving.write_card(out / serving.README_FILE,
+                       serving.model_card(CONFIG, str(out), serving.Target()))
+    raw = (out / serving.README_FILE).read_bytes()
+    assert os.fsencode(out) in raw
+    assert raw.decode("utf-8", "surrogateescape").startswith(serving.CARD_MARK)
+
+
+def test_a_readme_that_becomes_a_link_after_the_check_is_replaced_never_written_through(
+        tmp_path):
+    """write_card runs after ours() said yes; a link put there in between (a shared
+    directory) is replaced by the card, and the file it pointed at is untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's\n")
+    readme = tmp_path / "out" / serving.README_FILE
+    readme.parent.mkdir()
+    readme.symlink_to(victim)
+    serving.write_card(readme, serving.model_card(CONFIG, str(readme.parent), QWEN3_8B))
+    assert victim.read_text() == "the user's\n"
+    assert not readme.is_symlink() and readme.read_text().startswith(serving.CARD_MARK)
+    assert sorted(p.name for p in readme.parent.iterdir()) == [serving.README_FILE]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_a_printed_line_the_stdout_cannot_encode_is_shown_escaped_not_a_crash(encoding):
+    """The export's lines name OUT; a name that is not UTF-8 (or not ASCII, on an ASCII
+    stdout) is printed with backslash escapes after the work is done, never a traceback."""
+    import io
+
+    from remote_payload.trainer.events import Log
+
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding=encoding)
+    Log(stream=stream).say("  vllm serve /models/ü-\udcff")
+    stream.flush()
+    shown = raw.getvalue().decode(encoding)
+    assert shown.startswith("  vllm serve /models/") and "\\udcff" in shown
