@@ -128,6 +128,7 @@ SECONDS = seconds(7 * DAY)  # --timeout of deploy/wait/exec/diag
 SECONDS_OR_ZERO = seconds(HOUR, allow_zero=True)  # --grace of stop
 DEADLINE = seconds(HOUR)  # --deadline of a fleet status
 REFRESH = seconds(HOUR)  # --refresh of the dashboard
+PULL_EVERY = seconds(HOUR, allow_zero=True)  # --refresh of tensorboard (0: pull once)
 DOCTOR_EVERY = seconds(7 * DAY, allow_zero=True)  # --doctor-every of the dashboard (0: never)
 COUNT = integer(0, 1_000_000)  # --lines, --tail, --history
 OFFSET = integer(0, 2**53, "bytes")  # --offset of logs (a JSON-safe integer)

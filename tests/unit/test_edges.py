@@ -98,6 +98,9 @@ class TestJsonAndNumbers:
         ["dashboard", "--refresh", "-inf"], ["dashboard", "--doctor-every", "nan"],
         ["dashboard", "--doctor-every", "-1"], ["dashboard", "--doctor-every", "1e9"],
         ["plot", "--width", "3"], ["exec", "--timeout", "nan", "true"],
+        ["tensorboard", "--refresh", "nan"], ["tensorboard", "--refresh", "1e308"],
+        ["tensorboard", "--refresh", "-1"], ["tensorboard", "--refresh", "inf"],
+        ["tensorboard", "--port", "-1"], ["tensorboard", "--port", "70000"],
     ])
     def test_an_absurd_number_is_one_line_and_exit_2_before_connecting(self, args):
         res = CliRunner().invoke(cli, args)
