@@ -71,19 +71,20 @@ def parse_report_to(text: str) -> tuple[str, ...]:
             ``none`` or ``all`` beside other names, or an empty entry.
     """
     names = [n.strip().lower() for n in text.split(",")]
+    shown = text if len(text) <= 80 else text[:80] + f"... ({len(text)} characters)"
     if any(not n for n in names):
-        raise ReportToError(f"--report-to {text!r}: an empty name; choices: "
+        raise ReportToError(f"--report-to {shown!r}: an empty name; choices: "
                             f"{', '.join((*CHOICES, 'all', 'none'))}")
     unknown = [n for n in names if n not in (*CHOICES, "all", "none")]
     if unknown:
-        raise ReportToError(f"--report-to: unknown tracker {unknown[0]!r}; choices: "
+        raise ReportToError(f"--report-to: unknown tracker {unknown[0][:80]!r}; choices: "
                             f"{', '.join((*CHOICES, 'all', 'none'))}")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ReportToError(f"--report-to {text!r}: {twice[0]!r} is named twice")
+        raise ReportToError(f"--report-to {shown!r}: {twice[0]!r} is named twice")
     for word in ("none", "all"):
         if word in names and len(names) > 1:
-            raise ReportToError(f"--report-to {text!r}: {word!r} stands alone (it means "
+            raise ReportToError(f"--report-to {shown!r}: {word!r} stands alone (it means "
                                 f"{'no tracker' if word == 'none' else 'every installed one'})")
     return () if names == ["none"] else tuple(names)
 
@@ -144,6 +145,42 @@ def flatten(prefix: str, doc: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
         else:
             out[key] = v
     return out
+
+
+#: Environment variables whose values are credentials (W&B's key, MLflow's basic auth and
+#: token); :func:`secret_texts` adds the password of ``MLFLOW_TRACKING_URI``.
+SECRET_ENV = ("WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+def secret_texts(environ: t.Mapping[str, str]) -> list[str]:
+    """Every text a warning must not carry: each credential of ``environ`` as it is, stripped,
+    and escaped the way ``repr`` and JSON write it (a library's error often quotes a header
+    value with ``repr``), and the ``user:password`` of the tracking URI. Longest first, so a
+    shorter form never leaves part of a longer one."""
+    values = [environ.get(k, "") for k in SECRET_ENV]
+    with contextlib.suppress(ValueError):
+        netloc = urllib.parse.urlsplit(environ.get("MLFLOW_TRACKING_URI", "")).netloc
+        if "@" in netloc:
+            userinfo = netloc.rsplit("@", 1)[0]
+            password = userinfo.partition(":")[2]
+            values += [userinfo, password, urllib.parse.unquote(password)]
+    forms: set[str] = set()
+    for v in values:
+        for form in (v, v.strip(), repr(v)[1:-1], json.dumps(v)[1:-1],
+                     urllib.parse.quote(v, safe="")):
+            if len(form.strip()) >= 4:  # a one-letter "password" would blank every warning
+                forms.add(form)
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact(text: str, secrets: t.Sequence[str]) -> str:
+    """``text`` with every secret replaced by ``***``; withheld whole when a replacement
+    itself leaves one (a key made of ``*`` beside more of them)."""
+    for s in secrets:
+        text = text.replace(s, "***")
+    if any(s in text for s in secrets):
+        return "(the message is withheld: it quotes a credential)"
+    return text
 
 
 def redact_uri(uri: str) -> str:
@@ -334,7 +371,7 @@ class Trackers:
         self.queue: queue.Queue[t.Any] = queue.Queue(queue_size)
         self.dropped = 0
         self.failed: dict[str, str] = {}
-        self.secrets = [v for v in (os.environ.get("WANDB_API_KEY"),) if v]
+        self.secrets = secret_texts(os.environ)
         self.thread = threading.Thread(target=self._work, name="trackers", daemon=True)
         self.thread.start()
 
@@ -394,10 +431,8 @@ class Trackers:
                     backend.finish(False)
 
     def _warn(self, tracker: str, message: str, **extra: t.Any) -> None:
-        for s in self.secrets:
-            message = message.replace(s, "***")
         with contextlib.suppress(Exception):
-            self.warn(tracker, message[:2000], **extra)
+            self.warn(tracker, redact(message, self.secrets)[:2000], **extra)
 
 
 def open_trackers(names: t.Sequence[str], info: RunInfo, warn: Warn,

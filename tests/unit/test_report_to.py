@@ -3,6 +3,7 @@ that keeps a failing or slow tracker from costing the run anything."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -207,3 +208,48 @@ def test_a_named_tracker_that_is_not_installed_is_a_warning_and_no_backend(monke
     got = trackers.open_trackers(("wandb",), _info(), warns, lambda **kw: said.append(kw))
     assert got is None and said == []
     assert warns[0][0] == "wandb" and "not installed" in warns[0][1] and "requirements" in warns[0][1]
+
+
+@pytest.mark.parametrize(("env", "secret"), [
+    ({"WANDB_API_KEY": "a.b*c+d?[x]$\\1(key)\nline2"}, "a.b*c+d?[x]$\\1(key)\nline2"),
+    ({"WANDB_API_KEY": "  padded-key-0123  "}, "padded-key-0123"),
+    ({"MLFLOW_TRACKING_URI": "http://bob:s3cr%40tPW@127.0.0.1:1/"}, "s3cr@tPW"),
+    ({"MLFLOW_TRACKING_URI": "http://bob:s3cretPW@127.0.0.1:1/"}, "s3cretPW"),
+    ({"MLFLOW_TRACKING_TOKEN": "tok\r\nen-1234"}, "tok\r\nen-1234"),
+    ({"MLFLOW_TRACKING_PASSWORD": "pass'word\"1"}, "pass'word\"1"),
+])
+def test_a_warning_never_carries_a_credential_in_any_form_a_library_quotes_it(monkeypatch, env, secret):
+    for k in (*trackers.SECRET_ENV, "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+
+    class Leaky(Recorder):
+        name = "mlflow"
+
+        def start(self, info: RunInfo) -> None:  # as requests and MLflow word their errors
+            raise ValueError(f"API request to {uri}/api failed; header value {secret!r}; raw {secret}; "
+                             f"json {json.dumps(secret)}; stripped {secret.strip()}")
+
+    warns = Warnings()
+    Trackers([Leaky()], _info(), warns).close(ok=True, timeout=10)
+    assert len(warns) == 1, warns
+    text = warns[0][1]
+    for form in (secret, secret.strip(), repr(secret)[1:-1], json.dumps(secret)[1:-1]):
+        assert form not in text, text
+    assert "failed at start" in text
+
+
+@given(st.text(min_size=4, max_size=40).filter(lambda k: len(k.strip()) >= 4), st.text(max_size=40))
+def test_redacting_never_leaves_a_secret_in_any_message(key, around):
+    secrets = trackers.secret_texts({"WANDB_API_KEY": key})
+    text = trackers.redact(f"{around}{key}{around}{key!r}{json.dumps(key)}{around}", secrets)
+    assert key not in text and key.strip() not in text
+
+
+@pytest.mark.parametrize("text", ["," * 10_000, "x" * 10_000, "wandb," + "é" * 5000])
+def test_an_absurdly_long_report_to_is_a_short_error(text):
+    with pytest.raises(ReportToError) as got:
+        parse_report_to(text)
+    assert len(str(got.value)) < 400 and "\n" not in str(got.value)
