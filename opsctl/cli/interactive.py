@@ -102,7 +102,10 @@ def tensorboard(host: str | None, ctid: int | None, accept_new_host_key: bool, j
     tb.check_installed()  # before connecting
     tb.check_port(port)
     err = render.console(stderr=True)
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+    # SIGTERM/SIGHUP during the connection or the first pull end it as Ctrl-C does (the
+    # pull's ssh/rsync are stopped, exit code "interrupted"), never by the default action
+    with tb.stop_on_signals(), \
+            jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         src = tb.locate(tgt, job_id)
 
         def ready(url: str) -> None:
