@@ -175,6 +175,87 @@ def test_a_taken_port_is_refused_before_connecting(isolated_env):
     assert res.exit_code == 2 and "is in use" in res.output, res.output
 
 
+def test_a_logdir_that_is_a_link_in_the_container_is_refused_and_nothing_is_pulled(deploy, isolated_env):
+    base = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}"
+    said = {"event": "trackers", "report_to": ["tensorboard"], "run": "r",
+            "tensorboard": f"{base}/tensorboard"}
+    job_id = deploy(f"import os; os.makedirs({base!r}, exist_ok=True); "
+                    f"os.symlink('/etc', {base + '/tensorboard'!r}); "
+                    f"print({json.dumps(json.dumps(said))}); print('{{\"event\":\"step\",\"step\":1}}')")
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert f"{base}/tensorboard is a link to '/etc'; not pulled" in res.output, res.output
+    assert not [p for p in (isolated_env / "tensorboard").rglob("*") if p.is_file()]
+
+
+def test_a_link_in_the_local_copys_path_is_refused_and_nothing_is_written_through_it(
+        deploy, isolated_env, tmp_path):
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    job_id = deploy(_job(logdir, _event_file(tmp_path)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (isolated_env / "tensorboard").symlink_to(elsewhere)
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert "is a symbolic link" in res.output, res.output
+    assert list(elsewhere.iterdir()) == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_the_first_pull_stops_its_children_and_is_one_line(deploy, isolated_env, sig):
+    """A logdir of 30000 tiny files: the pull is still running when the signal comes."""
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    said = {"event": "trackers", "report_to": ["tensorboard"], "run": "r", "tensorboard": logdir}
+    job_id = deploy(textwrap.dedent(f"""
+        import os
+        d = os.path.join({logdir!r}, "run1")
+        os.makedirs(d)
+        for i in range(30000):
+            with open(os.path.join(d, f"events.out.tfevents.{{i}}"), "wb") as f:
+                f.write(b"x")
+        print({json.dumps(json.dumps(said))}, flush=True)
+        print('{{"event":"step","step":1}}', flush=True)
+    """))
+    p = subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                          "--ct", "200", "--port", "0"],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pulling = wait_for(lambda: [c for c in _children(p.pid)
+                                    if b"rsync" in _cmdline(c) or b"tar" in _cmdline(c)],
+                           60, what="the pull's child process")
+        p.send_signal(sig)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and err.strip(), err
+    assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in pulling), 10), pulling
+    assert not _tensorboards(isolated_env)
+
+
 # --- the whole chain: the real trainer in the container, its curves served here ------------
 
 
