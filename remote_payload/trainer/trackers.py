@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import typing as t
@@ -353,6 +354,38 @@ BACKENDS: dict[str, t.Callable[[], Tracker]] = {
 #: ``warn(tracker, message, **extra)``: one ``warning`` event.
 Warn = t.Callable[..., None]
 _END = object()
+#: Set when :meth:`Trackers.close` left a backend unfinished (see :func:`leave_if_abandoned`).
+_ABANDONED = threading.Event()
+#: The packages whose own threads' failures are a tracker's (a warning), not the run's traceback.
+BACKEND_MODULES = ("tensorboard", "torch.utils.tensorboard", "wandb", "mlflow")
+
+
+def leave_if_abandoned(rc: int) -> None:
+    """End the process now, without the interpreter's exit hooks, when a backend was left
+    unfinished at :meth:`Trackers.close`.
+
+    Why: a backend's own exit hook waits for the work it never finished (W&B's waits for its
+    service, which keeps calling a mute server for a minute and more), so a run that already
+    said everything would outlive ``opsctl stop``'s grace and be killed. Its output is flushed
+    first; the backend's files are as the close left them (said in the warning)."""
+    if _ABANDONED.is_set():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _backend_thread(thread: threading.Thread | None, tb: t.Any) -> str | None:
+    """The backend package whose code a failed thread ran (its class, or a frame of its
+    traceback), if any."""
+    modules = [type(thread).__module__] if thread is not None else []
+    while tb is not None:
+        modules.append(str(tb.tb_frame.f_globals.get("__name__", "")))
+        tb = tb.tb_next
+    for module in modules:
+        for name in BACKEND_MODULES:
+            if module == name or module.startswith(name + "."):
+                return name.rsplit(".", 1)[-1]
+    return None
 
 
 class Trackers:
@@ -372,6 +405,8 @@ class Trackers:
         self.dropped = 0
         self.failed: dict[str, str] = {}
         self.secrets = secret_texts(os.environ)
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._thread_failed
         self.thread = threading.Thread(target=self._work, name="trackers", daemon=True)
         self.thread.start()
 
@@ -396,12 +431,26 @@ class Trackers:
         if self.dropped:
             self._warn("all", f"{self.dropped} metric event(s) were dropped: the trackers "
                               "fell behind", dropped=self.dropped)
+        if not self.thread.is_alive() and threading.excepthook == self._thread_failed:
+            threading.excepthook = self._excepthook
         if self.thread.is_alive():
+            _ABANDONED.set()
             busy = ", ".join(b.name for b in self.backends) or "the trackers"
             self._warn("all", f"{busy} did not finish within {timeout:g} s; left unfinished "
                               "(their last metrics may be missing)")
 
-    # --- the thread ---
+    # --- the threads ---
+
+    def _thread_failed(self, args: t.Any) -> None:
+        """A backend library's own thread died (TensorBoard's writer on a full disk): one
+        warning instead of a traceback in the job's output (the backend's next call fails
+        too and switches it off). Any other thread's failure goes to the previous hook."""
+        name = _backend_thread(args.thread, args.exc_traceback)
+        if name is None or args.exc_type is SystemExit:
+            self._excepthook(args)
+            return
+        self._warn(name, f"a {name} thread ({args.thread.name}) failed: "
+                         f"{args.exc_type.__name__}: {args.exc_value}")
 
     def _work(self) -> None:
         for b in list(self.backends):

@@ -4,6 +4,8 @@ that keeps a failing or slow tracker from costing the run anything."""
 from __future__ import annotations
 
 import json
+import os
+import textwrap
 import threading
 import time
 
@@ -253,3 +255,51 @@ def test_an_absurdly_long_report_to_is_a_short_error(text):
     with pytest.raises(ReportToError) as got:
         parse_report_to(text)
     assert len(str(got.value)) < 400 and "\n" not in str(got.value)
+
+
+def test_a_backend_librarys_own_thread_failing_is_one_warning_not_a_traceback(capsys):
+    from tensorboard.summary.writer import event_file_writer
+
+    namespace = {"__name__": event_file_writer.__name__}  # code of TensorBoard's writer module
+    exec("def boom():\n    raise OSError(28, 'No space left on device')\n", namespace)
+    boom = namespace["boom"]
+    warns = Warnings()
+    fan = Trackers([Recorder()], _info(), warns)
+    th = threading.Thread(target=boom, name="writer")
+    th.start()
+    th.join()
+    fan.close(ok=True, timeout=10)
+    assert [(n, "No space left on device" in m) for n, m, _ in warns] == [("tensorboard", True)], warns
+    assert "Traceback" not in capsys.readouterr().err
+    assert threading.excepthook is not fan._thread_failed
+
+
+def test_a_tracker_left_unfinished_does_not_hold_the_process_exit(tmp_path):
+    """Its library's exit hook (W&B's waits for its service) would outlive stop's grace."""
+    import subprocess
+    import sys
+
+    from tests.paths import REPO
+
+    script = textwrap.dedent("""
+        import atexit, threading, time
+        from remote_payload.trainer import trackers
+
+        class Stuck:
+            name = "stuck"
+            def where(self, info): return "/nowhere"
+            def start(self, info): pass
+            def log(self, metrics, step): pass
+            def finish(self, ok): threading.Event().wait(120)
+
+        atexit.register(time.sleep, 120)  # what the stuck library's exit hook does
+        fan = trackers.Trackers([Stuck()], trackers.RunInfo("r", "/tmp/none"), lambda *a, **k: None)
+        fan.close(ok=True, timeout=0.5)
+        print("closed", flush=True)
+        trackers.leave_if_abandoned(0)
+    """)
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0 and res.stdout == "closed\n", res
+    assert time.monotonic() - t0 < 30
