@@ -165,6 +165,18 @@ def test_a_logdir_the_job_announced_but_never_wrote_is_named(deploy):
     assert "/var/tmp/opsctl-tb-never/tensorboard does not exist" in res.output, res.output
 
 
+@pytest.mark.parametrize("job", ["no-such-job-0000", "tbjob"])
+def test_a_job_that_does_not_exist_or_a_prefix_of_several_is_one_line_unknown_job(deploy, job):
+    """``tbjob`` is the start of every job these tests deploy: ambiguous once two exist."""
+    from opsctl import errors
+
+    deploy(_job(None, None))
+    deploy(_job(None, None))
+    res = run("tensorboard", job, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == errors.UNKNOWN_JOB, res.output
+    assert "Traceback" not in res.output and res.output.strip(), res.output
+
+
 def test_a_taken_port_is_refused_before_connecting(isolated_env):
     import socket
 
