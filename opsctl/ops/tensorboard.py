@@ -136,7 +136,8 @@ def _safe(name: str) -> str:
 
 
 #: Says what the announced logdir is in the container without following it: a symlink named
-#: ``tensorboard`` could point the pull at ``/`` or a home.
+#: ``tensorboard`` could point the pull at ``/`` or a home; a link inside it would be copied
+#: as a link and followed by the local TensorBoard (one to ``/`` walks this whole machine).
 LOOK = r"""
 import json, os, stat, sys
 path = sys.argv[1]
@@ -146,13 +147,20 @@ except FileNotFoundError:
     kind = "missing"
 else:
     kind = "link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "other"
-print(json.dumps({"kind": kind, "real": os.path.realpath(path)}))
+inner = None
+if kind == "dir":
+    for top, dirs, files in os.walk(path):
+        inner = next((os.path.join(top, n) for n in dirs + files
+                      if os.path.islink(os.path.join(top, n))), None)
+        if inner:
+            break
+print(json.dumps({"kind": kind, "real": os.path.realpath(path), "inner_link": inner}))
 """
 
 
 def check_remote_logdir(tgt: Target, src: Source) -> None:
-    """The logdir is a directory in the container, not a link, and its real path is a
-    ``<dir>/tensorboard`` too (a parent may be a link: a mounted volume).
+    """The logdir is a directory in the container, not a link, holding no link, and its real
+    path is a ``<dir>/tensorboard`` too (a parent may be a link: a mounted volume).
 
     Raises:
         ConfigError: it is a link or not a directory (nothing is pulled).
@@ -176,6 +184,12 @@ def check_remote_logdir(tgt: Target, src: Source) -> None:
                           f"{what}; not pulled",
                           hint="the trainer's --report-to tensorboard writes event files in a "
                                "directory <out-dir>/tensorboard; pull other paths with opsctl pull")
+    inner = look.get("inner_link")
+    if inner:
+        raise ConfigError(f"{tgt.label}: job {src.job_id}'s TensorBoard logdir {src.remote_dir} holds "
+                          f"a symbolic link ({str(inner)[:200]!r}); not pulled",
+                          hint="the trainer's event files are plain files; remove the link in the "
+                               "container, or pull the files with opsctl pull")
 
 
 def check_local_dir(local: Path) -> None:

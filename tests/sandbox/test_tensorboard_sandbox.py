@@ -200,6 +200,17 @@ def test_a_logdir_that_is_a_link_in_the_container_is_refused_and_nothing_is_pull
     assert not [p for p in (isolated_env / "tensorboard").rglob("*") if p.is_file()]
 
 
+def test_a_link_inside_the_logdir_is_refused_and_nothing_is_pulled(deploy, isolated_env, tmp_path):
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    script = _job(logdir, _event_file(tmp_path)).replace(
+        "print(json.dumps({", f"os.symlink('/', {logdir + '/run2'!r}); print(json.dumps({{", 1)
+    job_id = deploy(script)
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert f"holds a symbolic link ('{logdir}/run2')" in res.output, res.output
+    assert not [p for p in (isolated_env / "tensorboard").rglob("*") if p.is_file()]
+
+
 def test_a_link_in_the_local_copys_path_is_refused_and_nothing_is_written_through_it(
         deploy, isolated_env, tmp_path):
     logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
