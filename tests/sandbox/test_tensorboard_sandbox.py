@@ -279,6 +279,65 @@ def test_a_signal_during_the_first_pull_stops_its_children_and_is_one_line(deplo
     assert not _tensorboards(isolated_env)
 
 
+def _start(job_id: str, refresh: str = "1") -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                             "--ct", "200", "--port", "0", "--refresh", refresh],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ends_clean(p: subprocess.Popen[str], home: Path, children: list[int]) -> str:
+    try:
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and "tensorboard stopped" in err, err
+    assert "Traceback" not in err, err
+    assert wait_for(lambda: not _tensorboards(home), 10), _tensorboards(home)
+    assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in children), 10), children
+    return err
+
+
+def test_sigterm_while_tensorboard_starts_ends_it_and_leaves_nothing(deploy, isolated_env, tmp_path):
+    job_id = deploy(_job(f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard", _event_file(tmp_path)))
+    p = _start(job_id)
+    wait_for(lambda: _tensorboards(isolated_env), 120, what="the local TensorBoard process")
+    p.send_signal(signal.SIGTERM)
+    _ends_clean(p, isolated_env, [])
+
+
+def test_sighup_during_a_re_pull_stops_it_and_the_server(sandbox, isolated_env, tmp_path):
+    """A running job (it waits for a file), so the copy is pulled again every second."""
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    base = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}"
+    script = _job(f"{base}/tensorboard", _event_file(tmp_path)) + textwrap.dedent(f"""
+        import time
+        while not os.path.exists({base + "/release"!r}):
+            time.sleep(0.2)
+    """)
+    book = tmp_path / "tb-running.yaml"
+    book.write_text(json.dumps({"name": "tbjob", "command": ["python3", "-c", script],
+                                "timeout_s": 120, "healthy_when": {"event": "step"}}))
+    res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--json")
+    assert res.exit_code == 0, res.output
+    job_id = json.loads(res.stdout)["job_id"]
+    p = _start(job_id)
+    try:
+        wait_for(lambda: _tensorboards(isolated_env), 120, what="the local TensorBoard process")
+        pulling = wait_for(lambda: [c for c in _children(p.pid)
+                                    if b"rsync" in _cmdline(c) or b"tar" in _cmdline(c)
+                                    or b"ssh" in _cmdline(c)],
+                           60, what="a re-pull's child process", interval=0.02)
+        p.send_signal(signal.SIGHUP)
+        _ends_clean(p, isolated_env, pulling)
+    finally:
+        run("exec", "--host", "sandbox", "--ct", "200", "--", "touch", f"{base}/release")
+
+
 # --- the whole chain: the real trainer in the container, its curves served here ------------
 
 
