@@ -411,7 +411,11 @@ class Trackers:
         self.thread.start()
 
     def on_event(self, event: str, fields: t.Mapping[str, t.Any]) -> None:
-        got = metrics_of(event, fields)
+        try:
+            got = metrics_of(event, fields)
+        except (ValueError, TypeError, OverflowError) as exc:  # an int past float: never the run's
+            self._warn("all", f"a {event} event's metrics could not be read: {type(exc).__name__}: {exc}")
+            return
         if got is None or not self.backends:
             return
         try:

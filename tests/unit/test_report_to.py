@@ -303,3 +303,12 @@ def test_a_tracker_left_unfinished_does_not_hold_the_process_exit(tmp_path):
                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 0 and res.stdout == "closed\n", res
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("value", [10**400, float("nan"), float("inf"), -float("inf"), [10**400, 1]])
+def test_any_number_in_an_event_never_raises_on_the_trainers_thread(value):
+    rec, warns = Recorder(), Warnings()
+    fan = Trackers([rec], _info(), warns)
+    fan.on_event("step", {"step": 1, "loss": value})
+    fan.close(ok=True, timeout=10)
+    assert rec.finished is True
