@@ -209,6 +209,16 @@ def check_local_dir(local: Path) -> None:
                                                  f"the copy belongs under {base}")
 
 
+def make_local_dir(local: Path) -> None:
+    """Raises ConfigError when the copy's directory cannot be made (a file in its place, a
+    read-only or full disk)."""
+    try:
+        local.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make {local} for the TensorBoard copy: {exc.strerror or exc}",
+                          hint="free that path (or the disk), or set OPSCTL_HOME elsewhere") from None
+
+
 def refresh(tgt: Target, src: Source) -> files.TransferReport:
     """Bring the copy up to date (only what changed travels; nothing here is deleted).
 
@@ -219,7 +229,7 @@ def refresh(tgt: Target, src: Source) -> files.TransferReport:
     """
     check_local_dir(src.local_dir)
     check_remote_logdir(tgt, src)
-    src.local_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_local_dir(src.local_dir)
     try:
         return files.pull(tgt, src.remote_dir, src.local_dir)
     except RemoteCommandFailed as exc:

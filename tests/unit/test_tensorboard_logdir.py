@@ -114,3 +114,10 @@ def test_a_second_signal_while_the_server_is_ended_is_ignored():
 
 def test_sigterm_and_sighup_are_handled_wherever_ctrl_c_is():
     assert issubclass(tb.Stopped, KeyboardInterrupt)
+
+
+def test_a_file_where_the_copys_directory_goes_is_one_line(isolated_env):
+    (isolated_env / "tensorboard").write_text("mine")
+    with pytest.raises(ConfigError, match=r"cannot make .* for the TensorBoard copy"):
+        tb.make_local_dir(isolated_env / "tensorboard" / "host-ct200" / "job1")
+    assert (isolated_env / "tensorboard").read_text() == "mine"
