@@ -12,8 +12,9 @@ the torch build and the payload digest as tags.
 
 Why a thread: a backend's calls can be slow (W&B's start ~10 s, MLflow's first SQLite
 write ~15 s on 2 loaded cores, a dead MLflow server its HTTP timeout), and the training step
-must never wait for them. The trainer only puts an event's metrics on a bounded queue
-(:data:`QUEUE_SIZE`); a full queue drops and counts, and the count is reported. A backend
+must never wait for them. The trainer only puts an event's metrics on each backend's bounded
+queue (:data:`QUEUE_SIZE`), which a thread of that backend's own drains (a mute server slows
+only its own backend); a full queue drops and counts, and the count is reported. A backend
 that raises (its package missing, a network down, a bad key, a full disk) costs one
 ``warning`` event and is switched off; the run goes on.
 
@@ -388,27 +389,44 @@ def _backend_thread(thread: threading.Thread | None, tb: t.Any) -> str | None:
     return None
 
 
+class _Lane:
+    """One backend's queue and thread: a slow or mute backend holds up only itself."""
+
+    def __init__(self, backend: Tracker, queue_size: int):
+        self.backend = backend
+        self.queue: queue.Queue[t.Any] = queue.Queue(queue_size)
+        self.dropped = 0
+        self.thread: threading.Thread | None = None
+
+
 class Trackers:
-    """Every backend of one run behind one bounded queue and one thread.
+    """Every backend of one run, each behind its own bounded queue and thread.
 
     The trainer calls :meth:`on_event` for each event it prints (never blocks) and
     :meth:`close` once at the end. Each backend's failure is reported once and switches that
-    backend off; the others go on.
+    backend off; the others go on, and a slow one (a mute MLflow server: each call its HTTP
+    timeout) delays and drops only its own metrics.
     """
 
     def __init__(self, backends: t.Sequence[Tracker], info: RunInfo, warn: Warn, *,
                  queue_size: int = QUEUE_SIZE):
-        self.backends = list(backends)
+        self.backends = list(backends)  # the ones still on (a failure takes one out)
         self.info = info
         self.warn = warn
-        self.queue: queue.Queue[t.Any] = queue.Queue(queue_size)
-        self.dropped = 0
         self.failed: dict[str, str] = {}
         self.secrets = secret_texts(os.environ)
         self._excepthook = threading.excepthook
         threading.excepthook = self._thread_failed
-        self.thread = threading.Thread(target=self._work, name="trackers", daemon=True)
-        self.thread.start()
+        self.lanes = [_Lane(b, queue_size) for b in self.backends]
+        for lane in self.lanes:
+            lane.thread = threading.Thread(target=self._work, args=(lane,), daemon=True,
+                                           name=f"trackers-{lane.backend.name}")
+            lane.thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Metric events dropped, summed over the backends."""
+        return sum(lane.dropped for lane in self.lanes)
 
     def on_event(self, event: str, fields: t.Mapping[str, t.Any]) -> None:
         try:
@@ -416,32 +434,47 @@ class Trackers:
         except (ValueError, TypeError, OverflowError) as exc:  # an int past float: never the run's
             self._warn("all", f"a {event} event's metrics could not be read: {type(exc).__name__}: {exc}")
             return
-        if got is None or not self.backends:
+        if got is None:
             return
-        try:
-            self.queue.put_nowait(got)
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1:
-                self._warn("all", f"the trackers fall behind: more than {self.queue.maxsize} "
-                                  "metric events wait; new ones are dropped (counted at the end)")
+        for lane in self.lanes:
+            if lane.backend not in self.backends:
+                continue
+            try:
+                lane.queue.put_nowait(got)
+            except queue.Full:
+                lane.dropped += 1
+                if lane.dropped == 1:
+                    name = lane.backend.name
+                    self._warn(name, f"{name} falls behind: more than {lane.queue.maxsize} metric "
+                                     "events wait; new ones are dropped (counted at the end)")
 
     def close(self, ok: bool, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Hand the backends the end of the run and wait (at most ``timeout`` s) for them."""
+        """Hand the backends the end of the run and wait (at most ``timeout`` s, all together)
+        for them."""
         deadline = time.monotonic() + timeout
-        with contextlib.suppress(queue.Full):
-            self.queue.put((_END, ok), timeout=max(0.0, deadline - time.monotonic()))
-        self.thread.join(max(0.0, deadline - time.monotonic()))
-        if self.dropped:
-            self._warn("all", f"{self.dropped} metric event(s) were dropped: the trackers "
-                              "fell behind", dropped=self.dropped)
-        if not self.thread.is_alive() and threading.excepthook == self._thread_failed:
+        unmarked = list(self.lanes)  # a full queue takes its end mark once there is room
+        while True:
+            for lane in list(unmarked):
+                with contextlib.suppress(queue.Full):
+                    lane.queue.put_nowait((_END, ok))
+                    unmarked.remove(lane)
+            alive = [lane.thread for lane in self.lanes if lane.thread and lane.thread.is_alive()]
+            left = deadline - time.monotonic()
+            if not alive or left <= 0:
+                break
+            alive[0].join(min(0.05, left))
+        for lane in self.lanes:
+            if lane.dropped:
+                name = lane.backend.name
+                self._warn(name, f"{lane.dropped} metric event(s) were dropped: {name} fell behind",
+                           dropped=lane.dropped)
+        busy = [lane.backend.name for lane in self.lanes if lane.thread and lane.thread.is_alive()]
+        if not busy and threading.excepthook == self._thread_failed:
             threading.excepthook = self._excepthook
-        if self.thread.is_alive():
+        if busy:
             _ABANDONED.set()
-            busy = ", ".join(b.name for b in self.backends) or "the trackers"
-            self._warn("all", f"{busy} did not finish within {timeout:g} s; left unfinished "
-                              "(their last metrics may be missing)")
+            self._warn("all", f"{', '.join(busy)} did not finish within {timeout:g} s; left "
+                              "unfinished (their last metrics may be missing)")
 
     # --- the threads ---
 
@@ -456,26 +489,25 @@ class Trackers:
         self._warn(name, f"a {name} thread ({args.thread.name}) failed: "
                          f"{args.exc_type.__name__}: {args.exc_value}")
 
-    def _work(self) -> None:
-        for b in list(self.backends):
-            self._call(b, "start", self.info)
+    def _work(self, lane: _Lane) -> None:
+        b = lane.backend
+        self._call(b, "start", self.info)
         while True:
-            item = self.queue.get()
+            item = lane.queue.get()
             if isinstance(item, tuple) and item and item[0] is _END:
-                for b in list(self.backends):
+                if b in self.backends:
                     self._call(b, "finish", bool(item[1]))
-                    if b in self.backends:
-                        self.backends.remove(b)
                 return
-            metrics, step = item
-            for b in list(self.backends):
+            if b in self.backends:
+                metrics, step = item
                 self._call(b, "log", metrics, step)
 
     def _call(self, backend: Tracker, what: str, *args: t.Any) -> None:
         try:
             getattr(backend, what)(*args)
         except BaseException as exc:  # a tracker's failure (even its sys.exit) is never the run's
-            self.backends.remove(backend)
+            with contextlib.suppress(ValueError):
+                self.backends.remove(backend)
             self.failed[backend.name] = f"{type(exc).__name__}: {exc}"
             self._warn(backend.name, f"{backend.name} failed at {what} and is switched off for "
                                      f"this run: {type(exc).__name__}: {exc}")

@@ -312,3 +312,25 @@ def test_any_number_in_an_event_never_raises_on_the_trainers_thread(value):
     fan.on_event("step", {"step": 1, "loss": value})
     fan.close(ok=True, timeout=10)
     assert rec.finished is True
+
+
+def test_a_mute_tracker_holds_up_only_itself():
+    release = threading.Event()
+
+    class Mute(Recorder):
+        name = "mute"
+
+        def start(self, info: RunInfo) -> None:  # a server that accepts and never answers
+            release.wait(30)
+
+    good, warns = Recorder(), Warnings()
+    fan = Trackers([Mute(), good], _info(), warns)
+    for step in (1, 2, 3):
+        fan.on_event("step", {"step": step, "loss": 1.0})
+    t0 = time.monotonic()
+    fan.close(ok=True, timeout=1)
+    assert time.monotonic() - t0 < 3
+    assert [s for _, s in good.logged] == [1, 2, 3] and good.finished is True
+    assert [m for _, m, _ in warns] == ["mute did not finish within 1 s; left unfinished (their "
+                                        "last metrics may be missing)"], warns
+    release.set()
