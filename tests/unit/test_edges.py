@@ -112,7 +112,8 @@ class TestJsonAndNumbers:
                      st.integers(min_value=-10**30, max_value=10**30)))
     @settings(max_examples=300, deadline=None)
     def test_a_number_option_gives_a_number_in_its_range_or_a_usage_error(self, value):
-        for kind in (params.POLL, params.COUNT, params.SECONDS_OR_ZERO, params.PORT, params.OFFSET):
+        for kind in (params.POLL, params.COUNT, params.SECONDS_OR_ZERO, params.PORT, params.OFFSET,
+                     params.PULL_EVERY):
             try:
                 got = kind.convert(value, None, None)
             except click.BadParameter as exc:
