@@ -17,8 +17,9 @@ On this machine's CPU, a quick check of the script itself::
     python3 benchmarks/trackers_overhead.py --steps 12 --skip 2 --repeats 1 -- \\
         --preset tiny --device cpu --attn sdpa --compile off --token-budget 768
 
-Prints one line per run and a summary: tok/s without, with, and the ratio (the target is
->= 0.99). Exit 0 unless a run fails.
+Prints one line per run and a summary on stderr: tok/s without, with, and the ratio (the target is
+>= 0.99), then writes the result through :mod:`benchmarks.harness` (``--json FILE``, else on
+stdout). Exit 0 unless a run fails.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ import typing as t
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import harness  # noqa: E402
+
 GPU_DEFAULTS = ["--preset", "qwen3-8b", "--device", "cuda"]
 
 
@@ -50,7 +55,10 @@ def _args(argv: t.Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternating")
     p.add_argument("--trackers", default="tensorboard,wandb,mlflow", help="--report-to of the runs with")
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--json", dest="json_out", default=None, help="the result file (default: stdout)")
     a = p.parse_args(argv)
+    if a.trackers.strip().lower() == "none":
+        p.error("--trackers none: the runs with trackers need at least one")
     return a, rest or list(GPU_DEFAULTS)
 
 
@@ -84,11 +92,17 @@ def main(argv: t.Sequence[str] | None = None) -> int:
                 results[kind].append(r["tok_s"])
                 print(f"run {i + 1} --report-to {kind}: {r['tok_s']:,.1f} tok/s (median of "
                       f"{r['steps']} step events, {r['wall_s']} s){'; WARNINGS: ' if r['warnings'] else ''}"
-                      + "; ".join(r["warnings"]), flush=True)
-    without, with_ = statistics.median(results["none"]), statistics.median(results[a.trackers])
-    ratio = with_ / without if without else float("nan")
-    print(f"tok/s without trackers {without:,.1f}, with {a.trackers} {with_:,.1f}: ratio {ratio:.4f} "
-          f"({(1 - ratio) * 100:+.2f} % overhead; target <= 1 %)")
+                      + "; ".join(r["warnings"]), file=sys.stderr, flush=True)
+    without, with_ = harness.median(results["none"]), harness.median(results[a.trackers])
+    ratio = with_ / without if without else None
+    print(f"tok/s without trackers {without:,.1f}, with {a.trackers} {with_:,.1f}: ratio "
+          + (f"{ratio:.4f} ({(1 - ratio) * 100:+.2f} % overhead; target <= 1 %)" if ratio is not None
+             else "unknown (no tokens without trackers)"), file=sys.stderr, flush=True)
+    harness.write_result("trackers_overhead", {
+        "tok_s_without": without, "tok_s_with": with_, "ratio": ratio,
+        "runs": results},
+        a.json_out, params={**{k: v for k, v in vars(a).items() if k != "json_out"},
+                            "trainer_args": trainer_args})
     return 0
 
 

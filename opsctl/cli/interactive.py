@@ -84,7 +84,7 @@ def forward(ports: str, host: str | None, ctid: int | None, accept_new_host_key:
 @target_options
 @click.option("--port", type=clitypes.PORT, default=6006, show_default=True,
               help="Port on 127.0.0.1 (0: any free one).")
-@click.option("--refresh", "refresh_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--refresh", "refresh_s", type=clitypes.PULL_EVERY, default=30.0, show_default=True,
               help="Pull new event files this often while the job runs (s; 0: once).")
 def tensorboard(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None,
                 port: int, refresh_s: float) -> None:
@@ -102,7 +102,10 @@ def tensorboard(host: str | None, ctid: int | None, accept_new_host_key: bool, j
     tb.check_installed()  # before connecting
     tb.check_port(port)
     err = render.console(stderr=True)
-    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+    # SIGTERM/SIGHUP during the connection or the first pull end it as Ctrl-C does (the
+    # pull's ssh/rsync are stopped, exit code "interrupted"), never by the default action
+    with tb.stop_on_signals(), \
+            jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         src = tb.locate(tgt, job_id)
 
         def ready(url: str) -> None:

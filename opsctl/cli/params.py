@@ -139,6 +139,7 @@ SECONDS = seconds(7 * DAY)  # --timeout of deploy/wait/exec/diag
 SECONDS_OR_ZERO = seconds(HOUR, allow_zero=True)  # --grace of stop
 DEADLINE = seconds(HOUR)  # --deadline of a fleet status
 REFRESH = seconds(HOUR)  # --refresh of the dashboard
+PULL_EVERY = seconds(HOUR, allow_zero=True)  # --refresh of tensorboard (0: pull once)
 #: --doctor-every of the dashboard: 0 (never) or at least a minute (a doctor runs host commands
 #: and takes seconds; more often would keep every host busy with it)
 DOCTOR_EVERY = ZeroOrNumber(60, 7 * DAY, unit="s")

@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import itertools
+import json
 import os
 import posixpath
 import signal
@@ -135,14 +137,101 @@ def _safe(name: str) -> str:
     return safe if safe.strip(".") else "host"
 
 
+#: Says what the announced logdir is in the container without following it: a symlink named
+#: ``tensorboard`` could point the pull at ``/`` or a home; a link inside it would be copied
+#: as a link and followed by the local TensorBoard (one to ``/`` walks this whole machine).
+LOOK = r"""
+import json, os, stat, sys
+path = sys.argv[1]
+try:
+    mode = os.lstat(path).st_mode
+except FileNotFoundError:
+    kind = "missing"
+else:
+    kind = "link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "other"
+inner = None
+if kind == "dir":
+    for top, dirs, files in os.walk(path):
+        inner = next((os.path.join(top, n) for n in dirs + files
+                      if os.path.islink(os.path.join(top, n))), None)
+        if inner:
+            break
+print(json.dumps({"kind": kind, "real": os.path.realpath(path), "inner_link": inner}))
+"""
+
+
+def check_remote_logdir(tgt: Target, src: Source) -> None:
+    """The logdir is a directory in the container, not a link, holding no link, and its real
+    path is a ``<dir>/tensorboard`` too (a parent may be a link: a mounted volume).
+
+    Raises:
+        ConfigError: it is a link or not a directory (nothing is pulled).
+        RemoteCommandFailed: it could not be looked at.
+    """
+    res = tgt.remote.pct_exec(tgt.ctid, ["python3", "-c", LOOK, src.remote_dir], timeout=60,
+                              step="tensorboard: look at the logdir")
+    try:
+        look = json.loads(res.stdout) if res.rc == 0 else None
+    except ValueError:
+        look = None
+    if not isinstance(look, dict):
+        raise RemoteCommandFailed(f"{tgt.label}: cannot look at {src.remote_dir} in the container "
+                                  f"(rc {res.rc}: {res.stderr_tail(1)})", argv=res.argv, rc=res.rc)
+    kind, real = look.get("kind"), str(look.get("real", ""))
+    if kind == "missing":
+        return  # the pull names it
+    if kind != "dir" or posixpath.basename(real) != "tensorboard":
+        what = "a link to " + repr(real[:200]) if kind == "link" else f"not a directory ({kind})"
+        raise ConfigError(f"{tgt.label}: job {src.job_id}'s TensorBoard logdir {src.remote_dir} is "
+                          f"{what}; not pulled",
+                          hint="the trainer's --report-to tensorboard writes event files in a "
+                               "directory <out-dir>/tensorboard; pull other paths with opsctl pull")
+    inner = look.get("inner_link")
+    if inner:
+        raise ConfigError(f"{tgt.label}: job {src.job_id}'s TensorBoard logdir {src.remote_dir} holds "
+                          f"a symbolic link ({str(inner)[:200]!r}); not pulled",
+                          hint="the trainer's event files are plain files; remove the link in the "
+                               "container, or pull the files with opsctl pull")
+
+
+def check_local_dir(local: Path) -> None:
+    """No part of the copy's path below the opsctl home is a link (a pull through one would
+    write elsewhere).
+
+    Raises:
+        ConfigError: one is.
+    """
+    base = paths.home() / "tensorboard"
+    parts = [base, *(base / p for p in itertools.accumulate(
+        local.relative_to(base).parts, lambda a, b: str(Path(a) / b)))]
+    for part in parts:
+        if part.is_symlink():
+            raise ConfigError(f"{part} is a symbolic link; the TensorBoard copy is not written "
+                              "through it", hint=f"remove the link (or move it) and run again; "
+                                                 f"the copy belongs under {base}")
+
+
+def make_local_dir(local: Path) -> None:
+    """Raises ConfigError when the copy's directory cannot be made (a file in its place, a
+    read-only or full disk)."""
+    try:
+        local.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make {local} for the TensorBoard copy: {exc.strerror or exc}",
+                          hint="free that path (or the disk), or set OPSCTL_HOME elsewhere") from None
+
+
 def refresh(tgt: Target, src: Source) -> files.TransferReport:
     """Bring the copy up to date (only what changed travels; nothing here is deleted).
 
     Raises:
-        ConfigError: the logdir the job announced does not exist (its tracker failed).
+        ConfigError: the logdir the job announced does not exist (its tracker failed), is a
+            link or not a directory in the container; a part of the copy's path is a link here.
         RemoteCommandFailed, TransportError and kin: as :func:`files.pull`.
     """
-    src.local_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_local_dir(src.local_dir)
+    check_remote_logdir(tgt, src)
+    make_local_dir(src.local_dir)
     try:
         return files.pull(tgt, src.remote_dir, src.local_dir)
     except RemoteCommandFailed as exc:
@@ -243,17 +332,30 @@ class Server:
         self.stop()
 
 
-class Stopped(Exception):
-    """SIGTERM or SIGHUP arrived (Ctrl-C is KeyboardInterrupt)."""
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: handled wherever Ctrl-C is (a pull's children are stopped,
+    the command ends with the interrupted exit code, or, while serving, with the server
+    ended)."""
 
 
 @contextlib.contextmanager
 def stop_on_signals() -> t.Iterator[None]:
-    """SIGTERM and SIGHUP end the session like Ctrl-C does (the server is ended on the way)."""
+    """SIGTERM and SIGHUP end the session like Ctrl-C does (the server is ended on the way).
+
+    Only the first of SIGINT, SIGTERM and SIGHUP interrupts: one that follows while the
+    server and the pull's children are being ended is ignored, so the cleanup runs to its
+    end (and no traceback comes out of it)."""
+    fired: list[int] = []
+
     def handler(signum: int, _frame: t.Any) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Stopped(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

@@ -19,4 +19,7 @@ if __name__ == "__main__":
         from .train import _leave
 
         _leave(rc)
+    from .trackers import leave_if_abandoned
+
+    leave_if_abandoned(rc)  # a tracker left unfinished must not hold the exit (eval)
     sys.exit(rc)

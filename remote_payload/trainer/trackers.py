@@ -12,8 +12,9 @@ the torch build and the payload digest as tags.
 
 Why a thread: a backend's calls can be slow (W&B's start ~10 s, MLflow's first SQLite
 write ~15 s on 2 loaded cores, a dead MLflow server its HTTP timeout), and the training step
-must never wait for them. The trainer only puts an event's metrics on a bounded queue
-(:data:`QUEUE_SIZE`); a full queue drops and counts, and the count is reported. A backend
+must never wait for them. The trainer only puts an event's metrics on each backend's bounded
+queue (:data:`QUEUE_SIZE`), which a thread of that backend's own drains (a mute server slows
+only its own backend); a full queue drops and counts, and the count is reported. A backend
 that raises (its package missing, a network down, a bad key, a full disk) costs one
 ``warning`` event and is switched off; the run goes on.
 
@@ -30,6 +31,7 @@ import importlib.util
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import typing as t
@@ -71,19 +73,20 @@ def parse_report_to(text: str) -> tuple[str, ...]:
             ``none`` or ``all`` beside other names, or an empty entry.
     """
     names = [n.strip().lower() for n in text.split(",")]
+    shown = text if len(text) <= 80 else text[:80] + f"... ({len(text)} characters)"
     if any(not n for n in names):
-        raise ReportToError(f"--report-to {text!r}: an empty name; choices: "
+        raise ReportToError(f"--report-to {shown!r}: an empty name; choices: "
                             f"{', '.join((*CHOICES, 'all', 'none'))}")
     unknown = [n for n in names if n not in (*CHOICES, "all", "none")]
     if unknown:
-        raise ReportToError(f"--report-to: unknown tracker {unknown[0]!r}; choices: "
+        raise ReportToError(f"--report-to: unknown tracker {unknown[0][:80]!r}; choices: "
                             f"{', '.join((*CHOICES, 'all', 'none'))}")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ReportToError(f"--report-to {text!r}: {twice[0]!r} is named twice")
+        raise ReportToError(f"--report-to {shown!r}: {twice[0]!r} is named twice")
     for word in ("none", "all"):
         if word in names and len(names) > 1:
-            raise ReportToError(f"--report-to {text!r}: {word!r} stands alone (it means "
+            raise ReportToError(f"--report-to {shown!r}: {word!r} stands alone (it means "
                                 f"{'no tracker' if word == 'none' else 'every installed one'})")
     return () if names == ["none"] else tuple(names)
 
@@ -144,6 +147,42 @@ def flatten(prefix: str, doc: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
         else:
             out[key] = v
     return out
+
+
+#: Environment variables whose values are credentials (W&B's key, MLflow's basic auth and
+#: token); :func:`secret_texts` adds the password of ``MLFLOW_TRACKING_URI``.
+SECRET_ENV = ("WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+def secret_texts(environ: t.Mapping[str, str]) -> list[str]:
+    """Every text a warning must not carry: each credential of ``environ`` as it is, stripped,
+    and escaped the way ``repr`` and JSON write it (a library's error often quotes a header
+    value with ``repr``), and the ``user:password`` of the tracking URI. Longest first, so a
+    shorter form never leaves part of a longer one."""
+    values = [environ.get(k, "") for k in SECRET_ENV]
+    with contextlib.suppress(ValueError):
+        netloc = urllib.parse.urlsplit(environ.get("MLFLOW_TRACKING_URI", "")).netloc
+        if "@" in netloc:
+            userinfo = netloc.rsplit("@", 1)[0]
+            password = userinfo.partition(":")[2]
+            values += [userinfo, password, urllib.parse.unquote(password)]
+    forms: set[str] = set()
+    for v in values:
+        for form in (v, v.strip(), repr(v)[1:-1], json.dumps(v)[1:-1],
+                     urllib.parse.quote(v, safe="")):
+            if len(form.strip()) >= 4:  # a one-letter "password" would blank every warning
+                forms.add(form)
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact(text: str, secrets: t.Sequence[str]) -> str:
+    """``text`` with every secret replaced by ``***``; withheld whole when a replacement
+    itself leaves one (a key made of ``*`` beside more of them)."""
+    for s in secrets:
+        text = text.replace(s, "***")
+    if any(s in text for s in secrets):
+        return "(the message is withheld: it quotes a credential)"
+    return text
 
 
 def redact_uri(uri: str) -> str:
@@ -316,76 +355,159 @@ BACKENDS: dict[str, t.Callable[[], Tracker]] = {
 #: ``warn(tracker, message, **extra)``: one ``warning`` event.
 Warn = t.Callable[..., None]
 _END = object()
+#: Set when :meth:`Trackers.close` left a backend unfinished (see :func:`leave_if_abandoned`).
+_ABANDONED = threading.Event()
+#: The packages whose own threads' failures are a tracker's (a warning), not the run's traceback.
+BACKEND_MODULES = ("tensorboard", "torch.utils.tensorboard", "wandb", "mlflow")
+
+
+def leave_if_abandoned(rc: int) -> None:
+    """End the process now, without the interpreter's exit hooks, when a backend was left
+    unfinished at :meth:`Trackers.close`.
+
+    Why: a backend's own exit hook waits for the work it never finished (W&B's waits for its
+    service, which keeps calling a mute server for a minute and more), so a run that already
+    said everything would outlive ``opsctl stop``'s grace and be killed. Its output is flushed
+    first; the backend's files are as the close left them (said in the warning)."""
+    if _ABANDONED.is_set():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _backend_thread(thread: threading.Thread | None, tb: t.Any) -> str | None:
+    """The backend package whose code a failed thread ran (its class, or a frame of its
+    traceback), if any."""
+    modules = [type(thread).__module__] if thread is not None else []
+    while tb is not None:
+        modules.append(str(tb.tb_frame.f_globals.get("__name__", "")))
+        tb = tb.tb_next
+    for module in modules:
+        for name in BACKEND_MODULES:
+            if module == name or module.startswith(name + "."):
+                return name.rsplit(".", 1)[-1]
+    return None
+
+
+class _Lane:
+    """One backend's queue and thread: a slow or mute backend holds up only itself."""
+
+    def __init__(self, backend: Tracker, queue_size: int):
+        self.backend = backend
+        self.queue: queue.Queue[t.Any] = queue.Queue(queue_size)
+        self.dropped = 0
+        self.thread: threading.Thread | None = None
 
 
 class Trackers:
-    """Every backend of one run behind one bounded queue and one thread.
+    """Every backend of one run, each behind its own bounded queue and thread.
 
     The trainer calls :meth:`on_event` for each event it prints (never blocks) and
     :meth:`close` once at the end. Each backend's failure is reported once and switches that
-    backend off; the others go on.
+    backend off; the others go on, and a slow one (a mute MLflow server: each call its HTTP
+    timeout) delays and drops only its own metrics.
     """
 
     def __init__(self, backends: t.Sequence[Tracker], info: RunInfo, warn: Warn, *,
                  queue_size: int = QUEUE_SIZE):
-        self.backends = list(backends)
+        self.backends = list(backends)  # the ones still on (a failure takes one out)
         self.info = info
         self.warn = warn
-        self.queue: queue.Queue[t.Any] = queue.Queue(queue_size)
-        self.dropped = 0
         self.failed: dict[str, str] = {}
-        self.secrets = [v for v in (os.environ.get("WANDB_API_KEY"),) if v]
-        self.thread = threading.Thread(target=self._work, name="trackers", daemon=True)
-        self.thread.start()
+        self.secrets = secret_texts(os.environ)
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._thread_failed
+        self.lanes = [_Lane(b, queue_size) for b in self.backends]
+        for lane in self.lanes:
+            lane.thread = threading.Thread(target=self._work, args=(lane,), daemon=True,
+                                           name=f"trackers-{lane.backend.name}")
+            lane.thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Metric events dropped, summed over the backends."""
+        return sum(lane.dropped for lane in self.lanes)
 
     def on_event(self, event: str, fields: t.Mapping[str, t.Any]) -> None:
-        got = metrics_of(event, fields)
-        if got is None or not self.backends:
-            return
         try:
-            self.queue.put_nowait(got)
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1:
-                self._warn("all", f"the trackers fall behind: more than {self.queue.maxsize} "
-                                  "metric events wait; new ones are dropped (counted at the end)")
+            got = metrics_of(event, fields)
+        except (ValueError, TypeError, OverflowError) as exc:  # an int past float: never the run's
+            self._warn("all", f"a {event} event's metrics could not be read: {type(exc).__name__}: {exc}")
+            return
+        if got is None:
+            return
+        for lane in self.lanes:
+            if lane.backend not in self.backends:
+                continue
+            try:
+                lane.queue.put_nowait(got)
+            except queue.Full:
+                lane.dropped += 1
+                if lane.dropped == 1:
+                    name = lane.backend.name
+                    self._warn(name, f"{name} falls behind: more than {lane.queue.maxsize} metric "
+                                     "events wait; new ones are dropped (counted at the end)")
 
     def close(self, ok: bool, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Hand the backends the end of the run and wait (at most ``timeout`` s) for them."""
+        """Hand the backends the end of the run and wait (at most ``timeout`` s, all together)
+        for them."""
         deadline = time.monotonic() + timeout
-        with contextlib.suppress(queue.Full):
-            self.queue.put((_END, ok), timeout=max(0.0, deadline - time.monotonic()))
-        self.thread.join(max(0.0, deadline - time.monotonic()))
-        if self.dropped:
-            self._warn("all", f"{self.dropped} metric event(s) were dropped: the trackers "
-                              "fell behind", dropped=self.dropped)
-        if self.thread.is_alive():
-            busy = ", ".join(b.name for b in self.backends) or "the trackers"
-            self._warn("all", f"{busy} did not finish within {timeout:g} s; left unfinished "
-                              "(their last metrics may be missing)")
-
-    # --- the thread ---
-
-    def _work(self) -> None:
-        for b in list(self.backends):
-            self._call(b, "start", self.info)
+        unmarked = list(self.lanes)  # a full queue takes its end mark once there is room
         while True:
-            item = self.queue.get()
+            for lane in list(unmarked):
+                with contextlib.suppress(queue.Full):
+                    lane.queue.put_nowait((_END, ok))
+                    unmarked.remove(lane)
+            alive = [lane.thread for lane in self.lanes if lane.thread and lane.thread.is_alive()]
+            left = deadline - time.monotonic()
+            if not alive or left <= 0:
+                break
+            alive[0].join(min(0.05, left))
+        for lane in self.lanes:
+            if lane.dropped:
+                name = lane.backend.name
+                self._warn(name, f"{lane.dropped} metric event(s) were dropped: {name} fell behind",
+                           dropped=lane.dropped)
+        busy = [lane.backend.name for lane in self.lanes if lane.thread and lane.thread.is_alive()]
+        if not busy and threading.excepthook == self._thread_failed:
+            threading.excepthook = self._excepthook
+        if busy:
+            _ABANDONED.set()
+            self._warn("all", f"{', '.join(busy)} did not finish within {timeout:g} s; left "
+                              "unfinished (their last metrics may be missing)")
+
+    # --- the threads ---
+
+    def _thread_failed(self, args: t.Any) -> None:
+        """A backend library's own thread died (TensorBoard's writer on a full disk): one
+        warning instead of a traceback in the job's output (the backend's next call fails
+        too and switches it off). Any other thread's failure goes to the previous hook."""
+        name = _backend_thread(args.thread, args.exc_traceback)
+        if name is None or args.exc_type is SystemExit:
+            self._excepthook(args)
+            return
+        self._warn(name, f"a {name} thread ({args.thread.name}) failed: "
+                         f"{args.exc_type.__name__}: {args.exc_value}")
+
+    def _work(self, lane: _Lane) -> None:
+        b = lane.backend
+        self._call(b, "start", self.info)
+        while True:
+            item = lane.queue.get()
             if isinstance(item, tuple) and item and item[0] is _END:
-                for b in list(self.backends):
+                if b in self.backends:
                     self._call(b, "finish", bool(item[1]))
-                    if b in self.backends:
-                        self.backends.remove(b)
                 return
-            metrics, step = item
-            for b in list(self.backends):
+            if b in self.backends:
+                metrics, step = item
                 self._call(b, "log", metrics, step)
 
     def _call(self, backend: Tracker, what: str, *args: t.Any) -> None:
         try:
             getattr(backend, what)(*args)
         except BaseException as exc:  # a tracker's failure (even its sys.exit) is never the run's
-            self.backends.remove(backend)
+            with contextlib.suppress(ValueError):
+                self.backends.remove(backend)
             self.failed[backend.name] = f"{type(exc).__name__}: {exc}"
             self._warn(backend.name, f"{backend.name} failed at {what} and is switched off for "
                                      f"this run: {type(exc).__name__}: {exc}")
@@ -394,10 +516,8 @@ class Trackers:
                     backend.finish(False)
 
     def _warn(self, tracker: str, message: str, **extra: t.Any) -> None:
-        for s in self.secrets:
-            message = message.replace(s, "***")
         with contextlib.suppress(Exception):
-            self.warn(tracker, message[:2000], **extra)
+            self.warn(tracker, redact(message, self.secrets)[:2000], **extra)
 
 
 def open_trackers(names: t.Sequence[str], info: RunInfo, warn: Warn,

@@ -165,6 +165,18 @@ def test_a_logdir_the_job_announced_but_never_wrote_is_named(deploy):
     assert "/var/tmp/opsctl-tb-never/tensorboard does not exist" in res.output, res.output
 
 
+@pytest.mark.parametrize("job", ["no-such-job-0000", "tbjob"])
+def test_a_job_that_does_not_exist_or_a_prefix_of_several_is_one_line_unknown_job(deploy, job):
+    """``tbjob`` is the start of every job these tests deploy: ambiguous once two exist."""
+    from opsctl import errors
+
+    deploy(_job(None, None))
+    deploy(_job(None, None))
+    res = run("tensorboard", job, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == errors.UNKNOWN_JOB, res.output
+    assert "Traceback" not in res.output and res.output.strip(), res.output
+
+
 def test_a_taken_port_is_refused_before_connecting(isolated_env):
     import socket
 
@@ -173,6 +185,157 @@ def test_a_taken_port_is_refused_before_connecting(isolated_env):
         s.listen()
         res = run("tensorboard", "--host", "nowhere", "--ct", "200", "--port", str(s.getsockname()[1]))
     assert res.exit_code == 2 and "is in use" in res.output, res.output
+
+
+def test_a_logdir_that_is_a_link_in_the_container_is_refused_and_nothing_is_pulled(deploy, isolated_env):
+    base = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}"
+    said = {"event": "trackers", "report_to": ["tensorboard"], "run": "r",
+            "tensorboard": f"{base}/tensorboard"}
+    job_id = deploy(f"import os; os.makedirs({base!r}, exist_ok=True); "
+                    f"os.symlink('/etc', {base + '/tensorboard'!r}); "
+                    f"print({json.dumps(json.dumps(said))}); print('{{\"event\":\"step\",\"step\":1}}')")
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert f"{base}/tensorboard is a link to '/etc'; not pulled" in res.output, res.output
+    assert not [p for p in (isolated_env / "tensorboard").rglob("*") if p.is_file()]
+
+
+def test_a_link_inside_the_logdir_is_refused_and_nothing_is_pulled(deploy, isolated_env, tmp_path):
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    script = _job(logdir, _event_file(tmp_path)).replace(
+        "print(json.dumps({", f"os.symlink('/', {logdir + '/run2'!r}); print(json.dumps({{", 1)
+    job_id = deploy(script)
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert f"holds a symbolic link ('{logdir}/run2')" in res.output, res.output
+    assert not [p for p in (isolated_env / "tensorboard").rglob("*") if p.is_file()]
+
+
+def test_a_link_in_the_local_copys_path_is_refused_and_nothing_is_written_through_it(
+        deploy, isolated_env, tmp_path):
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    job_id = deploy(_job(logdir, _event_file(tmp_path)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (isolated_env / "tensorboard").symlink_to(elsewhere)
+    res = run("tensorboard", job_id, "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 2, res.output
+    assert "is a symbolic link" in res.output, res.output
+    assert list(elsewhere.iterdir()) == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_the_first_pull_stops_its_children_and_is_one_line(deploy, isolated_env, sig):
+    """A logdir of 30000 tiny files: the pull is still running when the signal comes."""
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    said = {"event": "trackers", "report_to": ["tensorboard"], "run": "r", "tensorboard": logdir}
+    job_id = deploy(textwrap.dedent(f"""
+        import os
+        d = os.path.join({logdir!r}, "run1")
+        os.makedirs(d)
+        for i in range(30000):
+            with open(os.path.join(d, f"events.out.tfevents.{{i}}"), "wb") as f:
+                f.write(b"x")
+        print({json.dumps(json.dumps(said))}, flush=True)
+        print('{{"event":"step","step":1}}', flush=True)
+    """))
+    p = subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                          "--ct", "200", "--port", "0"],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pulling = wait_for(lambda: [c for c in _children(p.pid)
+                                    if b"rsync" in _cmdline(c) or b"tar" in _cmdline(c)],
+                           60, what="the pull's child process")
+        p.send_signal(sig)
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and err.strip(), err
+    assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in pulling), 10), pulling
+    assert not _tensorboards(isolated_env)
+
+
+def _start(job_id: str, refresh: str = "1") -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                             "--ct", "200", "--port", "0", "--refresh", refresh],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ends_clean(p: subprocess.Popen[str], home: Path, children: list[int]) -> str:
+    try:
+        _out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and "tensorboard stopped" in err, err
+    assert "Traceback" not in err, err
+    assert wait_for(lambda: not _tensorboards(home), 10), _tensorboards(home)
+    assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in children), 10), children
+    return err
+
+
+def test_sigterm_while_tensorboard_starts_ends_it_and_leaves_nothing(deploy, isolated_env, tmp_path):
+    job_id = deploy(_job(f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard", _event_file(tmp_path)))
+    p = _start(job_id)
+    wait_for(lambda: _tensorboards(isolated_env), 120, what="the local TensorBoard process")
+    p.send_signal(signal.SIGTERM)
+    _ends_clean(p, isolated_env, [])
+
+
+def test_sighup_during_a_re_pull_stops_it_and_the_server(sandbox, isolated_env, tmp_path):
+    """A running job (it waits for a file), so the copy is pulled again every second."""
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+    base = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}"
+    script = _job(f"{base}/tensorboard", _event_file(tmp_path)) + textwrap.dedent(f"""
+        import time
+        while not os.path.exists({base + "/release"!r}):
+            time.sleep(0.2)
+    """)
+    book = tmp_path / "tb-running.yaml"
+    book.write_text(json.dumps({"name": "tbjob", "command": ["python3", "-c", script],
+                                "timeout_s": 120, "healthy_when": {"event": "step"}}))
+    res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--json")
+    assert res.exit_code == 0, res.output
+    job_id = json.loads(res.stdout)["job_id"]
+    p = _start(job_id)
+    try:
+        wait_for(lambda: _tensorboards(isolated_env), 120, what="the local TensorBoard process")
+        pulling = wait_for(lambda: [c for c in _children(p.pid)
+                                    if b"rsync" in _cmdline(c) or b"tar" in _cmdline(c)
+                                    or b"ssh" in _cmdline(c)],
+                           60, what="a re-pull's child process", interval=0.02)
+        p.send_signal(signal.SIGHUP)
+        _ends_clean(p, isolated_env, pulling)
+    finally:
+        run("exec", "--host", "sandbox", "--ct", "200", "--", "touch", f"{base}/release")
 
 
 # --- the whole chain: the real trainer in the container, its curves served here ------------

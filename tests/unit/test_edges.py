@@ -99,6 +99,9 @@ class TestJsonAndNumbers:
         ["dashboard", "--doctor-every", "-1"], ["dashboard", "--doctor-every", "1e9"],
         ["dashboard", "--doctor-every", "0.001"], ["dashboard", "--doctor-every", "59.9"],
         ["plot", "--width", "3"], ["exec", "--timeout", "nan", "true"],
+        ["tensorboard", "--refresh", "nan"], ["tensorboard", "--refresh", "1e308"],
+        ["tensorboard", "--refresh", "-1"], ["tensorboard", "--refresh", "inf"],
+        ["tensorboard", "--port", "-1"], ["tensorboard", "--port", "70000"],
     ])
     def test_an_absurd_number_is_one_line_and_exit_2_before_connecting(self, args):
         res = CliRunner().invoke(cli, args)
@@ -110,7 +113,8 @@ class TestJsonAndNumbers:
                      st.integers(min_value=-10**30, max_value=10**30)))
     @settings(max_examples=300, deadline=None)
     def test_a_number_option_gives_a_number_in_its_range_or_a_usage_error(self, value):
-        for kind in (params.POLL, params.COUNT, params.SECONDS_OR_ZERO, params.PORT, params.OFFSET):
+        for kind in (params.POLL, params.COUNT, params.SECONDS_OR_ZERO, params.PORT, params.OFFSET,
+                     params.PULL_EVERY):
             try:
                 got = kind.convert(value, None, None)
             except click.BadParameter as exc:

@@ -3,6 +3,9 @@ that keeps a failing or slow tracker from costing the run anything."""
 
 from __future__ import annotations
 
+import json
+import os
+import textwrap
 import threading
 import time
 
@@ -207,3 +210,127 @@ def test_a_named_tracker_that_is_not_installed_is_a_warning_and_no_backend(monke
     got = trackers.open_trackers(("wandb",), _info(), warns, lambda **kw: said.append(kw))
     assert got is None and said == []
     assert warns[0][0] == "wandb" and "not installed" in warns[0][1] and "requirements" in warns[0][1]
+
+
+@pytest.mark.parametrize(("env", "secret"), [
+    ({"WANDB_API_KEY": "a.b*c+d?[x]$\\1(key)\nline2"}, "a.b*c+d?[x]$\\1(key)\nline2"),
+    ({"WANDB_API_KEY": "  padded-key-0123  "}, "padded-key-0123"),
+    ({"MLFLOW_TRACKING_URI": "http://bob:s3cr%40tPW@127.0.0.1:1/"}, "s3cr@tPW"),
+    ({"MLFLOW_TRACKING_URI": "http://bob:s3cretPW@127.0.0.1:1/"}, "s3cretPW"),
+    ({"MLFLOW_TRACKING_TOKEN": "tok\r\nen-1234"}, "tok\r\nen-1234"),
+    ({"MLFLOW_TRACKING_PASSWORD": "pass'word\"1"}, "pass'word\"1"),
+])
+def test_a_warning_never_carries_a_credential_in_any_form_a_library_quotes_it(monkeypatch, env, secret):
+    for k in (*trackers.SECRET_ENV, "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+
+    class Leaky(Recorder):
+        name = "mlflow"
+
+        def start(self, info: RunInfo) -> None:  # as requests and MLflow word their errors
+            raise ValueError(f"API request to {uri}/api failed; header value {secret!r}; raw {secret}; "
+                             f"json {json.dumps(secret)}; stripped {secret.strip()}")
+
+    warns = Warnings()
+    Trackers([Leaky()], _info(), warns).close(ok=True, timeout=10)
+    assert len(warns) == 1, warns
+    text = warns[0][1]
+    for form in (secret, secret.strip(), repr(secret)[1:-1], json.dumps(secret)[1:-1]):
+        assert form not in text, text
+    assert "failed at start" in text
+
+
+@given(st.text(min_size=4, max_size=40).filter(lambda k: len(k.strip()) >= 4), st.text(max_size=40))
+def test_redacting_never_leaves_a_secret_in_any_message(key, around):
+    secrets = trackers.secret_texts({"WANDB_API_KEY": key})
+    text = trackers.redact(f"{around}{key}{around}{key!r}{json.dumps(key)}{around}", secrets)
+    assert key not in text and key.strip() not in text
+
+
+@pytest.mark.parametrize("text", ["," * 10_000, "x" * 10_000, "wandb," + "é" * 5000])
+def test_an_absurdly_long_report_to_is_a_short_error(text):
+    with pytest.raises(ReportToError) as got:
+        parse_report_to(text)
+    assert len(str(got.value)) < 400 and "\n" not in str(got.value)
+
+
+def test_a_backend_librarys_own_thread_failing_is_one_warning_not_a_traceback(capsys):
+    from tensorboard.summary.writer import event_file_writer
+
+    namespace = {"__name__": event_file_writer.__name__}  # code of TensorBoard's writer module
+    exec("def boom():\n    raise OSError(28, 'No space left on device')\n", namespace)
+    boom = namespace["boom"]
+    warns = Warnings()
+    fan = Trackers([Recorder()], _info(), warns)
+    th = threading.Thread(target=boom, name="writer")
+    th.start()
+    th.join()
+    fan.close(ok=True, timeout=10)
+    assert [(n, "No space left on device" in m) for n, m, _ in warns] == [("tensorboard", True)], warns
+    assert "Traceback" not in capsys.readouterr().err
+    assert threading.excepthook is not fan._thread_failed
+
+
+def test_a_tracker_left_unfinished_does_not_hold_the_process_exit(tmp_path):
+    """Its library's exit hook (W&B's waits for its service) would outlive stop's grace."""
+    import subprocess
+    import sys
+
+    from tests.paths import REPO
+
+    script = textwrap.dedent("""
+        import atexit, threading, time
+        from remote_payload.trainer import trackers
+
+        class Stuck:
+            name = "stuck"
+            def where(self, info): return "/nowhere"
+            def start(self, info): pass
+            def log(self, metrics, step): pass
+            def finish(self, ok): threading.Event().wait(120)
+
+        atexit.register(time.sleep, 120)  # what the stuck library's exit hook does
+        fan = trackers.Trackers([Stuck()], trackers.RunInfo("r", "/tmp/none"), lambda *a, **k: None)
+        fan.close(ok=True, timeout=0.5)
+        print("closed", flush=True)
+        trackers.leave_if_abandoned(0)
+    """)
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0 and res.stdout == "closed\n", res
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("value", [10**400, float("nan"), float("inf"), -float("inf"), [10**400, 1]])
+def test_any_number_in_an_event_never_raises_on_the_trainers_thread(value):
+    rec, warns = Recorder(), Warnings()
+    fan = Trackers([rec], _info(), warns)
+    fan.on_event("step", {"step": 1, "loss": value})
+    fan.close(ok=True, timeout=10)
+    assert rec.finished is True
+
+
+def test_a_mute_tracker_holds_up_only_itself():
+    release = threading.Event()
+
+    class Mute(Recorder):
+        name = "mute"
+
+        def start(self, info: RunInfo) -> None:  # a server that accepts and never answers
+            release.wait(30)
+
+    good, warns = Recorder(), Warnings()
+    fan = Trackers([Mute(), good], _info(), warns)
+    for step in (1, 2, 3):
+        fan.on_event("step", {"step": step, "loss": 1.0})
+    t0 = time.monotonic()
+    fan.close(ok=True, timeout=1)
+    assert time.monotonic() - t0 < 3
+    assert [s for _, s in good.logged] == [1, 2, 3] and good.finished is True
+    assert [m for _, m, _ in warns] == ["mute did not finish within 1 s; left unfinished (their "
+                                        "last metrics may be missing)"], warns
+    release.set()

@@ -4,6 +4,8 @@ the trainer writes is taken, and nothing else is ever pulled."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from opsctl.errors import ConfigError
 from opsctl.ops import tensorboard as tb
+from tests.waiting import wait_for
 
 
 def _line(**fields: object) -> str:
@@ -73,3 +76,48 @@ def test_a_host_label_becomes_a_safe_directory_name():
     assert tb._safe("root@10.1.2.6:2222") == "root_10.1.2.6_2222"
     assert tb._safe("../..") == ".._.." and "/" not in tb._safe("a/b")
     assert tb._safe("..") == tb._safe(".") == tb._safe("") == "host"
+
+
+@pytest.mark.parametrize("link_at", ["tensorboard", "tensorboard/host-ct200", "tensorboard/host-ct200/job1"])
+def test_a_link_anywhere_in_the_copys_path_is_refused_and_nothing_is_written_through_it(
+        isolated_env, tmp_path, link_at):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = isolated_env / link_at
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        tb.check_local_dir(isolated_env / "tensorboard" / "host-ct200" / "job1")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_copys_own_path_without_links_is_taken(isolated_env):
+    tb.check_local_dir(isolated_env / "tensorboard" / "host-ct200" / "job1")  # nothing there yet
+    (isolated_env / "tensorboard" / "host-ct200" / "job1").mkdir(parents=True)
+    tb.check_local_dir(isolated_env / "tensorboard" / "host-ct200" / "job1")
+
+
+def test_a_second_signal_while_the_server_is_ended_is_ignored():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    ended = []
+    with pytest.raises(tb.Stopped), tb.stop_on_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            wait_for(lambda: False, 5)  # the handler raises at once
+        finally:  # the cleanup (Server.stop) sees more signals and still runs to its end
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGINT)
+            ended.append(True)
+    assert ended == [True]
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_sigterm_and_sighup_are_handled_wherever_ctrl_c_is():
+    assert issubclass(tb.Stopped, KeyboardInterrupt)
+
+
+def test_a_file_where_the_copys_directory_goes_is_one_line(isolated_env):
+    (isolated_env / "tensorboard").write_text("mine")
+    with pytest.raises(ConfigError, match=r"cannot make .* for the TensorBoard copy"):
+        tb.make_local_dir(isolated_env / "tensorboard" / "host-ct200" / "job1")
+    assert (isolated_env / "tensorboard").read_text() == "mine"
