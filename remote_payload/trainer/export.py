@@ -59,6 +59,9 @@ _LAYER_MAP = {
 _TOP_MAP = {"fc": "fc", "ctx_norm": "hidden_norm", "norm": "norm"}
 #: the modeling file's name in an export (z-lab's hub repositories call theirs ``dflash.py``)
 MODELING_FILE = "dflash.py"
+#: what a re-export carries over from OUT (the user's own model card): a change to it loses
+#: nothing, so it does not make OUT someone else's
+_KEPT = ("README.md",)
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.([a-z_]+)\.weight$")
 
 
@@ -135,7 +138,7 @@ def check_out(ckpt: pathlib.Path, out: str, force: bool) -> None:
     if safe_write.protected_refusal(out) is None and src.is_relative_to(real):
         raise safe_write.DestinationRefused(out, "refused as export OUT: it contains the "
                                                  f"checkpoint read ({src})")
-    safe_write.check_directory(out, kind="export", force=force)
+    safe_write.check_directory(out, kind="export", force=force, keep=_KEPT)
 
 
 def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False) -> dict[str, t.Any]:
@@ -160,7 +163,7 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False)
              for k, v in drafter.state_dict().items()}
     config = reference_config(cfg, dtype)
     dst = pathlib.Path(out)
-    with safe_write.new_directory(out, kind="export", force=force) as tmp:
+    with safe_write.new_directory(out, kind="export", force=force, keep=_KEPT) as tmp:
         save_safetensors(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / MODELING_FILE).write_bytes(
