@@ -229,6 +229,30 @@ def check_directory(path: PathLike, *, kind: str, force: bool = False,
 
 def _check_existing(dest: str, *, kind: str, force: bool, keep: t.Collection[str],
                     shown: str | None = None) -> None:
+    """:func:`check_directory` less the protected places; ``shown`` names ``dest`` in the
+    message. Checked again while another writer swaps a directory in meanwhile (the marker
+    of one and the files of the other are not compared)."""
+    for _attempt in range(5):
+        try:
+            before = os.lstat(dest).st_ino
+        except FileNotFoundError:
+            return
+        except OSError:
+            before = -1
+        try:
+            _check_once(dest, kind=kind, force=force, keep=keep, shown=shown)
+            return
+        except DestinationRefused:
+            with contextlib.suppress(OSError):
+                if os.lstat(dest).st_ino == before:
+                    raise
+        except FileNotFoundError:
+            return
+    _check_once(dest, kind=kind, force=force, keep=keep, shown=shown)
+
+
+def _check_once(dest: str, *, kind: str, force: bool, keep: t.Collection[str],
+                shown: str | None) -> None:
     shown = dest if shown is None else shown
     try:
         st = os.lstat(dest)

@@ -260,7 +260,7 @@ def test_a_link_in_a_previous_export_is_never_written_through(exported, tmp_path
     victim.chmod(0o600)
     (out / "config.json").unlink()
     (out / "config.json").symlink_to(victim)
-    with pytest.raises(DestinationRefused, match="changed since \\('config.json'\\)"):
+    with pytest.raises(DestinationRefused, match=r"changed since \('config.json'\)"):
         export.export(str(path.parent / "run"), str(out), "float32")
     export.export(str(path.parent / "run"), str(out), "float32", force=True)
     assert victim.read_text() == "root:x" and victim.stat().st_mode & 0o777 == 0o600
@@ -277,7 +277,7 @@ def test_an_edited_or_copied_export_is_replaced_only_with_force_its_readme_kept(
     export.export(run, str(out), "float32")  # the user's README is carried: nothing lost
     assert (out / "README.md").read_text() == "my own card"
     (out / "tokenizer.json").write_text("the user's tokenizer")
-    with pytest.raises(DestinationRefused, match="changed since \\('tokenizer.json'\\)"):
+    with pytest.raises(DestinationRefused, match=r"changed since \('tokenizer.json'\)"):
         export.export(run, str(out), "float32")
     assert (out / "tokenizer.json").read_text() == "the user's tokenizer"
     copy = tmp_path / "copy"  # cp -r: the marker travels, the files are new ones
