@@ -130,20 +130,30 @@ def protected_refusal(path: PathLike, *, cwd: str | None = None,
     return None
 
 
+def read_regular(path: PathLike, limit: int) -> bytes:
+    """The bytes of a regular file opsctl keeps state in (at most ``limit``), never through a
+    link and never waiting: opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a regular
+    file, so a FIFO or a device planted there is an error, not a hang.
+
+    Raises:
+        OSError: missing, a link (``ELOOP``), not a regular file (``EINVAL``), over ``limit``
+            (``EFBIG``), or unreadable.
+    """
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno_mod.EINVAL, "not a regular file", os.fspath(path))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno_mod.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
+
+
 def read_marker(directory: PathLike) -> dict[str, t.Any] | None:
     """The marker of a directory opsctl wrote, or None (none, a link, a FIFO or another
-    non-file, unreadable, over 1 MiB, foreign). Opened non-blocking and checked to be a
-    regular file: a FIFO planted as the marker would otherwise hang every check."""
-    path = os.path.join(os.fspath(directory), MARKER)
+    non-file, unreadable, over 1 MiB, foreign): :func:`read_regular`."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            doc = json.loads(f.read(_MARKER_MAX + 1))
+        doc = json.loads(read_regular(os.path.join(os.fspath(directory), MARKER), _MARKER_MAX))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("written_by") == "opsctl" else None
