@@ -548,7 +548,7 @@ def _lock_dir(path: str) -> int | None:
 def clean_stale(path: PathLike) -> None:
     """Remove the temporary siblings of ``path`` a killed writer left (``.<name>.<hex>.tmp``
     and ``.old``), and only those: a live writer holds a ``flock`` on its temporary directory,
-    a killed one holds nothing; one made in the last :data:`STALE_AFTER_S` seconds is left
+    a killed one holds nothing; one of another user is never touched; one made in the last :data:`STALE_AFTER_S` seconds is left
     (its writer may not have locked it yet). An ``.old`` still holding the previous directory (killed
     between the two renames) while ``path`` is missing is put back, not removed."""
     import shutil
@@ -563,9 +563,12 @@ def clean_stale(path: PathLike) -> None:
         return
     for entry in entries:
         full = os.path.join(parent, entry)
-        with contextlib.suppress(OSError):
-            if os.lstat(full).st_mtime > time.time() - STALE_AFTER_S:
-                continue
+        try:
+            st = os.lstat(full)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or st.st_mtime > time.time() - STALE_AFTER_S:
+            continue  # another user's (a shared, sticky parent), or too young to judge
         fd = _lock_dir(full)
         if fd is None:
             continue

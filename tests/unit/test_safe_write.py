@@ -544,3 +544,15 @@ def test_a_file_named_like_a_temporary_is_not_removed(tmp_path, monkeypatch):
     safe_write.clean_stale(tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".out.0123456789ab.tmp", ".out.abcdefabcdef.old", ".out.notours.tmp", "elsewhere"]
+
+
+def test_a_temporary_lookalike_of_another_user_is_never_removed(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+    theirs = tmp_path / ".out.0123456789ab.tmp"
+    theirs.mkdir()
+    (theirs / "their-file").write_text("keep")
+    os.chown(theirs, 65534, 65534)
+    safe_write.clean_stale(tmp_path / "out")
+    assert (theirs / "their-file").read_text() == "keep"
