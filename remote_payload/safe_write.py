@@ -547,10 +547,11 @@ def _lock_dir(path: str) -> int | None:
 
 def clean_stale(path: PathLike) -> None:
     """Remove the temporary siblings of ``path`` a killed writer left (``.<name>.<hex>.tmp``
-    and ``.old``), and only those: a live writer holds a ``flock`` on its temporary directory,
-    a killed one holds nothing; one of another user is never touched; one made in the last :data:`STALE_AFTER_S` seconds is left
-    (its writer may not have locked it yet). An ``.old`` still holding the previous directory (killed
-    between the two renames) while ``path`` is missing is put back, not removed."""
+    and ``.old``), and only those: a live writer holds a ``flock`` on its temporary
+    directory, a killed one holds nothing. One of another user (a shared, sticky parent) is
+    never touched; one made in the last :data:`STALE_AFTER_S` seconds is left (its writer may
+    not have locked it yet). An ``.old`` still holding the previous directory (killed between
+    the two renames) while ``path`` is missing is put back, not removed."""
     import shutil
     import time
 
