@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import typing as t
@@ -185,7 +186,8 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                                 description="Export a drafter checkpoint in z-lab/dflash's format.")
     p.add_argument("ckpt", help="checkpoint dir, or a run's --out-dir (its latest checkpoint)")
     p.add_argument("out", help="output directory (config.json + model.safetensors), written "
-                               "whole; never a checkpoint, a run, the current directory or a home")
+                               "whole; never a checkpoint, a run, the current directory or a "
+                               "home; a leading ~ is the home, as in a shell")
     p.add_argument("--force", action="store_true",
                    help="replace OUT although opsctl did not write it (e.g. a model's own "
                         "directory); a checkpoint or a run is refused even so")
@@ -195,4 +197,6 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                         "trained drafter, same argmax at 84/84 positions) | float16 | float32 "
                         "(the trained weights bit for bit)")
     a = p.parse_args(argv)
-    return export(a.ckpt, a.out, a.dtype, force=a.force)
+    # a playbook's argv reaches here with no shell to expand "~": "~/exports/x" meant the
+    # home, never a directory named "~" in the job's working directory
+    return export(os.path.expanduser(a.ckpt), os.path.expanduser(a.out), a.dtype, force=a.force)

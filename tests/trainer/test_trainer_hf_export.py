@@ -321,6 +321,18 @@ def test_an_export_never_writes_into_the_current_directory(exported, tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_tilde_from_a_playbooks_argv_is_the_home_never_a_directory_named_tilde(
+        exported, tmp_path, monkeypatch):
+    path, _, _ = exported
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    export.run([str(path.parent / "run"), "~/exports/x", "--dtype", "float32"])
+    assert (tmp_path / "home" / "exports" / "x" / "config.json").is_file()
+    assert not (tmp_path / "~").exists()
+    with pytest.raises(DestinationRefused, match="home directory"):
+        export.run([str(path.parent / "run"), "~", "--force"])
+
+
 def test_a_file_or_a_device_as_out_is_one_line_with_exit_2(exported, tmp_path):
     path, _, _ = exported
     (tmp_path / "file").write_text("keep")
