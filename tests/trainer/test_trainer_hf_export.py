@@ -493,3 +493,47 @@ def test_automodel_loads_the_export_exactly_under_each_claimed_transformers(vers
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"transformers": version, "class": "DFlashDraftModel", "same_names": True,
                    "weights_equal": True, "outputs_equal": True}, (got, r.stderr[-1000:])
+
+
+# --- a killed checkpoint writer -------------------------------------------------------------
+
+_KILLED_SAVE = """
+import dataclasses, sys, time, torch
+from remote_payload.trainer import checkpoint
+from remote_payload.trainer.config import preset
+from remote_payload.trainer.model import Drafter
+cfg = preset("tiny", draft_layers=2, feature_layers=2)
+d = Drafter(cfg, "sdpa")
+real = checkpoint.make_readable
+def stall(paths):
+    real(paths)
+    print("written", flush=True)
+    time.sleep(600)
+checkpoint.make_readable = stall
+checkpoint.save(sys.argv[1], 2, d, torch.optim.AdamW(d.parameters()),
+                {"cfg": dataclasses.asdict(cfg)})
+"""
+
+
+def test_a_checkpoint_killed_mid_write_leaves_latest_loadable_and_its_temporary_is_removed(
+        exported, tmp_path, monkeypatch):
+    path, _, _ = exported
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(path.parent / "run"), str(run)], check=True)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(run)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "written\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    (stale,) = [p for p in run.iterdir() if p.name.startswith(".ckpt-0000002.")]
+    assert checkpoint.resolve("auto", str(run)).name == "ckpt-0000001"
+    evaluate.load_drafter(str(run), torch.device("cpu"))
+    monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+    d, cfg = _drafter()
+    checkpoint.save(str(run), 2, d, torch.optim.AdamW(d.parameters()),
+                    {"cfg": dataclasses.asdict(cfg)})
+    assert not stale.exists()
+    assert checkpoint.resolve("auto", str(run)).name == "ckpt-0000002"
+    evaluate.load_drafter(str(run), torch.device("cpu"))
