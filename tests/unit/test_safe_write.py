@@ -556,3 +556,21 @@ def test_a_temporary_lookalike_of_another_user_is_never_removed(tmp_path, monkey
     os.chown(theirs, 65534, 65534)
     safe_write.clean_stale(tmp_path / "out")
     assert (theirs / "their-file").read_text() == "keep"
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.one_of(st.binary(max_size=300), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                              max_size=4),
+    max_leaves=16).map(lambda doc: json.dumps(
+        {"written_by": "opsctl", "kind": "export", "files": doc}).encode())))
+def test_any_marker_text_leaves_a_directory_with_a_file_of_the_users_refused(tmp_path_factory,
+                                                                            text):
+    model = tmp_path_factory.mktemp("m") / "model"
+    model.mkdir()
+    (model / "weights").write_text("precious")
+    (model / MARKER).write_bytes(text)
+    with pytest.raises(DestinationRefused):
+        safe_write.check_directory(model, kind="export")
+    assert safe_write.read_marker(model) is None or isinstance(safe_write.read_marker(model), dict)
