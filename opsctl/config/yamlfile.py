@@ -50,6 +50,11 @@ _StrictLoader.add_implicit_resolver(  # YAML 1.2's core schema: true and false o
     _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
+#: YAML's int rules (hex, binary, octal, base 60, ``_``): a key's line is filed under the
+#: key the document loads, never under ``int()`` of its text (which refused ``0x10``)
+_INT = yaml.constructor.SafeConstructor()
+
+
 def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
     lines[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -57,7 +62,7 @@ def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
         for key_node, value_node in node.value:
             key: t.Any = key_node.value
             if key_node.tag == "tag:yaml.org,2002:int":
-                key = int(key)
+                key = _INT.construct_yaml_int(key_node)  # 0x10, 0b11, 017, 1:30 as loaded
             if isinstance(key_node, yaml.ScalarNode):
                 line = key_node.start_mark.line + 1
                 if (key_node.tag, key) in first:
