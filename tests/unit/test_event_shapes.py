@@ -96,4 +96,4 @@ def test_any_event_doc_is_a_problem_or_none_never_an_exception(name, fields):
 
 def test_a_nan_amount_is_below_its_bound():
     assert event_problem({"event": "step", "step": 1, "acc": float("nan")}) == \
-        "step event: acc nan is below 0"
+        "step event: acc nan is below 0 and nan is not null"
