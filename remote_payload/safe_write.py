@@ -92,8 +92,9 @@ def failure(path: PathLike, exc: OSError) -> WriteFailed:
     while where != "/" and not os.path.lexists(where):
         where = os.path.dirname(where)
     if os.path.lexists(where) and not os.path.isdir(where):
-        return WriteFailed(path, f"cannot write: {where} is not a directory",
-                           errno_mod.ENOTDIR)
+        what = ("is a symbolic link that leads nowhere (dangling, or a loop)"
+                if os.path.islink(where) else "is not a directory")
+        return WriteFailed(path, f"cannot write: {where} {what}", errno_mod.ENOTDIR)
     return WriteFailed(path, f"cannot write: {exc.strerror or exc}", exc.errno or 0)
 
 

@@ -574,3 +574,13 @@ def test_any_marker_text_leaves_a_directory_with_a_file_of_the_users_refused(tmp
     with pytest.raises(DestinationRefused):
         safe_write.check_directory(model, kind="export")
     assert safe_write.read_marker(model) is None or isinstance(safe_write.read_marker(model), dict)
+
+
+@pytest.mark.parametrize("link", ["loop", "nowhere"])
+def test_a_parent_link_that_leads_nowhere_is_named_as_such(tmp_path, link):
+    (tmp_path / "bad").symlink_to("bad" if link == "loop" else "nowhere")
+    with pytest.raises(WriteFailed, match=r"bad is a symbolic link that leads nowhere"), \
+            safe_write.new_directory(tmp_path / "bad" / "out", kind="export") as d:
+        _fill(d, a="1")
+    with pytest.raises(WriteFailed, match=r"bad is a symbolic link that leads nowhere"):
+        safe_write.write_text(tmp_path / "bad" / "f", "x")
