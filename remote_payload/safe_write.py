@@ -58,7 +58,9 @@ class DestinationError(OSError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"{self.path or repr(self.path)}: {self.reason}"
+        # a name with a newline or another control character is shown quoted: one line
+        plain = self.path and self.path.isprintable()
+        return f"{self.path if plain else repr(self.path)}: {self.reason}"
 
 
 class DestinationRefused(DestinationError):

@@ -584,3 +584,14 @@ def test_a_parent_link_that_leads_nowhere_is_named_as_such(tmp_path, link):
         _fill(d, a="1")
     with pytest.raises(WriteFailed, match=r"bad is a symbolic link that leads nowhere"):
         safe_write.write_text(tmp_path / "bad" / "f", "x")
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=NAMES)
+def test_a_refusal_naming_any_path_is_one_line(tmp_path_factory, name):
+    d = tmp_path_factory.mktemp("n")
+    (d / name).mkdir()
+    (d / name / "mine").write_text("x")
+    with pytest.raises(DestinationRefused) as info:
+        safe_write.check_directory(d / name, kind="export")
+    assert "\n" not in str(info.value) and "\r" not in str(info.value)
