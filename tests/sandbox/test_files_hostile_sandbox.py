@@ -83,3 +83,22 @@ def test_opsctls_own_home_is_not_pulled_over_without_force(target, tmp_path, iso
         assert res.exit_code == 2, res.output
         assert "no pull wrote it" in json.loads(res.stdout)["error"]["message"]
         assert sorted(os.listdir(dest)) == before
+
+
+@METHODS
+def test_a_link_planted_inside_a_pulled_dest_is_never_written_through(target, tmp_path, method):
+    src = unique("planted")
+    sh(f"mkdir -p /opt/opsctl/data/{src}/sub && echo v1 > /opt/opsctl/data/{src}/sub/f")
+    dest = tmp_path / "copy"
+    assert run("pull", *CT, src, str(dest), "--method", method).exit_code == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_text("keep\n")
+    for p in sorted((dest / "sub").iterdir()):
+        p.unlink()
+    (dest / "sub").rmdir()
+    (dest / "sub").symlink_to(outside)  # between two pulls, a link where a directory was
+    sh(f"echo v2 > /opt/opsctl/data/{src}/sub/f")
+    res = run("pull", *CT, src, str(dest), "--method", method, "--json")
+    assert (outside / "f").read_text() == "keep\n", res.output
+    assert sorted(os.listdir(outside)) == ["f"]
