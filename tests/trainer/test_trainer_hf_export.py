@@ -286,6 +286,19 @@ def test_an_edited_or_copied_export_is_replaced_only_with_force_its_readme_kept(
         export.export(run, str(copy), "float32")
 
 
+def test_a_readme_directory_of_the_users_is_carried_by_a_forced_export(exported, tmp_path):
+    path, _, _ = exported
+    out = tmp_path / "out"
+    export.export(str(path.parent / "run"), str(out), "float32")
+    (out / "README.md").unlink()
+    (out / "README.md").mkdir()
+    (out / "README.md" / "notes").write_text("mine")
+    with pytest.raises(DestinationRefused, match="changed since"):
+        export.export(str(path.parent / "run"), str(out), "float32")
+    export.export(str(path.parent / "run"), str(out), "float32", force=True)
+    assert (out / "README.md" / "notes").read_text() == "mine"
+
+
 def test_a_marker_planted_in_a_model_directory_does_not_make_it_opsctls(exported, tmp_path):
     path, _, _ = exported
     model = tmp_path / "Qwen3-8B"
