@@ -193,6 +193,15 @@ def _changed(directory: str, marker: dict[str, t.Any], keep: t.Collection[str]) 
     return sorted(k for k, v in now.items() if k not in keep and listed.get(k) != v)
 
 
+def _only_kept(directory: str, keep: t.Collection[str]) -> bool:
+    """Whether ``directory`` holds nothing but files or links named in ``keep``."""
+    try:
+        with os.scandir(directory) as it:
+            return all(e.name in keep and not e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
+
+
 def mount_inside(directory: PathLike) -> str | None:
     """A mount point under ``directory`` (another file system: a bind of /proc, a data
     disk), or None. Removing the old directory would delete into it."""
@@ -225,8 +234,9 @@ def check_directory(path: PathLike, *, kind: str, force: bool = False,
 
     A directory is opsctl's when its marker is of ``kind`` and its manifest lists every file
     there as it is now (``keep``: names the caller carries into the new directory, so a
-    change to them loses nothing). A directory holding a mount point is refused even with
-    ``force``: removing the old one would delete into the other file system.
+    change to them loses nothing; a directory holding only those is taken too). A directory
+    holding a mount point is refused even with ``force``: removing the old one would delete
+    into the other file system.
 
     Raises:
         DestinationRefused: a protected place, a link, a file, a mount point inside, or a
@@ -285,6 +295,8 @@ def _check_once(dest: str, *, kind: str, force: bool, keep: t.Collection[str],
         raise DestinationRefused(shown, f"holds a mount point ({os.path.relpath(mount, dest)}); "
                                         "nothing replaced, even with --force (unmount it first)")
     marker = read_marker(dest)
+    if marker is None and not force and _only_kept(dest, keep):
+        return  # e.g. a hub clone's README.md alone: the caller carries it, nothing lost
     if marker is None and not force:
         raise DestinationRefused(shown, f"holds files opsctl did not write (no {MARKER}); "
                                         "nothing replaced (pass --force to replace it)")
@@ -473,6 +485,8 @@ def _fsync_tree(root: str) -> None:
     for here, _dirs, files in os.walk(root):
         for name in files:
             p = os.path.join(here, name)
+            if os.path.islink(p):  # a link (a carried README.md) is the directory's entry
+                continue
             fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.fsync(fd)

@@ -595,3 +595,22 @@ def test_a_refusal_naming_any_path_is_one_line(tmp_path_factory, name):
     with pytest.raises(DestinationRefused) as info:
         safe_write.check_directory(d / name, kind="export")
     assert "\n" not in str(info.value) and "\r" not in str(info.value)
+
+
+def test_a_directory_holding_only_what_the_caller_carries_is_taken_without_force(tmp_path):
+    clone = tmp_path / "hub-clone"
+    clone.mkdir()
+    (clone / "README.md").write_text("# my card")
+    safe_write.check_directory(clone, kind="export", keep=("README.md",))
+    (clone / ".gitattributes").write_text("*.safetensors filter=lfs")
+    with pytest.raises(DestinationRefused, match="opsctl did not write"):
+        safe_write.check_directory(clone, kind="export", keep=("README.md",))
+
+
+def test_a_link_written_into_a_new_directory_is_kept_as_a_link(tmp_path):
+    out = tmp_path / "out"
+    with safe_write.new_directory(out, kind="export") as d:
+        (d / "README.md").symlink_to(tmp_path / "nowhere.md")
+        (d / "up").symlink_to("..")
+    assert os.readlink(out / "README.md") == str(tmp_path / "nowhere.md")
+    assert not (tmp_path / "nowhere.md").exists()
