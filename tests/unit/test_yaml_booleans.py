@@ -93,3 +93,11 @@ def test_any_integer_looking_key_loads_or_is_a_config_error(tmp_path_factory, ke
         _load(tmp_path_factory.mktemp("y"), f"{key}: {value!r}\n".replace("\\", "\\\\"))
     except ConfigError:
         pass
+
+
+@pytest.mark.parametrize("text", ["x: 0b_\n", "0x_: a\n", "x: 0x_\n", "x: [1, 0b_]\n"])
+def test_a_number_pattern_no_number_reads_is_a_config_error_at_its_line(tmp_path, text):
+    from opsctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"f\.yaml"):
+        _load(tmp_path, text)
