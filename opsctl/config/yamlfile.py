@@ -54,7 +54,7 @@ def _construct_int(loader: yaml.constructor.SafeConstructor, node: yaml.Node) ->
     """YAML's int rules (hex, binary, octal, base 60, ``_``); a text the int pattern matches
     but no number reads (``0b_``) is a YAML error at its line, not a ``ValueError``."""
     try:
-        return int(loader.construct_yaml_int(node))
+        return int(loader.construct_yaml_int(t.cast(yaml.ScalarNode, node)))
     except ValueError:
         raise yaml.constructor.ConstructorError(
             None, None, f"{node.value!r} is not a number", node.start_mark) from None
