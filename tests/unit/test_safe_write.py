@@ -614,3 +614,20 @@ def test_a_link_written_into_a_new_directory_is_kept_as_a_link(tmp_path):
         (d / "up").symlink_to("..")
     assert os.readlink(out / "README.md") == str(tmp_path / "nowhere.md")
     assert not (tmp_path / "nowhere.md").exists()
+
+
+@pytest.mark.parametrize("kind", ["link", "directory"])
+def test_a_marker_that_is_a_link_or_a_directory_is_no_marker(tmp_path, kind):
+    real = tmp_path / "real"
+    with safe_write.new_directory(real, kind="export") as d:
+        _fill(d, a="1")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights").write_text("precious")
+    if kind == "link":
+        (model / MARKER).symlink_to(real / MARKER)
+    else:
+        (model / MARKER).mkdir()
+    assert safe_write.read_marker(model) is None
+    with pytest.raises(DestinationRefused, match="opsctl did not write"):
+        safe_write.check_directory(model, kind="export")
