@@ -138,7 +138,7 @@ def _latest(out: pathlib.Path) -> pathlib.Path | None:
     latest = out / "latest"
     if not os.path.lexists(latest):
         return None
-    fix = "remove it to start fresh, or pass --resume a checkpoint directory"
+    fix = "remove it to start fresh, or name a checkpoint directory (--resume DIR, export DIR)"
     try:
         name = safe_write.read_regular(latest, 4096).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
