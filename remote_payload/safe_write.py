@@ -44,6 +44,7 @@ if t.TYPE_CHECKING:
 
 #: The file that says "opsctl wrote this directory" (and what it is: ``kind``).
 MARKER = ".opsctl-written.json"
+_MARKER_MAX = 1 << 20
 
 PathLike = t.Union[str, "os.PathLike[str]"]
 
@@ -57,7 +58,9 @@ class DestinationError(OSError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"{self.path or repr(self.path)}: {self.reason}"
+        # a name with a newline or another control character is shown quoted: one line
+        plain = self.path and self.path.isprintable()
+        return f"{self.path if plain else repr(self.path)}: {self.reason}"
 
 
 class DestinationRefused(DestinationError):
@@ -91,8 +94,9 @@ def failure(path: PathLike, exc: OSError) -> WriteFailed:
     while where != "/" and not os.path.lexists(where):
         where = os.path.dirname(where)
     if os.path.lexists(where) and not os.path.isdir(where):
-        return WriteFailed(path, f"cannot write: {where} is not a directory",
-                           errno_mod.ENOTDIR)
+        what = ("is a symbolic link that leads nowhere (dangling, or a loop)"
+                if os.path.islink(where) else "is not a directory")
+        return WriteFailed(path, f"cannot write: {where} {what}", errno_mod.ENOTDIR)
     return WriteFailed(path, f"cannot write: {exc.strerror or exc}", exc.errno or 0)
 
 
@@ -129,19 +133,91 @@ def protected_refusal(path: PathLike, *, cwd: str | None = None,
     return None
 
 
+def read_regular(path: PathLike, limit: int) -> bytes:
+    """The bytes of a regular file opsctl keeps state in (at most ``limit``), never through a
+    link and never waiting: opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a regular
+    file, so a FIFO or a device planted there is an error, not a hang.
+
+    Raises:
+        OSError: missing, a link (``ELOOP``), not a regular file (``EINVAL``), over ``limit``
+            (``EFBIG``), or unreadable.
+    """
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno_mod.EINVAL, "not a regular file", os.fspath(path))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno_mod.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
+
+
 def read_marker(directory: PathLike) -> dict[str, t.Any] | None:
-    """The marker of a directory opsctl wrote, or None (none, a link, unreadable, foreign)."""
-    path = os.path.join(os.fspath(directory), MARKER)
+    """The marker of a directory opsctl wrote, or None (none, a link, a FIFO or another
+    non-file, unreadable, over 1 MiB, foreign): :func:`read_regular`."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            doc = json.loads(f.read(1 << 16))
+        doc = json.loads(read_regular(os.path.join(os.fspath(directory), MARKER), _MARKER_MAX))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("written_by") == "opsctl" else None
+
+
+def manifest(directory: PathLike) -> dict[str, list[int]]:
+    """Every file and link under ``directory`` (not the marker) -> ``[size, mtime_ns]``, by
+    ``lstat`` (links are not followed). The marker records it when the directory is written,
+    so a file added or changed since (a copy of an export the user edited, a marker planted
+    in a model directory) makes the directory someone else's again."""
+    root = os.fspath(directory)
+    found: dict[str, list[int]] = {}
+    for here, dirs, files in os.walk(root):
+        for name in [*files, *dirs]:
+            full = os.path.join(here, name)
+            st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            rel = os.path.relpath(full, root)
+            if rel != MARKER:
+                found[rel] = [st.st_size, st.st_mtime_ns]
+    return found
+
+
+def _changed(directory: str, marker: dict[str, t.Any], keep: t.Collection[str]) -> list[str]:
+    """Files of ``directory`` the marker's manifest does not list as they are now (a marker
+    with no manifest lists nothing: it was planted or copied by hand)."""
+    listed = marker.get("files")
+    listed = listed if isinstance(listed, dict) else {}
+    try:
+        now = manifest(directory)
+    except OSError as exc:
+        return [f"(unreadable: {exc.strerror or exc})"]
+    return sorted(k for k, v in now.items() if k not in keep and listed.get(k) != v)
+
+
+def _only_kept(directory: str, keep: t.Collection[str]) -> bool:
+    """Whether ``directory`` holds nothing but files or links named in ``keep``."""
+    try:
+        with os.scandir(directory) as it:
+            return all(e.name in keep and not e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
+
+
+def mount_inside(directory: PathLike) -> str | None:
+    """A mount point under ``directory`` (another file system: a bind of /proc, a data
+    disk), or None. Removing the old directory would delete into it."""
+    root = os.fspath(directory)
+    try:
+        dev = os.lstat(root).st_dev
+    except OSError:
+        return None
+    for here, dirs, _files in os.walk(root):
+        for name in dirs:
+            full = os.path.join(here, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(full)
+                if stat.S_ISDIR(st.st_mode) and st.st_dev != dev:
+                    return full
+    return None
 
 
 def _is_empty_dir(path: str) -> bool:
@@ -152,37 +228,87 @@ def _is_empty_dir(path: str) -> bool:
         return False
 
 
-def check_directory(path: PathLike, *, kind: str, force: bool = False) -> None:
+def check_directory(path: PathLike, *, kind: str, force: bool = False,
+                    keep: t.Collection[str] = ()) -> None:
     """Refuse a destination directory that :func:`new_directory` may not replace.
 
+    A directory is opsctl's when its marker is of ``kind`` and its manifest lists every file
+    there as it is now (``keep``: names the caller carries into the new directory, so a
+    change to them loses nothing; a directory holding only those is taken too). A directory
+    holding a mount point is refused even with ``force``: removing the old one would delete
+    into the other file system.
+
     Raises:
-        DestinationRefused: a protected place, a link, a file, or a non-empty directory
-            without opsctl's marker (without ``force``), or one of another kind.
+        DestinationRefused: a protected place, a link, a file, a mount point inside, or a
+            non-empty directory that is not opsctl's unchanged (without ``force``), or one of
+            another kind.
     """
     dest = os.fspath(path)
     why = protected_refusal(dest)
     if why is not None:
         raise DestinationRefused(dest, f"refused as a destination: {why}")
+    _check_existing(dest, kind=kind, force=force, keep=keep)
+
+
+def _check_existing(dest: str, *, kind: str, force: bool, keep: t.Collection[str],
+                    shown: str | None = None) -> None:
+    """:func:`check_directory` less the protected places; ``shown`` names ``dest`` in the
+    message. Checked again while another writer swaps a directory in meanwhile (the marker
+    of one and the files of the other are not compared)."""
+    for _attempt in range(5):
+        try:
+            before = os.lstat(dest).st_ino
+        except FileNotFoundError:
+            return
+        except OSError:
+            before = -1
+        try:
+            _check_once(dest, kind=kind, force=force, keep=keep, shown=shown)
+            return
+        except DestinationRefused:
+            with contextlib.suppress(OSError):
+                if os.lstat(dest).st_ino == before:
+                    raise
+        except FileNotFoundError:
+            return
+    _check_once(dest, kind=kind, force=force, keep=keep, shown=shown)
+
+
+def _check_once(dest: str, *, kind: str, force: bool, keep: t.Collection[str],
+                shown: str | None) -> None:
+    shown = dest if shown is None else shown
     try:
         st = os.lstat(dest)
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise failure(dest, exc) from None
+        raise failure(shown, exc) from None
     if stat.S_ISLNK(st.st_mode):
-        raise DestinationRefused(dest, "is a symbolic link; not followed (name the real "
-                                       "directory, or remove the link)")
+        raise DestinationRefused(shown, "is a symbolic link; not followed (name the real "
+                                        "directory, or remove the link)")
     if not stat.S_ISDIR(st.st_mode):
-        raise DestinationRefused(dest, "is a file, not a directory; nothing written")
+        raise DestinationRefused(shown, "is a file, not a directory; nothing written")
     if _is_empty_dir(dest):
         return
+    mount = mount_inside(dest)
+    if mount is not None:
+        raise DestinationRefused(shown, f"holds a mount point ({os.path.relpath(mount, dest)}); "
+                                        "nothing replaced, even with --force (unmount it first)")
     marker = read_marker(dest)
+    if marker is None and not force and _only_kept(dest, keep):
+        return  # e.g. a hub clone's README.md alone: the caller carries it, nothing lost
     if marker is None and not force:
-        raise DestinationRefused(dest, f"holds files opsctl did not write (no {MARKER}); "
-                                       "nothing replaced (pass --force to replace it)")
+        raise DestinationRefused(shown, f"holds files opsctl did not write (no {MARKER}); "
+                                        "nothing replaced (pass --force to replace it)")
     if marker is not None and marker.get("kind") != kind and not force:
-        raise DestinationRefused(dest, f"is a {marker.get('kind')} opsctl wrote, not a {kind}; "
-                                       "nothing replaced")
+        raise DestinationRefused(shown, f"is a {marker.get('kind')} opsctl wrote, not a {kind}; "
+                                        "nothing replaced")
+    changed = [] if marker is None or force else _changed(dest, marker, keep)
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        raise DestinationRefused(shown, f"holds files opsctl did not write or that changed "
+                                        f"since ({changed[0]!r}{more}); nothing replaced (pass "
+                                        "--force to replace it)")
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -359,6 +485,8 @@ def _fsync_tree(root: str) -> None:
     for here, _dirs, files in os.walk(root):
         for name in files:
             p = os.path.join(here, name)
+            if os.path.islink(p):  # a link (a carried README.md) is the directory's entry
+                continue
             fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.fsync(fd)
@@ -367,8 +495,12 @@ def _fsync_tree(root: str) -> None:
         _fsync_dir(here)
 
 
-def _swap_in(tmp: str, dest: str, kind: str, force: bool) -> None:
-    """Put the finished ``tmp`` at ``dest``; the old directory (if any) is removed after."""
+def _swap_in(tmp: str, dest: str, kind: str, force: bool, keep: t.Collection[str]) -> None:
+    """Put the finished ``tmp`` at ``dest``; the old directory (if any) is removed after.
+
+    What was at ``dest`` is checked again once it is in our hands (swapped to our temporary
+    name): a link or someone else's directory put there after the first check is swapped
+    back and refused, never removed."""
     import shutil
 
     parent, name = os.path.split(dest)
@@ -377,26 +509,108 @@ def _swap_in(tmp: str, dest: str, kind: str, force: bool) -> None:
     except OSError as exc:
         if exc.errno not in (errno_mod.EEXIST, errno_mod.ENOTEMPTY):
             raise
-        check_directory(dest, kind=kind, force=force)  # another writer may have put it there
+        check_directory(dest, kind=kind, force=force, keep=keep)
         if _exchange(tmp, dest):
-            old = tmp
+            old = taken = tmp
+            try:
+                _check_existing(taken, kind=kind, force=force, keep=keep, shown=dest)
+            except DestinationRefused:
+                _exchange(tmp, dest)
+                raise
         else:
             old = _new_temp_dir(parent, name, ".old")
-            os.rename(dest, os.path.join(old, "d"))
+            taken = os.path.join(old, "d")
+            os.rename(dest, taken)
+            try:
+                _check_existing(taken, kind=kind, force=force, keep=keep, shown=dest)
+            except DestinationRefused:
+                os.rename(taken, dest)
+                os.rmdir(old)
+                raise
             os.rename(tmp, dest)
         _fsync_dir(parent)
         shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(parent)
 
 
+#: a temporary sibling younger than this is never taken for a killed writer's
+STALE_AFTER_S = 10.0
+
+
+def _is_temp_of(entry: str, name: str) -> bool:
+    head = f".{name[:200]}."
+    if not entry.startswith(head) or not entry.endswith((".tmp", ".old")):
+        return False
+    middle = entry[len(head):-4]
+    return len(middle) == 12 and all(c in "0123456789abcdef" for c in middle)
+
+
+def _lock_dir(path: str) -> int | None:
+    """An open descriptor of ``path`` holding its exclusive ``flock``, or None (a live
+    writer holds it, or it is not a directory of ours)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def clean_stale(path: PathLike) -> None:
+    """Remove the temporary siblings of ``path`` a killed writer left (``.<name>.<hex>.tmp``
+    and ``.old``), and only those: a live writer holds a ``flock`` on its temporary
+    directory, a killed one holds nothing. One of another user (a shared, sticky parent) is
+    never touched; one made in the last :data:`STALE_AFTER_S` seconds is left (its writer may
+    not have locked it yet). An ``.old`` still holding the previous directory (killed between
+    the two renames) while ``path`` is missing is put back, not removed."""
+    import shutil
+    import time
+
+    dest = os.path.normpath(os.path.abspath(os.fspath(path)))
+    parent, name = os.path.split(dest)
+    try:
+        entries = [e.name for e in os.scandir(parent) if _is_temp_of(e.name, name)
+                   and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for entry in entries:
+        full = os.path.join(parent, entry)
+        try:
+            st = os.lstat(full)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or st.st_mtime > time.time() - STALE_AFTER_S:
+            continue  # another user's (a shared, sticky parent), or too young to judge
+        fd = _lock_dir(full)
+        if fd is None:
+            continue
+        try:
+            kept = os.path.join(full, "d")
+            if entry.endswith(".old") and os.path.isdir(kept) and not os.path.lexists(dest):
+                with contextlib.suppress(OSError):
+                    os.rename(kept, dest)
+            if mount_inside(full) is None:
+                shutil.rmtree(full, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
 @contextlib.contextmanager
-def new_directory(path: PathLike, *, kind: str, force: bool = False,
-                  mode: int = 0o755) -> t.Iterator[pathlib.Path]:
+def new_directory(path: PathLike, *, kind: str, force: bool = False, mode: int = 0o755,
+                  keep: t.Collection[str] = ()) -> t.Iterator[pathlib.Path]:
     """Fill a fresh temporary sibling of ``path`` (yielded), then swap it in whole.
 
-    On a normal exit the files are fsynced, :data:`MARKER` written (``kind``), and the
-    directory renamed into place (the previous one, if any, swapped out and removed). On an
-    exception the temporary directory is removed and ``path`` is untouched.
+    On a normal exit the files are fsynced, :data:`MARKER` written (``kind`` and the
+    :func:`manifest` of what was written), and the directory renamed into place (the previous
+    one, if any, swapped out and removed). On an exception the temporary directory is removed
+    and ``path`` is untouched. Temporary siblings a killed writer left are removed first
+    (:func:`clean_stale`). ``keep``: as :func:`check_directory`.
 
     Raises:
         DestinationRefused: as :func:`check_directory`.
@@ -406,22 +620,27 @@ def new_directory(path: PathLike, *, kind: str, force: bool = False,
     import shutil
 
     dest = os.path.normpath(os.path.abspath(os.fspath(path)))
-    check_directory(path, kind=kind, force=force)
+    check_directory(path, kind=kind, force=force, keep=keep)
     parent, name = os.path.split(dest)
+    clean_stale(dest)
     try:
         os.makedirs(parent, exist_ok=True)
         tmp = _new_temp_dir(parent, name, ".tmp")
     except OSError as exc:
         raise failure(dest, exc) from None
+    held = _lock_dir(tmp)
     try:
         yield pathlib.Path(tmp)
-        write_json(os.path.join(tmp, MARKER), {"written_by": "opsctl", "kind": kind},
-                   durable=False)
+        write_json(os.path.join(tmp, MARKER), {"written_by": "opsctl", "kind": kind,
+                                               "files": manifest(tmp)}, durable=False)
         os.chmod(tmp, mode & ~umask())  # made 0700; tmp is ours, never a link
         _fsync_tree(tmp)
-        _swap_in(tmp, dest, kind, force)
+        _swap_in(tmp, dest, kind, force, keep)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, DestinationError):
             raise failure(dest, exc) from None
         raise
+    finally:
+        if held is not None:
+            os.close(held)

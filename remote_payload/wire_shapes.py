@@ -822,7 +822,7 @@ def _value_problem(value: t.Any, tp: t.Any) -> str | None:
         problem = _value_problem(value, args[0])
         if problem is None:
             low = next((m.low for m in args[1:] if isinstance(m, AtLeast)), None)
-            if low is not None and value < low:
+            if low is not None and not value >= low:  # NaN is below every bound
                 return f"{value!r} is below {low}"
         return problem
     if origin is t.Union or type(tp).__name__ == "UnionType":
@@ -848,7 +848,8 @@ def _value_problem(value: t.Any, tp: t.Any) -> str | None:
 def event_problem(doc: t.Mapping[str, t.Any]) -> str | None:
     """Why an event opsctl's code writes breaks its shape (a missing or negative step…),
     or None; an event of another name passes (events are open)."""
-    shape = EVENT_SHAPES.get(doc.get("event"))  # type: ignore[arg-type]
+    name = doc.get("event")
+    shape = EVENT_SHAPES.get(name) if isinstance(name, str) else None
     if shape is None:
         return None
     missing = sorted(k for k in shape.__required_keys__ if k not in doc)  # type: ignore[attr-defined]

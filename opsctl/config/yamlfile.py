@@ -50,6 +50,22 @@ _StrictLoader.add_implicit_resolver(  # YAML 1.2's core schema: true and false o
     _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
+def _construct_int(loader: yaml.constructor.SafeConstructor, node: yaml.Node) -> int:
+    """YAML's int rules (hex, binary, octal, base 60, ``_``); a text the int pattern matches
+    but no number reads (``0b_``) is a YAML error at its line, not a ``ValueError``."""
+    try:
+        return int(loader.construct_yaml_int(t.cast(yaml.ScalarNode, node)))
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{node.value!r} is not a number", node.start_mark) from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)  # type: ignore[type-var]
+#: a key's line is filed under the key the document loads (``0x10`` is 16), never under
+#: ``int()`` of its text (which refused ``0x10``)
+_INT = yaml.constructor.SafeConstructor()
+
+
 def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
     lines[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -57,7 +73,7 @@ def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
         for key_node, value_node in node.value:
             key: t.Any = key_node.value
             if key_node.tag == "tag:yaml.org,2002:int":
-                key = int(key)
+                key = _construct_int(_INT, key_node)  # 0x10, 0b11, 017, 1:30 as loaded
             if isinstance(key_node, yaml.ScalarNode):
                 line = key_node.start_mark.line + 1
                 if (key_node.tag, key) in first:
@@ -134,6 +150,8 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except ValueError as exc:  # a value a pattern matched that no constructor reads (._)
+        raise ConfigError(f"{path}: a value YAML cannot read ({exc})") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a playbook or inventory") from None
     finally:

@@ -10,9 +10,11 @@ marker file inside a pulled tree would show up in the user's diff and be removed
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import typing as t
 from pathlib import Path
 
@@ -35,9 +37,15 @@ def key(dest: str | Path) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
 
 
+#: the record's size at most (``LIMIT`` paths of up to 4096 bytes, JSON-quoted)
+MAX_BYTES = 64 << 20
+
+
 def _load() -> list[str]:
+    """The remembered paths; a missing, damaged, oversized or planted record (a link, a FIFO)
+    remembers nothing, so a pull there asks for ``--force`` (it never hangs or follows)."""
     try:
-        doc = json.loads(path().read_text(encoding="utf-8"))
+        doc = json.loads(safe_write.read_regular(path(), MAX_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return []
     got = doc.get("paths") if isinstance(doc, dict) else None
@@ -50,11 +58,23 @@ def was_pulled(dest: str | Path) -> bool:
 
 @contextlib.contextmanager
 def _locked() -> t.Iterator[None]:
+    """The record's lock file, never through a link (``O_NOFOLLOW``) and never a FIFO or a
+    device (opened non-blocking, checked to be a regular file).
+
+    Raises:
+        OSError: the lock cannot be made or is not a regular file.
+    """
     lock = path().with_name(".pulled.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(lock))
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def remember(dest: str | Path) -> None:
@@ -70,5 +90,7 @@ def remember(dest: str | Path) -> None:
     except safe_write.DestinationError as exc:
         raise LocalWriteError.of(exc) from None
     except OSError as exc:
-        raise LocalWriteError(f"{path()}: cannot write: {exc.strerror or exc}",
-                              path=str(path())) from None
+        why = "is a symbolic link; not followed" if exc.errno == errno.ELOOP else \
+            f"cannot write: {exc.strerror or exc}"
+        raise LocalWriteError(f"{exc.filename or path()}: {why}",
+                              path=str(exc.filename or path())) from None

@@ -121,6 +121,34 @@ def save(out_dir: str, step: int, raw_model: nn.Module, optim: torch.optim.Optim
     return final
 
 
+#: what ``latest`` holds: the name of a checkpoint beside it (:func:`save` writes it)
+_CKPT_NAME = re.compile(r"ckpt-[0-9]{7,}")
+
+
+def _latest(out: pathlib.Path) -> pathlib.Path | None:
+    """The checkpoint ``out/latest`` names, or None when there is no ``latest`` (a fresh run).
+
+    A ``latest`` that is a FIFO, a link, a directory, oversized, or names anything but a
+    checkpoint beside it (``../other-run``, ``/``, an empty line) is an error naming it:
+    taking it for "no checkpoint" would train again from step 0 over a run's progress.
+
+    Raises:
+        CheckpointError: ``latest`` is there and names no checkpoint of this run.
+    """
+    latest = out / "latest"
+    if not os.path.lexists(latest):
+        return None
+    fix = "remove it to start fresh, or name a checkpoint directory (--resume DIR, export DIR)"
+    try:
+        name = safe_write.read_regular(latest, 4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CheckpointError(f"{latest}: unreadable ({why}); {fix}") from None
+    if not _CKPT_NAME.fullmatch(name) or not (out / name / "meta.json").is_file():
+        raise CheckpointError(f"{latest}: names {name[:80]!r}, not a checkpoint in {out}; {fix}")
+    return out / name
+
+
 def resolve(resume: str | None, out_dir: str) -> pathlib.Path | None:
     """``None`` -> fresh start; ``auto`` -> ``out_dir/latest`` if any; else that directory.
 
@@ -130,10 +158,7 @@ def resolve(resume: str | None, out_dir: str) -> pathlib.Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        latest = pathlib.Path(out_dir) / "latest"
-        if not latest.is_file():
-            return None
-        return pathlib.Path(out_dir) / latest.read_text().strip()
+        return _latest(pathlib.Path(out_dir))
     p = pathlib.Path(resume)
     if not (p / "meta.json").is_file():
         raise CheckpointError(f"--resume {resume}: no meta.json there")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import typing as t
@@ -59,6 +60,9 @@ _LAYER_MAP = {
 _TOP_MAP = {"fc": "fc", "ctx_norm": "hidden_norm", "norm": "norm"}
 #: the modeling file's name in an export (z-lab's hub repositories call theirs ``dflash.py``)
 MODELING_FILE = "dflash.py"
+#: what a re-export carries over from OUT (the user's own model card): a change to it loses
+#: nothing, so it does not make OUT someone else's
+_KEPT = ("README.md",)
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.([a-z_]+)\.weight$")
 
 
@@ -135,7 +139,7 @@ def check_out(ckpt: pathlib.Path, out: str, force: bool) -> None:
     if safe_write.protected_refusal(out) is None and src.is_relative_to(real):
         raise safe_write.DestinationRefused(out, "refused as export OUT: it contains the "
                                                  f"checkpoint read ({src})")
-    safe_write.check_directory(out, kind="export", force=force)
+    safe_write.check_directory(out, kind="export", force=force, keep=_KEPT)
 
 
 def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False) -> dict[str, t.Any]:
@@ -160,7 +164,7 @@ def export(ckpt: str, out: str, dtype: str = "bfloat16", *, force: bool = False)
              for k, v in drafter.state_dict().items()}
     config = reference_config(cfg, dtype)
     dst = pathlib.Path(out)
-    with safe_write.new_directory(out, kind="export", force=force) as tmp:
+    with safe_write.new_directory(out, kind="export", force=force, keep=_KEPT) as tmp:
         save_safetensors(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / MODELING_FILE).write_bytes(
@@ -182,7 +186,8 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                                 description="Export a drafter checkpoint in z-lab/dflash's format.")
     p.add_argument("ckpt", help="checkpoint dir, or a run's --out-dir (its latest checkpoint)")
     p.add_argument("out", help="output directory (config.json + model.safetensors), written "
-                               "whole; never a checkpoint, a run, the current directory or a home")
+                               "whole; never a checkpoint, a run, the current directory or a "
+                               "home; a leading ~ is the home, as in a shell")
     p.add_argument("--force", action="store_true",
                    help="replace OUT although opsctl did not write it (e.g. a model's own "
                         "directory); a checkpoint or a run is refused even so")
@@ -192,4 +197,6 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
                         "trained drafter, same argmax at 84/84 positions) | float16 | float32 "
                         "(the trained weights bit for bit)")
     a = p.parse_args(argv)
-    return export(a.ckpt, a.out, a.dtype, force=a.force)
+    # a playbook's argv reaches here with no shell to expand "~": "~/exports/x" meant the
+    # home, never a directory named "~" in the job's working directory
+    return export(os.path.expanduser(a.ckpt), os.path.expanduser(a.out), a.dtype, force=a.force)

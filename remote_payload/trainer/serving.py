@@ -280,6 +280,8 @@ def carry_user_readme(out: pathlib.Path, staging: pathlib.Path) -> None:
         os.symlink(os.readlink(readme), staging / README_FILE)
     elif readme.is_file():
         shutil.copy2(readme, staging / README_FILE)
+    elif readme.is_dir():  # a directory of the user's by that name (said "kept": it is)
+        shutil.copytree(readme, staging / README_FILE, symlinks=True)
 
 
 def export_lines(out: pathlib.Path, ckpt: pathlib.Path) -> list[str]:

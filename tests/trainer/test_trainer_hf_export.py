@@ -234,7 +234,7 @@ def test_an_export_beside_the_checkpoints_in_the_run_directory_is_fine(exported)
     path, _, _ = exported
     run = path.parent / "run"
     export.export(str(run), str(run / "export"), "float32")
-    assert safe_write.read_marker(run / "export") == {"written_by": "opsctl", "kind": "export"}
+    assert (safe_write.read_marker(run / "export") or {}).get("kind") == "export"
     assert checkpoint.resolve("auto", str(run)).name.startswith("ckpt-")
 
 
@@ -248,7 +248,7 @@ def test_a_foreign_model_directory_is_refused_and_replaced_only_with_force(expor
         export.export(str(path.parent / "run"), str(model), "float32")
     assert (model / "model.safetensors").read_bytes() == b"the target's weights"
     export.export(str(path.parent / "run"), str(model), "float32", force=True)
-    assert safe_write.read_marker(model) == {"written_by": "opsctl", "kind": "export"}
+    assert (safe_write.read_marker(model) or {}).get("kind") == "export"
 
 
 def test_a_link_in_a_previous_export_is_never_written_through(exported, tmp_path):
@@ -260,9 +260,54 @@ def test_a_link_in_a_previous_export_is_never_written_through(exported, tmp_path
     victim.chmod(0o600)
     (out / "config.json").unlink()
     (out / "config.json").symlink_to(victim)
-    export.export(str(path.parent / "run"), str(out), "float32")
+    with pytest.raises(DestinationRefused, match=r"changed since \('config.json'\)"):
+        export.export(str(path.parent / "run"), str(out), "float32")
+    export.export(str(path.parent / "run"), str(out), "float32", force=True)
     assert victim.read_text() == "root:x" and victim.stat().st_mode & 0o777 == 0o600
     assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+def test_an_edited_or_copied_export_is_replaced_only_with_force_its_readme_kept(exported,
+                                                                                tmp_path):
+    path, _, _ = exported
+    run = str(path.parent / "run")
+    out = tmp_path / "out"
+    export.export(run, str(out), "float32")
+    (out / "README.md").write_text("my own card")
+    export.export(run, str(out), "float32")  # the user's README is carried: nothing lost
+    assert (out / "README.md").read_text() == "my own card"
+    (out / "tokenizer.json").write_text("the user's tokenizer")
+    with pytest.raises(DestinationRefused, match=r"changed since \('tokenizer.json'\)"):
+        export.export(run, str(out), "float32")
+    assert (out / "tokenizer.json").read_text() == "the user's tokenizer"
+    copy = tmp_path / "copy"  # cp -r: the marker travels, the files are new ones
+    subprocess.run(["cp", "-r", str(path), str(copy)], check=True)
+    with pytest.raises(DestinationRefused, match="changed since"):
+        export.export(run, str(copy), "float32")
+
+
+def test_a_readme_directory_of_the_users_is_carried_by_a_forced_export(exported, tmp_path):
+    path, _, _ = exported
+    out = tmp_path / "out"
+    export.export(str(path.parent / "run"), str(out), "float32")
+    (out / "README.md").unlink()
+    (out / "README.md").mkdir()
+    (out / "README.md" / "notes").write_text("mine")
+    with pytest.raises(DestinationRefused, match="changed since"):
+        export.export(str(path.parent / "run"), str(out), "float32")
+    export.export(str(path.parent / "run"), str(out), "float32", force=True)
+    assert (out / "README.md" / "notes").read_text() == "mine"
+
+
+def test_a_marker_planted_in_a_model_directory_does_not_make_it_opsctls(exported, tmp_path):
+    path, _, _ = exported
+    model = tmp_path / "Qwen3-8B"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"the target's weights")
+    (model / safe_write.MARKER).write_text('{"written_by": "opsctl", "kind": "export"}')
+    with pytest.raises(DestinationRefused, match="did not write or that changed since"):
+        export.export(str(path.parent / "run"), str(model), "float32")
+    assert (model / "model.safetensors").read_bytes() == b"the target's weights"
 
 
 def test_a_failed_export_leaves_the_previous_export_whole(exported, tmp_path, monkeypatch):
@@ -273,7 +318,7 @@ def test_a_failed_export_leaves_the_previous_export_whole(exported, tmp_path, mo
     def no_space(*_a: object) -> t.NoReturn:  # after the weights were written
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export, "reference_config", no_space)
+    monkeypatch.setattr(export, "export_card", no_space)
     with pytest.raises(WriteFailed, match="No space left on device"):
         export.export(str(path.parent / "run"), str(out), "bfloat16")
     assert _snapshot(out) == before
@@ -287,6 +332,18 @@ def test_an_export_never_writes_into_the_current_directory(exported, tmp_path, m
     with pytest.raises(DestinationRefused, match="current directory"):
         export.export(str(path.parent / "run"), str(tmp_path) if out == "cwd" else out)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tilde_from_a_playbooks_argv_is_the_home_never_a_directory_named_tilde(
+        exported, tmp_path, monkeypatch):
+    path, _, _ = exported
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    export.run([str(path.parent / "run"), "~/exports/x", "--dtype", "float32"])
+    assert (tmp_path / "home" / "exports" / "x" / "config.json").is_file()
+    assert not (tmp_path / "~").exists()
+    with pytest.raises(DestinationRefused, match="home directory"):
+        export.run([str(path.parent / "run"), "~", "--force"])
 
 
 def test_a_file_or_a_device_as_out_is_one_line_with_exit_2(exported, tmp_path):
@@ -449,3 +506,47 @@ def test_automodel_loads_the_export_exactly_under_each_claimed_transformers(vers
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"transformers": version, "class": "DFlashDraftModel", "same_names": True,
                    "weights_equal": True, "outputs_equal": True}, (got, r.stderr[-1000:])
+
+
+# --- a killed checkpoint writer -------------------------------------------------------------
+
+_KILLED_SAVE = """
+import dataclasses, sys, time, torch
+from remote_payload.trainer import checkpoint
+from remote_payload.trainer.config import preset
+from remote_payload.trainer.model import Drafter
+cfg = preset("tiny", draft_layers=2, feature_layers=2)
+d = Drafter(cfg, "sdpa")
+real = checkpoint.make_readable
+def stall(paths):
+    real(paths)
+    print("written", flush=True)
+    time.sleep(600)
+checkpoint.make_readable = stall
+checkpoint.save(sys.argv[1], 2, d, torch.optim.AdamW(d.parameters()),
+                {"cfg": dataclasses.asdict(cfg)})
+"""
+
+
+def test_a_checkpoint_killed_mid_write_leaves_latest_loadable_and_its_temporary_is_removed(
+        exported, tmp_path, monkeypatch):
+    path, _, _ = exported
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(path.parent / "run"), str(run)], check=True)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(run)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "written\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    (stale,) = [p for p in run.iterdir() if p.name.startswith(".ckpt-0000002.")]
+    assert checkpoint.resolve("auto", str(run)).name == "ckpt-0000001"
+    evaluate.load_drafter(str(run), torch.device("cpu"))
+    monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+    d, cfg = _drafter()
+    checkpoint.save(str(run), 2, d, torch.optim.AdamW(d.parameters()),
+                    {"cfg": dataclasses.asdict(cfg)})
+    assert not stale.exists()
+    assert checkpoint.resolve("auto", str(run)).name == "ckpt-0000002"
+    evaluate.load_drafter(str(run), torch.device("cpu"))

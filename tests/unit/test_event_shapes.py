@@ -73,3 +73,27 @@ def test_the_check_and_the_schema_agree_and_never_raise_on_any_event_line(name, 
     if problem is None:
         assert _schema_accepts(doc), doc
     assert problem is None or problem.startswith(name)
+
+
+@pytest.mark.parametrize("name", [["step"], {"a": 1}, 3, None])
+def test_an_event_name_that_is_not_a_string_passes_as_an_open_event_never_a_type_error(name):
+    assert event_problem({"event": name, "step": -1}) is None
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda kids: st.lists(kids, max_size=3)
+                     | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from([*EVENT_SHAPES, "other"]) | _JSON,
+       fields=st.dictionaries(st.sampled_from(["step", "seconds", "tokens", "loss", "path", "x"]),
+                              _JSON, max_size=4))
+def test_any_event_doc_is_a_problem_or_none_never_an_exception(name, fields):
+    got = event_problem({**fields, "event": name})
+    assert got is None or isinstance(got, str)
+
+
+def test_a_nan_amount_is_below_its_bound():
+    assert event_problem({"event": "step", "step": 1, "acc": float("nan")}) == \
+        "step event: acc nan is below 0 and nan is not null"

@@ -218,7 +218,9 @@ def test_a_directory_is_swapped_in_whole_with_opsctls_marker(tmp_path):
     out = tmp_path / "out"
     with safe_write.new_directory(out, kind="export") as d:
         _fill(d, a="1", b="2")
-    assert json.loads((out / MARKER).read_text()) == {"kind": "export", "written_by": "opsctl"}
+    marker = json.loads((out / MARKER).read_text())
+    assert (marker["kind"], marker["written_by"], sorted(marker["files"])) == \
+        ("export", "opsctl", ["a", "b"])
     with safe_write.new_directory(out, kind="export") as d:
         _fill(d, a="new")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "a"]
@@ -295,7 +297,7 @@ def test_a_link_inside_the_previous_directory_is_never_followed(tmp_path):
     with safe_write.new_directory(out, kind="export") as d:
         _fill(d, a="1")
     (out / "config.json").symlink_to(victim)
-    with safe_write.new_directory(out, kind="export") as d:
+    with safe_write.new_directory(out, kind="export", force=True) as d:
         _fill(d, **{"config.json": "{}"})
     assert victim.read_text() == "root:x" and victim.stat().st_mode & 0o777 == 0o600
     assert not (out / "config.json").is_symlink()
@@ -381,3 +383,251 @@ def test_importing_the_writer_costs_the_agents_status_poll_nothing_heavy():
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
     assert out.strip() == "[]"
+
+
+# --- hostile destinations: planted markers, races, mounts, killed writers ----------------------
+
+
+def test_a_fifo_planted_as_the_marker_is_refused_not_waited_on(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights").write_text("precious")
+    os.mkfifo(model / MARKER)
+    done: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            safe_write.check_directory(model, kind="export")
+        except BaseException as exc:
+            done.append(exc)
+
+    th = threading.Thread(target=check, daemon=True)
+    th.start()
+    th.join(10)
+    assert not th.is_alive(), "a FIFO marker hung the check"
+    assert isinstance(done[0], DestinationRefused)
+
+
+@pytest.mark.parametrize("marker", ['{"written_by": "opsctl", "kind": "export"}',
+                                    '{"written_by": "opsctl", "kind": "export", "files": {}}',
+                                    '{"written_by": "opsctl", "kind": "export", "files": []}',
+                                    "x" * (2 << 20)])
+def test_a_marker_planted_by_hand_does_not_make_a_directory_opsctls(tmp_path, marker):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights").write_text("precious")
+    (model / MARKER).write_text(marker)
+    with pytest.raises(DestinationRefused, match=r"(did not write|changed since)"), \
+            safe_write.new_directory(model, kind="export") as d:
+        _fill(d, a="1")
+    assert (model / "weights").read_text() == "precious"
+
+
+def test_a_file_added_or_changed_in_opsctls_directory_needs_force_unless_carried(tmp_path):
+    out = tmp_path / "out"
+    with safe_write.new_directory(out, kind="export") as d:
+        _fill(d, a="1", **{"README.md": "card"})
+    (out / "README.md").write_text("the user's card")
+    safe_write.check_directory(out, kind="export", keep=("README.md",))
+    with pytest.raises(DestinationRefused, match=r"changed since \('README.md'\)"):
+        safe_write.check_directory(out, kind="export")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DestinationRefused, match=r"changed since \('notes.txt'\)"):
+        safe_write.check_directory(out, kind="export", keep=("README.md",))
+    (out / "notes.txt").unlink()
+    (out / "a").unlink()  # a file of ours removed: nothing of the user's to lose
+    safe_write.check_directory(out, kind="export", keep=("README.md",))
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+@pytest.mark.parametrize("swapped_in", ["link", "foreign"])
+def test_a_destination_swapped_after_the_check_is_put_back_and_refused(tmp_path, monkeypatch,
+                                                                       exchange, swapped_in):
+    out = tmp_path / "out"
+    with safe_write.new_directory(out, kind="export") as d:
+        _fill(d, a="old")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    real_exchange = safe_write._exchange
+    real_check = safe_write.check_directory
+    calls: list[str] = []
+
+    def check_then_race(path: t.Any, **kw: t.Any) -> None:
+        real_check(path, **kw)
+        calls.append(os.fspath(path))
+        if len(calls) == 2:  # the check just before the swap
+            os.rename(out, tmp_path / "moved")  # the racer, between check and swap
+            if swapped_in == "link":
+                out.symlink_to(victim)
+            else:
+                os.rename(victim, out)
+
+    monkeypatch.setattr(safe_write, "check_directory", check_then_race)
+    monkeypatch.setattr(safe_write, "_exchange",
+                        real_exchange if exchange else (lambda a, b: False))
+    with pytest.raises(DestinationRefused), safe_write.new_directory(out, kind="export") as d:
+        _fill(d, a="new")
+    if swapped_in == "link":
+        assert out.is_symlink() and (victim / "precious").read_text() == "keep"
+    else:
+        assert (out / "precious").read_text() == "keep"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_mount_point_inside_the_destination_is_never_replaced_even_with_force(tmp_path):
+    out = tmp_path / "out"
+    with safe_write.new_directory(out, kind="export") as d:
+        (d / "data").mkdir()
+    with _tmpfs(out / "data" / "disk", "size=64k") as m:
+        (m / "precious").write_text("keep")
+        with pytest.raises(DestinationRefused, match=r"mount point \(data/disk\)"), \
+                safe_write.new_directory(out, kind="export", force=True) as d:
+            _fill(d, a="1")
+        assert (m / "precious").read_text() == "keep"
+
+
+_KILLED_WRITER = """
+import os, sys, time
+from remote_payload import safe_write
+with safe_write.new_directory(sys.argv[1], kind="export") as d:
+    (d / "half").write_text("x")
+    print("filling", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_writers_temporary_directory_is_removed_by_the_next_write(tmp_path,
+                                                                            monkeypatch):
+    out = tmp_path / "out"
+    with safe_write.new_directory(out, kind="export") as d:
+        _fill(d, a="old")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(out)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "filling\n"
+        monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+        safe_write.clean_stale(out)  # a live writer's directory is locked: left alone
+        assert len(_leftovers(tmp_path)) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (out / "a").read_text() == "old"
+    with safe_write.new_directory(out, kind="export") as d:
+        _fill(d, a="new")
+    assert _leftovers(tmp_path) == [] and (out / "a").read_text() == "new"
+
+
+def test_a_young_temporary_directory_is_left_to_its_writer(tmp_path):
+    (tmp_path / ".out.0123456789ab.tmp").mkdir()
+    safe_write.clean_stale(tmp_path / "out")
+    assert _leftovers(tmp_path) == [".out.0123456789ab.tmp"]
+
+
+def test_a_writer_killed_between_the_two_renames_gets_its_previous_directory_back(
+        tmp_path, monkeypatch):
+    old = tmp_path / ".out.0123456789ab.old"
+    (old / "d").mkdir(parents=True)
+    (old / "d" / "a").write_text("previous")
+    monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+    safe_write.clean_stale(tmp_path / "out")
+    assert (tmp_path / "out" / "a").read_text() == "previous"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_file_named_like_a_temporary_is_not_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+    (tmp_path / ".out.0123456789ab.tmp").write_text("a file of the user's")
+    (tmp_path / ".out.notours.tmp").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".out.abcdefabcdef.old").symlink_to(tmp_path / "elsewhere")
+    safe_write.clean_stale(tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".out.0123456789ab.tmp", ".out.abcdefabcdef.old", ".out.notours.tmp", "elsewhere"]
+
+
+def test_a_temporary_lookalike_of_another_user_is_never_removed(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    monkeypatch.setattr(safe_write, "STALE_AFTER_S", 0.0)
+    theirs = tmp_path / ".out.0123456789ab.tmp"
+    theirs.mkdir()
+    (theirs / "their-file").write_text("keep")
+    os.chown(theirs, 65534, 65534)
+    safe_write.clean_stale(tmp_path / "out")
+    assert (theirs / "their-file").read_text() == "keep"
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.one_of(st.binary(max_size=300), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                              max_size=4),
+    max_leaves=16).map(lambda doc: json.dumps(
+        {"written_by": "opsctl", "kind": "export", "files": doc}).encode())))
+def test_any_marker_text_leaves_a_directory_with_a_file_of_the_users_refused(tmp_path_factory,
+                                                                            text):
+    model = tmp_path_factory.mktemp("m") / "model"
+    model.mkdir()
+    (model / "weights").write_text("precious")
+    (model / MARKER).write_bytes(text)
+    with pytest.raises(DestinationRefused):
+        safe_write.check_directory(model, kind="export")
+    assert safe_write.read_marker(model) is None or isinstance(safe_write.read_marker(model), dict)
+
+
+@pytest.mark.parametrize("link", ["loop", "nowhere"])
+def test_a_parent_link_that_leads_nowhere_is_named_as_such(tmp_path, link):
+    (tmp_path / "bad").symlink_to("bad" if link == "loop" else "nowhere")
+    with pytest.raises(WriteFailed, match=r"bad is a symbolic link that leads nowhere"), \
+            safe_write.new_directory(tmp_path / "bad" / "out", kind="export") as d:
+        _fill(d, a="1")
+    with pytest.raises(WriteFailed, match=r"bad is a symbolic link that leads nowhere"):
+        safe_write.write_text(tmp_path / "bad" / "f", "x")
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=NAMES)
+def test_a_refusal_naming_any_path_is_one_line(tmp_path_factory, name):
+    d = tmp_path_factory.mktemp("n")
+    (d / name).mkdir()
+    (d / name / "mine").write_text("x")
+    with pytest.raises(DestinationRefused) as info:
+        safe_write.check_directory(d / name, kind="export")
+    assert "\n" not in str(info.value) and "\r" not in str(info.value)
+
+
+def test_a_directory_holding_only_what_the_caller_carries_is_taken_without_force(tmp_path):
+    clone = tmp_path / "hub-clone"
+    clone.mkdir()
+    (clone / "README.md").write_text("# my card")
+    safe_write.check_directory(clone, kind="export", keep=("README.md",))
+    (clone / ".gitattributes").write_text("*.safetensors filter=lfs")
+    with pytest.raises(DestinationRefused, match="opsctl did not write"):
+        safe_write.check_directory(clone, kind="export", keep=("README.md",))
+
+
+def test_a_link_written_into_a_new_directory_is_kept_as_a_link(tmp_path):
+    out = tmp_path / "out"
+    with safe_write.new_directory(out, kind="export") as d:
+        (d / "README.md").symlink_to(tmp_path / "nowhere.md")
+        (d / "up").symlink_to("..")
+    assert os.readlink(out / "README.md") == str(tmp_path / "nowhere.md")
+    assert not (tmp_path / "nowhere.md").exists()
+
+
+@pytest.mark.parametrize("kind", ["link", "directory"])
+def test_a_marker_that_is_a_link_or_a_directory_is_no_marker(tmp_path, kind):
+    real = tmp_path / "real"
+    with safe_write.new_directory(real, kind="export") as d:
+        _fill(d, a="1")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights").write_text("precious")
+    if kind == "link":
+        (model / MARKER).symlink_to(real / MARKER)
+    else:
+        (model / MARKER).mkdir()
+    assert safe_write.read_marker(model) is None
+    with pytest.raises(DestinationRefused, match="opsctl did not write"):
+        safe_write.check_directory(model, kind="export")

@@ -64,3 +64,40 @@ def test_any_text_loads_or_is_a_config_error_never_another_exception(tmp_path_fa
         _load(tmp_path_factory.mktemp("y"), text)
     except ConfigError:
         pass
+
+
+@pytest.mark.parametrize(("key", "loaded"), [("0x10", 16), ("0b11", 3), ("1:30", 90),
+                                             ("017", 15), ("1_000", 1000), ("+5", 5)])
+def test_an_integer_key_in_any_yaml_spelling_loads_with_its_line(tmp_path, key, loaded):
+    p = tmp_path / "f.yaml"
+    p.write_text(f"a:\n  {key}: x\n")
+    data, lines = yamlfile.load(p)
+    assert data == {"a": {loaded: "x"}}
+    assert lines[("a", loaded)] == 2
+
+
+def test_two_spellings_of_one_integer_key_are_a_duplicate(tmp_path):
+    from opsctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="duplicate key 16"):
+        _load(tmp_path, "0x10: a\n16: b\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.from_regex(r"\A[-+]?(0b[01_]+|0x[0-9a-fA-F_]+|0[0-7_]+|[1-9][0-9_]*(:[0-5]?[0-9])*"
+                         r"|0)\Z"), value=st.text(max_size=10))
+def test_any_integer_looking_key_loads_or_is_a_config_error(tmp_path_factory, key, value):
+    from opsctl.errors import ConfigError
+
+    try:
+        _load(tmp_path_factory.mktemp("y"), f"{key}: {value!r}\n".replace("\\", "\\\\"))
+    except ConfigError:
+        pass
+
+
+@pytest.mark.parametrize("text", ["x: 0b_\n", "0x_: a\n", "x: 0x_\n", "x: [1, 0b_]\n"])
+def test_a_number_pattern_no_number_reads_is_a_config_error_at_its_line(tmp_path, text):
+    from opsctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"f\.yaml"):
+        _load(tmp_path, text)
