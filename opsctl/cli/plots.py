@@ -205,11 +205,13 @@ def mark_line(hist: HistoryDoc, width: int) -> str:
     hist = drawable(hist)
     if not _t(hist) or not _marks(hist) or width <= 0:
         return ""
-    t0, t1 = _t(hist)[0], max(_t(hist)[-1] + hist.get("bucket_s", 0.0), _t(hist)[0] + 1e-9)
+    t0 = _t(hist)[0]
+    span = _t(hist)[-1] + hist.get("bucket_s", 0.0) - t0
+    span = span if span > 0 else 1.0  # one row: t0 + 1e-9 is t0 again for a large t0
     n = math.ceil(len(_t(hist)) / max(1, math.ceil(len(_t(hist)) / width)))  # = the sparkline's cells
     cells = [" "] * n
     for m in _marks(hist):  # where two fall in one cell the more serious one is shown
-        i = min(max(int((m["t"] - t0) / (t1 - t0) * n), 0), n - 1)
+        i = min(max(int((m["t"] - t0) / span * n), 0), n - 1)
         letter = MARK_LETTER.get(m["kind"], "?")
         if _RANK.get(letter, 0) >= _RANK.get(cells[i], -1):
             cells[i] = letter
