@@ -168,6 +168,40 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label:
     return _HostKeyPolicy()
 
 
+def words(exc: BaseException) -> str:
+    """An exception's own words, or its type's name when it has none (``EOFError()``)."""
+    return str(exc) or type(exc).__name__
+
+
+def handshake_failure(spec: HostSpec, where: str, started: paramiko.Transport | None,
+                       exc: BaseException) -> TransportError:
+    """The error for a connection paramiko could not take through the SSH handshake.
+
+    A peer that sent no banner never spoke SSH (direct peers are caught earlier, by
+    :mod:`.sshbanner`; behind a ProxyJump paramiko says so, or gives up at the connect
+    timeout with "No existing session"). A peer that sent its banner and then closed the
+    connection, or never finished the key exchange, is named with the banner it sent:
+    paramiko's own words for these ("", "No existing session") say nothing.
+    """
+    said = str(exc)
+    version = started.remote_version if started is not None else ""
+    timeout = f"{spec.connect_timeout_s:g} s"
+    if _NOT_SSH.search(said) or (started is not None and not version):
+        hops = f" or a ProxyJump hop ({spec.proxy_jump})" if spec.proxy_jump else ""
+        why = said if _NOT_SSH.search(said) else f"no SSH banner within {timeout}"
+        return TransportError(f"host {where}{hops} accepted the connection but never "
+                              f"spoke SSH ({why})",
+                              hint="check the addresses and ports of the host and its hops")
+    if version and started is not None and not started.initial_kex_done:
+        # EOFError: the peer hung up; else paramiko gave up waiting ("No existing session")
+        then = ("then closed the connection" if isinstance(exc, EOFError)
+                else f"did not complete the key exchange within {timeout}")
+        return TransportError(f"host {where} sent the SSH banner {version[:80]!r} but {then}",
+                              hint="the host's sshd may be overloaded (MaxStartups), shutting "
+                                   "down or not an sshd; try again, then check it on the host")
+    return TransportError(f"cannot connect to {where}: {words(exc)}")
+
+
 @dataclass
 class Remote:
     """A lazily opened SSH connection to one Proxmox host."""
@@ -259,23 +293,12 @@ class Remote:
             raise TransportError(f"cannot connect to {where}: {reason}") from None
         except socket.gaierror as exc:
             raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
-        except paramiko.SSHException as exc:
-            started = conn.client.get_transport()
-            # behind a ProxyJump (direct peers: sshbanner): paramiko says so, or gives up on
-            # the handshake at the connect timeout ("No existing session") with no banner read
-            no_banner = started is not None and not started.remote_version
+        except (paramiko.SSHException, EOFError) as exc:
+            failure = handshake_failure(self.host, where, conn.client.get_transport(), exc)
             conn.close()
-            if _NOT_SSH.search(str(exc)) or no_banner:
-                hops = f" or a ProxyJump hop ({self.host.proxy_jump})" if self.host.proxy_jump else ""
-                why = str(exc) if _NOT_SSH.search(str(exc)) else \
-                    f"no SSH banner within {self.host.connect_timeout_s:g} s"
-                raise TransportError(f"host {where}{hops} accepted the connection but never "
-                                     f"spoke SSH ({why})",
-                                     hint="check the addresses and ports of the host and its "
-                                          "hops") from None
-            raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
-        except (OSError, EOFError) as exc:
-            raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+            raise failure from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
         transport = conn.client.get_transport()
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
             raise TransportError(f"cannot connect to {where}: no transport")

@@ -195,3 +195,44 @@ def test_a_banner_after_any_other_lines_is_a_banner(lines):
 def test_bytes_without_a_line_starting_ssh_are_never_a_banner(seen):
     starts = [line[:4] for line in seen.split(b"\n")]
     assert sshbanner.is_banner(seen) == (b"SSH-" in starts)
+
+
+def _banner_then_silence(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+    time.sleep(30)
+
+
+def _banner_then_hang_up(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+    conn.close()
+
+
+_AFTER_BANNER = [
+    (_banner_then_silence, "did not complete the key exchange within 1 s"),
+    (_banner_then_hang_up, "then closed the connection"),
+]
+
+
+@pytest.mark.parametrize("peer, then", _AFTER_BANNER, indirect=["peer"])
+def test_a_peer_that_stops_after_its_banner_is_named_with_the_banner_it_sent(peer, then):
+    exc, took = _connect(peer.port)
+    assert exc.message == (f"host root@127.0.0.1:{peer.port} sent the SSH banner "
+                           f"'SSH-2.0-OpenSSH_9.2' but {then}"), exc.message
+    assert took < 3.0, f"bounded by the 1 s connect timeout, took {took:.1f} s"
+    assert exc.hint
+
+
+@pytest.mark.parametrize("peer, then", [(_mute, "never spoke SSH (no SSH banner within 1 s")]
+                         + _AFTER_BANNER, indirect=["peer"])
+def test_host_trust_names_a_peer_that_never_finishes_the_handshake(peer, then, isolated_env: Path):
+    from opsctl.ops.hosts import fetch_host_key
+
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": peer.port, "connect_timeout_s": 1}}}))
+    start = time.monotonic()
+    with pytest.raises(errors.TransportError) as caught:
+        fetch_host_key("h")
+    assert then in caught.value.message and caught.value.message.startswith("host "), caught.value.message
+    assert time.monotonic() - start < 3.0
