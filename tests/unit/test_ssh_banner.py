@@ -222,8 +222,8 @@ def test_a_peer_that_stops_after_its_banner_is_named_with_the_banner_it_sent(pee
     assert exc.hint
 
 
-@pytest.mark.parametrize("peer, then", [(_mute, "never spoke SSH (no SSH banner within 1 s")]
-                         + _AFTER_BANNER, indirect=["peer"])
+@pytest.mark.parametrize("peer, then", [
+    (_mute, "never spoke SSH (no SSH banner within 1 s"), *_AFTER_BANNER], indirect=["peer"])
 def test_host_trust_names_a_peer_that_never_finishes_the_handshake(peer, then, isolated_env: Path):
     from opsctl.ops.hosts import fetch_host_key
 
