@@ -98,10 +98,11 @@ def fetch_host_key(host: str) -> ShownKey:
 
     spec = inventory.load().resolve(host)
     where = spec.ssh_label()
-    gateway = Remote(spec)._gateway()  # ProxyJump hops, each checked against known_hosts
+    remote = Remote(spec)
+    gateway = remote._gateway()  # ProxyJump hops, each checked against known_hosts
     try:
         if gateway is not None:
-            gateway.open()
+            remote.open_hops()
             sock: t.Any = gateway.transport.open_channel(
                 "direct-tcpip", (spec.address, spec.port), ("", 0))
         else:

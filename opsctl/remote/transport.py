@@ -188,7 +188,9 @@ def handshake_failure(spec: HostSpec, where: str, started: paramiko.Transport | 
     timeout = f"{spec.connect_timeout_s:g} s"
     if _NOT_SSH.search(said) or (started is not None and not version):
         hops = f" or a ProxyJump hop ({spec.proxy_jump})" if spec.proxy_jump else ""
-        why = said if _NOT_SSH.search(said) else f"no SSH banner within {timeout}"
+        # paramiko's bare words when its banner wait ran out are the connect timeout's
+        why = said if _NOT_SSH.search(said) and said != "Error reading SSH protocol banner" \
+            else f"no SSH banner within {timeout}"
         return TransportError(f"host {where}{hops} accepted the connection but never "
                               f"spoke SSH ({why})",
                               hint="check the addresses and ports of the host and its hops")
@@ -213,6 +215,9 @@ class Remote:
     #: direct connection (opsctl/remote/mux_client.py; ``OPSCTL_MUX=0`` turns it off).
     use_mux: bool = True
     _conn: fabric.Connection | None = field(default=None, init=False, repr=False)
+    #: the ProxyJump hops :meth:`_gateway` made, first hop first: (as written, spec, connection)
+    _hops: list[tuple[str, HostSpec, fabric.Connection]] = field(default_factory=list, init=False,
+                                                                  repr=False)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -265,6 +270,7 @@ class Remote:
         sock = self._dial() if gateway is None else None
         if sock is not None:
             conn.connect_kwargs["sock"] = sock
+        self.open_hops()
         try:
             try:
                 conn.open()
@@ -315,6 +321,59 @@ class Remote:
         self._conn = conn
         return conn
 
+    def open_hops(self) -> None:
+        """Open the ProxyJump hops :meth:`_gateway` made, first hop first (fabric would open
+        them inside the target's connect, where a hop's failure reads as the target's).
+
+        Raises:
+            HostKeyError, AuthError, TransportError: naming the hop.
+        """
+        for hop in self._hops:
+            self._open_hop(*hop)
+
+    def _open_hop(self, written: str, spec: HostSpec, hop: fabric.Connection) -> None:
+        """Open one ProxyJump hop (the earlier ones are open), naming the hop in any failure:
+        opened inside the target's connect, its failure would read as the target's.
+
+        Raises:
+            HostKeyError, AuthError, TransportError: as :meth:`_open` words them, for the hop.
+        """
+        import paramiko
+
+        of = f"ProxyJump hop {written} of {self.host.label}"
+        where = f"{spec.ssh_label()} ({of})"
+        sock = None
+        if hop.gateway is None or hop.gateway is False:  # the first hop: a direct TCP peer
+            try:
+                sock = Remote(spec, use_mux=False)._dial()
+            except TransportError as exc:
+                raise TransportError(f"{of}: {exc.message}", hint=exc.hint) from None
+            hop.connect_kwargs["sock"] = sock
+        try:
+            try:
+                hop.open()
+            except BaseException:
+                if sock is not None:
+                    sock.close()
+                raise
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"host key of {where} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
+                f"server sent {fingerprint(exc.key)} — refusing to connect",
+                hint=f"if the hop was reinstalled: ssh-keygen -f {self.known_hosts} -R "
+                     f"'{known_hosts_name(spec.address, spec.port)}'") from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthError(f"SSH authentication to {where} failed: {exc}",
+                            hint="check the hop's user and identity file") from None
+        except (paramiko.SSHException, EOFError) as exc:
+            failure = handshake_failure(spec, where, hop.client.get_transport(), exc)
+            hop.close()
+            raise failure from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
+
     def _dial(self) -> socket.socket:
         """The TCP connection to the host, once its sshd has sent its banner
         (:mod:`.sshbanner`: a peer that never speaks SSH is named as one, within the
@@ -363,6 +422,7 @@ class Remote:
         from opsctl.config import inventory
 
         gateway: fabric.Connection | None = None
+        self._hops = []
         kh = self.known_hosts
         for hop in self.host.proxy_jump.split(","):
             # a hop is written in the user's inventory or ~/.ssh/config: a configured name
@@ -371,6 +431,9 @@ class Remote:
             if spec.proxy_jump:
                 raise ConfigError(f"{self.host.label}: ProxyJump hop {hop!r} has its own "
                                   "ProxyJump; list every hop in one ProxyJump instead")
+            # no hop waits longer than the target's connect timeout, the bound the user set
+            if spec.connect_timeout_s > self.host.connect_timeout_s:
+                spec = spec.model_copy(update={"connect_timeout_s": self.host.connect_timeout_s})
             kwargs: dict[str, t.Any] = {"banner_timeout": spec.connect_timeout_s,
                                         "auth_timeout": spec.connect_timeout_s}
             if spec.identity_file:
@@ -379,6 +442,7 @@ class Remote:
             load_known_hosts(gateway.client.get_host_keys(), kh)
             gateway.client.set_missing_host_key_policy(
                 _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
+            self._hops.append((hop.strip(), spec, gateway))
         return gateway
 
     def server_key(self) -> paramiko.PKey:

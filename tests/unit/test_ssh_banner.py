@@ -236,3 +236,42 @@ def test_host_trust_names_a_peer_that_never_finishes_the_handshake(peer, then, i
         fetch_host_key("h")
     assert then in caught.value.message and caught.value.message.startswith("host "), caught.value.message
     assert time.monotonic() - start < 3.0
+
+
+def _status_behind_hop(hop_port: int, home: Path) -> tuple[dict[str, t.Any], float]:
+    """``opsctl status --json`` of a target behind the ProxyJump hop 127.0.0.1:``hop_port``."""
+    inv = home / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": 22, "connect_timeout_s": 1,
+        "proxy_jump": f"root@127.0.0.1:{hop_port}", "containers": {200: {}}}}}))
+    start = time.monotonic()
+    res = CliRunner().invoke(cli, ["status", "--json", "--host", "h", "--ct", "200"])
+    took = time.monotonic() - start
+    assert res.exit_code == errors.TRANSPORT, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), "no traceback"
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "TransportError"
+    return t.cast(dict[str, t.Any], doc["error"]), took
+
+
+@pytest.mark.parametrize("peer, why", [
+    (_mute, "never spoke SSH (no SSH banner within 1 s)"),
+    (_http, "never spoke SSH (no SSH banner within 1 s; it sent b'HTTP/1.1"),
+    (_banner_then_hang_up, "sent the SSH banner 'SSH-2.0-OpenSSH_9.2' but then closed the connection"),
+    (_banner_then_silence, "but did not complete the key exchange within 1 s"),
+], indirect=["peer"])
+def test_a_proxyjump_hop_that_fails_the_handshake_is_named_as_the_hop_within_the_target_timeout(
+        peer, why, isolated_env: Path):
+    error, took = _status_behind_hop(peer.port, isolated_env)
+    assert f"ProxyJump hop root@127.0.0.1:{peer.port} of h" in error["message"], error["message"]
+    assert why in error["message"], error["message"]
+    assert took < 4.0, f"bounded by the target's 1 s connect timeout, took {took:.1f} s"
+
+
+def test_a_dead_proxyjump_hop_is_named_as_the_hop(isolated_env: Path):
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    error, _ = _status_behind_hop(port, isolated_env)
+    assert error["message"] == (f"ProxyJump hop root@127.0.0.1:{port} of h: cannot connect to "
+                                f"root@127.0.0.1:{port}: Connection refused"), error["message"]
