@@ -133,8 +133,8 @@ def fetch_host_key(host: str) -> ShownKey:
                            hint="if the host was reinstalled, update host_key_fingerprint")
     kh = Path(spec.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
     keys = paramiko.HostKeys()
-    load_known_hosts(keys, kh)
     name = known_hosts_name(spec.address, spec.port)
+    load_known_hosts(keys, kh, names=[name])
     known: t.Any = keys.lookup(name) or {}
     if key.get_name() in known and known[key.get_name()] != key:
         raise HostKeyError(

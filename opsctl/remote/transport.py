@@ -82,9 +82,32 @@ def fingerprint(key: paramiko.PKey) -> str:
 _warned_lines: set[tuple[str, int]] = set()
 
 
+#: Unreadable known_hosts lines named one by one, per file; the rest are counted.
+_WARN_LINES = 5
+
+
+def _for_names(hosts: str, names: frozenset[str]) -> bool:
+    """Whether a known_hosts line's host field (plain or ``|1|`` hashed names) names one of
+    ``names``."""
+    import paramiko
+
+    for host in hosts.split(","):
+        if host.startswith("|1|"):
+            if any(paramiko.HostKeys.hash_host(n, host) == host for n in names):
+                return True
+        elif host in names:
+            return True
+    return False
+
+
 def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
-                     revoked: list[paramiko.PKey] | None = None) -> int:
+                     revoked: list[paramiko.PKey] | None = None, *,
+                     names: t.Collection[str] | None = None) -> int:
     """Add ``path``'s entries to ``host_keys``; returns how many lines were skipped.
+
+    ``names`` (``known_hosts_name`` spellings): only lines for these hosts have their key
+    parsed, as OpenSSH does, so a known_hosts of a hundred thousand other hosts costs
+    milliseconds, not minutes (paramiko parses every key it loads).
 
     ``@revoked`` keys go to ``revoked`` (the caller refuses a server presenting one);
     ``@cert-authority`` lines are skipped (opsctl does not use host certificates).
@@ -96,18 +119,18 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
     unknown-key refusal says so.
 
     Raises:
-        HostKeyError: the file exists but cannot be read at all.
+        HostKeyError: the file exists but cannot be read at all (:func:`.knownhosts.read`).
     """
     import sys
 
     import paramiko
 
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    from opsctl.remote import knownhosts
+
+    raw = knownhosts.read(path)
+    if raw is None:
         return 0
-    except OSError as exc:
-        raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
+    wanted = None if names is None else frozenset(names)
     skipped = 0
     for lineno, bline in enumerate(raw.splitlines(), 1):
         line = bline.decode("utf-8", "replace").strip()
@@ -118,11 +141,13 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
             if marker != "@revoked":
                 continue
             line = line.split(None, 1)[1] if " " in line or "\t" in line else ""
+        elif wanted is not None and not _for_names(line.split(None, 1)[0], wanted):
+            continue  # another host's line (a revoked key counts for every host)
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except Exception as exc:  # any broken line is skipped, never fatal
             skipped += 1
-            if (str(path), lineno) not in _warned_lines:
+            if skipped <= _WARN_LINES and (str(path), lineno) not in _warned_lines:
                 _warned_lines.add((str(path), lineno))
                 sys.stderr.write(f"warning: {path}:{lineno}: unreadable known_hosts line "
                                  f"ignored ({type(exc).__name__})\n")
@@ -135,6 +160,10 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
             continue
         for name in entry.hostnames:
             host_keys.add(name, entry.key.get_name(), entry.key)
+    if skipped > _WARN_LINES and (str(path), 0) not in _warned_lines:
+        _warned_lines.add((str(path), 0))
+        sys.stderr.write(f"warning: {path}: {skipped - _WARN_LINES} more unreadable known_hosts "
+                         "lines ignored\n")
     return skipped
 
 
@@ -261,7 +290,8 @@ class Remote:
         client = conn.client
         kh = self.known_hosts
         revoked: list[paramiko.PKey] = []
-        load_known_hosts(client.get_host_keys(), kh, revoked)
+        load_known_hosts(client.get_host_keys(), kh, revoked,
+                         names=[known_hosts_name(self.host.address, self.host.port)])
         client.set_missing_host_key_policy(
             _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
                          self.host.label))
@@ -439,7 +469,8 @@ class Remote:
             if spec.identity_file:
                 kwargs.update(key_filename=[os.path.expanduser(spec.identity_file)])
             gateway = self._connection(spec, kwargs, gateway)
-            load_known_hosts(gateway.client.get_host_keys(), kh)
+            load_known_hosts(gateway.client.get_host_keys(), kh,
+                             names=[known_hosts_name(spec.address, spec.port)])
             gateway.client.set_missing_host_key_policy(
                 _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
             self._hops.append((hop.strip(), spec, gateway))

@@ -89,7 +89,18 @@ def test_a_malformed_known_hosts_line_for_another_host_does_not_stop_commands(
     write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts=str(known))
     res = run("exec", "--host", "h", "--ct", "200", "--", "sh", "-c", "exit 7")
     assert res.exit_code == 7, res.output
+    assert "unreadable" not in res.stderr, "another host's line is not even parsed (as OpenSSH)"
+
+
+def test_a_malformed_line_for_the_host_itself_is_named_and_the_host_is_unknown(
+        sandbox, isolated_env, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sandbox.port} ssh-ed25519 !!!not-base64!!!\n")
+    write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts=str(known))
+    res = run("exec", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == errors.HOST_KEY, res.output
     assert f"{known}:1: unreadable known_hosts line ignored" in res.stderr
+    assert "is not in" in res.output
 
 
 def test_a_key_marked_revoked_is_refused(sandbox, isolated_env, tmp_path):
