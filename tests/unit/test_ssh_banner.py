@@ -275,3 +275,22 @@ def test_a_dead_proxyjump_hop_is_named_as_the_hop(isolated_env: Path):
     error, _ = _status_behind_hop(port, isolated_env)
     assert error["message"] == (f"ProxyJump hop root@127.0.0.1:{port} of h: cannot connect to "
                                 f"root@127.0.0.1:{port}: Connection refused"), error["message"]
+
+
+def test_ctrl_c_during_the_connect_of_status_json_is_one_interrupted_document_with_exit_130(
+        isolated_env: Path, monkeypatch):
+    def interrupted(self: Remote) -> socket.socket:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Remote, "_dial", interrupted)
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": 9, "containers": {200: {}}}}}))
+    res = CliRunner().invoke(cli, ["status", "--json", "--host", "h", "--ct", "200"])
+    assert res.exit_code == errors.INTERRUPTED, res.output
+    doc = json.loads(res.stdout)
+    assert doc == {"ok": False, "error": {
+        "type": "Interrupted", "message": "interrupted (the remote job, if any, keeps running)",
+        "exit_code": errors.INTERRUPTED, "hint": None, "log_path": None}}
+    assert res.stderr == "interrupted (the remote job, if any, keeps running)\n"
