@@ -86,18 +86,30 @@ _warned_lines: set[tuple[str, int]] = set()
 _WARN_LINES = 5
 
 
-def _for_names(hosts: str, names: frozenset[str]) -> bool:
+def _for_names(hosts: str, names: frozenset[str] | None) -> bool:
     """Whether a known_hosts line's host field (plain or ``|1|`` hashed names) names one of
-    ``names``."""
+    ``names`` (None: any).
+
+    Raises:
+        ValueError: a hashed name is damaged (paramiko's lookup would fail on it, on every
+            connect, with a traceback).
+    """
     import paramiko
 
+    hit = names is None
     for host in hosts.split(","):
         if host.startswith("|1|"):
-            if any(paramiko.HostKeys.hash_host(n, host) == host for n in names):
-                return True
-        elif host in names:
-            return True
-    return False
+            parts = host.split("|")
+            try:
+                if len(parts) != 4 or not parts[2] or not parts[3]:
+                    raise ValueError
+                hashes = {paramiko.HostKeys.hash_host(n, host) for n in names or ("",)}
+            except Exception:  # bad base64, an assertion in paramiko
+                raise ValueError(f"damaged hashed host name {host[:40]!r}") from None
+            hit = hit or host in hashes
+        elif names is not None and host in names:
+            hit = True
+    return hit
 
 
 def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
@@ -141,9 +153,9 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
             if marker != "@revoked":
                 continue
             line = line.split(None, 1)[1] if " " in line or "\t" in line else ""
-        elif wanted is not None and not _for_names(line.split(None, 1)[0], wanted):
-            continue  # another host's line (a revoked key counts for every host)
         try:
+            if marker is None and not _for_names(line.split(None, 1)[0], wanted):
+                continue  # another host's line (a revoked key counts for every host)
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except Exception as exc:  # any broken line is skipped, never fatal
             skipped += 1

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from opsctl.errors import HostKeyError
 from opsctl.remote import knownhosts
-from opsctl.remote.transport import load_known_hosts
+from opsctl.remote.transport import _for_names, load_known_hosts
 
 
 def _fifo(tmp_path: Path) -> Path:
@@ -101,3 +103,32 @@ def test_thousands_of_broken_lines_are_a_few_warnings_and_a_count(tmp_path, caps
     assert load_known_hosts(paramiko.HostKeys(), path, names=["h"]) == 3000
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 6 and err[-1] == f"warning: {path}: 2995 more unreadable known_hosts lines ignored"
+
+
+_FIELD = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=" \t\n\r"),
+                 max_size=80)
+
+
+@given(field=_FIELD, name=st.sampled_from(["h", "[127.0.0.1]:2222", "10.0.0.1"]))
+def test_any_host_field_is_matched_or_refused_as_damaged_never_a_crash(field, name):
+    hosts = field.split(",")
+    try:
+        got = _for_names(field, frozenset([name]))
+    except ValueError:
+        assert any(h.startswith("|1|") for h in hosts), "only a damaged hashed name is refused"
+        return
+    assert got == (name in hosts) or any(h.startswith("|1|") for h in hosts)
+    assert _for_names(f"{field},{name}", frozenset([name]))
+
+
+@pytest.mark.parametrize("damaged", ["|1|", "|1|!!!|x", "|1|YWJj", "|1|a|b|c"])
+def test_a_damaged_hashed_name_is_a_skipped_line_and_lookups_still_work(damaged, tmp_path, capsys):
+    mine = _key()
+    path = tmp_path / "known_hosts"
+    path.write_text(f"{damaged} {mine.get_name()} {mine.get_base64()}\n"
+                    f"{paramiko.HostKeys.hash_host('h')} {mine.get_name()} {mine.get_base64()}\n")
+    for names in (None, ["h"]):
+        keys = paramiko.HostKeys()
+        assert load_known_hosts(keys, path, names=names) == 1
+        assert keys.lookup("h")[mine.get_name()] == mine, "paramiko's lookup does not trip on it"
+    assert f"{path}:1: unreadable known_hosts line ignored (ValueError)" in capsys.readouterr().err
