@@ -1,4 +1,5 @@
-"""Read a ``known_hosts`` file safely: the one reader behind every host-key check.
+"""Read a ``known_hosts`` file (or another file of the user's) safely: the one reader behind
+every host-key check.
 
 Why not ``Path.read_bytes``: the path is the user's (inventory ``known_hosts``, ~/.ssh), and
 a clumsy or hostile one can be a FIFO (the read blocks forever, before any connect timeout
@@ -26,26 +27,36 @@ def read(path: Path) -> bytes | None:
         HostKeyError: it cannot be opened, is not a regular file, or is over :data:`LIMIT`.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        return read_regular(path, LIMIT)
     except FileNotFoundError:
         return None
+    except ValueError as exc:
+        raise HostKeyError(f"known_hosts {path} {exc}",
+                           hint="point known_hosts in the inventory at a plain file") from None
     except OSError as exc:
         raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, opened without blocking (a FIFO never waits).
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        ValueError: it is not a regular file ("is not a regular file") or is over ``limit``
+            bytes ("is larger than N MiB").
+        OSError: it cannot be opened or read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise HostKeyError(f"known_hosts {path} is not a regular file",
-                               hint="point known_hosts in the inventory at a plain file")
+            raise ValueError("is not a regular file")
         chunks: list[bytes] = []
         size = 0
-        while size <= LIMIT and (chunk := os.read(fd, 1024 * 1024)):
+        while size <= limit and (chunk := os.read(fd, 1024 * 1024)):
             chunks.append(chunk)
             size += len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > LIMIT:
-        raise HostKeyError(f"known_hosts {path} is larger than {LIMIT // (1024 * 1024)} MiB",
-                           hint="is it the right file? a known_hosts line is about 100 bytes")
-    return data
+    if size > limit:
+        raise ValueError(f"is larger than {max(1, limit // (1024 * 1024))} MiB")
+    return b"".join(chunks)

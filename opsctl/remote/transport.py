@@ -43,7 +43,7 @@ from opsctl.errors import (
     PctTooOld,
     TransportError,
 )
-from opsctl.remote import channel, sshbanner
+from opsctl.remote import channel, identity, sshbanner
 from opsctl.remote.command import (
     CommandResult,
     Kept,
@@ -295,7 +295,8 @@ class Remote:
             "auth_timeout": self.host.connect_timeout_s,
         }
         if self.host.identity_file:
-            connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
+            key_file = identity.check(self.host.identity_file, self.host.label)
+            connect_kwargs.update(key_filename=[key_file],
                                   look_for_keys=False, allow_agent=False)
         gateway = self._gateway()
         conn = self._connection(self.host, connect_kwargs, gateway=gateway)
@@ -479,7 +480,7 @@ class Remote:
             kwargs: dict[str, t.Any] = {"banner_timeout": spec.connect_timeout_s,
                                         "auth_timeout": spec.connect_timeout_s}
             if spec.identity_file:
-                kwargs.update(key_filename=[os.path.expanduser(spec.identity_file)])
+                kwargs.update(key_filename=[identity.check(spec.identity_file, hop.strip())])
             gateway = self._connection(spec, kwargs, gateway)
             load_known_hosts(gateway.client.get_host_keys(), kh,
                              names=[known_hosts_name(spec.address, spec.port)])
