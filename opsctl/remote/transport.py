@@ -202,9 +202,15 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label:
                     f"host key of {hostname} is not in {known_hosts} ({key.get_name()} {fp})",
                     hint=f"check the fingerprint, then `opsctl host trust --host {label}` "
                          "or pass --accept-new-host-key")
-            known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            with known_hosts.open("a", encoding="utf-8") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            try:
+                known_hosts.parent.mkdir(parents=True, exist_ok=True)
+                with known_hosts.open("a", encoding="utf-8") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            except OSError as exc:  # else paramiko's caller reads it as a connect failure
+                raise HostKeyError(
+                    f"cannot record the host key of {hostname} ({key.get_name()} {fp}) in "
+                    f"{known_hosts}: {exc.strerror or exc}; nothing was run",
+                    hint="point known_hosts in the inventory at a writable file") from None
 
     return _HostKeyPolicy()
 

@@ -111,3 +111,13 @@ def test_a_key_marked_revoked_is_refused(sandbox, isolated_env, tmp_path):
     res = run("exec", "--host", "h", "--ct", "200", "--", "true")
     assert res.exit_code == errors.HOST_KEY, res.output
     assert "@revoked" in res.output
+
+
+def test_accept_new_into_a_known_hosts_that_cannot_be_written_is_a_host_key_error_not_a_connect_one(
+        sandbox, isolated_env):
+    # procfs: a regular file to stat and read, that refuses every write (root included)
+    write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts="/proc/version")
+    res = run("exec", "--accept-new-host-key", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == errors.HOST_KEY, res.output
+    assert "cannot record the host key of [127.0.0.1]:" in res.output
+    assert "in /proc/version" in res.output and "nothing was run" in res.output
