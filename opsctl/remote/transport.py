@@ -242,9 +242,13 @@ def handshake_failure(spec: HostSpec, where: str, started: paramiko.Transport | 
                               f"spoke SSH ({why})",
                               hint="check the addresses and ports of the host and its hops")
     if version and started is not None and not started.initial_kex_done:
-        # EOFError: the peer hung up; else paramiko gave up waiting ("No existing session")
-        then = ("then closed the connection" if isinstance(exc, EOFError)
-                else f"did not complete the key exchange within {timeout}")
+        # EOFError: the peer hung up; "No existing session": paramiko gave up waiting
+        if isinstance(exc, EOFError):
+            then = "then closed the connection"
+        elif said in ("", "No existing session"):
+            then = f"did not complete the key exchange within {timeout}"
+        else:  # it sent something that is not a key exchange
+            then = f"the key exchange failed ({said[:120]})"
         return TransportError(f"host {where} sent the SSH banner {version[:80]!r} but {then}",
                               hint="the host's sshd may be overloaded (MaxStartups), shutting "
                                    "down or not an sshd; try again, then check it on the host")

@@ -207,9 +207,15 @@ def _banner_then_hang_up(conn: socket.socket) -> None:
     conn.close()
 
 
+def _banner_then_garbage(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n" + b"\xff" * 64 + b"garbage\r\n" * 100)
+    time.sleep(30)
+
+
 _AFTER_BANNER = [
     (_banner_then_silence, "did not complete the key exchange within 1 s"),
     (_banner_then_hang_up, "then closed the connection"),
+    (_banner_then_garbage, "the key exchange failed (Invalid packet blocking)"),
 ]
 
 
