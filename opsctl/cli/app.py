@@ -40,7 +40,7 @@ class OpsctlGroup(click.Group):
                 _usage_document(exc)
             raise
         except KeyboardInterrupt:
-            ctx.exit(_report_interrupt())
+            ctx.exit(_report_interrupt(ctx))
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         words = list(args)  # (click's parser consumes the list)
@@ -96,9 +96,15 @@ def _report_error(ctx: click.Context, exc: OpsctlError) -> None:
     render.error(render.console(stderr=True), exc)
 
 
-def _report_interrupt() -> int:
-    """Ctrl-C: say what keeps running; returns the exit code."""
-    click.echo("interrupted (the remote job, if any, keeps running)", err=True)
+def _report_interrupt(ctx: click.Context) -> int:
+    """Ctrl-C: say what keeps running (with --json also as the one error document, so a
+    script reading stdout never gets nothing); returns the exit code."""
+    message = "interrupted (the remote job, if any, keeps running)"
+    if ctx.meta.get("opsctl_json") and not ctx.meta.get("opsctl_json_done"):
+        from opsctl.cli import render
+
+        render.print_json({"ok": False, "error": errors.Interrupted(message).to_dict()})
+    click.echo(message, err=True)
     return errors.INTERRUPTED
 
 

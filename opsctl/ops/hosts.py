@@ -10,7 +10,7 @@ from pathlib import Path
 from opsctl.config import inventory
 from opsctl.errors import HostKeyError, OpsctlError, TransportError
 from opsctl.remote.command import known_hosts_name
-from opsctl.remote.transport import Remote, fingerprint, load_known_hosts
+from opsctl.remote.transport import Remote, fingerprint, handshake_failure, load_known_hosts, words
 
 if t.TYPE_CHECKING:
     from opsctl.remote.mux_client import MuxRow
@@ -92,7 +92,6 @@ def fetch_host_key(host: str) -> ShownKey:
             or from the inventory's pin.
         TransportError: the host cannot be reached.
     """
-    import socket
 
     import paramiko
 
@@ -102,26 +101,30 @@ def fetch_host_key(host: str) -> ShownKey:
 
     spec = inventory.load().resolve(host)
     where = spec.ssh_label()
-    gateway = Remote(spec)._gateway()  # ProxyJump hops, each checked against known_hosts
+    remote = Remote(spec)
+    gateway = remote._gateway()  # ProxyJump hops, each checked against known_hosts
     try:
         if gateway is not None:
-            gateway.open()
+            remote.open_hops()
             sock: t.Any = gateway.transport.open_channel(
                 "direct-tcpip", (spec.address, spec.port), ("", 0))
         else:
-            sock = socket.create_connection((spec.address, spec.port),
-                                            timeout=spec.connect_timeout_s)
+            sock = Remote(spec)._dial()  # a peer that never speaks SSH is named as one
     except OpsctlError:
         raise
     except (OSError, paramiko.SSHException, EOFError) as exc:
         raise TransportError(f"cannot connect to {where}: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from None
+                             f"{getattr(exc, 'strerror', None) or words(exc)}") from None
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=spec.connect_timeout_s)
+        if not transport.initial_kex_done:  # start_client returns at its timeout regardless
+            raise paramiko.SSHException("No existing session")
         key = transport.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+    except (paramiko.SSHException, EOFError) as exc:
+        raise handshake_failure(spec, where, transport, exc) from None
+    except OSError as exc:
+        raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
     finally:
         transport.close()
         if gateway is not None:
@@ -133,8 +136,8 @@ def fetch_host_key(host: str) -> ShownKey:
                            hint="if the host was reinstalled, update host_key_fingerprint")
     kh = Path(spec.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
     keys = paramiko.HostKeys()
-    load_known_hosts(keys, kh)
     name = known_hosts_name(spec.address, spec.port)
+    load_known_hosts(keys, kh, names=[name])
     known: t.Any = keys.lookup(name) or {}
     if key.get_name() in known and known[key.get_name()] != key:
         raise HostKeyError(

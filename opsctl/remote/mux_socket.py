@@ -14,6 +14,8 @@ import typing as t
 from pathlib import Path
 
 from opsctl.config import paths
+from opsctl.errors import HostKeyError
+from opsctl.remote import knownhosts
 
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
@@ -54,9 +56,10 @@ def key(spec: HostSpec) -> str:
     """What a mux connection is bound to: identity and the trust state it verified."""
     kh = spec.known_hosts_path()
     try:  # its content, not its stat: a `touch` must not start a second mux
-        kh_state: str | None = hashlib.sha256(kh.read_bytes()).hexdigest()
-    except OSError:
-        kh_state = None
+        raw = knownhosts.read(kh)
+    except HostKeyError:  # the connect names it
+        raw = None
+    kh_state = None if raw is None else hashlib.sha256(raw).hexdigest()
     ident = [spec.user, spec.address, spec.port, spec.identity_file, spec.host_key_fingerprint,
              str(kh), kh_state, spec.proxy_jump]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]

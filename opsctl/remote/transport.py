@@ -43,7 +43,7 @@ from opsctl.errors import (
     PctTooOld,
     TransportError,
 )
-from opsctl.remote import channel, sshbanner
+from opsctl.remote import channel, identity, sshbanner
 from opsctl.remote.command import (
     CommandResult,
     Kept,
@@ -82,9 +82,44 @@ def fingerprint(key: paramiko.PKey) -> str:
 _warned_lines: set[tuple[str, int]] = set()
 
 
+#: Unreadable known_hosts lines named one by one, per file; the rest are counted.
+_WARN_LINES = 5
+
+
+def _for_names(hosts: str, names: frozenset[str] | None) -> bool:
+    """Whether a known_hosts line's host field (plain or ``|1|`` hashed names) names one of
+    ``names`` (None: any).
+
+    Raises:
+        ValueError: a hashed name is damaged (paramiko's lookup would fail on it, on every
+            connect, with a traceback).
+    """
+    import paramiko
+
+    hit = names is None
+    for host in hosts.split(","):
+        if host.startswith("|1|"):
+            parts = host.split("|")
+            try:
+                if len(parts) != 4 or not parts[2] or not parts[3]:
+                    raise ValueError
+                hashes = {paramiko.HostKeys.hash_host(n, host) for n in names or ("",)}
+            except Exception:  # bad base64, an assertion in paramiko
+                raise ValueError(f"damaged hashed host name {host[:40]!r}") from None
+            hit = hit or host in hashes
+        elif names is not None and host in names:
+            hit = True
+    return hit
+
+
 def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
-                     revoked: list[paramiko.PKey] | None = None) -> int:
+                     revoked: list[paramiko.PKey] | None = None, *,
+                     names: t.Collection[str] | None = None) -> int:
     """Add ``path``'s entries to ``host_keys``; returns how many lines were skipped.
+
+    ``names`` (``known_hosts_name`` spellings): only lines for these hosts have their key
+    parsed, as OpenSSH does, so a known_hosts of a hundred thousand other hosts costs
+    milliseconds, not minutes (paramiko parses every key it loads).
 
     ``@revoked`` keys go to ``revoked`` (the caller refuses a server presenting one);
     ``@cert-authority`` lines are skipped (opsctl does not use host certificates).
@@ -96,18 +131,18 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
     unknown-key refusal says so.
 
     Raises:
-        HostKeyError: the file exists but cannot be read at all.
+        HostKeyError: the file exists but cannot be read at all (:func:`.knownhosts.read`).
     """
     import sys
 
     import paramiko
 
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    from opsctl.remote import knownhosts
+
+    raw = knownhosts.read(path)
+    if raw is None:
         return 0
-    except OSError as exc:
-        raise HostKeyError(f"cannot read known_hosts {path}: {exc.strerror}") from None
+    wanted = None if names is None else frozenset(names)
     skipped = 0
     for lineno, bline in enumerate(raw.splitlines(), 1):
         line = bline.decode("utf-8", "replace").strip()
@@ -119,10 +154,12 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
                 continue
             line = line.split(None, 1)[1] if " " in line or "\t" in line else ""
         try:
+            if marker is None and not _for_names(line.split(None, 1)[0], wanted):
+                continue  # another host's line (a revoked key counts for every host)
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except Exception as exc:  # any broken line is skipped, never fatal
             skipped += 1
-            if (str(path), lineno) not in _warned_lines:
+            if skipped <= _WARN_LINES and (str(path), lineno) not in _warned_lines:
                 _warned_lines.add((str(path), lineno))
                 sys.stderr.write(f"warning: {path}:{lineno}: unreadable known_hosts line "
                                  f"ignored ({type(exc).__name__})\n")
@@ -135,6 +172,10 @@ def load_known_hosts(host_keys: paramiko.HostKeys, path: Path,
             continue
         for name in entry.hostnames:
             host_keys.add(name, entry.key.get_name(), entry.key)
+    if skipped > _WARN_LINES and (str(path), 0) not in _warned_lines:
+        _warned_lines.add((str(path), 0))
+        sys.stderr.write(f"warning: {path}: {skipped - _WARN_LINES} more unreadable known_hosts "
+                         "lines ignored\n")
     return skipped
 
 
@@ -161,11 +202,57 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label:
                     f"host key of {hostname} is not in {known_hosts} ({key.get_name()} {fp})",
                     hint=f"check the fingerprint, then `opsctl host trust --host {label}` "
                          "or pass --accept-new-host-key")
-            known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            with known_hosts.open("a", encoding="utf-8") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            try:
+                known_hosts.parent.mkdir(parents=True, exist_ok=True)
+                with known_hosts.open("a", encoding="utf-8") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            except OSError as exc:  # else paramiko's caller reads it as a connect failure
+                raise HostKeyError(
+                    f"cannot record the host key of {hostname} ({key.get_name()} {fp}) in "
+                    f"{known_hosts}: {exc.strerror or exc}; nothing was run",
+                    hint="point known_hosts in the inventory at a writable file") from None
 
     return _HostKeyPolicy()
+
+
+def words(exc: BaseException) -> str:
+    """An exception's own words, or its type's name when it has none (``EOFError()``)."""
+    return str(exc) or type(exc).__name__
+
+
+def handshake_failure(spec: HostSpec, where: str, started: paramiko.Transport | None,
+                       exc: BaseException) -> TransportError:
+    """The error for a connection paramiko could not take through the SSH handshake.
+
+    A peer that sent no banner never spoke SSH (direct peers are caught earlier, by
+    :mod:`.sshbanner`; behind a ProxyJump paramiko says so, or gives up at the connect
+    timeout with "No existing session"). A peer that sent its banner and then closed the
+    connection, or never finished the key exchange, is named with the banner it sent:
+    paramiko's own words for these ("", "No existing session") say nothing.
+    """
+    said = str(exc)
+    version = started.remote_version if started is not None else ""
+    timeout = f"{spec.connect_timeout_s:g} s"
+    if _NOT_SSH.search(said) or (started is not None and not version):
+        hops = f" or a ProxyJump hop ({spec.proxy_jump})" if spec.proxy_jump else ""
+        # paramiko's bare words when its banner wait ran out are the connect timeout's
+        why = said if _NOT_SSH.search(said) and said != "Error reading SSH protocol banner" \
+            else f"no SSH banner within {timeout}"
+        return TransportError(f"host {where}{hops} accepted the connection but never "
+                              f"spoke SSH ({why})",
+                              hint="check the addresses and ports of the host and its hops")
+    if version and started is not None and not started.initial_kex_done:
+        # EOFError: the peer hung up; "No existing session": paramiko gave up waiting
+        if isinstance(exc, EOFError):
+            then = "then closed the connection"
+        elif said in ("", "No existing session"):
+            then = f"did not complete the key exchange within {timeout}"
+        else:  # it sent something that is not a key exchange
+            then = f"the key exchange failed ({said[:120]})"
+        return TransportError(f"host {where} sent the SSH banner {version[:80]!r} but {then}",
+                              hint="the host's sshd may be overloaded (MaxStartups), shutting "
+                                   "down or not an sshd; try again, then check it on the host")
+    return TransportError(f"cannot connect to {where}: {words(exc)}")
 
 
 @dataclass
@@ -179,6 +266,9 @@ class Remote:
     #: direct connection (opsctl/remote/mux_client.py; ``OPSCTL_MUX=0`` turns it off).
     use_mux: bool = True
     _conn: fabric.Connection | None = field(default=None, init=False, repr=False)
+    #: the ProxyJump hops :meth:`_gateway` made, first hop first: (as written, spec, connection)
+    _hops: list[tuple[str, HostSpec, fabric.Connection]] = field(default_factory=list, init=False,
+                                                                  repr=False)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -215,14 +305,16 @@ class Remote:
             "auth_timeout": self.host.connect_timeout_s,
         }
         if self.host.identity_file:
-            connect_kwargs.update(key_filename=[os.path.expanduser(self.host.identity_file)],
+            key_file = identity.check(self.host.identity_file, self.host.label)
+            connect_kwargs.update(key_filename=[key_file],
                                   look_for_keys=False, allow_agent=False)
         gateway = self._gateway()
         conn = self._connection(self.host, connect_kwargs, gateway=gateway)
         client = conn.client
         kh = self.known_hosts
         revoked: list[paramiko.PKey] = []
-        load_known_hosts(client.get_host_keys(), kh, revoked)
+        load_known_hosts(client.get_host_keys(), kh, revoked,
+                         names=[known_hosts_name(self.host.address, self.host.port)])
         client.set_missing_host_key_policy(
             _make_policy(kh, self.host.host_key_fingerprint, self.accept_new_host_key,
                          self.host.label))
@@ -231,6 +323,7 @@ class Remote:
         sock = self._dial() if gateway is None else None
         if sock is not None:
             conn.connect_kwargs["sock"] = sock
+        self.open_hops()
         try:
             try:
                 conn.open()
@@ -259,23 +352,12 @@ class Remote:
             raise TransportError(f"cannot connect to {where}: {reason}") from None
         except socket.gaierror as exc:
             raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
-        except paramiko.SSHException as exc:
-            started = conn.client.get_transport()
-            # behind a ProxyJump (direct peers: sshbanner): paramiko says so, or gives up on
-            # the handshake at the connect timeout ("No existing session") with no banner read
-            no_banner = started is not None and not started.remote_version
+        except (paramiko.SSHException, EOFError) as exc:
+            failure = handshake_failure(self.host, where, conn.client.get_transport(), exc)
             conn.close()
-            if _NOT_SSH.search(str(exc)) or no_banner:
-                hops = f" or a ProxyJump hop ({self.host.proxy_jump})" if self.host.proxy_jump else ""
-                why = str(exc) if _NOT_SSH.search(str(exc)) else \
-                    f"no SSH banner within {self.host.connect_timeout_s:g} s"
-                raise TransportError(f"host {where}{hops} accepted the connection but never "
-                                     f"spoke SSH ({why})",
-                                     hint="check the addresses and ports of the host and its "
-                                          "hops") from None
-            raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
-        except (OSError, EOFError) as exc:
-            raise TransportError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+            raise failure from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
         transport = conn.client.get_transport()
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
             raise TransportError(f"cannot connect to {where}: no transport")
@@ -291,6 +373,59 @@ class Remote:
         transport.set_keepalive(self.keepalive_s)
         self._conn = conn
         return conn
+
+    def open_hops(self) -> None:
+        """Open the ProxyJump hops :meth:`_gateway` made, first hop first (fabric would open
+        them inside the target's connect, where a hop's failure reads as the target's).
+
+        Raises:
+            HostKeyError, AuthError, TransportError: naming the hop.
+        """
+        for hop in self._hops:
+            self._open_hop(*hop)
+
+    def _open_hop(self, written: str, spec: HostSpec, hop: fabric.Connection) -> None:
+        """Open one ProxyJump hop (the earlier ones are open), naming the hop in any failure:
+        opened inside the target's connect, its failure would read as the target's.
+
+        Raises:
+            HostKeyError, AuthError, TransportError: as :meth:`_open` words them, for the hop.
+        """
+        import paramiko
+
+        of = f"ProxyJump hop {written} of {self.host.label}"
+        where = f"{spec.ssh_label()} ({of})"
+        sock = None
+        if hop.gateway is None or hop.gateway is False:  # the first hop: a direct TCP peer
+            try:
+                sock = Remote(spec, use_mux=False)._dial()
+            except TransportError as exc:
+                raise TransportError(f"{of}: {exc.message}", hint=exc.hint) from None
+            hop.connect_kwargs["sock"] = sock
+        try:
+            try:
+                hop.open()
+            except BaseException:
+                if sock is not None:
+                    sock.close()
+                raise
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"host key of {where} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
+                f"server sent {fingerprint(exc.key)} — refusing to connect",
+                hint=f"if the hop was reinstalled: ssh-keygen -f {self.known_hosts} -R "
+                     f"'{known_hosts_name(spec.address, spec.port)}'") from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthError(f"SSH authentication to {where} failed: {exc}",
+                            hint="check the hop's user and identity file") from None
+        except (paramiko.SSHException, EOFError) as exc:
+            failure = handshake_failure(spec, where, hop.client.get_transport(), exc)
+            hop.close()
+            raise failure from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
 
     def _dial(self) -> socket.socket:
         """The TCP connection to the host, once its sshd has sent its banner
@@ -340,6 +475,7 @@ class Remote:
         from opsctl.config import inventory
 
         gateway: fabric.Connection | None = None
+        self._hops = []
         kh = self.known_hosts
         for hop in self.host.proxy_jump.split(","):
             # a hop is written in the user's inventory or ~/.ssh/config: a configured name
@@ -348,14 +484,19 @@ class Remote:
             if spec.proxy_jump:
                 raise ConfigError(f"{self.host.label}: ProxyJump hop {hop!r} has its own "
                                   "ProxyJump; list every hop in one ProxyJump instead")
+            # no hop waits longer than the target's connect timeout, the bound the user set
+            if spec.connect_timeout_s > self.host.connect_timeout_s:
+                spec = spec.model_copy(update={"connect_timeout_s": self.host.connect_timeout_s})
             kwargs: dict[str, t.Any] = {"banner_timeout": spec.connect_timeout_s,
                                         "auth_timeout": spec.connect_timeout_s}
             if spec.identity_file:
-                kwargs.update(key_filename=[os.path.expanduser(spec.identity_file)])
+                kwargs.update(key_filename=[identity.check(spec.identity_file, hop.strip())])
             gateway = self._connection(spec, kwargs, gateway)
-            load_known_hosts(gateway.client.get_host_keys(), kh)
+            load_known_hosts(gateway.client.get_host_keys(), kh,
+                             names=[known_hosts_name(spec.address, spec.port)])
             gateway.client.set_missing_host_key_policy(
                 _make_policy(kh, None, self.accept_new_host_key, hop.strip()))
+            self._hops.append((hop.strip(), spec, gateway))
         return gateway
 
     def server_key(self) -> paramiko.PKey:

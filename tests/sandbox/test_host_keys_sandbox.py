@@ -89,7 +89,18 @@ def test_a_malformed_known_hosts_line_for_another_host_does_not_stop_commands(
     write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts=str(known))
     res = run("exec", "--host", "h", "--ct", "200", "--", "sh", "-c", "exit 7")
     assert res.exit_code == 7, res.output
+    assert "unreadable" not in res.stderr, "another host's line is not even parsed (as OpenSSH)"
+
+
+def test_a_malformed_line_for_the_host_itself_is_named_and_the_host_is_unknown(
+        sandbox, isolated_env, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sandbox.port} ssh-ed25519 !!!not-base64!!!\n")
+    write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts=str(known))
+    res = run("exec", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == errors.HOST_KEY, res.output
     assert f"{known}:1: unreadable known_hosts line ignored" in res.stderr
+    assert "is not in" in res.output
 
 
 def test_a_key_marked_revoked_is_refused(sandbox, isolated_env, tmp_path):
@@ -100,3 +111,13 @@ def test_a_key_marked_revoked_is_refused(sandbox, isolated_env, tmp_path):
     res = run("exec", "--host", "h", "--ct", "200", "--", "true")
     assert res.exit_code == errors.HOST_KEY, res.output
     assert "@revoked" in res.output
+
+
+def test_accept_new_into_a_known_hosts_that_cannot_be_written_is_a_host_key_error_not_a_connect_one(
+        sandbox, isolated_env):
+    # procfs: a regular file to stat and read, that refuses every write (root included)
+    write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts="/proc/version")
+    res = run("exec", "--accept-new-host-key", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == errors.HOST_KEY, res.output
+    assert "cannot record the host key of [127.0.0.1]:" in res.output
+    assert "in /proc/version" in res.output and "nothing was run" in res.output

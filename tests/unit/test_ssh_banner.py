@@ -195,3 +195,108 @@ def test_a_banner_after_any_other_lines_is_a_banner(lines):
 def test_bytes_without_a_line_starting_ssh_are_never_a_banner(seen):
     starts = [line[:4] for line in seen.split(b"\n")]
     assert sshbanner.is_banner(seen) == (b"SSH-" in starts)
+
+
+def _banner_then_silence(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+    time.sleep(30)
+
+
+def _banner_then_hang_up(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+    conn.close()
+
+
+def _banner_then_garbage(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n" + b"\xff" * 64 + b"garbage\r\n" * 100)
+    time.sleep(30)
+
+
+_AFTER_BANNER = [
+    (_banner_then_silence, "did not complete the key exchange within 1 s"),
+    (_banner_then_hang_up, "then closed the connection"),
+    (_banner_then_garbage, "the key exchange failed (Invalid packet blocking)"),
+]
+
+
+@pytest.mark.parametrize("peer, then", _AFTER_BANNER, indirect=["peer"])
+def test_a_peer_that_stops_after_its_banner_is_named_with_the_banner_it_sent(peer, then):
+    exc, took = _connect(peer.port)
+    assert exc.message == (f"host root@127.0.0.1:{peer.port} sent the SSH banner "
+                           f"'SSH-2.0-OpenSSH_9.2' but {then}"), exc.message
+    assert took < 3.0, f"bounded by the 1 s connect timeout, took {took:.1f} s"
+    assert exc.hint
+
+
+@pytest.mark.parametrize("peer, then", [
+    (_mute, "never spoke SSH (no SSH banner within 1 s"), *_AFTER_BANNER], indirect=["peer"])
+def test_host_trust_names_a_peer_that_never_finishes_the_handshake(peer, then, isolated_env: Path):
+    from opsctl.ops.hosts import fetch_host_key
+
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": peer.port, "connect_timeout_s": 1}}}))
+    start = time.monotonic()
+    with pytest.raises(errors.TransportError) as caught:
+        fetch_host_key("h")
+    assert then in caught.value.message and caught.value.message.startswith("host "), caught.value.message
+    assert time.monotonic() - start < 3.0
+
+
+def _status_behind_hop(hop_port: int, home: Path) -> tuple[dict[str, t.Any], float]:
+    """``opsctl status --json`` of a target behind the ProxyJump hop 127.0.0.1:``hop_port``."""
+    inv = home / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": 22, "connect_timeout_s": 1,
+        "proxy_jump": f"root@127.0.0.1:{hop_port}", "containers": {200: {}}}}}))
+    start = time.monotonic()
+    res = CliRunner().invoke(cli, ["status", "--json", "--host", "h", "--ct", "200"])
+    took = time.monotonic() - start
+    assert res.exit_code == errors.TRANSPORT, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), "no traceback"
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "TransportError"
+    return t.cast(dict[str, t.Any], doc["error"]), took
+
+
+@pytest.mark.parametrize("peer, why", [
+    (_mute, "never spoke SSH (no SSH banner within 1 s)"),
+    (_http, "never spoke SSH (no SSH banner within 1 s; it sent b'HTTP/1.1"),
+    (_banner_then_hang_up, "sent the SSH banner 'SSH-2.0-OpenSSH_9.2' but then closed the connection"),
+    (_banner_then_silence, "but did not complete the key exchange within 1 s"),
+], indirect=["peer"])
+def test_a_proxyjump_hop_that_fails_the_handshake_is_named_as_the_hop_within_the_target_timeout(
+        peer, why, isolated_env: Path):
+    error, took = _status_behind_hop(peer.port, isolated_env)
+    assert f"ProxyJump hop root@127.0.0.1:{peer.port} of h" in error["message"], error["message"]
+    assert why in error["message"], error["message"]
+    assert took < 4.0, f"bounded by the target's 1 s connect timeout, took {took:.1f} s"
+
+
+def test_a_dead_proxyjump_hop_is_named_as_the_hop(isolated_env: Path):
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    error, _ = _status_behind_hop(port, isolated_env)
+    assert error["message"] == (f"ProxyJump hop root@127.0.0.1:{port} of h: cannot connect to "
+                                f"root@127.0.0.1:{port}: Connection refused"), error["message"]
+
+
+def test_ctrl_c_during_the_connect_of_status_json_is_one_interrupted_document_with_exit_130(
+        isolated_env: Path, monkeypatch):
+    def interrupted(self: Remote) -> socket.socket:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Remote, "_dial", interrupted)
+    inv = isolated_env / "inventory"
+    inv.mkdir(parents=True, exist_ok=True)
+    (inv / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h": {
+        "address": "127.0.0.1", "port": 9, "containers": {200: {}}}}}))
+    res = CliRunner().invoke(cli, ["status", "--json", "--host", "h", "--ct", "200"])
+    assert res.exit_code == errors.INTERRUPTED, res.output
+    doc = json.loads(res.stdout)
+    assert doc == {"ok": False, "error": {
+        "type": "Interrupted", "message": "interrupted (the remote job, if any, keeps running)",
+        "exit_code": errors.INTERRUPTED, "hint": None, "log_path": None}}
+    assert res.stderr == "interrupted (the remote job, if any, keeps running)\n"
