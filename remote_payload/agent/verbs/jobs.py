@@ -630,7 +630,8 @@ def list_jobs(root: str, limit: int = 0) -> JobListDoc:
 
     current = jobs.current_job_id(root)
     dated = []
-    damaged: list[DamagedRecordDoc] = []
+    damaged: list[DamagedRecordDoc] = [{"path": p, "reason": jobs.LINKED_JOB_DIR}
+                                       for p in jobs.linked_job_dirs(root)]
     for jid in jobs.list_job_ids(root):
         try:
             st = jobrecord.read_status(jobs.job_dir(root, jid), {}) or {}

@@ -214,9 +214,11 @@ def _stage_and_publish(root: str, specs: list[dict[str, t.Any]], secrets: t.Any,
     import shutil
 
     staging = os.path.join(jobs.jobs_root(root), STAGING)
-    if os.path.islink(staging):  # not opsctl's: never followed, never removed
-        raise _refused(f"queue-add: {staging} is a symbolic link, not opsctl's staging "
-                       "directory; move it away", "staging", path=staging)
+    if os.path.islink(staging) or (os.path.lexists(staging) and not os.path.isdir(staging)):
+        what = "a symbolic link" if os.path.islink(staging) else "not a directory"
+        # not opsctl's: never followed, never removed
+        raise _refused(f"queue-add: {staging} is {what}, not opsctl's staging directory; "
+                       "move it away", "staging", path=staging)
     shutil.rmtree(staging, ignore_errors=True)
     stage_root = os.path.join(staging, str(os.getpid()))
     staged: list[tuple[str, str]] = []
@@ -230,7 +232,7 @@ def _stage_and_publish(root: str, specs: list[dict[str, t.Any]], secrets: t.Any,
                                          replaced=None, secrets=mine, check=None,
                                          state=JobState.QUEUED, rank=rank + k)
             staged.append((stage, jobs.job_dir(root, spec["job_id"])))
-        open(os.path.join(jobs.jobs_root(root), queue.QUEUED_HINT), "a").close()
+        queue.set_hint(root)
         for stage, final in staged:  # the ids were checked free under this lock
             os.rename(stage, final)
     finally:
