@@ -62,6 +62,8 @@ LEGACY_QUEUE_FILE = "queue.json"  # an older agent's order; migrated once (:func
 SLOTS_FILE = "gpu-slots.json"  # {"slots": N}: the container's GPU count (a container fact)
 QUEUED_HINT = ".queued"  # exists while jobs may be queued (status skips the queue otherwise)
 QUEUE_LOCK = ".queue.lock"
+STAGING = ".staging"  # in jobs/: job dirs of a batch being written (no job id starts with ".")
+STAGED_WHOLE = ".whole"  # in a batch's staging dir: every job dir of the batch is written
 SLOTS_FILE_BYTES = 4096  # {"slots": N} is a dozen bytes
 RANK = "queue_rank"  # in a queued job's status.json: its place in the queue
 LEGACY_VERSION = 1
@@ -308,6 +310,33 @@ def write_slots(root: str, slots: int) -> None:
         write_json_atomic(os.path.join(jobs_dir(root), SLOTS_FILE), {"slots": slots})
 
 
+def settle_staging(root: str) -> None:
+    """Finish or clear what a killed ``queue add`` left under ``jobs/.staging/`` (hold
+    :func:`locked`; an add stages only while it holds the lock, so nothing found there is
+    being written). A batch marked whole (:data:`STAGED_WHOLE`: every job dir written, its
+    ids checked free) was being moved into place: the rest of it is moved too, so a pipeline
+    is queued whole or not at all; an unmarked one (it may hold secrets) is removed. A link
+    or a file at ``.staging`` is not opsctl's: never followed, never removed."""
+    import shutil
+
+    from remote_payload.agent import jobstore
+
+    staging = os.path.join(jobs_dir(root), STAGING)
+    if os.path.islink(staging) or not os.path.isdir(staging):
+        return
+    for batch in sorted(os.listdir(staging)):
+        where = os.path.join(staging, batch)
+        if os.path.islink(where) or not os.path.isfile(os.path.join(where, STAGED_WHOLE)):
+            continue
+        for name in sorted(n for n in os.listdir(where) if _is_job_id(n)):
+            src, final = os.path.join(where, name), jobstore.job_dir(root, name)
+            if os.path.isdir(src) and not os.path.islink(src) and not os.path.lexists(final):
+                set_hint(root)
+                with contextlib.suppress(OSError):
+                    os.rename(src, final)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def set_hint(root: str) -> None:
     """Say that jobs may be queued (a directory made there by hand says so too)."""
     with contextlib.suppress(IsADirectoryError):
@@ -344,6 +373,7 @@ def locked(root: str, blocking: bool = True) -> t.Iterator[None]:
         fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         try:
             migrate_legacy(root)
+            settle_staging(root)
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)

@@ -163,12 +163,16 @@ def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
         if exc.errno == errno.EISDIR:
             raise ValueError("a directory, not a file") from None
         raise
-    with os.fdopen(fd, "rb") as f:
+    try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise ValueError("a directory, not a file")
         if not stat.S_ISREG(mode):
             raise ValueError("not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")

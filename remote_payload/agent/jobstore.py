@@ -190,13 +190,12 @@ def resolve_job(root: str, job_id: str | None) -> str:
 def list_job_ids(root: str) -> list[str]:
     """The job dirs' ids (a symbolic link named like a job is no job dir:
     :func:`linked_job_dirs`)."""
-    try:
-        names = os.listdir(jobs_root(root))
+    try:  # scandir's file types come with the listing: no stat per job dir (``status`` lists)
+        with os.scandir(jobs_root(root)) as it:
+            return [e.name for e in it
+                    if JOB_ID_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
         return []
-    d = jobs_root(root)
-    return [n for n in names if JOB_ID_RE.fullmatch(n) and os.path.isdir(os.path.join(d, n))
-            and not os.path.islink(os.path.join(d, n))]
 
 
 #: the ``damaged`` reason of a symbolic link where a job dir belongs
