@@ -12,15 +12,30 @@ import json
 import os
 import subprocess
 import typing as t
+import uuid
 from pathlib import Path
 
+import pytest
 from pydantic import TypeAdapter
 
 from opsctl.remote.shapes import pydantic_view
 from remote_payload import wire_shapes
-from tests.agent.test_agent_queue import PY, Agent, agent, gate, spec, tmux_socket  # noqa: F401
+from tests.agent.test_agent_queue import PY, Agent, gate, pytestmark, spec
 
+__all__ = ["pytestmark"]  # the same needs: Linux /proc and tmux
 SHAPES = {"queue": wire_shapes.QueueDoc, "jobs": wire_shapes.JobListDoc}
+
+
+@pytest.fixture(scope="module")
+def socket() -> t.Iterator[str]:
+    name = f"opsctl-test-hostile-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, check=False)
+
+
+@pytest.fixture
+def agent(tmp_path: Path, socket: str) -> Agent:
+    return Agent(tmp_path / "root", socket)
 
 
 def _valid(verb: str, data: t.Any) -> t.Any:
@@ -72,8 +87,8 @@ def test_records_that_are_not_opsctls_are_listed_damaged_left_as_they_are_and_ne
     (jobs / "gpu-slots.json").symlink_to("/dev/zero")
     (jobs / ".queued").unlink()
     (jobs / ".queued").mkdir()  # the hint, as a directory
-    before = {"jobs": _files(jobs), "elsewhere": _files(tmp_path / "elsewhere"),
-              "secret": secret.read_bytes()}
+    before_jobs, before_elsewhere = _files(jobs), _files(tmp_path / "elsewhere")
+    before_secret = secret.read_bytes()
 
     queue = _valid("queue", agent.data("queue"))
     listed = _valid("jobs", agent.data("jobs"))
@@ -89,11 +104,11 @@ def test_records_that_are_not_opsctls_are_listed_damaged_left_as_they_are_and_ne
     assert "next ran" in (jobs / "next-40" / "output.log").read_text()
     agent.data("queue")
     after = _files(jobs)
-    for name, content in before["jobs"].items():  # every record opsctl did not write is kept
+    for name, content in before_jobs.items():  # every record opsctl did not write is kept
         if name.split("/")[0] not in ("real-40", "next-40", "current", ".queue.lock"):
             assert after.get(name) == content, name
-    assert _files(tmp_path / "elsewhere") == before["elsewhere"]
-    assert secret.read_bytes() == before["secret"]
+    assert _files(tmp_path / "elsewhere") == before_elsewhere
+    assert secret.read_bytes() == before_secret
     assert not (twin / "output.log").exists() and not (elsewhere / "launch.json").exists()
 
 
