@@ -143,3 +143,17 @@ def test_an_add_killed_between_moving_its_jobs_in_queues_the_whole_pipeline(
     go.touch()
     agent.wait_state("s3-41", "SUCCEEDED", timeout=60)
     assert all(agent.state(f"s{i}-41") == "SUCCEEDED" for i in range(4))
+
+
+def test_an_empty_job_id_never_means_the_current_job(agent: Agent) -> None:
+    agent.add(spec("cur-42"))
+    agent.wait_state("cur-42", "SUCCEEDED")
+    reply = agent.reply("queue-add", "--specs-stdin", "--slots", "8",
+                        stdin=json.dumps({"specs": [spec("dep-42", after="")]}))
+    assert reply["error"]["type"] == "QueueRefused" and "empty" in reply["error"]["message"]
+    assert not (agent.root / "jobs" / "dep-42").exists()
+    for args in (["queue-rm", "--job", ""], ["queue-move", "--job", "", "--after", "cur-42"],
+                 ["queue-move", "--job", "cur-42", "--before", ""]):
+        reply = agent.reply(*args)
+        assert reply["error"]["type"] == "UsageError" and "empty" in reply["error"]["message"]
+    assert agent.state("cur-42") == "SUCCEEDED"

@@ -59,6 +59,10 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return listing(root)
     if verb == "queue-add":
         return add(root, _read_stdin(), socket=socket, slots=slots)
+    for opt in ("job", "before", "after"):  # "" would mean the current job: never here
+        if getattr(args, opt, None) == "":
+            raise AgentFailure(ErrorType.UsageError, f"{verb}: --{opt} names no job (an empty "
+                               "id)", option=opt)
     if verb == "queue-rm":
         job_id = jobs.resolve_job(root, args.job)
         queue.remove(root, job_id)
@@ -246,6 +250,9 @@ def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
         AgentFailure: ``QueueRefused`` (no such job; a prefix several jobs share, listed),
             ``BadJobId``.
     """
+    if not after:  # never "the current job": a dependency is named, or there is none
+        raise _refused("--after names no job (an empty id); give a job id or leave it out",
+                       "dependency", after=after)
     if after in batch:
         return after
     try:
