@@ -47,6 +47,21 @@ def __getattr__(name: str) -> t.Any:
 
 
 def main() -> None:
+    """The console script; a Ctrl-C while it is still loading (before a command runs and
+    reports its own interrupt) ends it with one line and the interrupted exit code, never a
+    traceback of the import it cut short."""
+    try:
+        _main()
+    except KeyboardInterrupt:
+        import sys
+
+        from opsctl.errors import INTERRUPTED
+
+        sys.stderr.write("opsctl: interrupted while starting; nothing was done\n")
+        raise SystemExit(INTERRUPTED) from None
+
+
+def _main() -> None:
     import sys
 
     from opsctl.faststatus import trace
