@@ -168,6 +168,10 @@ def validate_gpu_request(value: t.Any, slots: int | None = None) -> GpuRequest:
     return list(value)
 
 
+_GPU_DIGITS = 6  # a count or an index past this many digits is no GPU (and int() refuses
+#                  past 4300 digits with Python's own message)
+
+
 def parse_gpu_request(text: str, slots: int | None = None) -> GpuRequest:
     """``--gpus N`` or ``--gpus 0,1,3`` (a list needs a comma, or a single index written
     ``3,``); surrounding blanks are ignored.
@@ -176,8 +180,8 @@ def parse_gpu_request(text: str, slots: int | None = None) -> GpuRequest:
         ValueError: anything else, and what :func:`validate_gpu_request` refuses.
     """
     s = text.strip()
-    if len(s) > 8 * MAX_GPU_SLOTS:
-        raise ValueError("gpus: too long")
+    if len(s) > 8 * MAX_GPU_SLOTS or any(len(p.strip()) > _GPU_DIGITS for p in s.split(",")):
+        raise ValueError(f"gpus {text[:20]!r}...: too long for a GPU count or index list")
     if "," in s:
         parts = [p.strip() for p in s.split(",")]
         if parts and parts[-1] == "":

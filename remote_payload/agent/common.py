@@ -46,9 +46,28 @@ def which(name: str) -> str | None:
     return None
 
 
+#: the largest JSON file the agent reads (its own are a few KiB): a file grown past it, a
+#: device or a FIFO put in its place never costs a call its memory or blocks it
+MAX_JSON_BYTES = 8 * 2**20
+
+
 def read_json(path: str, default: t.Any = None) -> t.Any:
+    """The JSON document at ``path`` (``default`` when there is none).
+
+    Raises:
+        ValueError: not JSON, not a regular file, larger than :data:`MAX_JSON_BYTES`.
+    """
+    import stat
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return default
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_JSON_BYTES} bytes")
+    return json.loads(data.decode("utf-8"))

@@ -55,13 +55,16 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent import jobrecord
-from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
+from remote_payload.agent.common import AgentFailure, write_json_atomic
 from remote_payload.wire import ErrorType, JobState
 
 LEGACY_QUEUE_FILE = "queue.json"  # an older agent's order; migrated once (:func:`migrate_legacy`)
 SLOTS_FILE = "gpu-slots.json"  # {"slots": N}: the container's GPU count (a container fact)
 QUEUED_HINT = ".queued"  # exists while jobs may be queued (status skips the queue otherwise)
 QUEUE_LOCK = ".queue.lock"
+STAGING = ".staging"  # in jobs/: job dirs of a batch being written (no job id starts with ".")
+STAGED_WHOLE = ".whole"  # in a batch's staging dir: every job dir of the batch is written
+SLOTS_FILE_BYTES = 4096  # {"slots": N} is a dozen bytes
 RANK = "queue_rank"  # in a queued job's status.json: its place in the queue
 LEGACY_VERSION = 1
 #: the failure states that cancel a job's dependants
@@ -256,7 +259,7 @@ def migrate_legacy(root: str) -> str | None:
     kept for a human and never read again. Returns the new name (None: no legacy file)."""
     path = os.path.join(jobs_dir(root), LEGACY_QUEUE_FILE)
     try:
-        legacy: LegacyQueue | None = parse_legacy(jobrecord.decode(_read_bytes(path)))
+        legacy: LegacyQueue | None = parse_legacy(jobrecord.decode(jobrecord.read_bounded(path)))
     except FileNotFoundError:
         return None
     except (ValueError, OSError):
@@ -281,11 +284,6 @@ def migrate_legacy(root: str) -> str | None:
     return kept
 
 
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(jobrecord.MAX_RECORD_BYTES)
-
-
 # --- the container's facts and the lock -------------------------------------------------------
 
 
@@ -296,8 +294,9 @@ def jobs_dir(root: str) -> str:
 def read_slots(root: str) -> int | None:
     """The container's GPU count as the last client sent it (None: never sent, or damaged)."""
     try:
-        raw = read_json(os.path.join(jobs_dir(root), SLOTS_FILE), None)
-    except (ValueError, OSError):
+        raw = jobrecord.decode(jobrecord.read_bounded(os.path.join(jobs_dir(root), SLOTS_FILE),
+                                                      SLOTS_FILE_BYTES))
+    except (ValueError, OSError):  # none, damaged, a link, a device, a FIFO: not known
         return None
     slots = raw.get("slots") if isinstance(raw, dict) else None
     if isinstance(slots, bool) or not isinstance(slots, int) or not 0 < slots <= wire.MAX_GPU_SLOTS:
@@ -309,6 +308,46 @@ def write_slots(root: str, slots: int) -> None:
     """Keep the container's GPU count (hold :func:`locked`); unchanged: no write."""
     if read_slots(root) != slots:
         write_json_atomic(os.path.join(jobs_dir(root), SLOTS_FILE), {"slots": slots})
+
+
+def settle_staging(root: str) -> None:
+    """Finish or clear what a killed ``queue add`` left under ``jobs/.staging/`` (hold
+    :func:`locked`; an add stages only while it holds the lock, so nothing found there is
+    being written). A batch marked whole (:data:`STAGED_WHOLE`: every job dir written, its
+    ids checked free) was being moved into place: the rest of it is moved too, so a pipeline
+    is queued whole or not at all; an unmarked one (it may hold secrets) is removed. A link
+    or a file at ``.staging`` is not opsctl's: never followed, never removed."""
+    import shutil
+
+    from remote_payload.agent import jobstore
+
+    staging = os.path.join(jobs_dir(root), STAGING)
+    if os.path.islink(staging) or not os.path.isdir(staging):
+        return
+    for batch in sorted(os.listdir(staging)):
+        where = os.path.join(staging, batch)
+        if os.path.islink(where) or not os.path.isfile(os.path.join(where, STAGED_WHOLE)):
+            continue
+        for name in sorted(n for n in os.listdir(where) if _is_job_id(n)):
+            src, final = os.path.join(where, name), jobstore.job_dir(root, name)
+            if os.path.isdir(src) and not os.path.islink(src) and not os.path.lexists(final):
+                set_hint(root)
+                with contextlib.suppress(OSError):
+                    os.rename(src, final)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def set_hint(root: str) -> None:
+    """Say that jobs may be queued (a directory made there by hand says so too)."""
+    with contextlib.suppress(IsADirectoryError):
+        open(os.path.join(jobs_dir(root), QUEUED_HINT), "a").close()
+
+
+def clear_hint(root: str) -> None:
+    """Nothing is queued: ``status`` may skip the queue (only opsctl's hint file is removed;
+    a directory made there by hand stays, and costs each ``status`` one scan)."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(os.path.join(jobs_dir(root), QUEUED_HINT))
 
 
 def may_have_queued(root: str) -> bool:
@@ -334,6 +373,7 @@ def locked(root: str, blocking: bool = True) -> t.Iterator[None]:
         fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         try:
             migrate_legacy(root)
+            settle_staging(root)
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
@@ -362,7 +402,8 @@ def scan(root: str, *, reconcile: bool = True) -> Snapshot:
     queued: list[tuple[float, float, str]] = []
     ranks: dict[str, float | None] = {}
     holders: dict[str, Slots] = {}
-    damaged: list[dict[str, str]] = []
+    damaged = [{"path": p, "reason": jobstore.LINKED_JOB_DIR}
+               for p in jobstore.linked_job_dirs(root)]
     for jid in sorted(jobstore.list_job_ids(root)):
         path = jobstore.job_dir(root, jid)
         try:
@@ -371,7 +412,7 @@ def scan(root: str, *, reconcile: bool = True) -> Snapshot:
                 continue
             state = JobState(status["state"])
             if state == JobState.QUEUED:
-                jobrecord.read_spec(path)  # a queued job whose spec is damaged never starts
+                jobrecord.read_queued_spec(path)  # a damaged or partial spec never starts
                 rank = status.get(RANK)
                 ranks[jid] = float(rank) if rank is not None else None
                 queued.append((float("inf") if rank is None else float(rank),
@@ -528,8 +569,7 @@ def _advance_locked(root: str, start: Starter, slots: int | None) -> dict[str, t
     for _ in range(MAX_ROUNDS):
         snap = scan(root)
         if not snap.order:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(jobs_dir(root), QUEUED_HINT))
+            clear_hint(root)
             break
         reqs = {j: job_request(root, j) for j in snap.order}
         afters = {j: r[1] for j, r in reqs.items()}

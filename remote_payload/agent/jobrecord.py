@@ -15,10 +15,12 @@ only (docs/architecture.md), and these checks are a few lines each.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 import typing as t
 
 from remote_payload import wire
@@ -129,20 +131,52 @@ def read(path: str, parse: t.Callable[[t.Any], dict[str, t.Any]],
         DamagedRecord: the file cannot be read or does not parse.
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RECORD_BYTES + 1)
+        data = read_bounded(path)
     except FileNotFoundError:
         return missing
-    except IsADirectoryError:
-        raise DamagedRecord(path, "a directory, not a file") from None
+    except ValueError as exc:
+        raise DamagedRecord(path, str(exc)) from None
     except OSError as exc:
         raise DamagedRecord(path, f"unreadable: {exc.strerror or exc}") from None
-    if len(data) > MAX_RECORD_BYTES:
-        raise DamagedRecord(path, f"larger than {MAX_RECORD_BYTES} bytes")
     try:
         return parse(decode(data))
     except ValueError as exc:
         raise DamagedRecord(path, str(exc)[:_REASON_CHARS]) from None
+
+
+def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``, never following a symbolic link there (the
+    agent writes its records with rename, never as links: a link is someone else's, and may
+    name ``/etc/shadow`` or another job's record), never blocking on a FIFO or reading a
+    device, never more than ``limit`` bytes.
+
+    Raises:
+        FileNotFoundError: no file.
+        ValueError: a link, a directory, not a regular file, larger than ``limit``.
+        OSError: it cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symbolic link, not the agent's file (left as it is)") from None
+        if exc.errno == errno.EISDIR:
+            raise ValueError("a directory, not a file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ValueError("a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise ValueError("not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
 
 
 def read_status(job_path: str, missing: dict[str, t.Any] | None = None) -> dict[str, t.Any] | None:
@@ -163,8 +197,38 @@ def read_spec(job_path: str) -> dict[str, t.Any]:
     return read(os.path.join(job_path, "spec.json"), parse_spec, {}) or {}
 
 
+def read_queued_spec(job_path: str) -> dict[str, t.Any]:
+    """A queued job's ``spec.json``: what its start needs is there (``queue add`` wrote the
+    whole launch spec; a queued job dir made by hand, or whose spec was cut or copied from
+    another job, never starts: it is set aside as damaged).
+
+    Raises:
+        DamagedRecord: no spec, or one its start could not use.
+    """
+    path = os.path.join(job_path, "spec.json")
+    spec = read(path, parse_spec)
+    if spec is None:
+        raise DamagedRecord(path, "missing (a queued job needs its spec)")
+    if spec.get("job_id") != os.path.basename(job_path):
+        raise DamagedRecord(path, f"job_id {_short(spec.get('job_id'))} is not the job dir's "
+                                  "name")
+    if not spec.get("command"):
+        raise DamagedRecord(path, "command is missing")
+    for key in ("workdir", "name"):
+        if not isinstance(spec.get(key), str):
+            raise DamagedRecord(path, f"{key} is missing")
+    env = spec.get("env")
+    if env is not None and not (isinstance(env, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise DamagedRecord(path, "env is not a map of strings")
+    return spec
+
+
 def _finite(x: t.Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    try:  # an integer of 400 digits parses, and is too large for a float: no number here
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def _short(x: t.Any) -> str:

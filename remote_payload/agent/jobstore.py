@@ -170,6 +170,7 @@ def resolve_job(root: str, job_id: str | None) -> str:
     jid = job_id or current_job_id(root)
     if jid is None:
         raise AgentFailure(ErrorType.NoSuchJob, f"no job has been launched under {root}", root=root)
+    check_not_linked(root, jid)
     if os.path.isdir(job_dir(root, jid)):
         return jid
     matches = sorted(n for n in list_job_ids(root) if n.startswith(jid))
@@ -183,11 +184,40 @@ def resolve_job(root: str, job_id: str | None) -> str:
 
 
 def list_job_ids(root: str) -> list[str]:
+    """The job dirs' ids (a symbolic link named like a job is no job dir:
+    :func:`linked_job_dirs`)."""
+    try:  # scandir's file types come with the listing: no stat per job dir (``status`` lists)
+        with os.scandir(jobs_root(root)) as it:
+            return [e.name for e in it
+                    if JOB_ID_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
+#: the ``damaged`` reason of a symbolic link where a job dir belongs
+LINKED_JOB_DIR = "a symbolic link, not a job dir (never followed, left as it is)"
+
+
+def linked_job_dirs(root: str) -> list[str]:
+    """The symbolic links to a directory named like a job under ``jobs/``: opsctl never makes
+    one (a job dir
+    is made with mkdir), so one is never followed: never started, never written through; the
+    ``jobs`` and ``queue`` replies list it under ``damaged``."""
     try:
         names = os.listdir(jobs_root(root))
     except FileNotFoundError:
         return []
-    return [n for n in names if JOB_ID_RE.fullmatch(n) and os.path.isdir(os.path.join(jobs_root(root), n))]
+    d = jobs_root(root)
+    return sorted(os.path.join(d, n) for n in names
+                  if JOB_ID_RE.fullmatch(n) and os.path.islink(os.path.join(d, n))
+                  and os.path.isdir(os.path.join(d, n)))
+
+
+def check_not_linked(root: str, job_id: str) -> None:
+    """Raises :class:`jobrecord.DamagedRecord` when the job's dir is a symbolic link."""
+    path = job_dir(root, job_id)
+    if os.path.islink(path):
+        raise jobrecord.DamagedRecord(path, LINKED_JOB_DIR)
 
 
 def new_job_id(name: str) -> str:
@@ -678,10 +708,10 @@ def _terminal(status: t.Mapping[str, t.Any]) -> bool:
 def _reconcile(root: str, job_id: str) -> JobRecord:
     path = job_dir(root, job_id)
     spec = jobrecord.read_spec(path)  # DamagedRecord: the callers set the job dir aside
-    launch = read_json(os.path.join(path, LAUNCH), {}) or {}
+    launch = _side_record(path, LAUNCH, {}) or {}
     status = jobrecord.read_status(path, {}) or {}  # none yet: a launch is writing the dir
-    pid = read_json(os.path.join(path, PID), {}) or {}
-    exit_rec = read_json(os.path.join(path, EXIT_CODE))
+    pid = _side_record(path, PID, {}) or {}
+    exit_rec = _side_record(path, EXIT_CODE, None)
     state = JobState(status.get("state", JobState.PENDING.value))
     evidence = list(status.get("evidence") or [])
 
@@ -736,6 +766,22 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
         return _persist(record(state, False, evidence), JobState.CANCELLED,
                         [*why, "cancel was requested; the exit status is unknown"])
     return _persist(record(state, False, evidence), JobState.LOST, why)
+
+
+def _side_record(path: str, name: str, default: t.Any) -> t.Any:
+    """``launch.json``, ``pid``, ``exit_code`` of a job dir, read back (bounded, never a FIFO).
+
+    Raises:
+        jobrecord.DamagedRecord: it does not parse, or is no JSON object.
+    """
+    where = os.path.join(path, name)
+    try:
+        doc = read_json(where, default)
+    except (ValueError, OSError) as exc:
+        raise jobrecord.DamagedRecord(where, str(exc)[:200]) from None
+    if doc is not None and doc is not default and not isinstance(doc, dict):
+        raise jobrecord.DamagedRecord(where, "not a JSON object")
+    return doc
 
 
 def _status_or(path: str, previous: dict[str, t.Any]) -> dict[str, t.Any]:

@@ -267,7 +267,8 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
     path = jobs.job_dir(root, job_id)
     try:  # a job starts only from QUEUED: never twice, never one that ended or runs
         status = jobrecord.read_status(path)
-        spec = jobrecord.read_spec(path)
+        queued = status is not None and status["state"] == JobState.QUEUED.value
+        spec = jobrecord.read_queued_spec(path) if queued else {}
     except jobrecord.DamagedRecord as exc:
         raise AgentFailure(ErrorType.QueueRefused, f"job {job_id}: {exc}; not started",
                            job_id=job_id, why="damaged record") from None

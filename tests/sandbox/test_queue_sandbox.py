@@ -259,3 +259,36 @@ def test_after_an_ambiguous_prefix_names_the_candidates(q: Queue) -> None:
     assert a in res.output and b in res.output
     unknown = run("queue", "add", *T, "--playbook", q.book("waits"), "--after", "nosuchjob")
     assert unknown.exit_code == 25 and "no such job" in unknown.output
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_to_queue_add_queues_the_whole_pipeline_or_none_of_it(
+        q: Queue, signame: str) -> None:
+    import os
+    import signal
+    import sys
+    import time
+
+    book = q.book(f"sig{signame.lower()}", gate="all")
+    pipe = q.home / f"pipe-{signame.lower()}.json"
+    pipe.write_text(json.dumps({"name": f"pipe{signame.lower()}", "steps": [
+        {"playbook": book, "name": f"s{i}", "after": "previous" if i else None}
+        for i in range(8)]}))
+    outcomes = []
+    for delay in (0.6, 1.2, 2.0, 3.0):  # from when opsctl's own code runs
+        proc = subprocess.Popen([sys.executable, "-m", "opsctl", "queue", "add", *T,
+                                 "--playbook", str(pipe), "--json"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        time.sleep(delay)
+        proc.send_signal(getattr(signal, signame))
+        _out, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        assert proc.returncode == 0 or len(err.strip().splitlines()) <= 2, err
+        outcomes.append(proc.returncode)
+    listed = ok_json("jobs", *T)
+    mine = [j for j in listed["jobs"] if j["name"] == f"sig{signame.lower()}"]
+    assert len(mine) % 8 == 0, (outcomes, [j["job_id"] for j in mine])  # whole batches only
+    ids = {j["job_id"] for j in mine}
+    for j in mine:  # every queued step waits for a step of its own batch, which is there
+        if j.get("after") is not None:
+            assert j["after"] in ids, j

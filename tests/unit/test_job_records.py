@@ -34,7 +34,8 @@ spec_st = st.dictionaries(
     st.sampled_from(["gpus", "gpu_slots", "after", "job_id", "torch_build", "command", "x"]),
     json_st, max_size=6)
 PARSERS = [jobrecord.parse_status, jobrecord.parse_spec]
-ANY_FILE = settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+ANY_FILE = settings(max_examples=150, deadline=None,  # file system work: no time bound
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 # --- the parsers --------------------------------------------------------------------------
@@ -124,7 +125,8 @@ def _job(root: Path, job_id: str, state: str = "QUEUED", rank: float | None = No
     if rank is not None:
         status[q.RANK] = rank
     (path / "status.json").write_text(json.dumps(status))
-    (path / "spec.json").write_text(json.dumps({"job_id": job_id, "command": ["true"], **spec}))
+    (path / "spec.json").write_text(json.dumps({"job_id": job_id, "name": job_id, "workdir": "/",
+                                                "command": ["true"], **spec}))
     return path
 
 
@@ -254,9 +256,125 @@ def test_ids_over_a_large_batch_are_distinct_and_carry_8_hex_digits() -> None:
 
 
 def test_a_staging_dir_is_never_taken_for_a_job(tmp_path: Path) -> None:
-    from remote_payload.agent import jobstore
-    from remote_payload.agent.verbs import queue as queue_verbs
+    from remote_payload.agent import jobqueue, jobstore
 
-    (tmp_path / "jobs" / queue_verbs.STAGING / "1-1" / "x").mkdir(parents=True)
+    (tmp_path / "jobs" / jobqueue.STAGING / "1-1" / "x").mkdir(parents=True)
     assert jobstore.list_job_ids(str(tmp_path)) == []
-    assert os.path.isdir(tmp_path / "jobs" / queue_verbs.STAGING)
+    assert os.path.isdir(tmp_path / "jobs" / jobqueue.STAGING)
+
+
+# --- records that are not opsctl's -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["created_at", "queue_rank", "started_at"])
+def test_an_integer_too_large_for_a_float_is_no_number(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} .* is not a number"):
+        jobrecord.parse_status({"state": "QUEUED", field: 10**400})
+    assert jobrecord.parse_status({"state": "QUEUED", field: 2**64})[field] == 2**64
+
+
+def test_a_record_that_is_a_link_is_damaged_and_never_read_through(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text('{"state": "QUEUED", "created_at": 1.0}')
+    job = _job(tmp_path, "linked", rank=1.0)
+    (job / "status.json").unlink()
+    (job / "status.json").symlink_to(secret)
+    with pytest.raises(jobrecord.DamagedRecord, match="symbolic link"):
+        jobrecord.read_status(str(job))
+    snap = q.scan(str(tmp_path), reconcile=False)
+    assert snap.order == [] and [d["path"] for d in snap.damaged] == [str(job / "status.json")]
+    assert (job / "status.json").is_symlink() and secret.exists()
+
+
+def test_a_fifo_or_a_device_where_a_record_belongs_is_damaged_without_blocking(
+        tmp_path: Path) -> None:
+    job = _job(tmp_path, "fifo", rank=1.0)
+    (job / "status.json").unlink()
+    os.mkfifo(job / "status.json")  # nobody writes it: an open without O_NONBLOCK would hang
+    with pytest.raises(jobrecord.DamagedRecord, match="not a regular file"):
+        jobrecord.read_status(str(job))
+    (tmp_path / "jobs" / q.SLOTS_FILE).symlink_to("/dev/zero")  # endless: never read
+    assert q.read_slots(str(tmp_path)) is None
+    from remote_payload.agent import common
+
+    with pytest.raises(ValueError, match="not a regular file"):
+        common.read_json("/dev/zero")
+
+
+def test_a_job_dir_that_is_a_link_is_listed_damaged_and_never_queued(tmp_path: Path) -> None:
+    from remote_payload.agent import jobstore
+
+    elsewhere = _job(tmp_path / "elsewhere", "away", rank=1.0)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "away").symlink_to(elsewhere)
+    snap = q.scan(str(tmp_path))
+    assert snap.order == [] and snap.holders == {}
+    assert snap.damaged == [{"path": str(tmp_path / "jobs" / "away"),
+                             "reason": jobstore.LINKED_JOB_DIR}]
+    assert jobstore.list_job_ids(str(tmp_path)) == []
+    with pytest.raises(jobrecord.DamagedRecord):
+        jobstore.resolve_job(str(tmp_path), "away")
+
+
+@pytest.mark.parametrize("spec, why", [
+    (None, "missing"),
+    ({"job_id": "q", "name": "q", "workdir": "/"}, "command is missing"),
+    ({"job_id": "other", "name": "q", "workdir": "/", "command": ["true"]}, "job dir's name"),
+    ({"job_id": "q", "name": "q", "command": ["true"]}, "workdir is missing"),
+    ({"job_id": "q", "name": "q", "workdir": "/", "command": ["true"], "env": {"A": 1}}, "env"),
+])
+def test_a_queued_job_whose_spec_its_start_could_not_use_is_damaged(
+        tmp_path: Path, spec: t.Any, why: str) -> None:
+    job = _job(tmp_path, "q", rank=1.0)
+    if spec is None:
+        (job / "spec.json").unlink()
+    else:
+        (job / "spec.json").write_text(json.dumps(spec))
+    snap = q.scan(str(tmp_path), reconcile=False)
+    assert snap.order == [] and why in snap.damaged[0]["reason"]
+
+
+def test_a_whole_staged_batch_left_by_a_killed_add_is_moved_in_whole(tmp_path: Path) -> None:
+    batch = tmp_path / "jobs" / q.STAGING / "4242"
+    for name in ("s1", "s2"):
+        _job(tmp_path / "x", name, rank=1.0).rename(batch / name if batch.exists()
+                                                     else (batch.mkdir(parents=True), batch / name)[1])
+    _job(tmp_path, "s1", rank=1.0)  # the first was moved in before the kill
+    (batch / "s1").rename(tmp_path / "gone-s1")
+    (batch / q.STAGED_WHOLE).touch()
+    with q.locked(str(tmp_path)):
+        assert q.scan(str(tmp_path)).order == ["s1", "s2"]
+    assert not (tmp_path / "jobs" / q.STAGING).exists()
+
+
+def test_a_half_staged_batch_left_by_a_killed_add_is_removed(tmp_path: Path) -> None:
+    half = tmp_path / "jobs" / q.STAGING / "4242" / "h1"
+    half.mkdir(parents=True)
+    (half / "secrets.json").write_text('{"TOKEN": "s3cr3t"}')
+    with q.locked(str(tmp_path)):
+        assert q.scan(str(tmp_path)).order == []
+    assert not (tmp_path / "jobs" / q.STAGING).exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_staging_path_that_is_not_opsctls_is_left_alone(tmp_path: Path, kind: str) -> None:
+    staging = tmp_path / "jobs" / q.STAGING
+    staging.parent.mkdir()
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    if kind == "file":
+        staging.write_text("mine")
+    else:
+        staging.symlink_to(target)
+    with q.locked(str(tmp_path)):
+        pass
+    assert (staging.read_text() == "mine") if kind == "file" else (target / "keep").exists()
+
+
+def test_a_directory_at_the_queued_hint_is_left_and_costs_only_a_scan(tmp_path: Path) -> None:
+    hint = tmp_path / "jobs" / q.QUEUED_HINT
+    hint.mkdir(parents=True)
+    q.set_hint(str(tmp_path))
+    q.clear_hint(str(tmp_path))
+    assert hint.is_dir() and q.may_have_queued(str(tmp_path))

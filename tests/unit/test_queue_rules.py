@@ -34,7 +34,8 @@ class TestGpuSpec:
         ("0", "at least 1"), ("99999", "more GPUs than exist"), ("1,1", "given twice"),
         ("-1", "a count"), ("8,", "does not exist"), ("", "a count"), (",", "separated by commas"),
         ("1.5", "a count"), ("0x3", "a count"), ("٣", "a count"), ("1,,2", "separated"),
-        ("4 gpus", "a count"),
+        ("4 gpus", "a count"), ("1" * 5000, "too long"), ("0," + "1" * 5000, "too long"),
+        ("0,0", "given twice"), (str(10**9), "too long"),
     ])
     def test_hostile_specs_are_refused_with_a_reason(self, text: str, why: str) -> None:
         with pytest.raises(ValueError, match=why):

@@ -631,10 +631,13 @@ def list_jobs(root: str, limit: int = 0) -> JobListDoc:
 
     current = jobs.current_job_id(root)
     dated = []
-    damaged: list[DamagedRecordDoc] = []
+    damaged: list[DamagedRecordDoc] = [{"path": p, "reason": jobs.LINKED_JOB_DIR}
+                                       for p in jobs.linked_job_dirs(root)]
     for jid in jobs.list_job_ids(root):
         try:
             st = jobrecord.read_status(jobs.job_dir(root, jid), {}) or {}
+            if st.get("state") == JobState.QUEUED.value:  # damaged for the queue: here too
+                jobrecord.read_queued_spec(jobs.job_dir(root, jid))
         except jobrecord.DamagedRecord as exc:
             damaged.append({"path": exc.path, "reason": exc.reason})
             continue

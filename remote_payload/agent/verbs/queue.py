@@ -59,6 +59,10 @@ def run(verb: str, args: argparse.Namespace) -> t.Any:
         return listing(root)
     if verb == "queue-add":
         return add(root, _read_stdin(), socket=socket, slots=slots)
+    for opt in ("job", "before", "after"):  # "" would mean the current job: never here
+        if getattr(args, opt, None) == "":
+            raise AgentFailure(ErrorType.UsageError, f"{verb}: --{opt} names no job (an empty "
+                               "id)", option=opt)
     if verb == "queue-rm":
         job_id = jobs.resolve_job(root, args.job)
         queue.remove(root, job_id)
@@ -201,23 +205,21 @@ def add(root: str, doc: t.Any, *, socket: str, slots: int | None) -> QueueAddDoc
             "queue": listing(root), "boot_hook": hook}
 
 
-STAGING = ".staging"  # in jobs/: job dirs of a batch being written (no job id starts with ".")
-
-
 def _stage_and_publish(root: str, specs: list[dict[str, t.Any]], secrets: t.Any, *,
                        socket: str, payload: str, rank: float) -> list[str]:
     """Write every job dir of the batch under ``jobs/.staging/``, then move each into place
     (hold the queue lock): a reader sees a queued job only once its records are whole, and a
     full disk leaves none of the batch behind. The staging dirs are opsctl's own and exist
-    only while an add holds the lock: one found now was left by a killed add (it may hold
-    secrets) and is removed."""
+    only while an add holds the lock: what a killed add left there was finished or removed
+    as the lock was taken (:func:`remote_payload.agent.jobqueue.settle_staging`)."""
     import shutil
 
-    staging = os.path.join(jobs.jobs_root(root), STAGING)
-    if os.path.islink(staging):  # not opsctl's: never followed, never removed
-        raise _refused(f"queue-add: {staging} is a symbolic link, not opsctl's staging "
-                       "directory; move it away", "staging", path=staging)
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = os.path.join(jobs.jobs_root(root), queue.STAGING)
+    if os.path.islink(staging) or (os.path.lexists(staging) and not os.path.isdir(staging)):
+        what = "a symbolic link" if os.path.islink(staging) else "not a directory"
+        # not opsctl's: never followed, never removed
+        raise _refused(f"queue-add: {staging} is {what}, not opsctl's staging directory; "
+                       "move it away", "staging", path=staging)
     stage_root = os.path.join(staging, str(os.getpid()))
     staged: list[tuple[str, str]] = []
     try:
@@ -230,7 +232,8 @@ def _stage_and_publish(root: str, specs: list[dict[str, t.Any]], secrets: t.Any,
                                          replaced=None, secrets=mine, check=None,
                                          state=JobState.QUEUED, rank=rank + k)
             staged.append((stage, jobs.job_dir(root, spec["job_id"])))
-        open(os.path.join(jobs.jobs_root(root), queue.QUEUED_HINT), "a").close()
+        open(os.path.join(stage_root, queue.STAGED_WHOLE), "x").close()  # killed from here
+        queue.set_hint(root)  # on, the next lock holder moves the rest in (settle_staging)
         for stage, final in staged:  # the ids were checked free under this lock
             os.rename(stage, final)
     finally:
@@ -247,6 +250,9 @@ def _resolve_after(root: str, after: str, batch: t.Mapping[str, str]) -> str:
         AgentFailure: ``QueueRefused`` (no such job; a prefix several jobs share, listed),
             ``BadJobId``.
     """
+    if not after:  # never "the current job": a dependency is named, or there is none
+        raise _refused("--after names no job (an empty id); give a job id or leave it out",
+                       "dependency", after=after)
     if after in batch:
         return after
     try:
