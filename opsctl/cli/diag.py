@@ -10,7 +10,8 @@ import click
 
 from opsctl import errors
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import OpsctlCommand, OpsctlGroup, job_argument, json_option, target_options
+from opsctl.cli.app import OpsctlGroup, job_argument, json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
 @click.group(cls=OpsctlGroup, examples=(

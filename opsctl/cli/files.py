@@ -9,7 +9,8 @@ import typing as t
 import click
 
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import OpsctlCommand, json_option, target_options
+from opsctl.cli.app import json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 _method = click.option("--method", type=click.Choice(["auto", "rsync", "tar"]), default=None,
                        help="rsync (when both ends have it) or the verified tar stream; "

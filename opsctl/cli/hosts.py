@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from opsctl import errors
-from opsctl.cli.app import OpsctlCommand, OpsctlGroup, json_option
+from opsctl.cli.app import OpsctlGroup, json_option
+from opsctl.cli.command import OpsctlCommand
 
 
 @click.command(cls=OpsctlCommand, examples=(

@@ -16,15 +16,8 @@ import click
 from opsctl import errors
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import (
-    OpsctlCommand,
-    confirm,
-    interactive,
-    job_argument,
-    json_option,
-    target_options,
-    yes_option,
-)
+from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
+from opsctl.cli.command import OpsctlCommand
 from opsctl.cli.jsonout import print_failure
 
 # --- deploy / status / logs / stop ---------------------------------------------------------

@@ -8,7 +8,8 @@ import typing as t
 import click
 
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import OpsctlCommand, OpsctlGroup, json_option, target_options
+from opsctl.cli.app import OpsctlGroup, json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
 def _progress(as_json: bool) -> t.Callable[[str], None]:

@@ -11,7 +11,8 @@ import sys
 import click
 
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import OpsctlCommand, job_argument, json_option, target_options
+from opsctl.cli.app import job_argument, json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
 @click.command(cls=OpsctlCommand, examples=(
