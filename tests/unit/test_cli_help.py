@@ -122,3 +122,18 @@ def test_the_cli_says_what_the_rule_is_not_what_it_was(path):
     hits = [f"{path.name}:{n}: {line.strip()}"
             for n, line in enumerate(path.read_text().splitlines(), 1) if HISTORY.search(line)]
     assert hits == []
+
+
+def test_the_cli_reference_lists_every_commands_examples():
+    import importlib.util
+
+    docs = CLI_DIR.parents[1] / "docs"
+    assert "<!-- generated: cli-examples -->" in (docs / "cli.md").read_text(encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("docs_generated_cli", docs / "hooks" / "generated.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    block = hooks.cli_examples().splitlines()
+    for name, cmd in COMMANDS:
+        start = block.index(f"# {name}")
+        assert block[start + 1:start + 1 + len(cmd.examples)] == list(cmd.examples)
