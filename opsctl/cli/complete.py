@@ -115,8 +115,8 @@ def script(shell: str, prog: str = "opsctl") -> str:
 
 
 @click.command(cls=OpsctlCommand, examples=(
-    "opsctl completion bash >> ~/.bashrc",
-    "opsctl completion zsh > ~/.zfunc/_opsctl",
+    "opsctl completion bash",
+    "opsctl completion zsh",
 ))
 @click.argument("shell", type=click.Choice(SHELLS))
 def completion(shell: str) -> None:
