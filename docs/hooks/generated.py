@@ -20,6 +20,9 @@ time, with text made from the code itself:
 - ``json-schemas``: every ``opsctl schema NAME`` (a command's ``--json`` document, trainer
   events, the playbook and inventory files) with what it describes, from
   :mod:`opsctl.cli.schemas`;
+- ``cli-examples``: every command's examples (the ``examples`` its ``--help`` ends with, see
+  :mod:`opsctl.cli.command`), walking the click tree, since mkdocs-click's reference shows a
+  command's help and options but not its epilog;
 - ``diagnosis``: a section per id of :data:`remote_payload.wire.DIAGNOSIS_IDS`, with the
   severity, the meaning (the signature's predicate docstring) and the fix (its hint) that
   ``status`` shows, from ``remote_payload/agent/diagnosis.py``'s ``SIGNATURES``.
@@ -322,6 +325,25 @@ def inventory_fields() -> str:
                          ("containers", inventory.ContainerSpec)])
 
 
+def cli_examples() -> str:
+    """A code block: each command's path as a comment, then its examples, in tree order."""
+    _import_root()
+    import click
+
+    from opsctl.cli import cli
+
+    out: list[str] = []
+
+    def walk(cmd: click.Command, path: str) -> None:
+        out.extend(["", f"# {path}", *getattr(cmd, "examples", ())])
+        if isinstance(cmd, click.Group):
+            for name, sub in sorted(cmd.commands.items()):
+                walk(sub, f"{path} {name}")
+
+    walk(cli, "opsctl")
+    return "\n".join(["```bash", *out[1:], "```"])
+
+
 def torch_build_fields() -> str:
     _import_root()
     from opsctl.config import torch_builds
@@ -331,7 +353,7 @@ def torch_build_fields() -> str:
 
 GENERATORS: dict[str, t.Callable[[], str]] = {
     "exit-codes": exit_codes, "module-map": module_map, "diagnosis": diagnosis_sections,
-    "agent-verbs": agent_verb_table,
+    "agent-verbs": agent_verb_table, "cli-examples": cli_examples,
     "wire-shapes": wire_shapes, "json-schemas": json_schemas,
     "trainer-flags": trainer_flags,
     "prometheus-metrics": prometheus_metrics, "prometheus-alerts": prometheus_alerts,

@@ -1,8 +1,9 @@
 """The command line (click only): one module per command family, rich views in :mod:`.render`.
 
 The group is assembled here, explicitly, from each family's ``COMMANDS`` (nothing registers
-itself as a side effect of an import). Adding a command: write it in its family's module and
-list it in that module's ``COMMANDS``; its use case goes in ``opsctl/ops/``. A new family is
+itself as a side effect of an import). Adding a command: write it in its family's module, as
+an :class:`~opsctl.cli.command.OpsctlCommand` with ``examples=(...)`` and ``@target_options``
+first, and list it in that module's ``COMMANDS``; its use case goes in ``opsctl/ops/``. A new family is
 one more entry in :data:`FAMILIES`. ``tests/unit/test_cli_commands.py`` fails for a command
 that is defined but not listed.
 """

@@ -3,6 +3,9 @@
 Every error that is an :class:`~opsctl.errors.OpsctlError` becomes one clear line
 (plus hint and log path) and its family's exit code, in :meth:`OpsctlGroup.invoke`.
 Anything else is a bug and keeps its traceback.
+
+Every command is an :class:`~opsctl.cli.command.OpsctlCommand` and every group an
+:class:`OpsctlGroup`, both with ``examples=(...)`` (see :mod:`opsctl.cli.command`).
 """
 
 from __future__ import annotations
@@ -15,13 +18,20 @@ import click
 from opsctl import errors, interrupts
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
+from opsctl.cli.command import OpsctlCommand, WithExamples
 from opsctl.errors import OpsctlError
 from remote_payload import safe_write
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
 
 
-class OpsctlGroup(click.Group):
+class OpsctlGroup(WithExamples, click.Group):
+    """Every opsctl group: errors become one line and an exit code; ``.command`` and ``.group``
+    make opsctl commands and groups."""
+
+    command_class = OpsctlCommand
+    group_class = type  # a subgroup is of this group's class
+
     def invoke(self, ctx: click.Context) -> t.Any:
         # what the subcommand will parse (click empties these before it does)
         words = [*getattr(ctx, "_protected_args", ()), *ctx.args]
@@ -122,20 +132,22 @@ def json_option(f: F) -> F:
 
 
 def target_options(f: F) -> F:
+    """``--host``, ``--ct`` and ``--accept-new-host-key``, in that order (put it above the
+    command's other options and arguments so that ``--help`` lists the target first)."""
+    f = click.option("--accept-new-host-key", is_flag=True,
+                     help="Like OpenSSH accept-new: record an unknown host key "
+                          "(a changed key is still refused).")(f)
     f = click.option("--ct", "ctid", type=clitypes.CTID, default=None,
                      help="Container id (default: the last deploy's).")(f)
     f = click.option("--host", "host", default=None, shell_complete=complete.hosts,
                      help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
                           "(default: the last deploy's).")(f)
-    f = click.option("--accept-new-host-key", is_flag=True,
-                     help="Like OpenSSH accept-new: record an unknown host key "
-                          "(a changed key is still refused).")(f)
     return f
 
 
 def job_argument(f: F) -> F:
     """An optional positional ``JOB`` (id or unique prefix; default: the container's current,
-    i.e. last launched, job) and its older spelling ``--job``; the command gets ``job_id``."""
+    i.e. last launched, job) and the same as an option, ``--job``; the command gets ``job_id``."""
 
     @click.argument("job", type=clitypes.JOB_ID, required=False, shell_complete=complete.jobs)
     @click.option("--job", "job_opt", type=clitypes.JOB_ID, default=None,
@@ -173,7 +185,11 @@ def confirm(question: str, *, yes: bool) -> None:
         raise errors.Declined("not confirmed: nothing was done")
 
 
-@click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]}, examples=(
+    "opsctl status --host pve1 --ct 200",
+    "opsctl --json jobs --host pve1 --ct 200",
+    "opsctl help exit-codes",
+))
 @click.version_option(package_name="opsctl")
 @click.option("--json", "as_json", is_flag=True,
               help="Every command's --json: exactly one JSON document on stdout.")

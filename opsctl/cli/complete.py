@@ -20,6 +20,8 @@ import threading
 import click
 from click.shell_completion import CompletionItem
 
+from opsctl.cli.command import OpsctlCommand
+
 JOBS_TIMEOUT_S = 5.0  # a first connection (no mux yet) to a loaded host takes 1-3 s
 MAX_TIMEOUT_S = 60.0  # $OPSCTL_COMPLETE_TIMEOUT_S above this (or not a number) is ignored
 SHELLS = ("bash", "zsh", "fish")
@@ -112,7 +114,10 @@ def script(shell: str, prog: str = "opsctl") -> str:
     return cls(root, {}, prog, complete_var).source()
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl completion bash",
+    "opsctl completion zsh",
+))
 @click.argument("shell", type=click.Choice(SHELLS))
 def completion(shell: str) -> None:
     """Print the shell completion script for SHELL.

@@ -11,22 +11,32 @@ import click
 from opsctl import errors
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import OpsctlGroup, job_argument, json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
-@click.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup, examples=(
+    "opsctl probe compile-race --host pve1 --ct 200",
+))
 def probe() -> None:
     """Probes that run in the container with its current torch build."""
 
 
-@probe.command("compile-race")
+@probe.command("compile-race", examples=(
+    "opsctl probe compile-race --host pve1 --ct 200",
+    "opsctl probe compile-race --host pve1 --ct 200 --threads 8 --device cuda --json",
+))
 @target_options
-@click.option("--threads", type=clitypes.THREADS, default=3, show_default=True)
+@click.option("--threads", type=clitypes.THREADS, default=3, show_default=True,
+              help="Threads that call torch.compile at once.")
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=120.0, show_default=True,
               help="Seconds per mode before it counts as a hang (stacks dumped first).")
 @click.option("--backward/--no-backward", default=True, show_default=True,
               help="Also run the first backward (GPU only; CPU flex has no backward).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--modes", default="unguarded,guarded", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the compiled calls run (auto: cuda when the container has a GPU).")
+@click.option("--modes", default="unguarded,guarded", show_default=True,
+              help="Comma-separated modes to run: unguarded (plain threads), guarded (behind "
+                   "the payload's serialized_compile lock).")
 @json_option
 def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, threads: int,
                  timeout_s: float, backward: bool, device: str, modes: str, as_json: bool) -> None:
@@ -62,9 +72,12 @@ def compile_race(host: str | None, ctid: int | None, accept_new_host_key: bool, 
             log_path=report.get("raw_output"), hint="the raw output file has everything it printed")
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl stacks --host pve1 --ct 200",
+    "opsctl stacks a1b2c3 --host pve1 --ct 200 --timeout 30 --json",
+))
 @target_options
+@job_argument
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=10.0, show_default=True,
               help="How long to wait for the dump to appear.")
 @json_option
@@ -83,7 +96,10 @@ def stacks(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     render.stacks(render.console(), doc)
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl doctor --host pve1 --ct 200",
+    "opsctl doctor --host pve1 --ct 200 --no-torch --json",
+))
 @target_options
 @click.option("--deadline", "deadline_s", type=clitypes.SECONDS, default=180.0, show_default=True,
               help="Seconds for every check together (a host that stops answering ends it).")

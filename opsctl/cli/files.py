@@ -10,6 +10,7 @@ import click
 
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 _method = click.option("--method", type=click.Choice(["auto", "rsync", "tar"]), default=None,
                        help="rsync (when both ends have it) or the verified tar stream; "
@@ -135,7 +136,10 @@ def _show(reports: t.Sequence[t.Any], as_json: bool) -> None:
             f"{r.seconds:.2f} s via {r.method}"))
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl push . --host pve1 --ct 200 --dry-run",
+    "opsctl push . /root/work --host pve1 --ct 200 --delete -y --bwlimit 20000",
+))
 @target_options
 @click.argument("src", type=click.Path(exists=True, file_okay=True, dir_okay=True))
 @click.argument("dest", required=False)
@@ -167,7 +171,10 @@ def push(host: str | None, ctid: int | None, accept_new_host_key: bool, src: str
     _show([report], as_json)
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl pull --host pve1 --ct 200 --playbook dflash-8gpu",
+    "opsctl pull /root/work/out ./out --host pve1 --ct 200 --method rsync --json",
+))
 @target_options
 @click.argument("src", required=False)
 @click.argument("dest", required=False, type=click.Path())

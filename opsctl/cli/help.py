@@ -16,7 +16,7 @@ import typing as t
 import click
 
 from opsctl import errors
-from opsctl.cli.app import json_option
+from opsctl.cli.app import OpsctlGroup, json_option
 
 #: The column the meanings start at (the widest code, ``130``, and two spaces).
 CODE_WIDTH = 5
@@ -52,7 +52,9 @@ class ExitCodesDocument(t.TypedDict):
     exit_codes: list[ExitCodeRow]
 
 
-@click.group("help", invoke_without_command=True)
+@click.group("help", invoke_without_command=True, cls=OpsctlGroup, examples=(
+    "opsctl help exit-codes",
+))
 @click.pass_context
 def help_(ctx: click.Context) -> None:
     """Reference topics: `opsctl help exit-codes`. Without a topic, opsctl's own --help."""
@@ -61,7 +63,10 @@ def help_(ctx: click.Context) -> None:
         click.echo(parent.get_help())
 
 
-@help_.command("exit-codes")
+@help_.command("exit-codes", examples=(
+    "opsctl help exit-codes",
+    "opsctl help exit-codes --json",
+))
 @json_option
 def exit_codes(as_json: bool) -> None:
     """Every exit status opsctl ends with and what it means (docs/exit-codes.md)."""

@@ -6,9 +6,14 @@ import click
 
 from opsctl import errors
 from opsctl.cli.app import OpsctlGroup, json_option
+from opsctl.cli.command import OpsctlCommand
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl hosts",
+    "opsctl hosts --check --json",
+    "opsctl hosts --example",
+))
 @click.option("--check", is_flag=True, help="Also connect to each host and list its containers.")
 @click.option("--example", is_flag=True,
               help="Print the example inventory file shipped with opsctl (never read as hosts); "
@@ -43,7 +48,10 @@ def hosts(check: bool, example: bool, as_json: bool) -> None:
     render.hosts(render.console(), rows)
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl playbooks",
+    "opsctl playbooks --json",
+))
 @json_option
 def playbooks(as_json: bool) -> None:
     """Playbooks by name, with where each was found (./playbooks, ~/.opsctl/playbooks, bundled).
@@ -66,12 +74,17 @@ def playbooks(as_json: bool) -> None:
         click.echo(f"{f.name:<{width}}  {f.origin:<7}  {f.path}{note}")
 
 
-@click.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup, examples=(
+    "opsctl mux status",
+    "opsctl mux stop",
+))
 def mux() -> None:
     """Connection multiplexers: one kept SSH connection per host (OPSCTL_MUX=0 disables)."""
 
 
-@mux.command("status")
+@mux.command("status", examples=(
+    "opsctl mux status --json",
+))
 @json_option
 def mux_status(as_json: bool) -> None:
     """List the live multiplexers of this OPSCTL_HOME."""
@@ -90,7 +103,9 @@ def mux_status(as_json: bool) -> None:
                    f"exits after {r['idle_s']:g} s idle")
 
 
-@mux.command("stop")
+@mux.command("stop", examples=(
+    "opsctl mux stop",
+))
 def mux_stop() -> None:
     """Stop every live multiplexer (the next command connects directly)."""
     from opsctl.ops import hosts as hosts_ops
@@ -99,13 +114,19 @@ def mux_stop() -> None:
     click.echo(f"stopped {len(stopped)} multiplexer(s)")
 
 
-@click.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup, examples=(
+    "opsctl host trust --host pve1",
+))
 def host() -> None:
     """Host keys and trust."""
 
 
-@host.command("trust")
-@click.option("--host", "host_name", required=True)
+@host.command("trust", examples=(
+    "opsctl host trust --host pve1",
+    "opsctl host trust --host 10.1.2.6 -y",
+))
+@click.option("--host", "host_name", required=True,
+              help="Inventory name or address, e.g. pve1 or 10.1.2.6.")
 @click.option("-y", "--yes", is_flag=True,
               help="Record the key without asking (needed without a terminal).")
 def host_trust(host_name: str, yes: bool) -> None:

@@ -12,11 +12,15 @@ import click
 
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import job_argument, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl attach --host pve1 --ct 200",
+    "opsctl attach a1b2c3 --host pve1 --ct 200",
+))
 @target_options
+@job_argument
 def attach(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: str | None) -> None:
     """Open the job's tmux pane on this terminal; detach with Ctrl-b d (the job keeps running).
 
@@ -38,7 +42,9 @@ def attach(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id
     sys.exit(rc)
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl shell --host pve1 --ct 200",
+))
 @target_options
 def shell(host: str | None, ctid: int | None, accept_new_host_key: bool) -> None:
     """A login shell (root) in the container; exits with the shell's exit code."""
@@ -49,7 +55,10 @@ def shell(host: str | None, ctid: int | None, accept_new_host_key: bool) -> None
     sys.exit(rc)
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl forward 8888 --host pve1 --ct 200",
+    "opsctl forward 16006:6006 --host pve1 --ct 200",
+))
 @click.argument("ports", metavar="PORT[:REMOTE]")
 @target_options
 def forward(ports: str, host: str | None, ctid: int | None, accept_new_host_key: bool) -> None:
@@ -79,9 +88,12 @@ def forward(ports: str, host: str | None, ctid: int | None, accept_new_host_key:
         raise errors.TransportError(f"{tgt.label}: the forward ended: ssh exit {rc}")
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl tensorboard --host pve1 --ct 200",
+    "opsctl tensorboard a1b2c3 --host pve1 --ct 200 --port 16006 --refresh 60",
+))
 @target_options
+@job_argument
 @click.option("--port", type=clitypes.PORT, default=6006, show_default=True,
               help="Port on 127.0.0.1 (0: any free one).")
 @click.option("--refresh", "refresh_s", type=clitypes.PULL_EVERY, default=30.0, show_default=True,

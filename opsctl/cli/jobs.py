@@ -17,12 +17,17 @@ from opsctl import errors
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import confirm, interactive, job_argument, json_option, target_options, yes_option
+from opsctl.cli.command import OpsctlCommand
 from opsctl.cli.jsonout import print_failure
 
 # --- deploy / status / logs / stop ---------------------------------------------------------
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl deploy --host pve1 --ct 200 --playbook dflash-8gpu",
+    "opsctl deploy --host pve1 --ct 200 --replace -y --detach --json",
+    "opsctl deploy --nodes pve1:200,pve2:200 --playbook dflash-8gpu",
+))
 @target_options
 @click.option("--playbook", "playbook_path", default=None, shell_complete=complete.playbooks,
               help="Path or name of a playbook (playbooks/<name>.yaml); default: the container's "
@@ -226,13 +231,18 @@ def _show_failed_deploy(exc: errors.DeployOutcomeError, as_json: bool) -> None:
         render.status(render.console(stderr=True), report.target, report.status)
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl status --host pve1 --ct 200 --json",
+    "opsctl status --host pve1 --ct 200 --follow --lines 50",
+    "opsctl status --all --host 'pve*' --deadline 20",
+))
 @target_options
+@job_argument
 @click.option("--lines", "-n", type=clitypes.COUNT, default=20, show_default=True,
               help="Pane lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Follow until the job reaches a terminal state.")
-@click.option("--poll", "poll_s", type=clitypes.POLL, default=2.0, show_default=True)
+@click.option("--poll", "poll_s", type=clitypes.POLL, default=2.0, show_default=True,
+              help="With --follow: seconds between two looks at the job.")
 @click.option("--all", "all_hosts", is_flag=True,
               help="Every container of every inventory host, in parallel, one row each; --host "
                    "then selects hosts by glob pattern or inventory group, --ct filters.")
@@ -365,9 +375,13 @@ def _status_all(pattern: str | None, ctid: int | None, deadline_s: float, max_pa
         render.fleet(render.console(), report)
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl logs --host pve1 --ct 200 --tail 100",
+    "opsctl logs --host pve1 --ct 200 --since 10m --follow",
+    "opsctl logs a1b2c3 --host pve1 --ct 200 > output.log",
+))
 @target_options
+@job_argument
 @click.option("--follow", "-f", is_flag=True,
               help="Keep following until the job ends (reconnects after a dropped connection).")
 @click.option("--tail", "tail", type=clitypes.COUNT, default=None,
@@ -412,9 +426,13 @@ def logs(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
             sys.exit(errors.JOB_FAILED)
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl stop --host pve1 --ct 200",
+    "opsctl stop a1b2c3 --host pve1 --ct 200 --grace 60 -y --json",
+    "opsctl stop --nodes pve1:200,pve2:200",
+))
 @target_options
+@job_argument
 @yes_option
 @click.option("--grace", "grace_s", type=clitypes.SECONDS_OR_ZERO, default=30.0, show_default=True,
               help="Seconds after SIGINT before SIGTERM, then SIGKILL.")
@@ -466,7 +484,10 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
         sys.exit(errors.REMOTE_FAILED)
 
 
-@click.command("jobs")
+@click.command("jobs", cls=OpsctlCommand, examples=(
+    "opsctl jobs --host pve1 --ct 200",
+    "opsctl jobs --host pve1 --ct 200 --all --json",
+))
 @target_options
 @click.option("--all", "all_jobs", is_flag=True,
               help="Every job the container has (default: the newest 20 plus any still live).")
@@ -522,7 +543,12 @@ def _run_nodes(host: str | None, ctid: int | None, nodes_text: str | None,
 # --- exec / hosts ------------------------------------------------------------------------
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(cls=OpsctlCommand,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+               examples=(
+    "opsctl exec --host pve1 --ct 200 -- nvidia-smi",
+    "opsctl exec --host pve1 --ct 200 --timeout 30 -- df -h /root",
+))
 @target_options
 @click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=None,
               help="Deadline; when it fires the command and every process it started are ended.")

@@ -1,8 +1,8 @@
 """click parameter types that refuse bad values at parse time (exit 2, nothing sent).
 
-Why: ``--timeout nan`` or ``--grace -1`` used to reach the remote (``timeout -k 2 nan …``) or
-crash; ``--poll 1e308`` raised OverflowError in ``time.sleep``; ``--job ../x`` was only refused
-by the agent in the container.
+Why here: a value the client can judge never leaves it. ``--timeout nan`` or ``--grace -1``
+would reach the remote (``timeout -k 2 nan …``), ``--poll 1e308`` would overflow
+``time.sleep``, and ``--job ../x`` would travel to the container before the agent refused it.
 
 Every numeric option is a :class:`Number` with a finite range: one definition, which
 ``--help`` shows, the error names, and README's "Input limits" lists (:func:`ranges`, checked

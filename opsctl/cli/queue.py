@@ -1,4 +1,4 @@
-"""``opsctl queue``: the container's job queue (issue 27).
+"""``opsctl queue``: the container's job queue.
 
 ``opsctl queue`` lists it; ``queue add`` puts a playbook's job into it (``--after JOB`` waits
 for that job's success, ``--gpus N|LIST`` reserves GPU slots); ``queue rm`` takes a queued
@@ -15,7 +15,7 @@ import click
 from opsctl import errors
 from opsctl.cli import complete
 from opsctl.cli import params as clitypes
-from opsctl.cli.app import json_option, target_options
+from opsctl.cli.app import OpsctlGroup, json_option, target_options
 from remote_payload import wire
 
 if t.TYPE_CHECKING:
@@ -55,7 +55,10 @@ def _show_queue(label: str, listed: QueueDoc, as_json: bool) -> None:
         render.queue_table(render.console(), label, listed)
 
 
-@click.group("queue", invoke_without_command=True)
+@click.group("queue", invoke_without_command=True, cls=OpsctlGroup, examples=(
+    "opsctl queue --host pve1 --ct 200",
+    "opsctl queue --host pve1 --ct 200 --json",
+))
 @target_options
 @json_option
 @click.pass_context
@@ -71,7 +74,11 @@ def queue(ctx: click.Context, host: str | None, ctid: int | None, accept_new_hos
     _show_queue(tgt.label, listed, as_json)
 
 
-@queue.command("add")
+@queue.command("add", examples=(
+    "opsctl queue add --host pve1 --ct 200 --playbook dflash-8gpu",
+    "opsctl queue add --host pve1 --ct 200 --playbook dflash-8gpu --after a1b2c3 --gpus 4",
+    "opsctl queue add --host pve1 --ct 200 --playbook dflash-8gpu --gpus 0,1 -- --lr 3e-4",
+))
 @target_options
 @click.option("--playbook", "playbook_path", required=True, shell_complete=complete.playbooks,
               help="Path or name of a playbook, or of a pipeline (every step is queued).")
@@ -115,7 +122,9 @@ def add(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_
     render.queue_added(render.console(), report)
 
 
-@queue.command("rm")
+@queue.command("rm", examples=(
+    "opsctl queue rm a1b2c3 --host pve1 --ct 200",
+))
 @target_options
 @click.argument("job", type=clitypes.JOB_ID, shell_complete=complete.jobs)
 @json_option
@@ -137,7 +146,10 @@ def rm(host: str | None, ctid: int | None, accept_new_host_key: bool, job: str,
                                style="yellow"))
 
 
-@queue.command("move")
+@queue.command("move", examples=(
+    "opsctl queue move a1b2c3 --host pve1 --ct 200 --before d4e5f6",
+    "opsctl queue move a1b2c3 --host pve1 --ct 200 --after d4e5f6 --json",
+))
 @target_options
 @click.argument("job", type=clitypes.JOB_ID, shell_complete=complete.jobs)
 @click.option("--before", "before", type=clitypes.JOB_ID, default=None,

@@ -10,13 +10,21 @@ from opsctl.cli import params as clitypes
 from opsctl.cli.app import OpsctlGroup, as_dict, json_option
 
 
-@click.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup, examples=(
+    "opsctl sandbox up",
+    "opsctl sandbox status --json",
+    "opsctl sandbox down",
+))
 def sandbox() -> None:
     """Make this machine an emulated Proxmox host (loopback sshd + real LXC + pct)."""
 
 
-@sandbox.command("up")
-@click.option("--ct", "ctids", type=clitypes.CTID, multiple=True, default=(200,), show_default=True)
+@sandbox.command("up", examples=(
+    "opsctl sandbox up",
+    "opsctl sandbox up --ct 200 --ct 201 --json",
+))
+@click.option("--ct", "ctids", type=clitypes.CTID, multiple=True, default=(200,), show_default=True,
+              help="A container of the sandbox; repeat it for more than one.")
 @json_option
 def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
     """Start (or reuse) the sandbox and write its inventory entry `sandbox`."""
@@ -39,7 +47,9 @@ def sandbox_up(ctids: tuple[int, ...], as_json: bool) -> None:
               f"{info.containers[0]} -- uname -a")
 
 
-@sandbox.command("down")
+@sandbox.command("down", examples=(
+    "opsctl sandbox down",
+))
 def sandbox_down() -> None:
     """Stop the sandbox containers and sshd (keeps them for a fast `up`)."""
     from opsctl.sandbox import host as sb
@@ -48,7 +58,9 @@ def sandbox_down() -> None:
     click.echo("sandbox stopped")
 
 
-@sandbox.command("destroy")
+@sandbox.command("destroy", examples=(
+    "opsctl sandbox destroy",
+))
 def sandbox_destroy() -> None:
     """Remove the sandbox containers, keys and state."""
     from opsctl.sandbox import host as sb
@@ -57,7 +69,10 @@ def sandbox_destroy() -> None:
     click.echo("sandbox destroyed")
 
 
-@sandbox.command("status")
+@sandbox.command("status", examples=(
+    "opsctl sandbox status",
+    "opsctl sandbox status --json",
+))
 @json_option
 def sandbox_status(as_json: bool) -> None:
     """Show whether the sandbox's sshd and containers are running."""

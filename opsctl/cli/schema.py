@@ -13,9 +13,13 @@ import sys
 import click
 
 from opsctl import errors
+from opsctl.cli.command import OpsctlCommand
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command(cls=OpsctlCommand, context_settings={"ignore_unknown_options": True}, examples=(
+    "opsctl schema",
+    "opsctl schema status",
+))
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def schema(command: tuple[str, ...]) -> None:
     """The JSON Schema (draft 2020-12) of `opsctl COMMAND --json`; `event` for trainer events,

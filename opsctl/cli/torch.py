@@ -9,6 +9,7 @@ import click
 
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import OpsctlGroup, json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
 def _progress(as_json: bool) -> t.Callable[[str], None]:
@@ -23,7 +24,10 @@ def _progress(as_json: bool) -> t.Callable[[str], None]:
     return say
 
 
-@click.command("swap-torch")
+@click.command("swap-torch", cls=OpsctlCommand, examples=(
+    "opsctl swap-torch cu128 --host pve1 --ct 200 --dry-run",
+    "opsctl swap-torch cu128 --host pve1 --ct 200 --version 2.11.0 --json",
+))
 @click.argument("variant")
 @target_options
 @click.option("--version", "version", default=None, help="torch release, e.g. 2.11.0 (default: builds table)")
@@ -65,9 +69,13 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
         con.print(render.plain(f"  log (in the container): {rep['log_path']}", style="dim"))
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl envs --host pve1 --ct 200",
+    "opsctl envs --host pve1 --ct 200 --history 5 --json",
+))
 @target_options
-@click.option("--history", type=clitypes.COUNT, default=20, show_default=True)
+@click.option("--history", type=clitypes.COUNT, default=20, show_default=True,
+              help="Entries of the swap history to show, newest first.")
 @json_option
 def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history: int,
          as_json: bool) -> None:
@@ -84,12 +92,17 @@ def envs(host: str | None, ctid: int | None, accept_new_host_key: bool, history:
     render.torch_envs(render.console(), label, doc, history)
 
 
-@click.group(cls=OpsctlGroup)
+@click.group(cls=OpsctlGroup, examples=(
+    "opsctl cache info --host pve1 --ct 200",
+    "opsctl cache clear --host pve1 --ct 200",
+))
 def cache() -> None:
     """Compile caches, one per torch build fingerprint."""
 
 
-@cache.command("info")
+@cache.command("info", examples=(
+    "opsctl cache info --host pve1 --ct 200 --json",
+))
 @target_options
 @json_option
 def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as_json: bool) -> None:
@@ -106,7 +119,10 @@ def cache_info(host: str | None, ctid: int | None, accept_new_host_key: bool, as
     render.compile_caches(render.console(), label, doc)
 
 
-@cache.command("clear")
+@cache.command("clear", examples=(
+    "opsctl cache clear --host pve1 --ct 200",
+    "opsctl cache clear --host pve1 --ct 200 --all --json",
+))
 @target_options
 @click.option("--all", "clear_all", is_flag=True, help="Every build's cache, not just the current one.")
 @json_option
@@ -126,10 +142,15 @@ def cache_clear(host: str | None, ctid: int | None, accept_new_host_key: bool, c
     click.echo(f"removed {len(removed)} cache(s), freed {(doc.get('freed_bytes') or 0) / 1e6:.1f} MB")
 
 
-@cache.command("seed")
+@cache.command("seed", examples=(
+    "opsctl cache seed --host pve1 --ct 200 --playbook dflash-8gpu",
+    "opsctl cache seed --host pve1 --ct 200 --playbook dflash-8gpu --timeout 3600 --json",
+))
 @target_options
-@click.option("--playbook", "playbook_path", required=True)
-@click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=1800.0, show_default=True)
+@click.option("--playbook", "playbook_path", required=True,
+              help="Path or name of the playbook whose shapes are compiled.")
+@click.option("--timeout", "timeout_s", type=clitypes.SECONDS, default=1800.0, show_default=True,
+              help="Seconds each of the two runs (cold, then seeded) may take.")
 @json_option
 def cache_seed(host: str | None, ctid: int | None, accept_new_host_key: bool, playbook_path: str,
                timeout_s: float, as_json: bool) -> None:

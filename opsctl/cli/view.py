@@ -12,11 +12,16 @@ import click
 
 from opsctl.cli import params as clitypes
 from opsctl.cli.app import job_argument, json_option, target_options
+from opsctl.cli.command import OpsctlCommand
 
 
-@click.command()
-@job_argument
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl plot --host pve1 --ct 200",
+    "opsctl plot a1b2c3 --host pve1 --ct 200 --metric loss,tok_s --since 6h",
+    "opsctl plot --host pve1 --ct 200 --png loss.png --json",
+))
 @target_options
+@job_argument
 @click.option("--metric", "metrics", default="loss,tok_s,gpu_util,mem", show_default=True,
               help="Comma-separated: loss, tok_s, gpu_util, mem, mfu, feature_wait_pct.")
 @click.option("--since", default=None, help="Only the last part of the run, e.g. 30m, 6h, 2d.")
@@ -62,7 +67,10 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
         con.print(render.plain(entry, style="dim"))
 
 
-@click.command()
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl dashboard",
+    "opsctl dashboard --port 8765 --refresh 3",
+))
 @click.option("--port", type=clitypes.PORT, default=8765, show_default=True,
               help="Port on 127.0.0.1 (0: any free one).")
 @click.option("--refresh", "refresh_s", type=clitypes.REFRESH, default=3.0, show_default=True,
