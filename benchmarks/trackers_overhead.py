@@ -85,14 +85,16 @@ def run_once(report_to: str, a: argparse.Namespace, trainer_args: list[str], out
 def main(argv: t.Sequence[str] | None = None) -> int:
     a, trainer_args = _args(argv)
     results: dict[str, list[float]] = {"none": [], a.trackers: []}
-    with tempfile.TemporaryDirectory(prefix="trackers-bench-") as tmp:
-        for i in range(a.repeats):
-            for kind in ("none", a.trackers):
+    for i in range(a.repeats):
+        for kind in ("none", a.trackers):
+            # each run's directory goes as soon as its events are read: an 8B drafter's
+            # checkpoints fill a 64 GB disk in two runs
+            with tempfile.TemporaryDirectory(prefix="trackers-bench-") as tmp:
                 r = run_once(kind, a, trainer_args, Path(tmp) / f"{i}-{kind.replace(',', '_')}")
-                results[kind].append(r["tok_s"])
-                print(f"run {i + 1} --report-to {kind}: {r['tok_s']:,.1f} tok/s (median of "
-                      f"{r['steps']} step events, {r['wall_s']} s){'; WARNINGS: ' if r['warnings'] else ''}"
-                      + "; ".join(r["warnings"]), file=sys.stderr, flush=True)
+            results[kind].append(r["tok_s"])
+            print(f"run {i + 1} --report-to {kind}: {r['tok_s']:,.1f} tok/s (median of "
+                  f"{r['steps']} step events, {r['wall_s']} s){'; WARNINGS: ' if r['warnings'] else ''}"
+                  + "; ".join(r["warnings"]), file=sys.stderr, flush=True)
     without, with_ = harness.median(results["none"]), harness.median(results[a.trackers])
     ratio = with_ / without if without else None
     print(f"tok/s without trackers {without:,.1f}, with {a.trackers} {with_:,.1f}: ratio "
