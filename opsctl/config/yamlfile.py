@@ -150,6 +150,8 @@ def load(path: Path) -> tuple[t.Any, dict[Loc, int]]:
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except ConfigError:  # already named, with its line (a duplicate key)
+        raise
     except ValueError as exc:  # a value a pattern matched that no constructor reads (._)
         raise ConfigError(f"{path}: a value YAML cannot read ({exc})") from None
     except RecursionError:
