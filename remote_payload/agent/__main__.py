@@ -38,7 +38,7 @@ VERBS: dict[str, str] = {
     "stacks": "remote_payload.agent.verbs.jobs",
     "jobs": "remote_payload.agent.verbs.jobs",
     "abort": "remote_payload.agent.verbs.jobs",  # an interrupted deploy
-    # the job queue (issue 27)
+    # the job queue
     "queue": "remote_payload.agent.verbs.queue",
     "queue-add": "remote_payload.agent.verbs.queue",
     "queue-rm": "remote_payload.agent.verbs.queue",

@@ -1,4 +1,4 @@
-"""Compiled bytecode for a torch env that cannot keep its own (issue 28: start-up).
+"""Compiled bytecode for a torch env that cannot keep its own (it shortens the start-up).
 
 Why: every start of the trainer imports ~2,200 modules of torch, dynamo and inductor. Where their
 bytecode cannot be cached next to the sources (``PYTHONDONTWRITEBYTECODE`` set, as many container

@@ -2,7 +2,7 @@
 state-dict layout), the random weights drawn exactly as transformers' eager build draws them,
 and the default RoPE tables.
 
-Why not build transformers' ``Qwen3ForCausalLM`` (as the trainer did until issue 28): at every
+Why not build transformers' ``Qwen3ForCausalLM`` (the trainer's target is built here instead): at every
 restart, importing its modules cost 2.5-4 s (they pull in generation, ``masking_utils`` and with
 it ``torch._dynamo``, ``torch.distributed.tensor``, scikit-learn), and building 36 layers on the
 meta device and materialising them module by module another 4-5 s, for weights that are random
