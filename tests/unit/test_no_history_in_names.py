@@ -1,7 +1,7 @@
 """Names and prose say what things are, not how they came to be: no file of the repository
 (code, tests, docs, benchmark results, file names) refers to an issue by number, or narrates
-how the present differs from an earlier state of the code. CHANGELOG.md holds the history; ``tests/fixtures`` holds
-data that stands for what users write, so neither is read."""
+how the present differs from an earlier state of the code. CHANGELOG.md holds the history;
+``tests/fixtures`` holds data that stands for what users write, so neither is read."""
 
 from __future__ import annotations
 
