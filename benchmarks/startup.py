@@ -16,7 +16,7 @@ both codes, whatever events they print); the new code adds its ``startup`` event
 the build into target and drafter and gives the checkpoint's read rate. Columns: ``base`` (the
 ``--baseline`` tree, e.g. the trainer that built its target with transformers) and ``new`` (this tree).
 
-Usage (one H200; ~8 min, as run on 2026-12-02, fourth pass: new cold ~90 s, new warm ~35 s,
+Usage (one H200; ~8 min, as run on 2026-12-02: new cold ~90 s, new warm ~35 s,
 the seed and the seeded start ~50 s, the 16 GB checkpoint ~45 s, the new code's read ~45 s,
 base cold ~160 s, base warm ~75 s; ``--budget`` cuts the whole. The new code runs first and reads the
 checkpoint before the baseline runs, so a cut drops baseline runs)::
