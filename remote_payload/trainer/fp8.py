@@ -2,9 +2,9 @@
 
 The target's GEMMs are ~0.88 s of a 1.68 s step on an H200 and already run at the bf16
 rate cuBLAS reaches there (docs/trainer-performance.md, "2026-11-30, evening"); e4m3 GEMMs
-run at about twice that rate. Each weight is quantized once, per output channel; each activation per token, inside
-the compiled layer (inductor fuses the row max and the cast into the norm/SiLU kernel
-before the GEMM). The scales stay in fp32 and the GEMM accumulates in fp32 with a bf16
+run at about twice that rate. Each weight is quantized once, per output channel; each
+activation per token, inside the compiled layer (inductor fuses the row max and the cast
+into the norm/SiLU kernel before the GEMM). The scales stay in fp32 and the GEMM accumulates in fp32 with a bf16
 result: the features change by the rounding of two 3-bit mantissas, not by a scale
 mismatch. The target is frozen, so nothing here has a backward.
 
