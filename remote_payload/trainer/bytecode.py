@@ -159,7 +159,7 @@ def _die_with(parent: int) -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # no prctl: the primer outlives its parent, as before
+    except (OSError, AttributeError):  # no prctl: the primer may outlive its parent
         return
     if os.getppid() != parent:  # it ended before the signal was asked for
         os.kill(os.getpid(), signal.SIGTERM)

@@ -73,7 +73,7 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
     before the anchor, then the row's own block), so each tile's count of visible pairs is
     interval arithmetic on B x Q x tiles integers, in eager mode, with nothing to compile.
     ``make_mask_mod`` stays the one definition of what is visible: flex applies it inside
-    partial tiles, exactly as before.
+    partial tiles.
     """
     from torch.nn.attention.flex_attention import BlockMask
 

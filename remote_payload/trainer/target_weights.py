@@ -161,7 +161,7 @@ class Rope(torch.nn.Module):
     Op for op the rotary module of transformers 5.17 (the version on the GPU machines): fp32
     ``inv_freq @ positions`` with autocast off, then cat, cos, sin. Why the matmul and not an
     elementwise product (transformers 5.24 switched to one): on CUDA the matmul may run in TF32
-    (the trainer allows it), so only the same op gives the same tables as before; on a CPU the
+    (the trainer allows it), so only the same op gives transformers' tables bit for bit; on a CPU the
     two are bit-identical."""
 
     inv_freq: torch.Tensor
