@@ -12,7 +12,8 @@ from pathlib import Path
 from tests.paths import REPO
 
 ISSUE_NUMBER = re.compile(r"issues? #?[0-9]+", re.IGNORECASE)
-NARRATION = re.compile(r"hardening round|before this change|was written twice|(?:until|before) issue",
+#: ``\s``, not a space: the pattern's own source must not match it.
+NARRATION = re.compile(r"hardening\sround|before\sthis\schange|was\swritten\stwice|(?:until|before)\sissue",
                        re.IGNORECASE)
 EXEMPT_FILES = {Path("CHANGELOG.md")}
 EXEMPT_FOLDERS = (Path("tests/fixtures"),)
