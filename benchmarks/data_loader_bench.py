@@ -2,7 +2,7 @@
 
     python3 benchmarks/data_loader_bench.py [OUT.json]   # 20 K and 800 K records
 
-Before (the list-of-int-lists source up to issue 13): from the second epoch on, every
+The list-of-int-lists source (the ``before`` column): from the second epoch on, every
 ``batch(j)`` re-binned the whole dataset twice (its cache held one epoch, and it asked for
 epoch 0 to learn the epoch length), so a call cost O(records). ``before`` below is that
 binning loop, kept here only to measure it. After: :class:`RecordSource` bins once per epoch

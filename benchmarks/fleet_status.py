@@ -7,7 +7,7 @@ The hosts are aliases of the sandbox's sshd (``sandbox up``; ``--sandbox-home`` 
 inventory. ``OPSCTL_MUX=0``: every host gets its own SSH connection, as 8 distinct hosts
 would (the aliases share one address, so one multiplexer would serve them all and flatter
 the result). The three sizes run interleaved, so a load spike hits all alike; medians are
-reported with the load average. Goal (issue 12): 8 hosts ≤ 2 × 1 host.
+reported with the load average. Goal: 8 hosts ≤ 2 × 1 host.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ after the first command: with its connection multiplexer warm (opsctl/remote/mux
 ``status_cold`` rows repeat the status measurement with ``OPSCTL_MUX=0`` (own SSH
 connection per command) for comparison.
 
+Prints one row per figure; with ``--json`` the figures also go to that file as the result of
+``benchmarks/harness.py`` (with the git revision, the machine and the date).
 Uses its own OPSCTL_HOME so it never touches your last target.
 """
 
@@ -36,7 +38,6 @@ import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import harness  # noqa: E402
 from opsctl.sandbox import host as sandbox  # noqa: E402
 
 CRASH_JOB = """
@@ -152,18 +154,18 @@ def main() -> None:
         if args.human:
             human["warm"].append(timed([*opsctl, "status"], env)[0])
             human["cold"].append(timed([*opsctl, "status"], {**env, "OPSCTL_MUX": "0"})[0])
-    raw_s = results["raw_ssh_pct_exec_true_s"] = statistics.median(w for w, _ in raw)
-    results["raw_ssh_pct_exec_true_cpu_s"] = statistics.median(c for _, c in raw)
+    raw_s = results["raw_ssh_pct_exec_true_s"] = harness.median([w for w, _ in raw])
+    results["raw_ssh_pct_exec_true_cpu_s"] = harness.median([c for _, c in raw])
     for kind, times in human.items():
         if times:
-            results[f"opsctl_status_human_{kind}_s"] = statistics.median(times)
-            results[f"status_human_{kind}_ratio"] = statistics.median(times) / raw_s
+            results[f"opsctl_status_human_{kind}_s"] = harness.median(times)
+            results[f"status_human_{kind}_ratio"] = harness.median(times) / raw_s
     for i, (name, ratio) in enumerate([("opsctl", ""), ("baseline", "baseline_")][:len(measured)]):
         for kind, rows in (("", warm[i]), ("_cold", cold[i])):
-            wall = statistics.median(w for w, _ in rows)
+            wall = harness.median([w for w, _ in rows])
             results[f"{name}_status_json{kind}_s"] = wall
             results[f"{ratio}status{kind}_ratio"] = wall / raw_s
-            results[f"{name}_status_json{kind}_cpu_s"] = statistics.median(c for _, c in rows)
+            results[f"{name}_status_json{kind}_cpu_s"] = harness.median([c for _, c in rows])
 
     for prog, penv in measured[1:]:
         timed([*prog, "stop", "--grace", "1"], penv, check=False)
@@ -176,13 +178,13 @@ def main() -> None:
         timed([*opsctl, "stop", "--grace", "1"], env, check=False)
         timed([*opsctl, "mux", "stop"], env, check=False)
         results["load_avg_1m_end"] = os.getloadavg()[0]
-        _report(results, args.json_out)
+        _report(results, args.json_out, vars(args))
         shutil.rmtree(home, ignore_errors=True)
         return
 
     redeploy = [timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB),
                        "--replace", "--no-wait", "--json"], env)[0] for _ in range(max(3, args.runs // 2))]
-    results["redeploy_unchanged_payload_s"] = statistics.median(redeploy)
+    results["redeploy_unchanged_payload_s"] = harness.median(redeploy)
 
     detections = []
     for _ in range(3):
@@ -195,13 +197,13 @@ def main() -> None:
                         if line.startswith("CRASH_AT="))
         assert doc["state"] == "FAILED", doc["state"]
         detections.append(done - crash_at)
-    results["crash_detection_s"] = statistics.median(detections)
+    results["crash_detection_s"] = harness.median(detections)
     results["crash_detection_max_s"] = max(detections)
     timed([*opsctl, "stop", "--grace", "1"], env, check=False)
     timed([*opsctl, "mux", "stop"], env, check=False)
     results["load_avg_1m_end"] = os.getloadavg()[0]
 
-    _report(results, args.json_out)
+    _report(results, args.json_out, vars(args))
     shutil.rmtree(home, ignore_errors=True)
 
 
@@ -253,7 +255,10 @@ def _baseline_env(info: sandbox.SandboxInfo, playbook: str, target: list[str],
     return env
 
 
-def _report(results: dict[str, object], json_out: str | None) -> None:
+def _report(results: dict[str, object], json_out: str | None,
+            params: dict[str, object]) -> None:
+    """One row per figure, marked against its target; with ``json_out``, the harness's result
+    envelope of the figures (revision, machine, date, the command line's settings)."""
     targets = {"status_ratio": 1.3, "status_cold_ratio": 2.0, "crash_detection_s": 3.0,
                "redeploy_unchanged_payload_s": 2.0}
     for key, value in results.items():
@@ -264,7 +269,7 @@ def _report(results: dict[str, object], json_out: str | None) -> None:
         mark = "" if goal is None else (" ✓" if float(value) <= goal else f" ✗ (target ≤ {goal})")
         print(f"{key:34s} {float(value):8.3f}{mark}")
     if json_out:
-        Path(json_out).write_text(json.dumps(results, indent=2))
+        harness.write_result("ops", results, json_out, params=params)
 
 
 if __name__ == "__main__":

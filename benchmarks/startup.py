@@ -1,4 +1,4 @@
-"""Start-up and wind-down of the trainer, this tree against a baseline tree, in one run (issue 28).
+"""Start-up and wind-down of the trainer, this tree against a baseline tree, in one run.
 
 Each code runs the trainer as a restart does: a new process, ``python -m remote_payload.trainer``,
 the ``qwen3-8b`` preset on synthetic data (block 32, 64 anchors, S 3072, budget 49152, a few
@@ -14,9 +14,9 @@ read comes from the disk.
 Times are taken here, from the spawn of the trainer, as each line arrives (the same clock for
 both codes, whatever events they print); the new code adds its ``startup`` event, which splits
 the build into target and drafter and gives the checkpoint's read rate. Columns: ``base`` (the
-``--baseline`` tree, the trainer before issue 28) and ``new`` (this tree).
+``--baseline`` tree, e.g. the trainer that built its target with transformers) and ``new`` (this tree).
 
-Usage (one H200; ~8 min, as run on 2026-12-02, fourth pass: new cold ~90 s, new warm ~35 s,
+Usage (one H200; ~8 min, as run on 2026-12-02: new cold ~90 s, new warm ~35 s,
 the seed and the seeded start ~50 s, the 16 GB checkpoint ~45 s, the new code's read ~45 s,
 base cold ~160 s, base warm ~75 s; ``--budget`` cuts the whole. The new code runs first and reads the
 checkpoint before the baseline runs, so a cut drops baseline runs)::

@@ -1,4 +1,4 @@
-"""What the job history (issue 17) costs ``status``: the agent verb with and without a week's history.
+"""What the job history costs ``status``: the agent verb with and without a week's history.
 
 Launches one short local job with the real agent (tmux, wrapper), then times the ``status`` verb
 (in-process ``status_document`` and the whole ``python3 -m remote_payload.agent status`` process,

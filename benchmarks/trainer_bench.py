@@ -1,4 +1,4 @@
-"""Benchmark of the DFlash trainer step on one GPU (issue 4's performance section).
+"""Benchmark of the DFlash trainer step on one GPU (the trainer's performance goals).
 
 One run measures, for a Qwen3-8B-shaped random target + 5-layer drafter, block 32,
 64 anchors, sequence length 3072, token budget 49152 (16 rows), colocated:

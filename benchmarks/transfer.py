@@ -6,7 +6,7 @@ and an unchanged re-push, side by side in one run.
 Through the sandbox (``sandbox up``; ``--sandbox-home`` or ``$OPSCTL_TEST_SANDBOX_HOME``):
 its sshd on 127.0.0.1, ``pct exec`` into container 200. The raw copy and each push method run
 interleaved into fresh destinations (a load spike hits all alike); medians are reported.
-Goals (issue 12): rsync push ≥ 80 % of the raw throughput; an unchanged re-push < 2 s.
+Goals: rsync push ≥ 80 % of the raw throughput; an unchanged re-push < 2 s.
 """
 
 from __future__ import annotations

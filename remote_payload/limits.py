@@ -58,11 +58,6 @@ def cut_line(line: str, limit: int | None = None) -> str:
     return line[:width] + cut_marker(dropped)
 
 
-def cut_bytes(data: bytes, limit: int) -> tuple[bytes, int]:
-    """The first ``limit`` bytes of ``data`` and how many were left out."""
-    return data[:limit], max(0, len(data) - limit)
-
-
 def clamp(value: object, low: float, high: float) -> float | None:
     """``value`` as a number a view can draw: None for what is no number (nan, a string),
     else kept inside ``[low, high]`` (inf and 1e308 land on the edge)."""

@@ -94,7 +94,7 @@ def can_transition(old: JobState, new: JobState) -> bool:
     return new == old or new in ALLOWED_TRANSITIONS[old]
 
 
-# --- the queue and GPU slots (issue 27) ------------------------------------------------
+# --- the queue and GPU slots -----------------------------------------------------------
 
 #: The most GPU slots a container can have (an inventory's ``gpus`` is 0-1024).
 MAX_GPU_SLOTS = 1024
@@ -372,7 +372,7 @@ class ErrorType(str, enum.Enum):  # not StrEnum (3.11+): the agent runs on 3.10 
     CacheSeedFailed = "CacheSeedFailed"
     # a launch refused by a failing doctor check (``fields.row``: the doctor row)
     PreflightFailed = "PreflightFailed"
-    # the queue (issue 27): a queue operation refused (unknown/own dependency, a cycle, a
+    # the queue: a queue operation refused (unknown/own dependency, a cycle, a
     # running job to remove, a full queue, GPUs that do not exist); ``fields.why`` says which
     QueueRefused = "QueueRefused"
 

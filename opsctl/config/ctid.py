@@ -1,10 +1,10 @@
 """A Proxmox container id (VMID): the one rule for every place that takes one.
 
 Proxmox accepts ``^[1-9][0-9]{2,8}$`` (pve-common ``PVE/JSONSchema.pm`` ``pve_verify_vmid``),
-i.e. 100 to 999 999 999. ``--ct 99999999999999999999`` used to reach the host, where pct
-refused it; ``--ct``, ``--nodes HOST:CT``, inventory ``containers:`` keys and the remembered
-target all go through :func:`check_ctid` (or :func:`parse_ctid`) instead, so such a value is a
-usage error here (exit 2) and nothing is sent.
+i.e. 100 to 999 999 999. ``--ct``, ``--nodes HOST:CT``, inventory ``containers:`` keys and
+the remembered target all go through :func:`check_ctid` (or :func:`parse_ctid`), so a value
+such as ``--ct 99999999999999999999`` is a usage error here (exit 2) and nothing is sent: the
+host never sees a container id pct would refuse.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ with defaults user=root, port 22. A host name that is an alias in ``~/.ssh/confi
 HostName, User, Port, IdentityFile and ProxyJump unless the inventory or ``--host`` sets them
 (opsctl/config/sshconfig.py). Any other name (in no inventory, named by no ``~/.ssh/config``
 ``Host`` line, not an IP address, not ``localhost``) is an error before any lookup: opsctl
-never asks DNS about a name nobody configured (issue 23, class 9).
+never asks DNS about a name nobody configured.
 """
 
 from __future__ import annotations

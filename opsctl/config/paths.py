@@ -10,7 +10,7 @@ Lookup order, first match wins (a name found earlier shadows the same name later
 
 Hosts come only from the user's directories: the package carries its inventory as an
 example (:data:`EXAMPLE_INVENTORY`, ``opsctl hosts --example``), never as an entry, so a
-fresh install dials no host nobody configured (issue 23, class 9). Inventory also reads
+fresh install dials no host nobody configured. Inventory also reads
 ``$OPSCTL_INVENTORY`` (a directory) before all of these, and ``OPSCTL_INVENTORY_DIRS``
 (os.pathsep-separated) replaces the whole inventory list; tests use it so that they read only
 their own inventory.

@@ -1,4 +1,4 @@
-"""Pipeline playbooks (issue 27): a list of steps, each a playbook, queued at once with their
+"""Pipeline playbooks: a list of steps, each a playbook, queued at once with their
 dependencies.
 
 A pipeline file is a playbook file with ``steps:`` instead of ``command:``::

@@ -58,7 +58,7 @@ def configures(alias: str) -> bool:
     """Whether ``~/.ssh/config`` names ``alias``: a ``Host`` line with a pattern other than a
     bare ``*`` matches it (and no ``!pattern`` excludes it). A config with ``Include`` or
     ``Match`` names it when paramiko's lookup applies anything to it. A catch-all ``Host *``
-    names nothing: it would make every typo a configured host (issue 23, class 9).
+    names nothing: it would make every typo a configured host.
 
     Raises:
         ConfigError: the file cannot be read or parsed.

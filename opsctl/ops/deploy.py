@@ -9,7 +9,7 @@ One path, decided by the playbook alone:
 3. launch. When the payload was not shipped in step 1 the launch carries its digest and
    the agent refuses a different installed payload, so an unchanged re-deploy is one round
    trip; a refusal ships the payload and launches again (nothing was touched), and so does
-   an installed agent of another digest that cannot answer at all (it no longer imports).
+   an installed agent of another digest that cannot answer at all (it fails at import).
 4. watch until healthy (or terminal, or the playbook's ``timeout_s``).
 """
 
@@ -238,7 +238,7 @@ def _ship_and_launch(tgt: Target, book: Playbook, spec: dict[str, t.Any],
 
 def _reship_damaged(tgt: Target, digest: str, exc: RemoteCommandFailed,
                     ship: t.Callable[[bool], PayloadResult]) -> PayloadResult:
-    """The installed agent could not answer ``launch`` (it crashed, or it no longer imports:
+    """The installed agent could not answer ``launch`` (it crashed, or it fails at import:
     e.g. a payload shipped from a half-edited tree). Nothing was launched. When it is not
     this opsctl's payload, ship this one (the caller launches again); when it is, shipping
     the same files would not help: the error stands, with what repairs a damaged copy.

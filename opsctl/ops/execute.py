@@ -4,7 +4,7 @@ The command runs under the container-side guard (``remote_payload/agent/execguar
 deadline, the client going away and a reader that closed early end its whole process tree,
 ``setsid`` children included. Output reaches the callbacks chunk by chunk as it arrives and
 only the last :data:`KEEP_BYTES` of each stream stay in memory (for error messages and the
-saved log), so 500 MB of output costs no more memory than 5 KB (issue 23).
+saved log), so 500 MB of output costs no more memory than 5 KB.
 """
 
 from __future__ import annotations

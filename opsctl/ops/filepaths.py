@@ -1,6 +1,6 @@
 """The path rules of ``opsctl push``/``pull``, in one pure place (no I/O but ``Path.resolve``).
 
-What this module decides, and why (issue 23, class 1 "files can destroy data"):
+What this module decides, and why (files can destroy data):
 
 - **Where a container path points.** Absolute, or relative to ``<root>/data``; a relative path
   whose ``..`` leaves ``<root>/data`` is refused (:func:`container_path`): ``push x ../jobs``

@@ -1,4 +1,4 @@
-"""``opsctl queue``: the container's job queue (issue 27): add, list, remove, reorder; and
+"""``opsctl queue``: the container's job queue: add, list, remove, reorder; and
 ``deploy`` of a pipeline playbook, which queues every step at once.
 
 The queue lives in the container (``remote_payload/agent/jobqueue.py``): once a job is queued

@@ -4,7 +4,7 @@ Like OpenSSH's ControlPersist: one authenticated SSH connection per host, kept b
 background process (:mod:`opsctl.remote.mux_server`), reused by later commands.
 
 Why: a command's own SSH connection costs the paramiko/fabric import and the
-handshake (together more than the remote ``pct exec`` itself), which made
+handshake (together more than the remote ``pct exec`` itself), which makes
 ``opsctl status`` ~2.5x slower than a raw ``ssh … pct exec``. A command that finds
 a live mux sends its command *string* (built by :meth:`opsctl.remote.transport.Remote.run`,
 unchanged) over a Unix socket and gets stdout/stderr/exit status streamed back;

@@ -155,7 +155,7 @@ def in_use():
             pid = json.load(open(os.path.join(jobs, j, "pid")))
         except (OSError, ValueError):
             pid = None
-        try:  # a queued job runs this payload when it starts (issue 27)
+        try:  # a queued job runs this payload when it starts
             queued = json.load(open(os.path.join(jobs, j, "status.json"))).get("state") == "QUEUED"
         except (OSError, ValueError, AttributeError):
             queued = False

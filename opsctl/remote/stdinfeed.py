@@ -1,10 +1,10 @@
 """Read what a remote command gets on stdin, from a thread, without Python's buffered stdio.
 
-Why: the thread that forwards ``opsctl exec``'s stdin used to call ``sys.stdin.buffer.read()``.
-When the remote command ended first (``sleep 3 | opsctl exec … -- echo hello``) that thread
-was still blocked inside the ``BufferedReader`` holding its lock, and interpreter shutdown
-aborted with ``Fatal Python error: _enter_buffered_busy`` (exit 134) instead of passing the
-exit code through. Here a real file descriptor is read with ``os.read``
+Why: a thread that forwards ``opsctl exec``'s stdin with ``sys.stdin.buffer.read()`` is
+still blocked inside the ``BufferedReader``, holding its lock, when the remote command ends
+first (``sleep 3 | opsctl exec … -- echo hello``), and interpreter shutdown then aborts with
+``Fatal Python error: _enter_buffered_busy`` (exit 134) instead of passing the exit code
+through. Here a real file descriptor is read with ``os.read``
 after ``select`` — no lock that shutdown needs — and the loop stops as soon as the caller sets
 ``stop`` (the command has ended), so the thread is gone before the interpreter is.
 

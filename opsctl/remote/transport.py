@@ -508,10 +508,6 @@ class Remote:
         key: paramiko.PKey = transport.get_remote_server_key()
         return key
 
-    def server_fingerprint(self) -> str:
-        """Connect (trusting per policy) and return the server's host-key fingerprint."""
-        return fingerprint(self.server_key())
-
     # --- commands ------------------------------------------------------------------
 
     def run(self, argv: t.Sequence[str], *, timeout: float | None = None,

@@ -7,7 +7,7 @@ node of that run.
 The name is remembered with what it resolved to (``user@address[:port]``, and each node's):
 a later ``./inventory`` (or ``~/.ssh/config``) that defines the same name elsewhere does not
 silently redirect a flagless ``status``/``stop``: :func:`check_address` refuses, naming both,
-and the user says which with ``--host``/``--ct`` (issue 23, class 10).
+and the user says which with ``--host``/``--ct``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ round trip pays for no imports it does not use. The command line opsctl sends fo
 ``status`` (every poll: ``[--root R] [--tmux-socket S] status [--lines N] [--job J]
 [--json]``) is read without argparse (:func:`plain_status`; importing argparse and
 building its two parsers cost ~3 ms of each poll); any other command line, or one a word
-off that shape, goes through argparse exactly as before.
+off that shape, goes through argparse.
 
 The entry stays ``python3 -S -m remote_payload.agent``: a direct script path would save
 runpy (~1 ms) but an older payload, still installed in a container while a job runs,
@@ -38,7 +38,7 @@ VERBS: dict[str, str] = {
     "stacks": "remote_payload.agent.verbs.jobs",
     "jobs": "remote_payload.agent.verbs.jobs",
     "abort": "remote_payload.agent.verbs.jobs",  # an interrupted deploy
-    # the job queue (issue 27)
+    # the job queue
     "queue": "remote_payload.agent.verbs.queue",
     "queue-add": "remote_payload.agent.verbs.queue",
     "queue-rm": "remote_payload.agent.verbs.queue",

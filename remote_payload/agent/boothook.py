@@ -1,4 +1,4 @@
-"""The queue's boot hook (issue 27): after a container restart the queue moves on by itself.
+"""The queue's boot hook: after a container restart the queue moves on by itself.
 
 No wrapper survives a restart, so nothing would call ``advance`` until the next opsctl call.
 The first ``queue-add`` in a root installs a hook that runs the agent's ``queue-advance``

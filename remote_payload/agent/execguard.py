@@ -3,7 +3,7 @@ DEADLINE|- ARGV...`` (sent as the ``-c`` text, so it needs no payload in the con
 
 Why not coreutils ``timeout`` (used before): it signals one process group, so a child that
 left it (``setsid sleep 100 &``) survived the deadline *and* held the output pipe open, and
-the client waited for its own, later deadline (issue 23: 11 s for ``--timeout 2``, the
+the client waited for its own, later deadline (11 s for ``--timeout 2``, the
 ``sleep`` left running). Here the command is a *tree*, found as ``stop`` finds a job's
 processes (``remote_payload/agent/jobstore.py``): this process is a child subreaper (an
 orphan anywhere below it is re-parented to it, so ``/proc``'s parent links still reach it),

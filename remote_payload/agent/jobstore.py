@@ -291,7 +291,7 @@ def validate_spec(raw: t.Any, payload_dir: str) -> dict[str, t.Any]:
 
 
 def _validate_babysitting(spec: dict[str, t.Any]) -> None:
-    """``restart``, ``max_duration_s``, ``notify``, ``secrets`` and ``target`` (issue 11's keys)."""
+    """``restart``, ``max_duration_s``, ``notify``, ``secrets`` and ``target`` (the babysitting keys)."""
     from remote_payload.agent import jobsecrets
 
     try:

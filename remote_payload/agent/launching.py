@@ -1,4 +1,4 @@
-"""Starting a job: the steps ``launch`` and a start from the queue share (issue 27).
+"""Starting a job: the steps ``launch`` and a start from the queue share.
 
 The job dir's files (:func:`write_launch_files`), the wrapper in its tmux session
 (:func:`start_wrapper`), the launch checks (GPU preflight, doctor rows, torch build), and the

@@ -8,7 +8,7 @@ delays another: each URL has its own queue and thread (:class:`Notifier`), each 
 short timeout and a few retries within a bounded total time per event (:data:`BUDGET_S`),
 and every outcome is one line in the job's ``notify.log``. Every give-up (timeouts, HTTP
 errors, the budget spent, a full queue, the wrapper ending first) is a line naming the
-event, the URL (scheme, host and port only: :func:`redact`) and the reason. (Issue 23: one
+event, the URL (scheme, host and port only: :func:`redact`) and the reason. (Why: one
 URL that accepted and never answered held every later event, and the answering URL got
 nothing, not even ``healthy``.)
 
@@ -171,7 +171,7 @@ def body(event: str, *, spec: t.Mapping[str, t.Any], status: t.Mapping[str, t.An
 
 class _Sender:
     """One URL's worker: its own queue and thread, so one URL that never answers delays
-    nothing sent to the others (issue 23); its events go out in order."""
+    nothing sent to the others; its events go out in order."""
 
     def __init__(self, url: str, index: int, job_dir: str):
         self.url = url

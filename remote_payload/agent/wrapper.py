@@ -797,7 +797,7 @@ def not_startable(path: str) -> str | None:
 
 def advance_queue(path: str) -> None:
     """The job has ended (its restart policy is done): start what waited for it or for its
-    GPUs, and cancel its dependants if it failed, with no client connected (issue 27). A
+    GPUs, and cancel its dependants if it failed, with no client connected. A
     failure here is recorded in ``queue_error.txt``; the next agent call advances again."""
     root = os.path.dirname(os.path.dirname(path))
     try:

@@ -15,7 +15,7 @@ if __name__ == "__main__":
     rc = main()
     if not sys.argv[1:] or sys.argv[1] not in COMMANDS:
         # training: `done` was said after the checkpoint was durable; the interpreter's
-        # teardown (CUDA, inductor's workers, a 16 GB target) took seconds (issue 28)
+        # teardown (CUDA, inductor's workers, a 16 GB target) took seconds
         from .train import _leave
 
         _leave(rc)

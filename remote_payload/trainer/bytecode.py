@@ -1,4 +1,4 @@
-"""Compiled bytecode for a torch env that cannot keep its own (issue 28: start-up).
+"""Compiled bytecode for a torch env that cannot keep its own (it shortens the start-up).
 
 Why: every start of the trainer imports ~2,200 modules of torch, dynamo and inductor. Where their
 bytecode cannot be cached next to the sources (``PYTHONDONTWRITEBYTECODE`` set, as many container
@@ -159,7 +159,7 @@ def _die_with(parent: int) -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # no prctl: the primer outlives its parent, as before
+    except (OSError, AttributeError):  # no prctl: the primer may outlive its parent
         return
     if os.getppid() != parent:  # it ended before the signal was asked for
         os.kill(os.getpid(), signal.SIGTERM)

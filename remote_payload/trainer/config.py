@@ -153,7 +153,7 @@ def _h(text: str) -> dict[str, str]:
 TARGET_PRECISIONS = ("bf16", "fp8")
 
 #: DDP gradient bucket (MiB) among drafter ranks: ``--ddp-bucket-mb``'s default
-#: (docs/benchmarks.md, Second pass).
+#: (docs/trainer-performance.md, "2026-11-30, evening").
 DDP_BUCKET_MB = 512
 
 

@@ -1,12 +1,12 @@
 """Row-wise FP8 matmuls for the frozen target (``--target-precision fp8``, opt-in).
 
 The target's GEMMs are ~0.88 s of a 1.68 s step on an H200 and already run at the bf16
-rate cuBLAS reaches there (docs/benchmarks.md, "Second pass"); e4m3 GEMMs run at about twice that
-rate. Each weight is quantized once, per output channel; each activation per token, inside
-the compiled layer (inductor fuses the row max and the cast into the norm/SiLU kernel
-before the GEMM). The scales stay in fp32 and the GEMM accumulates in fp32 with a bf16
-result: the features change by the rounding of two 3-bit mantissas, not by a scale
-mismatch. The target is frozen, so nothing here has a backward.
+rate cuBLAS reaches there (docs/trainer-performance.md, "2026-11-30, evening"); e4m3 GEMMs
+run at about twice that rate. Each weight is quantized once, per output channel; each
+activation per token, inside the compiled layer (inductor fuses the row max and the cast
+into the norm/SiLU kernel before the GEMM). The scales stay in fp32 and the GEMM
+accumulates in fp32 with a bf16 result: the features change by the rounding of two 3-bit
+mantissas, not by a scale mismatch. The target is frozen, so nothing here has a backward.
 
 Why our own ~30 lines over ``torch._scaled_mm`` (PyTorch's FP8 GEMM, CPU and CUDA) and not
 torchao's float8 inference: torchao's wheels are tied to one torch release each, and opsctl

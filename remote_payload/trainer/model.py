@@ -73,7 +73,7 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
     before the anchor, then the row's own block), so each tile's count of visible pairs is
     interval arithmetic on B x Q x tiles integers, in eager mode, with nothing to compile.
     ``make_mask_mod`` stays the one definition of what is visible: flex applies it inside
-    partial tiles, exactly as before.
+    partial tiles.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -260,10 +260,10 @@ def build_drafter(cfg: DrafterConfig, attn: str, device: torch.device, seed: int
     The draws replay the eager ``torch.manual_seed(seed); Drafter(cfg, attn)`` exactly (each
     submodule's ``reset_parameters`` in construction order, then the drafter's own), so on
     the same device the weights are bit-identical (``tests/trainer/test_startup.py``). Why:
-    the eager build drew ~1 B fp32 weights twice on the host and copied 4 GB to the GPU
-    (issue 28). On CUDA the draws now come from the CUDA generator, so a GPU run's initial
-    drafter differs from the host-drawn one of the trainer before issue 28: the same
-    distribution, other values (loss curves agree statistically, not bit for bit)."""
+    an eager build draws ~1 B fp32 weights twice on the host and copies 4 GB to the GPU.
+    On CUDA the draws come from the CUDA generator, so a GPU run's initial drafter differs
+    from a host-drawn one of the same seed: the same distribution, other values (loss curves
+    agree statistically, not bit for bit)."""
     with torch.device("meta"):
         model = Drafter(cfg, attn)
     model.to_empty(device=device)

@@ -11,7 +11,7 @@ per shape and every layer reuses that graph (a 36-layer unrolled graph would com
 ~30x longer for the same kernels). transformers' own forward stays the reference
 (``fused=False``) and the equality test's yardstick. ``precision="fp8"`` (opt-in) stores the
 four matmul weights as row-scaled e4m3 (:mod:`.fp8`): the same layer at ~1.6x the speed on an
-H200, its features carrying FP8's rounding (docs/benchmarks.md, "Third pass", says how much).
+H200, its features carrying FP8's rounding (docs/trainer-performance.md, "2026-11-30, night", says how much).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ Weight = torch.Tensor | fp8.Fp8Weight
 _MATMULS = ("qkv", "o", "gate_up", "down")  # the weights --target-precision applies to
 
 
-#: inductor options of the target's per-layer graph (docs/benchmarks.md, "Start-up of the
-#: trainer, third day", has the measurements).
+#: inductor options of the target's per-layer graph (docs/trainer-performance.md, "2026-12-02:
+#: the target's tuned kernel configs survive a restart", has the measurements).
 #:
 #: - ``coordinate_descent_tuning``: tuned launch configs for the norm/RoPE reductions (0.48 ->
 #:   0.30 ms per layer on an H200, ~8 ms a step; the first compile takes ~5 s longer):

@@ -2,7 +2,7 @@
 state-dict layout), the random weights drawn exactly as transformers' eager build draws them,
 and the default RoPE tables.
 
-Why not build transformers' ``Qwen3ForCausalLM`` (as the trainer did until issue 28): at every
+Why not build transformers' ``Qwen3ForCausalLM`` (the trainer's target is built here instead): at every
 restart, importing its modules cost 2.5-4 s (they pull in generation, ``masking_utils`` and with
 it ``torch._dynamo``, ``torch.distributed.tensor``, scikit-learn), and building 36 layers on the
 meta device and materialising them module by module another 4-5 s, for weights that are random
@@ -161,7 +161,7 @@ class Rope(torch.nn.Module):
     Op for op the rotary module of transformers 5.17 (the version on the GPU machines): fp32
     ``inv_freq @ positions`` with autocast off, then cat, cos, sin. Why the matmul and not an
     elementwise product (transformers 5.24 switched to one): on CUDA the matmul may run in TF32
-    (the trainer allows it), so only the same op gives the same tables as before; on a CPU the
+    (the trainer allows it), so only the same op gives transformers' tables bit for bit; on a CPU the
     two are bit-identical."""
 
     inv_freq: torch.Tensor

@@ -624,7 +624,7 @@ def _payload_digest() -> str:
 
 def _start_cuda(device: torch.device) -> None:
     """Create the CUDA context of ``device`` on a thread, while the main thread sets up
-    compiles and the process group and imports transformers (a second or two; issue 28).
+    compiles and the process group and imports transformers (a second or two).
     torch's lazy initialisation holds a lock, so the main thread's first CUDA call waits for
     this one instead of racing it; a failure here is left to that call to raise."""
     import threading
@@ -638,7 +638,7 @@ def _start_cuda(device: torch.device) -> None:
 
 def _warm_compile_pool() -> None:
     """Start inductor's compile workers now, while the target is built, not at the first
-    compile (they take seconds to start; issue 28). Only a head start: failures are left to
+    compile (they take seconds to start). Only a head start: failures are left to
     the first compile, which starts the pool itself and reports them.
 
     Only the pool's sidecar starts here; its workers start at the first compile job. Starting

@@ -13,9 +13,6 @@ import pytest
 from benchmarks import harness
 from tests.paths import REPO
 
-#: Scripts still on their own output: the operations benchmark is ported separately.
-NOT_YET = {"ops.py"}
-
 
 def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
     assert harness.median([3.0, 1.0, 2.0]) == 2.0
@@ -74,10 +71,24 @@ def test_without_a_path_the_result_goes_to_stdout(capsys):
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "benchmarks").glob("*.py")
-                                          if p.name != "harness.py" and p.name not in NOT_YET))
+                                          if p.name != "harness.py"))
 def test_every_benchmark_script_writes_its_result_through_the_harness(script):
     tree = ast.parse((REPO / "benchmarks" / script).read_text(encoding="utf-8"))
     calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
              and node.func.value.id == "harness"}
     assert "write_result" in calls
+
+
+def test_the_operations_benchmark_prints_its_rows_and_writes_the_harness_envelope(tmp_path, capsys):
+    from benchmarks import ops
+
+    path = tmp_path / "ops.json"
+    ops._report({"revision": "abc1234", "status_ratio": 1.1, "status_cold_ratio": 2.5}, str(path),
+                {"runs": 3, "baseline": "main"})
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split() == ["revision", "abc1234"]
+    assert rows[1].endswith("✓") and "✗ (target ≤ 2.0)" in rows[2]
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == "ops" and doc["params"] == {"runs": 3, "baseline": "main"}
+    assert doc["result"]["status_ratio"] == 1.1 and doc["git_revision"] and doc["machine"]["cores"]
