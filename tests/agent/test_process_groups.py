@@ -301,3 +301,26 @@ def test_a_marked_fork_loop_in_sessions_of_its_own_is_ended_whole(token):
     group.end(grace=0.2)
     assert wait_for(lambda: not _with_token(token), 5) or not _with_token(token), \
         len(_with_token(token))
+
+
+@pytest.mark.parametrize("words", [["help", "exit-codes"], ["--help"], ["schema", "status"]])
+def test_a_reader_that_closed_early_ends_opsctl_as_it_ends_cat(words, tmp_path):
+    """``opsctl … | head -1``: killed by SIGPIPE, quietly (a shell shows 141); never click's
+    exit 1 (a bug's code), a traceback or Python's "Exception ignored"."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before opsctl writes
+    try:
+        proc = subprocess.run([sys.executable, "-m", "opsctl", *words], stdout=write_end,
+                              stderr=subprocess.PIPE, timeout=60, check=False,
+                              env={**os.environ, "PYTHONPATH": str(REPO),
+                                   "OPSCTL_HOME": str(tmp_path)})
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, b"")
+
+
+def test_a_reader_that_read_everything_leaves_the_exit_code_alone(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "opsctl", "help", "exit-codes"],
+                          capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_HOME": str(tmp_path)})
+    assert proc.returncode == 0 and b"success" in proc.stdout
