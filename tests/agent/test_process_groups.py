@@ -324,3 +324,18 @@ def test_a_reader_that_read_everything_leaves_the_exit_code_alone(tmp_path):
                           capture_output=True, timeout=60, check=False,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_HOME": str(tmp_path)})
     assert proc.returncode == 0 and b"success" in proc.stdout
+
+
+def test_a_rich_table_to_a_reader_that_closed_early_ends_as_cat_does():
+    """What ``opsctl status | head -1`` and ``opsctl jobs | head -1`` print goes through
+    rich, whose own answer to a closed reader is exit 1: opsctl's console dies of SIGPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from opsctl.cli import render\n"
+                               "render.console().print('row ' * 1000)\n"
+                               "raise SystemExit(7)"], stdout=write_end, stderr=subprocess.PIPE,
+                              timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, b"")
