@@ -129,3 +129,24 @@ def test_any_override_text_gives_a_cap_within_its_bounds(raw):
         else:
             mp.setenv("OPSCTL_KERNLOG_LINES", raw)
         assert 1 <= limits.cap("KERNLOG_LINES") <= limits.KERNLOG_LINES * limits.CEILING_FACTOR
+
+
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_one_50_mb_line_is_cut_in_linear_time_with_its_exact_count(ending):
+    """Debian's awk takes minutes over one 50 MB line; the host's cut never hands it one."""
+    line = b"NVRM: Xid (PCI:0000:41:00): 79, " + b"A" * 50_000_000
+    started = time.monotonic()
+    res = subprocess.run(kernlog.capped_argv(["cat"], lines=5, size=4096, width=300),
+                         input=line + ending, capture_output=True, timeout=60, check=False)
+    assert time.monotonic() - started < 15
+    assert res.stdout == line[:300] + f"…[cut {len(line) - 300} bytes]\n".encode()
+
+
+@pytest.mark.parametrize("size", [4094, 4095, 4096, 4097, 8192, 8193])
+def test_a_line_at_the_host_cuts_piece_edges_is_counted_exactly(size):
+    line = (b"NVRM: Xid (PCI:0000:41:00): 79, " + b"B" * 9000)[:size]
+    res = subprocess.run(kernlog.capped_argv(["cat"], lines=5, size=1 << 20, width=5000),
+                         input=line + b"\n" + line[:40] + b"\n", capture_output=True, timeout=30,
+                         check=False)
+    first = line if size <= 5000 else line[:5000] + f"…[cut {size - 5000} bytes]".encode()
+    assert res.stdout == first + b"\n" + line[:40] + b"\n"
