@@ -78,11 +78,10 @@ EXIT_CODES: dict[int, str] = {
 
 #: Exit statuses opsctl passes on rather than chooses: the table's last row.
 PASSED_THROUGH = ("`opsctl exec` and `opsctl shell`: the remote command's (shell's) own exit code; "
-                  "`opsctl attach`: tmux's. `opsctl exec` whose reader closed early "
-                  "(`opsctl exec … | head -c 10`) ends as `cat` does: killed by SIGPIPE, quietly "
-                  "(a shell shows 141), and the remote command is ended. SIGTERM and SIGHUP end opsctl at "
-                  "once, as they end any program (a shell shows 143 and 129); the command `opsctl exec` "
-                  "was running ends with its connection")
+                  "`opsctl attach`: tmux's. Any command whose reader closed early "
+                  "(`opsctl exec … | head -c 10`, `opsctl help exit-codes | head -1`) ends as "
+                  "`cat` does: killed by SIGPIPE, quietly (a shell shows 141), every child it "
+                  "started (`exec`'s remote command) ended first")
 
 
 class OpsctlError(Exception):

@@ -21,6 +21,7 @@ import sys
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import types
+    import typing as t
 
 # Only os, signal, sys (imported by the interpreter itself) until the handlers are in place:
 # the rest is imported where a handler needs it.
@@ -90,3 +91,35 @@ def _leave(signum: int | None, words: str) -> None:
     except (OSError, ValueError):
         pass
     os._exit(code)
+
+
+def end_if_reader_gone(code: object) -> None:
+    """On the way out with exit ``code``: where standard output's reader closed early, end as
+    coreutils' ``cat`` does, killed by SIGPIPE (a shell shows 141), nothing on stderr; else
+    return. Click answers a closed reader with exit 1 and a wrapped ``sys.stdout``; what is
+    still buffered is flushed here, so a closed reader never surfaces at exit."""
+    stdout = sys.stdout
+    gone = type(stdout).__name__.lstrip("_") == "PacifyFlushWrapper" and code == 1
+    if not gone:
+        try:
+            if stdout is not None:
+                stdout.flush()
+        except BrokenPipeError:
+            gone = True
+        except (OSError, ValueError):
+            pass
+    if gone:
+        die_of_sigpipe()
+
+
+def die_of_sigpipe() -> t.NoReturn:
+    """Killed by SIGPIPE, quietly: every child group ended first, standard output pointed at
+    /dev/null so no flush at exit fails on it."""
+    from remote_payload import procgroup
+
+    procgroup.end_all()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(128 + signal.SIGPIPE)  # only where the signal could not end us

@@ -33,14 +33,21 @@ _ENV = {
 }
 
 
+#: the most an override may raise a cap to (times its default): a mistyped
+#: ``OPSCTL_KERNLOG_BYTES=99999999999999`` must not lift the bound altogether
+CEILING_FACTOR = 64
+
+
 def cap(name: str) -> int:
     """The cap ``name`` (one of the constants above), or its environment override when that
-    is a whole number of at least 1."""
+    is a whole number of ASCII digits; an override is kept within 1 and
+    :data:`CEILING_FACTOR` times the default. Anything else (``-1``, ``1e9``, ``²``) leaves
+    the default: an override can move a cap, never remove it."""
     value = int(globals()[name])
-    raw = os.environ.get(_ENV[name], "")
-    if raw.strip().isdigit() and int(raw) >= 1:
-        return int(raw)
-    return value
+    raw = os.environ.get(_ENV[name], "").strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 30:
+        return value
+    return min(max(int(raw), 1), value * CEILING_FACTOR)
 
 
 def cut_marker(dropped: int) -> str:

@@ -11,7 +11,11 @@ forward`` ended by SIGTERM left its ``ssh -L`` listening. Here every child:
 - carries :data:`MARKER` in its environment (kept across ``setsid`` and ``exec``), so a
   grandchild that moved to a session of its own is still found (a ``/proc`` scan) and ended;
 - is ended by :meth:`Group.end`: SIGTERM to the group and every marked process, a grace of
-  :data:`GRACE_S`, then SIGKILL, and reaped. A deadline, Ctrl-C, SIGTERM and SIGHUP all end
+  :data:`GRACE_S`, then SIGKILL (repeated while a marked fork loop still starts others),
+  and reaped last: until then the child's number stays its group's, so the group signal
+  never reaches a group a reused number names. A marked process is held by a pidfd while
+  its marker is checked, so a number reused between the scan and the signal is never hit:
+  nothing without the marker is signalled except the child's own unreaped group. A deadline, Ctrl-C, SIGTERM and SIGHUP all end
   it this way: :func:`end_all` ends every group still running, and
   :func:`install_signal_handlers` turns SIGTERM and SIGHUP into :class:`Terminated` after
   doing so.
@@ -265,12 +269,20 @@ class Group:
 
     def end(self, grace: float = GRACE_S) -> int | None:
         """End the whole tree: SIGTERM to its group and every marked process, ``grace``
-        seconds for them to go, then SIGKILL; the child is reaped. Returns its exit code
-        (None if it could not be reaped). Safe to call again."""
-        for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, GRACE_S)):
-            self._signal_tree(sig)
-            if self._gone_within(wait_s):
-                break
+        seconds for them to go, then SIGKILL (again, while a marked process is still
+        starting others); the child is reaped last. Returns its exit code (None if it could
+        not be reaped). Safe to call again.
+
+        The child stays unreaped (a zombie) until its tree is gone: its number then stays
+        its group's, so the group signal reaches its own group and never one a reused
+        number names. Once reaped, only marked processes are signalled."""
+        self._signal_tree(signal.SIGTERM)
+        if not self._gone_within(grace):
+            until = time.monotonic() + GRACE_S
+            while True:
+                self._signal_tree(signal.SIGKILL)
+                if self._gone_within(0.2) or time.monotonic() >= until:
+                    break
         if self.returncode is None:
             try:
                 self._reaped(os.waitpid(self.pid, 0)[1])
@@ -279,32 +291,43 @@ class Group:
         _LIVE.pop(self.pid, None)
         return self.returncode
 
+    def _exited(self) -> bool:
+        """Whether the child exited, leaving it unreaped where the platform allows."""
+        if self.returncode is not None:
+            return True
+        if not hasattr(os, "waitid"):
+            return self.poll() is not None
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.poll() is not None
+        return info is not None
+
     def _others(self) -> list[int]:
         """Live processes of the group or carrying the marker, this child excluded."""
-        return [p for p in marked(self.token) | _in_group(self.pid) if p != self.pid]
+        group = _in_group(self.pid) if self.returncode is None else set()
+        return [p for p in marked(self.token) | group if p != self.pid]
 
     def _gone_within(self, seconds: float) -> bool:
-        """Whether the child exited (reaped) and nothing of its tree is left within ``seconds``."""
+        """Whether the child exited and nothing of its tree is left within ``seconds``."""
         until = time.monotonic() + seconds
         while True:
-            if self.poll() is not None and not self._others():
+            if self._exited() and not self._others():
                 return True
             if time.monotonic() >= until:
                 return False
             time.sleep(0.05)
 
     def _signal_tree(self, sig: int) -> None:
-        """Send ``sig`` to the group and to every marked process."""
-        targets = marked(self.token)
-        try:
-            os.killpg(self.pid, sig)
-        except OSError:
-            pass
-        for pid in targets:
+        """Send ``sig`` to the group (only while the child is unreaped: its number is then
+        still its own) and to every process carrying this group's marker."""
+        if self.returncode is None:
             try:
-                os.kill(pid, sig)
+                os.killpg(self.pid, sig)
             except OSError:
                 pass
+        signal_marked(self.token, sig)
+
 
 def run(argv: t.Sequence[str], timeout: float, *, env: t.Mapping[str, str] | None = None,
         cwd: str | None = None, cap: int | None = None) -> Finished:
@@ -368,18 +391,44 @@ def _in_group(pgid: int) -> set[int]:
 
 def marked(token: str) -> set[int]:
     """Live processes whose environment carries ``MARKER=token`` (readable ones: this user's)."""
-    needle = f"{MARKER}={token}".encode()
+    return {pid for pid in _pids() if pid != os.getpid() and _carries(pid, token) and _alive(pid)}
+
+
+def _carries(pid: int, token: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARKER}={token}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def signal_marked(token: str, sig: int) -> None:
+    """``sig`` to every process carrying ``MARKER=token``, and to no other: each is held by
+    a pidfd before its environment is read, and signalled through that pidfd only if it was
+    still alive after the read (a number reused between the scan and the signal names
+    another process, which the pidfd never reaches). Without pidfds (Linux < 5.3), by
+    number."""
     me = os.getpid()
-    found = set()
     for pid in _pids():
-        if pid == me:
+        if pid == me or not _carries(pid, token):
             continue
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-        except OSError:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
             continue
-        if _alive(pid):
-            found.add(pid)
-    return found
+        except (AttributeError, OSError):  # no pidfds here
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+            continue
+        try:
+            if not _carries(pid, token):  # the number may have been reused before the open
+                continue
+            if select.select([fd], [], [], 0)[0]:  # it exited: the read may be another's
+                continue
+            signal.pidfd_send_signal(fd, sig)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -590,16 +590,11 @@ def exec(host: str | None, ctid: int | None, accept_new_host_key: bool, timeout_
 
 
 def _die_of_sigpipe() -> t.NoReturn:
-    """End as coreutils' ``cat`` does when its reader is gone: killed by SIGPIPE (a shell
-    shows 141), nothing on stderr. The remote command was already ended (channel closed)."""
-    import os
-    import signal
+    """End as coreutils' ``cat`` does when its reader is gone (the remote command was already
+    ended: channel closed)."""
+    from opsctl import interrupts
 
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)  # nothing left for a flush at exit to fail on
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGPIPE)
-    sys.exit(128 + signal.SIGPIPE)  # only where the signal could not end us
+    interrupts.die_of_sigpipe()
 
 
 #: This family's commands, in ``opsctl --help`` order of appearance (added by ``opsctl.cli``).

@@ -82,9 +82,19 @@ def plain(text: object, style: str = "") -> Text:
     return Text(safe(text), style=style)
 
 
+class _Console(Console):
+    """A reader that closed early (``opsctl jobs | head -1``) ends the command as it ends
+    ``cat``: killed by SIGPIPE, quietly (rich's own answer is exit 1, a bug's code)."""
+
+    def on_broken_pipe(self) -> None:
+        from opsctl import interrupts
+
+        interrupts.die_of_sigpipe()
+
+
 def console(stderr: bool = False) -> Console:
     # soft_wrap: an error stays one line (grep-able, copy-able), whatever the terminal width
-    return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=stderr)
 
 
 def error(con: Console, exc: OpsctlError) -> None:
@@ -407,7 +417,7 @@ def jobs_table(con: Console, label: str, jl: JobListDoc) -> None:
                              "; * = current)", "dim")))
     if jl["jobs"]:
         if not con.is_terminal:  # piped (grep, awk): one line per job, never folded at 80
-            con = Console(file=con.file, width=400, highlight=False, color_system=None)
+            con = _Console(file=con.file, width=400, highlight=False, color_system=None)
         con.print(table)
     damaged_records(con, jl.get("damaged", []))
 

@@ -12,7 +12,7 @@ import json
 import typing as t
 
 from opsctl.config import paths, torch_builds
-from opsctl.errors import ConfigError
+from opsctl.errors import ConfigError, TorchEnvError
 from opsctl.ops import wheelhouse as wheel_download
 from opsctl.remote import shapes
 from opsctl.remote import wheelhouse as wheels
@@ -75,6 +75,9 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
     envs = tgt.agent.call("envs", timeout=60)
     installed = {b["name"] for b in envs.get("builds", [])}
     wheel_dir = None
+    checked_here: list[str] = []
+    if build.wheelhouse and (build.name not in installed or reinstall) and dry_run:
+        checked_here.append(check_wheelhouse_index(build))  # where its wheels would come from
     if build.wheelhouse and (build.name not in installed or reinstall) and not dry_run:
         dest = paths.home() / "wheelhouse" / build.name
         if progress:
@@ -101,6 +104,8 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
     report.update(shapes.validate(ws.SwapDoc, tgt.agent.call(
         "swap", *args, timeout=SWAP_TIMEOUT_S, on_stderr=_line_progress(progress)),
         where=f"{tgt.label}: swap"))
+    if checked_here:
+        report["checked"] = [*checked_here, *(report.get("checked") or [])]
     return t.cast(SwapReport, report)
 
 
@@ -124,6 +129,39 @@ def check_index_url(index_url: str | None) -> None:
             or (parts.scheme.lower() != "file" and not parts.netloc)):
         raise ConfigError(f"--index-url {index_url!r}: not an index URL "
                           f"(http://, https:// or file:///dir of a PEP 503 index)")
+
+
+#: a dry run's look at the index from this machine: never a hang
+DRY_RUN_INDEX_TIMEOUT_S = 20.0
+
+
+def check_wheelhouse_index(build: torch_builds.TorchBuild,
+                           timeout_s: float = DRY_RUN_INDEX_TIMEOUT_S) -> str:
+    """A wheelhouse build's dry run: the index its wheels would be downloaded from here
+    (``download_index_url``, else the build's ``index_url``) answers and has torch
+    ``build.pin``. Returns the fact checked. An answer that settles nothing (an HTTP error
+    pip may get past with its own credentials, a page over the size bound) is said so.
+
+    Raises:
+        TorchEnvError: the index cannot be reached or read, or lacks the version.
+    """
+    from remote_payload import torchindex
+
+    index = build.download_index_url or build.index_url
+    check_index_url(index)
+    view = torchindex.read_index(index, timeout_s=timeout_s)
+    hint = ("point download_index_url (builds table) at an index this machine reaches that "
+            "has the version, or pick another with --version")
+    if view.error is not None:
+        raise TorchEnvError(f"dry run: downloading {build.name}'s wheels here would fail: "
+                            f"{view.error}; nothing was changed", hint=hint)
+    if view.versions is None:
+        return f"{index} answered, but its torch page could not be read (pip decides)"
+    if build.pin not in view.versions:
+        raise TorchEnvError("dry run: downloading {}'s wheels here would fail: {}; nothing was "
+                            "changed".format(build.name, torchindex.missing_version_detail(
+                                index, build.pin, view.versions)), hint=hint)
+    return f"the index this machine downloads from has torch {build.pin} ({index})"
 
 
 def _payload_present(tgt: Target) -> None:

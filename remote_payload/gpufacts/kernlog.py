@@ -153,13 +153,19 @@ HOST_PATTERN = r"NVRM: Xid|oom-kill:|Killed process"
 #: The host side of the cap (a fixed program; the caps and the log command are its arguments,
 #: never text joined into it): keep the lines :func:`parse` can use, cut each at WIDTH bytes
 #: with the cut marked, keep the newest LINES of them and at most BYTES in all, and exit with
-#: the log command's own status. Every stage streams, so the host holds one line at a time
-#: plus the kept tail, whatever the log's size.
+#: the log command's own status. Every stage streams in linear time: awk (Debian's mawk) takes
+#: minutes over one 50 MB line, so ``sed`` ends each line with a \001 (any \001 in it is
+#: dropped first), ``fold`` splits it into 4096-byte pieces, and awk adds up a line's pieces
+#: until the one that ends with the \001, keeping its first WIDTH bytes and its length.
 CAP_SCRIPT = r"""n=$1; b=$2; w=$3; shift 3
-cut='{ if (length($0) > w) printf "%s\342\200\246[cut %d bytes]\n", substr($0, 1, w),
-       length($0) - w; else print }'
+cut='{ n += length($0); last = substr($0, length($0)) == "\001"; if (last) n--
+       if (length(k) < w) k = k substr($0, 1, w - length(k))
+       if (last) { sub(/\001$/, "", k)
+         if (n > w) printf "%s\342\200\246[cut %d bytes]\n", k, n - w; else print k
+         n = 0; k = "" } }'
 exec 3>&1
-rc=$( { { "$@"; echo $? >&4; } | grep -a -E "$HOST_PATTERN" | LC_ALL=C awk -v w="$w" "$cut" \
+rc=$( { { "$@"; echo $? >&4; } | grep -a -E "$HOST_PATTERN" \
+      | LC_ALL=C sed 's/\x01//g; s/$/\x01/' | fold -b -w 4096 | LC_ALL=C awk -v w="$w" "$cut" \
       | tail -n "$n" | tail -c "$b" >&3; } 4>&1 )
 exit "${rc:-1}"
 """

@@ -7,6 +7,7 @@ for leftovers."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import stat
 import subprocess
@@ -249,3 +250,92 @@ def test_a_100_kb_line_is_cut_and_the_cut_is_marked():
 
 def test_a_line_within_the_cap_is_shown_whole():
     assert limits.cut_line("x" * limits.EVIDENCE_LINE_CHARS) == "x" * limits.EVIDENCE_LINE_CHARS
+
+
+def _unrelated_session_leader() -> subprocess.Popen[bytes]:
+    """A process opsctl did not start: no marker, a session (so a group) of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PGTEST", procgroup.MARKER)}
+    return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+
+
+def test_ending_a_reaped_group_never_signals_the_group_its_number_now_names(token):
+    group = procgroup.Group(["true"])
+    group.wait(10)
+    other = _unrelated_session_leader()
+    try:
+        group.pid = other.pid  # the number reused: it now names a group opsctl never started
+        group.end(grace=0.1)
+        procgroup.end_all()
+        assert other.poll() is None, "an unrelated process group was signalled"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_process_without_the_marker_is_never_signalled_by_marker():
+    other = _unrelated_session_leader()
+    try:
+        procgroup.signal_marked("no-such-token", signal.SIGKILL)
+        procgroup.signal_marked("", signal.SIGKILL)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_child_whose_leader_exited_first_still_has_its_group_ended(token):
+    """The child exits at once; its grandchild cleared its environment (no marker) but stayed
+    in the group: the leader is kept unreaped while its group is signalled."""
+    group = procgroup.Group(["sh", "-c", "env -i sh -c 'trap \"\" TERM; sleep 300' & exit 0"])
+    grandchild = wait_for(lambda: procgroup._in_group(group.pid) - {group.pid}, 10,
+                          what="the grandchild")
+    group.end(grace=0.2)
+    assert not any(procgroup._alive(p) for p in grandchild)
+
+
+def test_a_marked_fork_loop_in_sessions_of_its_own_is_ended_whole(token):
+    loop = ("trap '' TERM; i=0; while [ $i -lt 200 ]; do "
+            "setsid sh -c \"trap '' TERM; sleep 300\" & i=$((i+1)); done; sleep 300")
+    group = procgroup.Group(["sh", "-c", f"trap '' TERM; setsid sh -c {shlex.quote(loop)} & sleep 300"])
+    wait_for(lambda: len(_with_token(token)) >= 20, 10, what="the loop")
+    group.end(grace=0.2)
+    assert wait_for(lambda: not _with_token(token), 5) or not _with_token(token), \
+        len(_with_token(token))
+
+
+@pytest.mark.parametrize("words", [["help", "exit-codes"], ["--help"], ["schema", "status"]])
+def test_a_reader_that_closed_early_ends_opsctl_as_it_ends_cat(words, tmp_path):
+    """``opsctl … | head -1``: killed by SIGPIPE, quietly (a shell shows 141); never click's
+    exit 1 (a bug's code), a traceback or Python's "Exception ignored"."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before opsctl writes
+    try:
+        proc = subprocess.run([sys.executable, "-m", "opsctl", *words], stdout=write_end,
+                              stderr=subprocess.PIPE, timeout=60, check=False,
+                              env={**os.environ, "PYTHONPATH": str(REPO),
+                                   "OPSCTL_HOME": str(tmp_path)})
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, b"")
+
+
+def test_a_reader_that_read_everything_leaves_the_exit_code_alone(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "opsctl", "help", "exit-codes"],
+                          capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_HOME": str(tmp_path)})
+    assert proc.returncode == 0 and b"success" in proc.stdout
+
+
+def test_a_rich_table_to_a_reader_that_closed_early_ends_as_cat_does():
+    """What ``opsctl status | head -1`` and ``opsctl jobs | head -1`` print goes through
+    rich, whose own answer to a closed reader is exit 1: opsctl's console dies of SIGPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from opsctl.cli import render\n"
+                               "render.console().print('row ' * 1000)\n"
+                               "raise SystemExit(7)"], stdout=write_end, stderr=subprocess.PIPE,
+                              timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, b"")

@@ -47,7 +47,7 @@ LAYERS: dict[str, set[str]] = {
 SHARED_WITH_OPSCTL = ("remote_payload.wire", "remote_payload.wire_shapes",
                       "remote_payload.safe_write", "remote_payload.tarsync",
                       "remote_payload.gpufacts", "remote_payload.procgroup",
-                      "remote_payload.limits")
+                      "remote_payload.limits", "remote_payload.torchindex")
 
 
 def _module_name(path: Path) -> str:

@@ -111,3 +111,49 @@ def test_a_host_command_prints_at_most_the_cap_and_keeps_its_exit_status():
     endless = subprocess.run(limits.head_argv(["cat", "/dev/zero"], 10), capture_output=True,
                              timeout=30, check=False)
     assert len(endless.stdout) == 10 and endless.returncode == 141  # cut off: SIGPIPE
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "", "garbage", "1e9", "²", "١٢", "0x10", "12.5",
+                                 "9" * 400])
+def test_an_override_that_is_no_plain_number_or_is_absurd_never_removes_a_cap(monkeypatch, raw):
+    monkeypatch.setenv("OPSCTL_CHILD_OUTPUT_BYTES", raw)
+    got = limits.cap("CHILD_OUTPUT_BYTES")
+    assert 1 <= got <= limits.CHILD_OUTPUT_BYTES * limits.CEILING_FACTOR
+
+
+def test_a_huge_override_is_clamped_to_the_ceiling(monkeypatch):
+    monkeypatch.setenv("OPSCTL_KERNLOG_BYTES", "99999999999999999999999")
+    assert limits.cap("KERNLOG_BYTES") == limits.KERNLOG_BYTES * limits.CEILING_FACTOR
+    monkeypatch.setenv("OPSCTL_KERNLOG_BYTES", "0")
+    assert limits.cap("KERNLOG_BYTES") == 1
+
+
+@given(st.text(max_size=40))
+def test_any_override_text_gives_a_cap_within_its_bounds(raw):
+    with pytest.MonkeyPatch.context() as mp:
+        if "\0" in raw:
+            mp.delenv("OPSCTL_KERNLOG_LINES", raising=False)
+        else:
+            mp.setenv("OPSCTL_KERNLOG_LINES", raw)
+        assert 1 <= limits.cap("KERNLOG_LINES") <= limits.KERNLOG_LINES * limits.CEILING_FACTOR
+
+
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_one_50_mb_line_is_cut_in_linear_time_with_its_exact_count(ending):
+    """Debian's awk takes minutes over one 50 MB line; the host's cut never hands it one."""
+    line = b"NVRM: Xid (PCI:0000:41:00): 79, " + b"A" * 50_000_000
+    started = time.monotonic()
+    res = subprocess.run(kernlog.capped_argv(["cat"], lines=5, size=4096, width=300),
+                         input=line + ending, capture_output=True, timeout=60, check=False)
+    assert time.monotonic() - started < 15
+    assert res.stdout == line[:300] + f"…[cut {len(line) - 300} bytes]\n".encode()
+
+
+@pytest.mark.parametrize("size", [4094, 4095, 4096, 4097, 8192, 8193])
+def test_a_line_at_the_host_cuts_piece_edges_is_counted_exactly(size):
+    line = (b"NVRM: Xid (PCI:0000:41:00): 79, " + b"B" * 9000)[:size]
+    res = subprocess.run(kernlog.capped_argv(["cat"], lines=5, size=1 << 20, width=5000),
+                         input=line + b"\n" + line[:40] + b"\n", capture_output=True, timeout=30,
+                         check=False)
+    first = line if size <= 5000 else line[:5000] + f"…[cut {size - 5000} bytes]".encode()
+    assert res.stdout == first + b"\n" + line[:40] + b"\n"
