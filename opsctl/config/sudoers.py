@@ -1,0 +1,21 @@
+"""The host's sudoers rule for a non-root opsctl user (inventory ``sudo: true``).
+
+The rule allows the ``pct`` subcommands opsctl runs and nothing else: ``pct push``/``pct pull``
+copy any host file in or out of a container, so a rule that allows all of ``pct`` amounts to
+host root. ``pct exec`` runs a command inside a container; ``status``, ``config`` and ``list``
+only read. Every place that shows or writes the rule (the error that names a missing rule, the
+sandbox's non-root user, the docs) takes it from :func:`sudoers_rule`, and
+``tests/unit/test_sudoers_rule.py`` checks that every ``pct`` subcommand opsctl runs is in
+:data:`PCT_SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+#: subcommand -> what follows it in the rule (sudoers: ``*`` any arguments, ``""`` none)
+PCT_SUBCOMMANDS: dict[str, str] = {"exec": "*", "status": "*", "config": "*", "list": '""'}
+
+
+def sudoers_rule(user: str, pct_path: str = "/usr/sbin/pct") -> str:
+    """One sudoers line: ``user`` may run ``pct_path`` with the subcommands opsctl needs."""
+    commands = ", ".join(f"{pct_path} {sub} {args}" for sub, args in PCT_SUBCOMMANDS.items())
+    return f"{user} ALL=(root) NOPASSWD: {commands}"
