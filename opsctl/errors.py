@@ -50,7 +50,8 @@ EXIT_CODES: dict[int, str] = {
     CONTAINER_MISSING: "container does not exist",
     CONTAINER_NOT_RUNNING: "container exists but is not running",
     HOST_SETUP: "the host cannot run pct for opsctl: `pct`, coreutils `timeout` or the sudoers line "
-                "is missing (the error names which, e.g. `admin ALL=(root) NOPASSWD: /usr/sbin/pct`)",
+                "is missing (the error names which, e.g. the sudoers rule for `pct exec`, `status`, "
+                "`config`, `list`)",
     PCT_TOO_OLD: "the host's pve-container is older than 5.0.9 (no `pct exec --keep-env`): "
                  "`apt install pve-container`",
     REMOTE_FAILED: "a remote step failed (agent, payload transfer, deadline, job already running, GPUs "

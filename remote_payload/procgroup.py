@@ -15,8 +15,8 @@ forward`` ended by SIGTERM left its ``ssh -L`` listening. Here every child:
   and reaped last: until then the child's number stays its group's, so the group signal
   never reaches a group a reused number names. A marked process is held by a pidfd while
   its marker is checked, so a number reused between the scan and the signal is never hit:
-  nothing without the marker is signalled except the child's own unreaped group. A deadline, Ctrl-C, SIGTERM and SIGHUP all end
-  it this way: :func:`end_all` ends every group still running, and
+  nothing without the marker is signalled except the child's own unreaped group. A deadline,
+  Ctrl-C, SIGTERM and SIGHUP all end it this way: :func:`end_all` ends every group still running, and
   :func:`install_signal_handlers` turns SIGTERM and SIGHUP into :class:`Terminated` after
   doing so.
 

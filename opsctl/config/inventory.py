@@ -70,7 +70,7 @@ class HostSpec(BaseModel):
         "`SHA256:…`: the host key pinned, checked on every connect (`opsctl host trust`)"))
     sudo: bool = Field(default=False, description="run pct, and only pct, with `sudo -n` (non-root user)")
     pct_path: str = Field(default="/usr/sbin/pct", description=(
-        "the pct the sudoers rule allows (`<user> ALL=(root) NOPASSWD: /usr/sbin/pct`); used with sudo"))
+        "the pct the sudoers rule allows (the rule: docs, Host requirements); used with sudo"))
     node: str | None = Field(default=None, description="the Proxmox node name (informational)")
     root: str = Field(default=DEFAULT_ROOT, description="opsctl's directory inside the containers")
     # finite and bounded: `.inf` reached int() in the connect call (OverflowError)

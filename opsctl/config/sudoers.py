@@ -11,11 +11,11 @@ sandbox's non-root user, the docs) takes it from :func:`sudoers_rule`, and
 
 from __future__ import annotations
 
-#: subcommand -> what follows it in the rule (sudoers: ``*`` any arguments, ``""`` none)
-PCT_SUBCOMMANDS: dict[str, str] = {"exec": "*", "status": "*", "config": "*", "list": '""'}
+#: subcommand -> what may follow it (sudoers: ``*`` any arguments; nothing: exactly none)
+PCT_SUBCOMMANDS: dict[str, str] = {"exec": "*", "status": "*", "config": "*", "list": ""}
 
 
 def sudoers_rule(user: str, pct_path: str = "/usr/sbin/pct") -> str:
     """One sudoers line: ``user`` may run ``pct_path`` with the subcommands opsctl needs."""
-    commands = ", ".join(f"{pct_path} {sub} {args}" for sub, args in PCT_SUBCOMMANDS.items())
+    commands = ", ".join(f"{pct_path} {sub} {args}".rstrip() for sub, args in PCT_SUBCOMMANDS.items())
     return f"{user} ALL=(root) NOPASSWD: {commands}"

@@ -24,6 +24,7 @@ import base64
 import hashlib
 import os
 import re
+import shlex
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.config import paths
+from opsctl.config.sudoers import sudoers_rule
 from opsctl.errors import (
     AuthError,
     ConfigError,
@@ -726,9 +728,9 @@ def _host_side_missing(host: HostSpec, result: CommandResult,
     pct = host.pct_path if host.sudo else "pct"
     if host.sudo and not result.stdout and text.startswith("sudo: ") \
             and any(s in text for s in _SUDO_REFUSED):
-        line = f"{host.user} ALL=(root) NOPASSWD: {host.pct_path}"
+        line = sudoers_rule(host.user, host.pct_path)
         return (f"sudo refused to run pct for {host.user}: the host's sudoers lacks the line "
-                f"`{line}`", line, f"on the host: echo '{line}' > /etc/sudoers.d/opsctl "
+                f"`{line}`", line, f"on the host: echo {shlex.quote(line)} > /etc/sudoers.d/opsctl "
                              "&& chmod 0440 /etc/sudoers.d/opsctl (check with visudo -c); if pct "
                              "is not there, set pct_path in the inventory")
     if result.rc not in (1, 126, 127):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.config import paths
+from opsctl.config.sudoers import sudoers_rule
 from opsctl.errors import ConfigError, ContainerError, OpsctlError
 from remote_payload import safe_write
 
@@ -269,9 +270,8 @@ def sudo_user_name(state_dir: Path) -> str:
 
 
 def ensure_sudo_user(home: Path | None = None) -> str:
-    """A non-root SSH user whose sudoers rule allows this sandbox's pct and nothing else.
-
-    Like the usual rule on a Proxmox node (``admin ALL=(root) NOPASSWD: /usr/sbin/pct``) with
+    """A non-root SSH user whose sudoers rule is exactly the one the docs give for a Proxmox
+    node (:func:`opsctl.config.sudoers.sudoers_rule`: the pct subcommands opsctl runs), with
     the stand-in's path; it logs in with the sandbox's client key. Returns the user name.
 
     Raises:
@@ -293,7 +293,7 @@ def ensure_sudo_user(home: Path | None = None) -> str:
         ssh_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(layout.authorized_keys, ssh_dir / "authorized_keys")
         _run(["chown", "-R", f"{name}:", str(ssh_dir)])
-        rule = f"{name} ALL=(root) NOPASSWD: {layout.pct_path}\n"
+        rule = sudoers_rule(name, str(layout.pct_path)) + "\n"
         sudoers = _sudoers_file(layout)
         if not sudoers.is_file() or sudoers.read_text() != rule:
             tmp = sudoers.with_name(f".{sudoers.name}.tmp")  # sudo skips names with a dot

@@ -11,6 +11,7 @@ import pytest
 
 from opsctl import errors
 from opsctl.config.inventory import HostSpec
+from opsctl.config.sudoers import sudoers_rule
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.command import pct_argv
 from opsctl.remote.transport import Remote, classify_pct_failure
@@ -33,7 +34,8 @@ def spec(info: sandbox_mod.SandboxInfo, **changes: object) -> HostSpec:
 
 @pytest.fixture(scope="module")
 def sudo_user(sandbox) -> str:
-    """A non-root user whose sudoers allows the stand-in pct, by its full path, and nothing else."""
+    """A non-root user whose sudoers is the docs' rule for the stand-in pct's path: the pct
+    subcommands opsctl runs, nothing else."""
     return sandbox_mod.ensure_sudo_user(sandbox_home())
 
 
@@ -54,12 +56,34 @@ def test_a_user_allowed_only_pct_runs_commands_byte_exact(sandbox, sudo_user):
         assert r.run(["sudo", "-n", "true"], timeout=10).stderr.startswith(b"sudo: ")
 
 
+def test_the_docs_sudoers_rule_refuses_pct_push_and_pull_of_a_host_file(sandbox, sudo_user):
+    """``pct push``/``pull`` copy any host file: a rule that allowed them would be host root."""
+    host = spec(sandbox, user=sudo_user, sudo=True, pct_path=str(sandbox.pct_path))
+    with Remote(host, use_mux=False) as r:
+        for argv in (["push", "200", "/etc/shadow", "/tmp/shadow"],
+                     ["pull", "200", "/etc/hostname", "/tmp/stolen"],
+                     ["destroy", "200"], ["set", "200", "--memory", "1"]):
+            res = r.run(["sudo", "-n", str(sandbox.pct_path), *argv], timeout=10)
+            assert res.rc != 0 and res.stderr.startswith(b"sudo: "), (argv, res.stderr)
+        assert r.run(["sudo", "-n", str(sandbox.pct_path), "status", "200"], timeout=10).rc == 0
+        assert r.run(["sudo", "-n", str(sandbox.pct_path), "list"], timeout=10).rc == 0
+
+
+def test_opsctl_runs_through_exactly_the_docs_sudoers_rule(sandbox, sudo_user):
+    rule = sandbox_mod._sudoers_file(sandbox_mod._Layout.of(sandbox_home())).read_text()
+    assert rule == sudoers_rule(sudo_user, str(sandbox.pct_path)) + "\n"
+    host = spec(sandbox, user=sudo_user, sudo=True, pct_path=str(sandbox.pct_path))
+    with Remote(host, use_mux=False) as r:
+        assert r.pct_exec(200, ["true"], timeout=30).rc == 0
+        assert r.run(["pct", "status", "200"], timeout=10).rc == 0
+
+
 def test_a_missing_sudoers_rule_is_named_exactly(sandbox, sudo_user):
     host = spec(sandbox, user=sudo_user, sudo=True)  # pct_path /usr/sbin/pct: no rule for it
     with Remote(host, use_mux=False) as r, pytest.raises(errors.HostSetupError) as exc:
         r.pct_exec(200, ["true"], timeout=10, step="agent env")
     assert exc.value.exit_code == errors.HOST_SETUP
-    assert f"`{sudo_user} ALL=(root) NOPASSWD: /usr/sbin/pct`" in exc.value.message
+    assert f"`{sudoers_rule(sudo_user)}`" in exc.value.message
     assert "agent env" in exc.value.message
     assert "/etc/sudoers.d/" in (exc.value.hint or "")
 
@@ -116,7 +140,7 @@ def test_the_cli_names_the_missing_sudoers_line_with_exit_22(sandbox, sudo_user,
         "    sudo: true\n")  # pct_path: the default /usr/sbin/pct, which no rule allows here
     res = CliRunner().invoke(cli, ["exec", "--host", "lab", "--ct", "200", "--", "true"])
     assert res.exit_code == errors.HOST_SETUP, res.output
-    assert f"{sudo_user} ALL=(root) NOPASSWD: /usr/sbin/pct" in res.output
+    assert sudoers_rule(sudo_user) in " ".join(res.output.split())
     # with the path the rule names, the command runs and its exit code passes through
     (inv / "admin.yaml").write_text((inv / "admin.yaml").read_text()
                                     + f"    pct_path: {sandbox.pct_path}\n")
