@@ -196,7 +196,8 @@ def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> Agent
         reason, hint = f"`{missing}` {state} in the container", f"install {package} in the container"
     elif NOT_KEPT.match(text):
         reason = f"the reply is over the {limits.cap('REPLY_BYTES')} bytes a reply may have"
-        hint = "the container's payload may be damaged or from another opsctl: `opsctl deploy` ships this one's"
+        hint = ("the container's payload may be damaged or from another opsctl: "
+                "`opsctl deploy` ships this one's")
     else:
         reason, hint = f"no valid reply (rc={result.rc}): {result.stderr_tail(1) or 'no output'}", None
     raise cls(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,
