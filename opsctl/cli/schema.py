@@ -31,8 +31,11 @@ def schema(command: tuple[str, ...]) -> None:
         for name in schemas.names():
             sys.stdout.write(f"{name:<{width}}  {schemas.what(name)}\n")
         return
-    name = " ".join(command).replace("--json", "").strip()
-    name = " ".join(name.split())
+    # `--json` is a whole word (`jobs--json` names no command); with it, an error is the
+    # `{"ok": false}` document too
+    if "--json" in command:
+        click.get_current_context().meta["opsctl_json"] = True
+    name = " ".join(" ".join(w for w in command if w != "--json").split())
     if name not in schemas.names():
         raise errors.ConfigError(f"no schema for {name!r}; there is one for: "
                                  f"{', '.join(schemas.names())}", hint="opsctl schema")
