@@ -24,12 +24,16 @@ KERNLOG_BYTES = 4 << 20
 KERNLOG_LINES = 20_000
 #: characters of one line shown as evidence
 EVIDENCE_LINE_CHARS = 300
+#: bytes of an agent verb's reply the CLI keeps (a hostile or broken agent that prints
+#: without end costs this much memory, then its reply is an error naming the cap)
+REPLY_BYTES = 64 << 20
 
 _ENV = {
     "CHILD_OUTPUT_BYTES": "OPSCTL_CHILD_OUTPUT_BYTES",
     "KERNLOG_BYTES": "OPSCTL_KERNLOG_BYTES",
     "KERNLOG_LINES": "OPSCTL_KERNLOG_LINES",
     "EVIDENCE_LINE_CHARS": "OPSCTL_EVIDENCE_LINE_CHARS",
+    "REPLY_BYTES": "OPSCTL_REPLY_BYTES",
 }
 
 

@@ -25,6 +25,10 @@ OWNED_SOCKET = re.compile(r"opsctl-test-agent-(\d+)-[0-9a-f]{6}|opsctl-test-agen
                           r"|opsctl-test-queue-(\d+)-[0-9a-f]{6}|opsctl-test-(\d+)|opsctl-torchswap-(\d+)")
 
 
+#: Seconds one ``tmux kill-server`` may take; a socket whose server never answers costs this.
+KILL_TIMEOUT_S = 10.0
+
+
 def socket_dir() -> Path:
     """Where tmux keeps this user's sockets (``$TMUX_TMPDIR`` or ``/tmp``, then ``tmux-<uid>``)."""
     return Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}"
@@ -47,8 +51,11 @@ def _stop(folder: Path | None, which: t.Callable[[int], bool]) -> list[str]:
         pid = owner_pid(name)
         if pid is None or not which(pid):
             continue
-        subprocess.run(["tmux", "-S", str(folder / name), "kill-server"], capture_output=True,
-                       check=False, timeout=30)
+        try:
+            subprocess.run(["tmux", "-S", str(folder / name), "kill-server"], capture_output=True,
+                           check=False, timeout=KILL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # a mute server (or no tmux behind the socket): next
+            continue
         stopped.append(name)
     return stopped
 

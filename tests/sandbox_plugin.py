@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +76,10 @@ def _started_at(pid: int) -> str | None:
 @contextlib.contextmanager
 def _sessions_locked(home: Path) -> Iterator[Path]:
     folder = _sessions_dir(home)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        # damaged (a file or a link where the registry belongs): set aside, never deleted,
+        # so a session can still register and the last one still stops the sandbox
+        folder.rename(folder.with_name(f"{folder.name}.damaged-{time.time_ns()}"))
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -83,16 +89,33 @@ def _sessions_locked(home: Path) -> Iterator[Path]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _registered_start(entry: Path) -> str | None:
+    """The start time a registration file holds; None for anything else under its name (a
+    directory, a FIFO, a link: never opened, so a FIFO cannot hang the session's end)."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+
+
 def _live_sessions(folder: Path) -> list[int]:
-    """The pids registered in ``folder`` that still run; a dead one's file is removed."""
+    """The pids registered in ``folder`` that still run; a dead one's file is removed (and
+    so is any other non-directory under a pid's name; a directory is left alone)."""
     live = []
     for entry in folder.iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        if _started_at(pid) is not None and _started_at(pid) == entry.read_text().strip():
+        started = _started_at(pid)
+        if started is not None and started == _registered_start(entry):
             live.append(pid)
-        else:
+        elif entry.is_symlink() or not entry.is_dir():
             entry.unlink(missing_ok=True)
     return live
 

@@ -25,6 +25,11 @@ from remote_payload import safe_write
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
 
 
+class JsonOnlyCommand(OpsctlCommand):
+    """A command whose output is always one JSON document and has no ``--json`` option of its
+    own (``opsctl schema``): ``opsctl --json`` takes it, and its errors are documents then."""
+
+
 class OpsctlGroup(WithExamples, click.Group):
     """Every opsctl group: errors become one line and an exit code; ``.command`` and ``.group``
     make opsctl commands and groups."""
@@ -65,6 +70,7 @@ class OpsctlGroup(WithExamples, click.Group):
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name, cmd, rest = super().resolve_command(ctx, args)
         if (_global_json(ctx) and cmd is not None and not isinstance(cmd, click.Group)
+                and not isinstance(cmd, JsonOnlyCommand)
                 and not any(p.name == "as_json" for p in cmd.params)):
             raise click.UsageError(f"`{ctx.command_path} {name}` has no JSON output; "
                                    "leave out --json", ctx)

@@ -8,9 +8,9 @@ import typing as t
 from dataclasses import dataclass
 
 from opsctl.errors import AgentError, RemoteCommandFailed, TorchEnvError, UnknownJob
-from opsctl.remote.command import CommandResult, agent_argv, agent_step
+from opsctl.remote.command import NOT_KEPT, CommandResult, agent_argv, agent_step
 from opsctl.remote.transport import Remote, missing_in_container, save_log
-from remote_payload import wire
+from remote_payload import limits, wire
 from remote_payload.wire import ErrorType
 
 if t.TYPE_CHECKING:
@@ -92,7 +92,8 @@ class Agent:
             ContainerMissing/ContainerNotRunning/TransportError: from the transport.
         """
         result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout,
-                                      step=agent_step(verb), on_stderr=on_stderr, stdin=stdin)
+                                      step=agent_step(verb), on_stderr=on_stderr, stdin=stdin,
+                                      keep_bytes=limits.cap("REPLY_BYTES"))
         return self.answer(verb, result)
 
     def answer(self, verb: str, result: CommandResult) -> t.Any:
@@ -193,6 +194,10 @@ def parse_reply(host: str, ctid: int, step: str, result: CommandResult) -> Agent
         package = {"timeout": "coreutils", "env": "coreutils"}.get(missing, missing)
         state = "not found" if result.rc == 127 else "not executable"  # execvp ENOENT / EACCES
         reason, hint = f"`{missing}` {state} in the container", f"install {package} in the container"
+    elif NOT_KEPT.match(text):
+        reason = f"the reply is over the {limits.cap('REPLY_BYTES')} bytes a reply may have"
+        hint = ("the container's payload may be damaged or from another opsctl: "
+                "`opsctl deploy` ships this one's")
     else:
         reason, hint = f"no valid reply (rc={result.rc}): {result.stderr_tail(1) or 'no output'}", None
     raise cls(f"{host} ct {ctid}: {step}: {reason}", argv=result.argv, rc=result.rc,

@@ -13,6 +13,7 @@ the transport and the OpenSSH uses (:mod:`.sshclient`, :mod:`.rsync`), and teste
 
 from __future__ import annotations
 
+import re
 import shlex
 import typing as t
 
@@ -165,6 +166,10 @@ class OutputClosed(Exception):
     Not an ``OSError``: the transport passes it through (closing the channel, which ends the
     remote command) instead of reporting a lost connection.
     """
+
+
+#: The line :meth:`Kept.value` puts before what it kept when it dropped the start.
+NOT_KEPT = re.compile(r"\[… \d+ earlier bytes not kept …\]\n")
 
 
 class Kept:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing as t
 
@@ -28,7 +29,14 @@ from opsctl.errors import ReplyShapeError
 T = t.TypeVar("T")
 
 #: A reply may carry keys this opsctl does not know (a newer agent): dropped, never an error.
-_CONFIG = ConfigDict(extra="ignore")
+#: Strict: the agent sends each value as its own JSON type, so ``"1"`` or ``true`` where an
+#: int is due (an exit code of ``true`` read as 1) and ``"yes"`` where a bool is due are a
+#: broken reply, never converted. No NaN or Infinity: the agent writes none (``dumps_strict``),
+#: and the renderers do arithmetic on every number.
+_CONFIG = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+#: What a key from the reply may carry that a terminal or a log reader would act on.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _is_typeddict(tp: t.Any) -> bool:
@@ -115,5 +123,7 @@ def validate(shape: type[T], data: t.Any, *, where: str) -> T:
 def _first_problem(exc: ValidationError) -> str:
     err = exc.errors(include_url=False, include_input=False)[0]
     path = ".".join(str(p) for p in err["loc"]) or "(the document)"
-    text = " ".join(f"{path}: {err['msg']}".split())  # a hostile key with a newline stays one line
+    # a hostile key (a dict field's) stays one inert line: control characters shown as \xNN
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", f"{path}: {err['msg']}")
     return text if len(text) <= 200 else text[:197] + "..."

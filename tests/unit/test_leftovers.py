@@ -85,3 +85,21 @@ def test_a_session_at_its_end_stops_the_servers_named_after_its_own_process(tmp_
 
 def test_a_missing_socket_folder_stops_nothing(tmp_path: Path):
     assert leftovers.stop_orphaned_tmux_servers(tmp_path / "none") == []
+
+
+def test_a_mute_server_on_a_test_socket_costs_the_kill_timeout_then_the_rest_are_still_stopped(
+        tmp_path, monkeypatch):
+    import socket
+    import time
+
+    monkeypatch.setattr(leftovers, "KILL_TIMEOUT_S", 1.0)
+    dead = _dead_pid()
+    mute = socket.socket(socket.AF_UNIX)  # accepts connections, never answers
+    mute.bind(str(tmp_path / f"opsctl-test-{dead}"))
+    mute.listen(8)
+    try:
+        start = time.monotonic()
+        leftovers.stop_orphaned_tmux_servers(tmp_path)  # never a TimeoutExpired
+        assert time.monotonic() - start < 10
+    finally:
+        mute.close()

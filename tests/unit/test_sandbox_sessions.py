@@ -78,3 +78,43 @@ def test_the_end_of_scripts_test_stops_every_idle_sandbox_of_the_home_and_its_wo
 def test_stopping_with_no_sandbox_in_the_home_does_nothing(tmp_path, stops):
     assert sandbox_plugin.stop_idle_sandboxes(tmp_path) == []
     assert stops == []
+
+
+def test_a_fifo_under_a_live_pid_name_neither_hangs_the_end_nor_counts_as_a_session(tmp_path, stops):
+    folder = sandbox_plugin._sessions_dir(tmp_path)
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / str(os.getppid()))  # opening it for reading would block for ever
+    (folder / "1").symlink_to(Path("/proc/1/stat"))  # a link is never followed
+    sandbox_plugin.register_session(tmp_path)
+    assert sandbox_plugin.release_session(tmp_path) is True
+    assert stops == [tmp_path]
+    assert sorted(p.name for p in folder.iterdir()) == [".lock"]
+
+
+def test_a_directory_under_a_pid_name_is_left_alone_and_counts_for_nothing(tmp_path, stops):
+    folder = sandbox_plugin._sessions_dir(tmp_path)
+    (folder / str(os.getppid())).mkdir(parents=True)
+    (folder / str(os.getppid()) / "kept").write_text("x")
+    sandbox_plugin.register_session(tmp_path)
+    assert sandbox_plugin.release_session(tmp_path) is True
+    assert (folder / str(os.getppid()) / "kept").read_text() == "x"
+
+
+@pytest.mark.parametrize("damage", ["file", "link"])
+def test_a_registry_that_is_not_a_directory_is_set_aside_and_sessions_still_register(
+        tmp_path, stops, damage):
+    folder = sandbox_plugin._sessions_dir(tmp_path)
+    if damage == "file":
+        folder.write_text("kept")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        folder.symlink_to(tmp_path / "elsewhere")
+    sandbox_plugin.register_session(tmp_path)
+    assert folder.is_dir() and not folder.is_symlink()
+    assert sandbox_plugin.release_session(tmp_path) is True
+    aside = list(tmp_path.glob("test-sessions.damaged-*"))
+    assert len(aside) == 1
+    if damage == "file":
+        assert aside[0].read_text() == "kept"
+    else:
+        assert list((tmp_path / "elsewhere").iterdir()) == []  # nothing written through it

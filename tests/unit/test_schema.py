@@ -160,3 +160,38 @@ def test_a_multi_node_runs_document_validates_against_its_schema():
     report = multinode.RunReport("run-1", rows, playbook="p", outcome="RUNNING")
     v = Draft202012Validator(schemas.document_schema("status --nodes"))
     assert list(v.iter_errors({"ok": True, **report.to_dict()})) == []
+
+
+def test_json_is_a_whole_word_a_name_glued_to_it_is_no_command():
+    res = invoke("jobs--json")
+    assert res.exit_code == errors.USAGE and "'jobs--json'" in res.stderr
+
+
+@pytest.mark.parametrize("words", [["--json", "nosuch"], ["nosuch", "--json"], ["--json", ""]])
+def test_an_unknown_name_with_json_is_the_error_document_on_stdout(words):
+    res = invoke(*words)
+    assert res.exit_code == errors.USAGE
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["type"] == "ConfigError"
+
+
+@pytest.mark.parametrize("name", ["", " ", "sta tus", "a'\"b", "\x1b[31mred", "status\n--all"])
+def test_a_hostile_name_is_exit_2_with_its_control_characters_shown_as_codes(name):
+    res = invoke(name)
+    assert res.exit_code in (0, errors.USAGE)
+    assert "\x1b" not in res.stderr and res.stderr.count("\n") <= 2
+
+
+def test_the_global_json_flag_takes_schema_its_output_is_json():
+    res = CliRunner().invoke(cli, ["--json", "schema", "status"], catch_exceptions=False)
+    assert res.exit_code == 0 and json.loads(res.stdout)["title"] == "opsctl status --json"
+    res = CliRunner().invoke(cli, ["--json", "schema", "nosuch"], catch_exceptions=False)
+    assert res.exit_code == errors.USAGE and json.loads(res.stdout)["ok"] is False
+
+
+@pytest.mark.parametrize("words", [["--json"], ["--json", "schema"]])
+def test_the_list_with_json_is_one_document_naming_every_schema(words):
+    args = ["schema", "--json"] if words == ["--json"] else ["--json", "schema"]
+    res = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert res.exit_code == 0
+    assert [r["name"] for r in json.loads(res.stdout)["schemas"]] == schemas.names()
