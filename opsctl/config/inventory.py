@@ -33,7 +33,7 @@ DEFAULT_ROOT = wire.DEFAULT_ROOT
 class ContainerSpec(BaseModel):
     """One LXC container of a host, by its Proxmox id."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     gpus: int = Field(default=0, ge=0, le=1024, description="how many GPUs the container has")
     description: str | None = Field(default=None, description="one line for `opsctl hosts`")
     playbook: str | None = Field(default=None, description=(
@@ -53,7 +53,7 @@ class ContainerSpec(BaseModel):
 class HostSpec(BaseModel):
     """One Proxmox host reached over SSH."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     name: str = Field(default="", description=(
         "set from the key under `hosts:` (written in the file, it is replaced)"))
     address: str = Field(description="an IP address, a DNS name or an `~/.ssh/config` alias")
@@ -127,7 +127,7 @@ class HostSpec(BaseModel):
 class InventoryFile(BaseModel):
     """One inventory file: hosts, groups of them, and torch build overrides."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     hosts: dict[str, HostSpec] = Field(default_factory=dict, description="hosts by name (`--host NAME`)")
     groups: dict[str, list[str]] = Field(default_factory=dict, description=(
         "named sets of host names, for fleet commands (`opsctl status --all --host GROUP`)"))

@@ -34,7 +34,7 @@ PREVIOUS = "previous"
 class Step(BaseModel):
     """One step: a playbook (name or path), extra arguments, and what it waits for."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     playbook: str = Field(min_length=1, max_length=4096, description="the step's playbook: a name or a path")
     name: str | None = Field(default=None, pattern=STEP_NAME, description=(
         "the step's name, for `after`; null: its playbook's name"))
@@ -70,7 +70,7 @@ class Pipeline(BaseModel):
     """``steps:``, 1 to ``wire.MAX_PIPELINE_STEPS`` of them, each after ``previous``, an
     earlier step, or nothing."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     name: str = Field(pattern=STEP_NAME, description="the pipeline's name (`--playbook NAME`)")
     description: str | None = Field(default=None, description="one line for `opsctl playbooks`")
     steps: list[Step] = Field(min_length=1, max_length=wire.MAX_PIPELINE_STEPS, description=(

@@ -91,7 +91,7 @@ MAX_GPU_INDEX = 1023  # gpus: nvidia-smi indices
 class HealthyWhen(BaseModel):
     """Exactly one criterion: first event of a kind, a regex on output, or started."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     event: str | None = Field(default=None, description=(
         "healthy at the first trainer event of this kind (`step`: the first training step)"))
     regex: str | None = Field(default=None, description=(
@@ -126,7 +126,7 @@ class RestartPolicy(BaseModel):
     """``restart: {max_restarts: N, on: [...]}``: the wrapper in the container runs a failed
     attempt again (``remote_payload/agent/restart.py`` has the rule; docs/playbooks.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     max_restarts: int = Field(ge=0, le=wire.MAX_RESTARTS_LIMIT, description=(
         "how many times a failed attempt is run again in the same job"))
     on: list[int | str] = Field(default_factory=lambda: _default_on(), description=(
@@ -146,7 +146,7 @@ class RestartPolicy(BaseModel):
 class TorchSpec(BaseModel):
     """``torch: {variant, version}``: the build the job needs (``swap-torch`` before launch)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     variant: str = Field(description="the build's variant, the wheel's local tag: `cpu`, `cu128`, `cu130`, …")
     version: str | None = Field(default=None, description=(
         "torch release without the tag (`2.11.0`); null: the builds table's version of the variant"))
@@ -155,7 +155,7 @@ class TorchSpec(BaseModel):
 class FileSpec(BaseModel):
     """One entry of a playbook's ``files:``: a local path and where it goes in the container."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     src: str = Field(min_length=1, description=(
         "a file or directory on this machine (relative: to the current directory; `~` expands)"))
     dest: str | None = Field(default=None, description=(
@@ -169,7 +169,7 @@ class Playbook(BaseModel):
     Restarts, the time limit, webhooks and secrets are applied in the container by the job's
     wrapper, with no client connected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
         "the playbook's name (`--playbook NAME`), 1-64 letters, digits, `_.-`"))
     description: str | None = Field(default=None, description="one line for `opsctl playbooks`")

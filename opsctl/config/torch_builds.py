@@ -30,7 +30,7 @@ DEFAULT_INDEX = "https://download.pytorch.org/whl/{variant}"
 class BuildSpec(BaseModel):
     """One row of the builds table as written in YAML (every field optional for overrides)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     version: str | None = Field(default=None, description=(
         "torch release without the local tag; the variant is the tag (`2.11.0` → `2.11.0+cu130`)"))
     index_url: str | None = Field(default=None, description=(
