@@ -494,9 +494,9 @@ def test_launch_refuses_on_a_failing_doctor_check_unless_forced(tmp_path: Path, 
 def test_status_read_between_the_exit_record_and_the_final_status_carries_the_ends_evidence(
         tmp_path: Path) -> None:
     """The wrapper writes the exit record, then status.json with the end's evidence (the
-    leftovers it reaped, why it ended). A status read in between used to report the end from
-    the exit record with the evidence of before (a flaky sandbox test); it now waits for the
-    final status.json while the wrapper lives."""
+    leftovers it reaped, why it ended). A status read in between must not report the end from
+    the exit record with stale evidence: it waits for the final status.json while the wrapper
+    lives."""
     root, job_id = str(tmp_path), "j-race"
     path = Path(jobs.job_dir(root, job_id))
     path.mkdir(parents=True)

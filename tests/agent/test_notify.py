@@ -1,8 +1,8 @@
 """Webhooks from the container (``remote_payload/agent/notify.py``), against real HTTP servers
 on 127.0.0.1: one URL that accepts and never answers, one that answers, one that says 500.
 
-Issue 23, class 2: one silent URL used to hold every later event, the answering URL got
-nothing (not even ``healthy``) and ``notify.log`` had no line for the events dropped.
+The rule: one silent URL never holds a later event back, the answering URL gets every event
+(``healthy`` too), and ``notify.log`` has a line for every event dropped.
 """
 
 from __future__ import annotations

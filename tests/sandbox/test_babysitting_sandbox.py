@@ -318,7 +318,7 @@ STEPS_THEN_FAILS = """
 
 
 def test_one_silent_webhook_never_blocks_the_others_in_a_real_job(target, tmp_path, webhook):
-    """Issue 23, class 2, end to end: the first URL accepts and never answers; the answering
+    """End to end: the first URL accepts and never answers; the answering
     one still gets ``healthy`` and ``failed`` at once, and once the wrapper ends (its bounded
     wait spent) every event the silent URL never got is a give-up line in notify.log."""
     import socket

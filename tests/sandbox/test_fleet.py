@@ -131,7 +131,7 @@ class TestFanOut:
 
 
 def test_the_docs_give_one_exit_code_for_an_incomplete_fleet():
-    """Issue 23, class 10: the README once said 26 in one place and 27 in another."""
+    """Every page names one exit code for one failure, the same in every place."""
     import re
 
     from tests.paths import REPO

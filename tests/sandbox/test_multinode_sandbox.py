@@ -146,7 +146,7 @@ def test_a_two_node_run_trains_one_world_and_a_killed_node_fails_it_by_name(book
         ["FAILED", "FAILED"], stopped.stdout
 
 
-# --- issue 23, class 4: --nodes acts on one run only, and is never "ok" with a node unreached ---
+# --- --nodes acts on one run only, and is never "ok" with a node unreached ---
 # Plain shell jobs (no torch): each launched through the real agent with the run membership a
 # `deploy --nodes` gives it (wire.RUN_FIELD), or none (a single-container deploy).
 

@@ -1,4 +1,4 @@
-"""The container's job queue (issue 27) on the real sandbox: order, ``--after`` success and
+"""The container's job queue on the real sandbox: order, ``--after`` success and
 failure, removal, two jobs side by side on disjoint GPU slots, the queue moving on with no
 client connected, and a container restart with a queue (its boot hook moves it on).
 

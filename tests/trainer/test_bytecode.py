@@ -1,5 +1,5 @@
 """The trainer keeps the bytecode of a torch env that cannot keep its own in the build's cache
-folder, never next to the sources, and changes nothing anywhere else (issue 28)."""
+folder, never next to the sources, and changes nothing anywhere else."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""The path rules of push/pull (issue 23, class 1 and the ``../`` part of class 10), pure.
+"""The path rules of push/pull (a delete never reaches a root, a home or the cwd; ``../``
+never leaves the data dir), pure.
 
 The guard, the container path parser and a pull's implied DEST are plain functions
 (:mod:`opsctl.ops.filepaths`); the tar stream's torn-file handling is local file I/O
 (:mod:`remote_payload.tarsync` on both ends). What the container does is in
-``tests/sandbox/test_files_edges_sandbox.py``.
+``tests/sandbox/test_files_nothing_lost_sandbox.py``.
 """
 
 from __future__ import annotations

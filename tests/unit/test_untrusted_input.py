@@ -139,7 +139,7 @@ class TestHostFlag:
     @pytest.mark.parametrize(("host", "address", "port"), [
         ("[::1]:2222", "::1", 2222),
         ("[127.0.0.1]:2222", "127.0.0.1", 2222),  # the form known_hosts and key hints use
-        ("admin@localhost", "localhost", 22),  # a DNS name must be configured (issue 23, 9)
+        ("admin@localhost", "localhost", 22),  # a DNS name must be configured
     ])
     def test_bracketed_and_plain_addresses_parse(self, host, address, port):
         spec = inventory.load([]).resolve(host)
@@ -232,7 +232,7 @@ class TestKnownHosts:
 
 
 class TestExecRefusals:
-    """Issue 23, class 3: what used to reach the host is refused here (exit 2, nothing sent:
+    """What would reach the host is refused here (exit 2, nothing sent:
     the host is 127.0.0.1:9, so a connect attempt would be exit 10)."""
 
     @pytest.mark.parametrize("ct", ["99999999999999999999", "99", "0", "-5", "1000000000", "2_00",

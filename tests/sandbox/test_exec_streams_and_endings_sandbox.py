@@ -1,4 +1,4 @@
-"""`opsctl exec` at its edges (issue 23, class 3), through the real sandbox, direct and through
+"""`opsctl exec`'s output and endings, through the real sandbox, direct and through
 the connection multiplexer, as a user's shell runs it (a child process):
 
 - 200 MB of output passes through in constant client memory;

@@ -1,5 +1,5 @@
-"""Nothing lost at the edges, against the real sandbox (issue 23): a job that logs a NaN loss
-gives strict JSON everywhere, and `host trust` without a terminal needs ``-y``."""
+"""Against the real sandbox: a job that logs a NaN loss gives strict JSON everywhere, `host
+trust` without a terminal needs ``-y``, and ``swap-torch --dry-run`` writes nothing."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Issue 15 (hardening), the pure-logic rules: what reaches the user's terminal, how lines
+"""Pure-logic rules of hostile output and local state: what reaches the user's terminal, how lines
 wrap, what a deploy's last line claims, what a playbook regex may be, who may read local logs.
 
 The remote halves of these rules run against the real sandbox in
-``tests/sandbox/test_hardening_sandbox.py``.
+``tests/sandbox/test_deploy_and_job_wrapper_sandbox.py``.
 """
 
 from __future__ import annotations

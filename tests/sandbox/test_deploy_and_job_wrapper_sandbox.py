@@ -1,6 +1,7 @@
-"""Issue 15 (hardening) through the real sandbox: loopback sshd -> pct -> LXC -> agent -> tmux.
+"""Deploys and the job wrapper against hostile cases, through the real sandbox: loopback sshd
+-> pct -> LXC -> agent -> tmux.
 
-Each rule is a case the adversarial pass broke: a refused or concurrent deploy removing a
+Each test states one rule: a refused or concurrent deploy removing a
 live job's code, followers switching jobs, a regex wedging the wrapper, detached children
 surviving ``stop``, terminal control sequences, a full disk, and Ctrl-C during
 ``deploy --replace``. Every test has its own opsctl root in the container.
@@ -44,7 +45,7 @@ wait_for = functools.partial(waiting.wait_for, timeout=30.0, what="condition", i
 @pytest.fixture
 def root(sandbox, isolated_env: Path):
     """The sandbox host with an opsctl root of its own in the container."""
-    root = f"/tmp/opsctl-hardening-{uuid.uuid4().hex[:8]}"
+    root = f"/tmp/opsctl-wrapper-{uuid.uuid4().hex[:8]}"
     use_private_root(sandbox, isolated_env, root)
     yield root
     for jid in cexec("sh", "-c", f"ls {root}/jobs 2>/dev/null || true").split():

@@ -1,7 +1,7 @@
-"""Nothing lost at the edges (issue 23), classes 6-8 and the dashboard, with real processes
+"""Honest refusals, no tracebacks, shell completion and the dashboard, with real processes
 and sockets on this machine: the CLI in a child process, a TCP server on 127.0.0.1 that
 accepts and never speaks SSH, the dashboard's HTTP server, the agent's swap verb against a
-loopback wheel index. Class 5 (JSON and numbers) is in ``tests/unit/test_edges.py``.
+loopback wheel index. JSON and numbers are in ``tests/unit/test_json_and_numbers.py``.
 """
 
 from __future__ import annotations
