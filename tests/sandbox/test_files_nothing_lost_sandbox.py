@@ -1,6 +1,7 @@
 """Nothing lost through ``push``/``pull``: a delete never reaches a root, a home or the cwd, a
 pull never writes into the cwd unasked, ``../`` never leaves the data dir, deletions are
-confirmed, a torn file is never a success and Ctrl-C keeps the previous copy; for ``opsctl push``/``pull`` through the real sandbox (sshd -> pct exec -> LXC).
+confirmed, a torn file is never a success and Ctrl-C keeps the previous copy; through the
+real sandbox (sshd -> pct exec -> LXC).
 
 The pure rules behind these (and their property tests) are in ``tests/unit/test_files_rules.py``.
 """

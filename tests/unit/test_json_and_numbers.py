@@ -1,8 +1,9 @@
 """JSON and numbers, as pure logic: strict JSON, finite ranges, one-line errors.
 
 Honest messages, no tracebacks, shell completion and the dashboard run real processes and
-sockets on 127.0.0.1 (``tests/agent/test_cli_and_dashboard_local.py``); a NaN-loss job, `host trust` and
-`swap-torch --dry-run` against the real sandbox are in ``tests/sandbox/test_json_trust_and_dry_run_sandbox.py``.
+sockets on 127.0.0.1 (``tests/agent/test_cli_and_dashboard_local.py``); a NaN-loss job,
+`host trust` and `swap-torch --dry-run` against the real sandbox are in
+``tests/sandbox/test_json_trust_and_dry_run_sandbox.py``.
 """
 
 from __future__ import annotations
