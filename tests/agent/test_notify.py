@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from remote_payload import wire
 from remote_payload.agent import notify
+from tests.waiting import wait_for
 
 SECRET = "s3cr3t-T0KEN"
 
@@ -105,12 +106,7 @@ def log_lines(job_dir: Path) -> list[str]:
 
 
 def wait_until(pred: t.Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
+    return bool(wait_for(pred, timeout, interval=0.05))
 
 
 def test_one_silent_webhook_never_blocks_the_others(tmp_path, silent, answering, monkeypatch):

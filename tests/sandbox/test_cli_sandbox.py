@@ -20,6 +20,7 @@ from opsctl import errors
 from opsctl.cli import cli
 from tests.paths import FIXTURES
 from tests.sandbox_plugin import use_private_root
+from tests.waiting import wait_for_value
 
 pytestmark = pytest.mark.sandbox
 
@@ -173,12 +174,8 @@ class TestFailures:
         assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
                    "--replace").exit_code == 0
         cexec("tmux", "-L", "opsctl", "kill-server")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            st = json.loads(run("status", "--json").stdout)
-            if st["state"] == "LOST":
-                break
-            time.sleep(0.5)
+        st = wait_for_value(lambda: json.loads(run("status", "--json").stdout),
+                            lambda st: st["state"] == "LOST", 10, interval=0.5)
         assert st["state"] == "LOST", st
         assert st["evidence"]
 

@@ -165,7 +165,7 @@ def test_followers_stay_bound_to_their_job_when_a_deploy_replaces_it(root, tmp_p
     threads = [threading.Thread(target=f) for f in (follow_status, follow_logs)]
     for th in threads:
         th.start()
-    time.sleep(2.0)
+    time.sleep(2.0)  # scenario: both followers are following job a when b replaces it
     job_b = deploy(tmp_path, "b", ticker("B-LINE"), "--replace")["job_id"]
     for th in threads:
         th.join(timeout=90)

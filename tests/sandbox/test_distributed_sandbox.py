@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from opsctl.cli import cli
 from tests.paths import REPO
 from tests.shared_torch import real_cpu_build_in_default_root
+from tests.waiting import wait_for_value
 from tests.xdist_plugin import REAL_TORCH_GROUP
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.xdist_group(REAL_TORCH_GROUP)]
@@ -66,13 +67,10 @@ def two_rank_book(tmp_path: Path, name: str, *fault: str, **fields: t.Any) -> Pa
 
 
 def poll_status(until: t.Callable[[dict[str, t.Any]], bool], within_s: float) -> dict[str, t.Any]:
-    deadline = time.monotonic() + within_s
-    while True:
-        st = json.loads(run("status", "--json").stdout)
-        if until(st):
-            return st
-        assert time.monotonic() < deadline, json.dumps(st)[-3000:]
-        time.sleep(2)
+    st = wait_for_value(lambda: json.loads(run("status", "--json").stdout), until, within_s,
+                        interval=2)
+    assert until(st), json.dumps(st)[-3000:]
+    return st
 
 
 #: the deadlocked job's collectives time out after this: long enough for the hang to be named

@@ -27,6 +27,7 @@ from opsctl.cli import cli
 from tests.paths import REPO
 from tests.sandbox.test_files_sandbox import run, unique
 from tests.sandbox_plugin import sandbox_home
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 ROOT = REPO
@@ -316,11 +317,8 @@ class TestTornFileIsNeverReportedAsSuccess:
 
 def _interrupt_when(proc: subprocess.Popen, grown: t.Callable[[], bool]) -> None:
     """Ctrl-C (SIGINT to opsctl's process group) once ``grown()``; a dead opsctl fails."""
-    deadline = time.monotonic() + 60
-    while not grown():
-        assert proc.poll() is None and time.monotonic() < deadline, \
-            proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.05)
+    wait_for(lambda: grown() or proc.poll() is not None, 60, interval=0.05)
+    assert grown() and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=30) != 0
 
@@ -351,7 +349,7 @@ class TestCtrlCKeepsThePreviousCopy:
         def grown() -> bool:
             return any(p.stat().st_size > 4 << 20 for p in back.glob(".big.bin*"))
         _interrupt_when(proc, grown)
-        time.sleep(0.5)
+        time.sleep(0.5)  # scenario: a window for a late rename of a half file into place
         assert (back / "big.bin").read_text() == "previous\n"
         assert _half_files(back) == []
 
@@ -368,8 +366,6 @@ class TestCtrlCKeepsThePreviousCopy:
         def grown() -> bool:
             return any(p.stat().st_size > 4 << 20 for p in seen.glob(".big.bin*"))
         _interrupt_when(proc, grown)
-        deadline = time.monotonic() + 10  # the container side notices its peer is gone
-        while _half_files(seen) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: not _half_files(seen), 10)  # the container side notices its peer is gone
         assert sh(f"cat {dest}/big.bin") == "previous\n"
         assert _half_files(seen) == []

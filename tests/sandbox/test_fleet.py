@@ -121,7 +121,7 @@ class TestFanOut:
             with lock:
                 running[0] += 1
                 peak[0] = max(peak[0], running[0])
-            time.sleep(0.05)
+            time.sleep(0.05)  # scenario: each call takes a while, so calls overlap
             with lock:
                 running[0] -= 1
             return k

@@ -172,7 +172,7 @@ def test_logs_follow_survives_a_killed_sshd_and_is_byte_exact(sandbox, isolated_
         listener = int((sandbox.state_dir / "sshd.pid").read_text())
         os.kill(sshd_serving(follower.pid), signal.SIGKILL)  # its connection is gone...
         os.kill(listener, signal.SIGTERM)  # ...and no new one is accepted
-        time.sleep(1.5)  # its retries are refused meanwhile
+        time.sleep(1.5)  # scenario: the follower's retries are refused meanwhile
         assert sandbox_mod.up(sandbox_home(), containers=(200,)).port == sandbox.port
         assert run("exec", *T, "--", "touch", GO).exit_code == 0  # the job's second half
         rest, err = follower.communicate(timeout=60)

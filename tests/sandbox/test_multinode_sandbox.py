@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import typing as t
 import uuid
 from pathlib import Path
@@ -28,6 +27,7 @@ from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import STOPPED_CT, sandbox_home, use_private_root
 from tests.shared_torch import real_cpu_build
+from tests.waiting import wait_for_value
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -125,13 +125,11 @@ def test_a_two_node_run_trains_one_world_and_a_killed_node_fails_it_by_name(book
     killed = run("exec", "--host", "sandbox", "--ct", str(SECOND_CT), "--", "kill", "-KILL", *pids)
     assert killed.exit_code == 0, killed.output
 
-    deadline = time.monotonic() + 90
-    while True:
-        st = status()
-        if all(n["status"]["state"] in ("FAILED", "LOST", "SUCCEEDED") for n in st["nodes"]):
-            break
-        assert time.monotonic() < deadline, json.dumps(st)[-3000:]
-        time.sleep(1)
+    def ended(st: dict[str, t.Any]) -> bool:
+        return all(n["status"]["state"] in ("FAILED", "LOST", "SUCCEEDED") for n in st["nodes"])
+
+    st = wait_for_value(status, ended, 90, interval=1)
+    assert ended(st), json.dumps(st)[-3000:]
     assert st["state"] == "FAILED" and st["failed_node"] == 1, st["summary"]
     assert st["summary"].startswith(f"run {st['job_id']} failed: node 1 (sandbox ct {SECOND_CT}) "
                                     "FAILED (SIGKILL)"), st["summary"]
