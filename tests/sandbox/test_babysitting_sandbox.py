@@ -19,10 +19,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import use_private_root
 from tests.waiting import wait_for, wait_for_value
 
@@ -86,10 +85,6 @@ def remove_root_at_the_end(sandbox) -> t.Iterator[None]:
     spec = inventory.load([Path(sandbox.inventory_file).parent]).resolve("sandbox")
     with Remote(spec) as remote:
         remote.pct_exec(200, ["rm", "-rf", ROOT], timeout=30)
-
-
-def run(*args: str) -> t.Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def cexec(*argv: str) -> t.Any:

@@ -32,6 +32,7 @@ from opsctl.config import paths
 from opsctl.ops import jobs, watch
 from opsctl.remote import payload
 from tests import waiting
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.sandbox_plugin import use_private_root
 
@@ -52,10 +53,6 @@ def root(sandbox, isolated_env: Path):
         if jid != "current":
             run("stop", "--host", "sandbox", "--ct", CT, "--job", jid, "--grace", "1")
     cexec("sh", "-c", f"umount -l {root}/jobs 2>/dev/null; rm -rf {root}")
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def cexec(*argv: str) -> str:

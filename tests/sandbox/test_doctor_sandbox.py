@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import use_private_root
 
 pytestmark = pytest.mark.sandbox
@@ -24,10 +23,6 @@ T = ["--host", "sandbox", "--ct", "200"]
 ROOT = "/opt/opsctl-test-doctor"
 GPU_ROWS = ("host-device-nodes", "ct-config-devices", "container-libraries", "container-device-nodes",
             "gpu-count", "persistence-mode", "torch-matmul", "leftover-gpu-processes", "xid-events")
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -33,14 +32,6 @@ pytestmark = pytest.mark.sandbox
 ROOT = REPO
 CT = ("--host", "sandbox", "--ct", "200")
 METHODS = pytest.mark.parametrize("method", ["rsync", "tar"])
-
-
-@pytest.fixture
-def target(sandbox, isolated_env: Path) -> str:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    return "sandbox"
 
 
 def sh(script: str) -> str:

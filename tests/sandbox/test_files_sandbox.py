@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,9 +16,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.sandbox_plugin import sandbox_home
 from tests.waiting import wait_for
@@ -46,18 +44,6 @@ print(json.dumps(out, sort_keys=True))
 """
 ODD_NAMES = ["plain.txt", "with space", "q'uote\"d", "new\nline", "-leading-dash", "ünïcødé ✓",
              "$(touch PWNED)", "`id`", "sub dir/inner;rm -rf x", "sub dir/deeper/é"]
-
-
-@pytest.fixture
-def target(sandbox, isolated_env: Path) -> str:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    return "sandbox"
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def container_tree(path: str) -> dict[str, str]:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
 from opsctl.config import inventory
 from opsctl.ops import fanout
+from tests.cli_runner import run_cli as run
 
 
 def closed_port() -> int:
@@ -41,10 +40,6 @@ def fleet_inventory(sandbox, home: Path, up: list[str], down: list[str]) -> None
     inv.mkdir(parents=True, exist_ok=True)
     (inv / "fleet.yaml").write_text(yaml.safe_dump(
         {"hosts": hosts, "groups": {"pair": [up[0], down[0]]}}))
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 class TestStatusAllInTheSandbox:

@@ -13,10 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import private_home, use_private_root
 from tests.waiting import wait_for
 
@@ -31,10 +30,6 @@ TICK = textwrap.dedent("""
         print(f"tick {i:04d}", flush=True)
         time.sleep(0.2)
 """)
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def opsctl_pty(*args: str) -> pexpect.spawn:

@@ -21,10 +21,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import STOPPED_CT, sandbox_home, use_private_root
 from tests.shared_torch import real_cpu_build
 from tests.waiting import wait_for_value
@@ -42,10 +41,6 @@ TWO_NODES = {  # one rank per node (gpus: 0, no --nproc): a world of two over gl
     "env": {"OMP_NUM_THREADS": "1"}, "healthy_when": {"event": "step"}, "timeout_s": 240,
     "torch": {"variant": "cpu", "version": "2.13.0"},
     "requirements": ["transformers==5.24.0", "safetensors==0.8.0"]}
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from opsctl.config.inventory import HostSpec
 from opsctl.errors import ConfigError
 from opsctl.remote.command import MAX_COMMAND_BYTES
 from opsctl.remote.transport import Remote, load_known_hosts
+from tests.cli_runner import run_cli
 
 # Port 9 on loopback has nothing behind it; these tests must fail before any connect anyway.
 UNREACHABLE = "127.0.0.1:9"
@@ -37,7 +38,7 @@ def write(tmp_path: Path, text: str | bytes, name: str = "job.yaml") -> Path:
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    res = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    res = run_cli(*args)
     return res.exit_code, res.stdout, res.stderr
 
 
