@@ -39,21 +39,21 @@ def _sleep_calls(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_every_sleep_in_the_suite_is_part_of_its_scenario_and_says_so():
+def test_every_sleep_in_the_suite_is_part_of_its_scenario_and_says_so() -> None:
     bare = [f"{p.relative_to(REPO)}:{n}: {line.strip()}"
             for p in _sources() for n, line in _sleep_calls(p) if ALLOW not in line]
     assert bare == [], ("poll with tests.waiting.wait_for, or say why the sleep is the scenario "
                         f"with '{ALLOW} ...' on its line:\n" + "\n".join(bare))
 
 
-def test_the_sleep_finder_sees_calls_and_skips_job_scripts(tmp_path):
+def test_the_sleep_finder_sees_calls_and_skips_job_scripts(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import time\nfrom time import sleep\nSCRIPT = 'time.sleep(60)'\n"
                      "time.sleep(1)\nsleep(2)  # scenario: a rate\n")
     assert [n for n, _ in _sleep_calls(probe)] == [4, 5]
 
 
-def test_test_sources_name_no_issue_numbers():
+def test_test_sources_name_no_issue_numbers() -> None:
     pattern = re.compile(r"\bissue\s*#?\d+", re.IGNORECASE)
     named = [f"{p.relative_to(REPO)}:{n}: {line.strip()}"
              for p in _sources()
