@@ -30,7 +30,7 @@ from tests.waiting import wait_for_value
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
-SECOND_CT = 201  # the pair: ct 200 and ct 201
+SECOND_CT = 201  # the two nodes: ct 200 and ct 201
 NODES = f"sandbox:200,sandbox:{SECOND_CT}"
 TWO_NODES = {  # one rank per node (gpus: 0, no --nproc): a world of two over gloo
     "name": "two-nodes",
