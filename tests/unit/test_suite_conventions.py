@@ -5,13 +5,12 @@ through ``tests/waiting.py``'s ``wait_for``: a bare sleep either waits too long 
 machine or too little on a loaded one. A sleep that is part of the scenario (a job that must
 be running for a while, a window for something that must never happen, a rate) says so on its
 line with ``# scenario:``. Sleeps inside job scripts (string literals) are not calls and are
-not checked. Test sources name no issue numbers: a test states its rule instead.
+not checked. (No issue numbers in names: ``tests/unit/test_no_history_in_names.py``.)
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 from tests.paths import REPO
@@ -52,11 +51,3 @@ def test_the_sleep_finder_sees_calls_and_skips_job_scripts(tmp_path: Path) -> No
                      "time.sleep(1)\nsleep(2)  # scenario: a rate\n")
     assert [n for n, _ in _sleep_calls(probe)] == [4, 5]
 
-
-def test_test_sources_name_no_issue_numbers() -> None:
-    pattern = re.compile(r"\bissue\s*#?\d+", re.IGNORECASE)
-    named = [f"{p.relative_to(REPO)}:{n}: {line.strip()}"
-             for p in _sources()
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-             if pattern.search(line)]
-    assert named == [], "state the rule instead of the issue:\n" + "\n".join(named)
