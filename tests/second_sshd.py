@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.sandbox import host as sandbox_mod
+from tests.waiting import wait_for
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,14 @@ def second_sshd(sandbox: sandbox_mod.SandboxInfo, workdir: Path,
     config.write_text("\n".join(lines) + "\n")
     log = workdir / "sshd.log"
     subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(log)], check=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+                return True
         except OSError:
-            time.sleep(0.05)
+            return False
+
+    wait_for(listening, 10, interval=0.05)
     pub = key.with_suffix(".pub").read_text().split()
     try:
         yield Sshd(port, f"{pub[0]} {pub[1]}", f"[127.0.0.1]:{port} {pub[0]} {pub[1]}")
@@ -77,18 +78,22 @@ def sshd_serving(pid: int, timeout_s: float = 15.0) -> int:
 
     Polled: on a loaded machine the connection (or sshd's per-connection child) can appear
     a moment after the process printed its first output."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    found: dict[str, re.Match[str] | None] = {}
+
+    def read() -> bool:
         table = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
-        mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
-        peer = mine and re.search(rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),',
-                                  table)
-        if peer:
-            return int(peer[1])
-        if time.monotonic() > deadline:
-            assert mine, f"no TCP connection of pid {pid} in ss output"
-            raise AssertionError(f"no sshd peer for local port {mine[1]}")
-        time.sleep(0.1)
+        found["mine"] = mine = re.search(rf'127\.0\.0\.1:(\d+)\s+\S+\s+users:\(\("[^"]+",pid={pid},', table)
+        found["peer"] = mine and re.search(
+            rf'\S+\s+127\.0\.0\.1:{mine[1]}\s+users:\(\("sshd",pid=(\d+),', table)
+        return found["peer"] is not None
+
+    if wait_for(read, timeout_s):
+        peer = found["peer"]
+        assert peer is not None
+        return int(peer[1])
+    mine = found["mine"]
+    assert mine, f"no TCP connection of pid {pid} in ss output"
+    raise AssertionError(f"no sshd peer for local port {mine[1]}")
 
 
 class SwitchingProxy:

@@ -5,9 +5,9 @@ this side, push, pip, the verification's real ``torch.compile``) costs 60-150 s 
 machine, and three groups of tests need the real build in a container: the distributed jobs
 (``REAL_TORCH_GROUP``) and the README demo (``REAL_TORCH_DEMO_GROUP``) on ct 200's default root,
 and the multi-node run's private root. They run in different xdist workers, each with a
-sandbox of its own, so each used to install it again.
+sandbox of its own, and each installing it again would cost minutes.
 
-Now the first one to ask installs it the product's way (``opsctl swap-torch``, so the real
+The first one to ask installs it the product's way (``opsctl swap-torch``, so the real
 install path stays tested end to end: ``tests/sandbox/test_torch_sandbox.py`` checks that
 install's recorded reply), and publishes the finished build into the sandbox home
 (``<home>/shared/``, destroyed with the home by ``.ci/run``); every later one hard-links it into

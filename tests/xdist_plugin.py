@@ -53,16 +53,16 @@ LONGEST_FIRST = (
     "test_agent_queue",  # ~40 s
     # then the sandbox modules, longest first; those that link the real build the first
     # group installs come after two others, by when that install is done
-    "test_hardening_sandbox",  # ~100 s
+    "test_deploy_and_job_wrapper_sandbox",  # ~100 s
     "test_cli_sandbox",  # ~90 s
     "test_multinode_sandbox",  # ~170 s: two torchrun nodes
     REAL_TORCH_DEMO_GROUP,  # ~130 s: the demo, a cache seed, the build's cache dirs
-    "test_files_edges_sandbox",  # ~90 s: every push/pull edge, rsync and tar
+    "test_files_nothing_lost_sandbox",  # ~90 s: every push/pull edge, rsync and tar
     "test_queue_sandbox",  # ~50 s
     "test_babysitting_sandbox",  # ~55 s
-    "test_exec_edges_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
+    "test_exec_streams_and_endings_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
     "test_doctor_sandbox",  # a stopped container, a silent host, /dev/kmsg, a full tmpfs
-    "test_edges_sandbox",  # a NaN job, host trust, swap-torch --dry-run
+    "test_json_trust_and_dry_run_sandbox",  # a NaN job, host trust, swap-torch --dry-run
     "test_dashboard_browser",  # a real browser
     "test_torch_sandbox",  # its fake-build tests
     "test_files_sandbox",  # ~30 s

@@ -1,4 +1,4 @@
-"""The queue's boot hook (``remote_payload/agent/boothook.py``, issue 27): installed once,
+"""The queue's boot hook (``remote_payload/agent/boothook.py``): installed once,
 never over a file opsctl did not write, its command an argv quoted by systemd's or cron's
 rules for any root, however hostile. Unit dirs are tmp dirs; cron is a stand-in script that
 keeps the crontab in a file (the real ``crontab`` would edit this machine's)."""

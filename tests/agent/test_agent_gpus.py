@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload.agent import gpus
+from tests.waiting import wait_for
 
 # real `nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,
 # temperature.gpu,power.draw --format=csv,noheader,nounits` lines (H200 idle and busy)
@@ -124,9 +125,7 @@ def test_the_sampler_writes_fresh_tables_that_status_reuses(tmp_path: Path,
     sampler = threading.Thread(target=gpus.sample_forever, args=(str(sample_path), stop, 0.05))
     sampler.start()
     try:
-        deadline = time.monotonic() + 10
-        while not sample_path.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(sample_path.exists, 10, interval=0.01)
         sample = gpus.read_sample(str(sample_path), time.time())
     finally:
         stop.set()

@@ -24,7 +24,7 @@ import pytest
 from remote_payload.agent import jobstore as jobs
 from tests.agent_helper import run_agent
 from tests.paths import REPO
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_value
 
 PY = sys.executable
 # the container runs the agent on Debian's python3 (3.11); point this at one to check it here
@@ -80,14 +80,11 @@ class Agent:
         return self.data("status", *(["--job", job] if job else []))
 
     def wait_state(self, job: str, *states: str, timeout: float = 20.0) -> dict[str, t.Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            doc = self.status(job)
-            if doc["state"] in states:
-                return doc
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job} stayed {doc['state']}, wanted {states}: {doc}")
-            time.sleep(0.05)
+        doc = wait_for_value(lambda: self.status(job), lambda d: d["state"] in states, timeout,
+                             interval=0.05)
+        if doc["state"] not in states:
+            raise AssertionError(f"job {job} stayed {doc['state']}, wanted {states}: {doc}")
+        return doc
 
 
 @pytest.fixture
@@ -494,9 +491,9 @@ def test_launch_refuses_on_a_failing_doctor_check_unless_forced(tmp_path: Path, 
 def test_status_read_between_the_exit_record_and_the_final_status_carries_the_ends_evidence(
         tmp_path: Path) -> None:
     """The wrapper writes the exit record, then status.json with the end's evidence (the
-    leftovers it reaped, why it ended). A status read in between used to report the end from
-    the exit record with the evidence of before (a flaky sandbox test); it now waits for the
-    final status.json while the wrapper lives."""
+    leftovers it reaped, why it ended). A status read in between must not report the end from
+    the exit record with stale evidence: it waits for the final status.json while the wrapper
+    lives."""
     root, job_id = str(tmp_path), "j-race"
     path = Path(jobs.job_dir(root, job_id))
     path.mkdir(parents=True)
@@ -514,7 +511,7 @@ def test_status_read_between_the_exit_record_and_the_final_status_carries_the_en
                               "exited with code 0"]}
 
         def write_final() -> None:
-            time.sleep(0.3)
+            time.sleep(0.3)  # scenario: the wrapper is still writing its final status
             tmp = path / (jobs.STATUS + ".tmp")
             tmp.write_text(json.dumps(final))
             os.replace(tmp, path / jobs.STATUS)

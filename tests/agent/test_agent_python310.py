@@ -11,13 +11,14 @@ import json
 import os
 import shutil
 import subprocess
-import time
+import typing as t
 import uuid
 
 import pytest
 
 from tests.agent_helper import run_agent
 from tests.paths import REPO
+from tests.waiting import wait_for_value
 
 CANDIDATES = [*sorted(glob.glob("/root/.pyenv/versions/3.10*/bin/python3")), shutil.which("python3.10"),
               "/usr/bin/python3.10"]
@@ -49,13 +50,13 @@ def test_a_job_runs_and_ends_succeeded_under_a_python_3_10_agent(tmp_path):
                 "healthy_when": {"started": True}, "timeout_s": 30}
         launched = agent("launch", "--spec-json", json.dumps(spec))
         assert launched["ok"], launched
-        deadline = time.monotonic() + 15
-        while True:
+
+        def status() -> dict[str, t.Any]:
             st = agent("status")
             assert st["ok"], st
-            if st["data"]["state"] == "SUCCEEDED" or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+            return st
+
+        st = wait_for_value(status, lambda st: st["data"]["state"] == "SUCCEEDED", 15)
         assert (st["data"]["state"], st["data"]["exit_code"]) == ("SUCCEEDED", 0)
         assert "hello from 3.10" in st["data"]["output_tail"]
     finally:

@@ -1,4 +1,4 @@
-"""The container's job queue (issue 27), run as the real agent against real tmux and processes.
+"""The container's job queue, run as the real agent against real tmux and processes.
 
 Each test queues small python jobs through ``python3 -m remote_payload.agent`` under its own
 ``--root`` on a tmux socket private to this module, and reads the job store's files to see

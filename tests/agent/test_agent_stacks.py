@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import typing as t
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from remote_payload import wire
 from remote_payload.agent import stacks
 from remote_payload.probes import stackdump
 from tests.paths import FIXTURES, REPO
+from tests.waiting import wait_for
 
 FIX = FIXTURES / "stacks"
 HOOK = REPO / "remote_payload" / "sitehook"
@@ -91,10 +91,9 @@ def job(tmp_path: Path) -> t.Iterator[tuple[Path, subprocess.Popen[str], int]]:
                          start_new_session=True)
     assert p.stdout is not None
     helper = int(p.stdout.readline())
-    deadline = time.monotonic() + 20
-    while not all(Path(wire.proc_stacks_path(str(tmp_path), pid)).exists() for pid in (p.pid, helper)):
-        assert time.monotonic() < deadline, "the sitehook made no stacks file"
-        time.sleep(0.05)
+    wait_for(lambda: all(Path(wire.proc_stacks_path(str(tmp_path), pid)).exists()
+                         for pid in (p.pid, helper)),
+             20, what="the sitehook's stacks files", interval=0.05)
     yield tmp_path, p, helper
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()

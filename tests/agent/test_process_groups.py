@@ -212,7 +212,7 @@ def _start_opsctl(*words: str) -> subprocess.Popen[bytes]:
 @pytest.mark.parametrize("delay_ms", [0, 20, 50, 100])
 def test_ctrl_c_at_the_start_of_a_command_is_one_line_and_exit_130(delay_ms):
     proc = _start_opsctl("sandbox", "--help")
-    time.sleep(delay_ms / 1000)
+    time.sleep(delay_ms / 1000)  # scenario: the signal lands at this point of the start-up
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
@@ -226,7 +226,7 @@ def test_ctrl_c_at_the_start_of_a_command_is_one_line_and_exit_130(delay_ms):
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_sigterm_and_sighup_at_the_start_of_a_command_exit_with_their_codes(sig, code, delay_ms):
     proc = _start_opsctl("sandbox", "--help")
-    time.sleep(delay_ms / 1000)
+    time.sleep(delay_ms / 1000)  # scenario: the signal lands at this point of the start-up
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert b"Traceback" not in err, err.decode()

@@ -19,6 +19,7 @@ import pytest
 from remote_payload.agent.torchenv import caches, current_python, job_env
 from remote_payload.agent.torchenv.layout import Layout
 from tests.agent_helper import run_agent
+from tests.waiting import wait_for
 from tests.wheel_index import (
     build_fake_torches,
     build_wheel,
@@ -217,9 +218,7 @@ def test_install_only_is_allowed_while_a_job_runs_and_does_not_switch(root: Path
 
 def test_finished_job_does_not_block_a_swap(root: Path, index_url: str, tmux_socket: str) -> None:
     launch(root, "done-job-20261129-000000-abcd", ["true"])
-    deadline = time.monotonic() + 10
-    while agent(root, "status")[0]["data"]["state"] != "SUCCEEDED" and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: agent(root, "status")[0]["data"]["state"] == "SUCCEEDED", 10)
     reply, _ = swap(root, "cu128", index_url)
     assert reply["data"]["action"] == "noop"
 

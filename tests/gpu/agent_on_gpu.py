@@ -73,10 +73,10 @@ def main() -> None:
             break
         if data.get("state") == "RUNNING" and (data.get("last_step") or {}).get("tok_s"):
             break
-        time.sleep(1)
+        time.sleep(1)  # scenario: one status sample a second, each recorded with its timing
     record["transitions"] = seen
     record["status_running"] = status
-    time.sleep(3)
+    time.sleep(3)  # scenario: the job trains a few more steps before its stacks are asked
     record["stacks"] = agent(root, "stacks", "--timeout", "10")
     if not record["stacks"].get("ok"):  # say why: who got the signal, where their stderr goes
         info = {}

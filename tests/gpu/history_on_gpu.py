@@ -81,7 +81,7 @@ def main() -> None:
                 mid = st
             if st["data"]["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
                 break
-            time.sleep(1.0)
+            time.sleep(1.0)  # scenario: one status sample a second, the mid-run one kept
         hist = agent("history", "--job", job_id)
         h = hist["data"]["history"]
         final = st["data"]

@@ -101,11 +101,11 @@ class Run:
         deadline = self.t0 + self.timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                time.sleep(0.3)  # the pump's last lines
+                time.sleep(0.3)  # scenario: the pump's last lines after the exit
                 return self.proc.returncode
             if until is not None and until(self):
                 return -1
-            time.sleep(0.2)
+            time.sleep(0.2)  # scenario: one loop both waits for the exit and samples ``until``
         self.stacks_then_kill()
         return None
 
@@ -113,7 +113,7 @@ class Run:
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, wire.STACKS_SIGNAL)
-        time.sleep(3.0)
+        time.sleep(3.0)  # scenario: the ranks get time to write their stacks before SIGKILL
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
@@ -198,7 +198,7 @@ def _agent_hang_run(a: argparse.Namespace, agent: t.Callable[..., dict[str, t.An
         if st.get("hang") and any(d["cause"] == "hang" for d in st.get("diagnosis") or []):
             named_at = time.monotonic() - t0
             break
-        time.sleep(2)
+        time.sleep(2)  # scenario: the loop records when the hang was first named
     out["state"] = st.get("state")
     out["named_after_s"] = round(named_at, 1) if named_at else None
     out["quiet_s_when_named"] = (st.get("hang") or {}).get("idle_s")

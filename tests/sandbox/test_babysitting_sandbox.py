@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import use_private_root
+from tests.waiting import wait_for, wait_for_value
 
 pytestmark = pytest.mark.sandbox
 
@@ -55,12 +55,10 @@ class Webhook:
         return [(b["event"], b["state"]) for b in self.bodies if b["job"] == job]
 
     def wait_for(self, job: str, event: str, timeout: float = 15.0) -> dict[str, t.Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [b for b in self.bodies if b["job"] == job and b["event"] == event]
-            if found:
-                return found[-1]
-            time.sleep(0.1)
+        found = wait_for(lambda: [b for b in self.bodies if b["job"] == job and b["event"] == event],
+                         timeout)
+        if found:
+            return found[-1]
         raise AssertionError(f"no {event!r} notification for {job}: got {self.events(job)}")
 
 
@@ -87,10 +85,6 @@ def remove_root_at_the_end(sandbox) -> t.Iterator[None]:
     spec = inventory.load([Path(sandbox.inventory_file).parent]).resolve("sandbox")
     with Remote(spec) as remote:
         remote.pct_exec(200, ["rm", "-rf", ROOT], timeout=30)
-
-
-def run(*args: str) -> t.Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def cexec(*argv: str) -> t.Any:
@@ -250,7 +244,7 @@ def test_a_job_whose_wrapper_died_is_reported_lost_by_the_next_status_once(
     run("status", "--job", job, "--json")  # reconciled again: no second notification
     lost = webhook.wait_for(job, "lost")
     assert (lost["state"], lost["host"]) == ("LOST", "sandbox")
-    time.sleep(0.5)
+    time.sleep(0.5)  # scenario: a window for a second notification that must never come
     assert [e for e, _ in webhook.events(job)].count("lost") == 1
 
 
@@ -318,7 +312,7 @@ STEPS_THEN_FAILS = """
 
 
 def test_one_silent_webhook_never_blocks_the_others_in_a_real_job(target, tmp_path, webhook):
-    """Issue 23, class 2, end to end: the first URL accepts and never answers; the answering
+    """End to end: the first URL accepts and never answers; the answering
     one still gets ``healthy`` and ``failed`` at once, and once the wrapper ends (its bounded
     wait spent) every event the silent URL never got is a give-up line in notify.log."""
     import socket
@@ -332,13 +326,9 @@ def test_one_silent_webhook_never_blocks_the_others_in_a_real_job(target, tmp_pa
         webhook.wait_for(job, "failed", timeout=10)
         assert [e for e, _ in webhook.events(job)] == ["healthy", "failed"]
         log_path = f"{ROOT}/jobs/{job}/notify.log"
-        deadline = time.monotonic() + 40  # the wrapper's 15 s wait, plus a loaded machine
-        lines: list[str] = []
-        while time.monotonic() < deadline:
-            lines = cexec("cat", log_path).stdout.splitlines()
-            if sum("gave up on" in ln for ln in lines) >= 2:
-                break
-            time.sleep(1)
+        lines = wait_for_value(lambda: cexec("cat", log_path).stdout.splitlines(),
+                               lambda lines: sum("gave up on" in ln for ln in lines) >= 2,
+                               40, interval=1)  # the wrapper's 15 s wait, plus a loaded machine
         for event in ("healthy", "failed"):
             assert any(f"gave up on {event} to webhook 1 (http://127.0.0.1:" in ln for ln in lines), lines
             assert any(f"sent {event} to webhook 2" in ln for ln in lines), lines

@@ -7,7 +7,6 @@ container itself, never through a mock.
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 import time
 import uuid
@@ -18,8 +17,10 @@ from click.testing import CliRunner
 
 from opsctl import errors
 from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.paths import FIXTURES
 from tests.sandbox_plugin import use_private_root
+from tests.waiting import wait_for_value
 
 pytestmark = pytest.mark.sandbox
 
@@ -70,13 +71,9 @@ ONE_TRANSPORT = pytest.mark.parametrize("transport_mode", ["mux"], indirect=True
 
 
 @pytest.fixture
-def target(sandbox, isolated_env: Path, tmp_path: Path):
+def target(stopping_target: str) -> str:
     """The sandbox in this test's inventory, and a cleanup that stops any job left running."""
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    yield "sandbox"
-    CliRunner().invoke(cli, ["stop", "--host", "sandbox", "--ct", "200", "--grace", "1"])
+    return stopping_target
 
 
 def playbook(tmp_path: Path, name: str, script: str, **extra: object) -> Path:
@@ -84,10 +81,6 @@ def playbook(tmp_path: Path, name: str, script: str, **extra: object) -> Path:
     p = tmp_path / f"{name}.yaml"
     p.write_text(json.dumps(doc))  # JSON is YAML
     return p
-
-
-def run(*args: str, input: bytes | None = None):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False, input=input)
 
 
 def cexec(*argv: str) -> str:
@@ -173,12 +166,8 @@ class TestFailures:
         assert run("deploy", "--host", target, "--ct", "200", "--playbook", str(book),
                    "--replace").exit_code == 0
         cexec("tmux", "-L", "opsctl", "kill-server")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            st = json.loads(run("status", "--json").stdout)
-            if st["state"] == "LOST":
-                break
-            time.sleep(0.5)
+        st = wait_for_value(lambda: json.loads(run("status", "--json").stdout),
+                            lambda st: st["state"] == "LOST", 10, interval=0.5)
         assert st["state"] == "LOST", st
         assert st["evidence"]
 

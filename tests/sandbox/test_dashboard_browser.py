@@ -17,12 +17,11 @@ import threading
 import typing as t
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import cli, dashboard
+from opsctl.cli import dashboard
+from tests.cli_runner import run_cli as run
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -79,12 +78,8 @@ def browser() -> t.Iterator[t.Any]:
 
 
 @pytest.fixture
-def target(sandbox, isolated_env: Path):
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    yield "sandbox"
-    CliRunner().invoke(cli, ["stop", "--host", "sandbox", "--ct", "200", "--grace", "1"])
+def target(stopping_target: str) -> str:
+    return stopping_target
 
 
 @pytest.fixture
@@ -98,10 +93,6 @@ def served(target: str) -> t.Iterator[dashboard.Server]:
         server.shutdown()
         server.server_close()
         server.app.close()
-
-
-def run(*args: str) -> t.Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def test_the_page_follows_the_sandbox_job_from_running_to_succeeded_without_a_reload(

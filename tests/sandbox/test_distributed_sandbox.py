@@ -12,18 +12,17 @@ other sandbox links that install (``tests/shared_torch.py``), and the deploys fi
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import typing as t
 from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.shared_torch import real_cpu_build_in_default_root
+from tests.waiting import wait_for_value
 from tests.xdist_plugin import REAL_TORCH_GROUP
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.xdist_group(REAL_TORCH_GROUP)]
@@ -35,10 +34,6 @@ TWO_RANKS = ["python3", "-m", "remote_payload.trainer", "--preset", "tiny", "--d
              "--log-every", "1"]
 
 
-def run(*args: str) -> t.Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
 @pytest.fixture(scope="module")
 def real_build(sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The real CPU build current in ct 200's /opt/opsctl: installed once per session, linked
@@ -47,12 +42,8 @@ def real_build(sandbox, tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture
-def target(sandbox, real_build: None, isolated_env: Path) -> t.Iterator[str]:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    yield "sandbox"
-    run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
+def target(real_build: None, stopping_target: str) -> str:
+    return stopping_target
 
 
 def two_rank_book(tmp_path: Path, name: str, *fault: str, **fields: t.Any) -> Path:
@@ -66,13 +57,10 @@ def two_rank_book(tmp_path: Path, name: str, *fault: str, **fields: t.Any) -> Pa
 
 
 def poll_status(until: t.Callable[[dict[str, t.Any]], bool], within_s: float) -> dict[str, t.Any]:
-    deadline = time.monotonic() + within_s
-    while True:
-        st = json.loads(run("status", "--json").stdout)
-        if until(st):
-            return st
-        assert time.monotonic() < deadline, json.dumps(st)[-3000:]
-        time.sleep(2)
+    st = wait_for_value(lambda: json.loads(run("status", "--json").stdout), until, within_s,
+                        interval=2)
+    assert until(st), json.dumps(st)[-3000:]
+    return st
 
 
 #: the deadlocked job's collectives time out after this: long enough for the hang to be named

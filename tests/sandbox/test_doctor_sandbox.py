@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import use_private_root
 
 pytestmark = pytest.mark.sandbox
@@ -24,10 +23,6 @@ T = ["--host", "sandbox", "--ct", "200"]
 ROOT = "/opt/opsctl-test-doctor"
 GPU_ROWS = ("host-device-nodes", "ct-config-devices", "container-libraries", "container-device-nodes",
             "gpu-count", "persistence-mode", "torch-matmul", "leftover-gpu-processes", "xid-events")
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 @pytest.fixture
@@ -142,7 +137,7 @@ def test_kernel_xid_during_a_failed_job_is_in_its_diagnosis(target: Path, tmp_pa
     res = run("deploy", *T, "--playbook", str(book), "--replace", "-d", "--json")
     assert res.exit_code == 0, res.output
     job = json.loads(res.stdout)["job_id"]
-    time.sleep(1.0)
+    time.sleep(1.0)  # scenario: the Xid is logged while the job runs, after its start
     with open("/dev/kmsg", "w") as kmsg:  # <3>: KERN_ERR, as the driver logs it
         kmsg.write(f"<3>{XID}\n")
     res = run("status", *T, job, "--follow", "--poll", "0.3", "--json")
@@ -162,7 +157,7 @@ def test_an_xid_before_the_job_started_is_not_in_its_diagnosis(target: Path, tmp
         pytest.skip("writing /dev/kmsg needs root")
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write("<3>NVRM: Xid (PCI:0000:42:00): 48, pid=1, name=x, old double bit error\n")
-    time.sleep(7)  # beyond the window's slack
+    time.sleep(7)  # scenario: the Xid is older than the window's slack when the job starts
     book = tmp_path / "quick.json"
     book.write_text(json.dumps({"name": "q", "command": ["python3", "-c", "raise SystemExit(2)"],
                                 "timeout_s": 60}))

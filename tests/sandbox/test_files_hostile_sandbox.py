@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,6 @@ from tests.sandbox.test_files_sandbox import run, unique
 pytestmark = pytest.mark.sandbox
 CT = ("--host", "sandbox", "--ct", "200")
 METHODS = pytest.mark.parametrize("method", ["rsync", "tar"])
-
-
-@pytest.fixture
-def target(sandbox, isolated_env: Path) -> str:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    return "sandbox"
 
 
 def sh(script: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,11 +16,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.sandbox_plugin import sandbox_home
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -45,18 +44,6 @@ print(json.dumps(out, sort_keys=True))
 """
 ODD_NAMES = ["plain.txt", "with space", "q'uote\"d", "new\nline", "-leading-dash", "ünïcødé ✓",
              "$(touch PWNED)", "`id`", "sub dir/inner;rm -rf x", "sub dir/deeper/é"]
-
-
-@pytest.fixture
-def target(sandbox, isolated_env: Path) -> str:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    return "sandbox"
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def container_tree(path: str) -> dict[str, str]:
@@ -157,17 +144,16 @@ def test_an_interrupted_push_resumes_without_starting_from_zero(target, tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "opsctl", "push", "--host", target, "--ct", "200",
                              str(src), f"{dest}/big.bin", "--bwlimit", "8192"], env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while _partial_size(seen, "big.bin") < 8 << 20:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.05)
+    wait_for(lambda: _partial_size(seen, "big.bin") >= 8 << 20 or proc.poll() is not None, 60,
+             interval=0.05)
+    assert _partial_size(seen, "big.bin") >= 8 << 20 and proc.poll() is None, \
+        proc.stderr.read() if proc.stderr else ""
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: opsctl and its rsync
     proc.wait(timeout=30)
-    deadline = time.monotonic() + 10  # the container's rsync keeps the partial file when its
-    while not (seen / ".opsctl-partial" / "big.bin").exists():  # peer is gone
-        assert time.monotonic() < deadline, sorted(os.listdir(seen))
-        time.sleep(0.1)
-    time.sleep(0.5)
+    # the container's rsync keeps the partial file when its peer is gone
+    wait_for((seen / ".opsctl-partial" / "big.bin").exists, 10)
+    assert (seen / ".opsctl-partial" / "big.bin").exists(), sorted(os.listdir(seen))
+    time.sleep(0.5)  # scenario: the container's rsync finishes writing what it kept
     kept = (seen / ".opsctl-partial" / "big.bin").stat().st_size
     assert 0 < kept < size
     assert (seen / "big.bin").read_bytes() == b"previous\n"  # the previous copy is untouched

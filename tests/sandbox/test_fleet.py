@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
 from opsctl.config import inventory
 from opsctl.ops import fanout
+from tests.cli_runner import run_cli as run
 
 
 def closed_port() -> int:
@@ -41,10 +40,6 @@ def fleet_inventory(sandbox, home: Path, up: list[str], down: list[str]) -> None
     inv.mkdir(parents=True, exist_ok=True)
     (inv / "fleet.yaml").write_text(yaml.safe_dump(
         {"hosts": hosts, "groups": {"pair": [up[0], down[0]]}}))
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 class TestStatusAllInTheSandbox:
@@ -121,7 +116,7 @@ class TestFanOut:
             with lock:
                 running[0] += 1
                 peak[0] = max(peak[0], running[0])
-            time.sleep(0.05)
+            time.sleep(0.05)  # scenario: each call takes a while, so calls overlap
             with lock:
                 running[0] -= 1
             return k
@@ -131,7 +126,7 @@ class TestFanOut:
 
 
 def test_the_docs_give_one_exit_code_for_an_incomplete_fleet():
-    """Issue 23, class 10: the README once said 26 in one place and 27 in another."""
+    """Every page names one exit code for one failure, the same in every place."""
     import re
 
     from tests.paths import REPO

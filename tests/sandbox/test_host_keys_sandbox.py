@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.second_sshd import SwitchingProxy, second_sshd
 
 pytestmark = pytest.mark.sandbox
-
-
-def run(*args: str, input: str | None = None):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False, input=input)
 
 
 def write_inventory(isolated_env: Path, sandbox, **host: object) -> None:

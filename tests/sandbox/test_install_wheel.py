@@ -89,7 +89,7 @@ def test_bundled_playbooks_are_found_from_any_directory(installed, tmp_path):
 
 
 def test_fresh_install_dials_no_host(installed, tmp_path):
-    """Issue 23, class 9: the installed package has no active host; its example is shown."""
+    """The installed package has no active host; its example is shown."""
     home = tmp_path / "home"
     hosts = json.loads(opsctl(installed, "hosts", "--json", cwd=tmp_path, home=home).stdout)
     assert hosts["hosts"] == []

@@ -9,16 +9,15 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import private_home, use_private_root
+from tests.waiting import wait_for
 
 pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.sandbox
@@ -31,10 +30,6 @@ TICK = textwrap.dedent("""
         print(f"tick {i:04d}", flush=True)
         time.sleep(0.2)
 """)
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def opsctl_pty(*args: str) -> pexpect.spawn:
@@ -105,13 +100,14 @@ def test_forward_serves_a_port_of_the_container_on_127_0_0_1_until_ctrl_c(target
     fwd = opsctl_pty("forward", f"{local}:{remote}", *T)
     try:
         fwd.expect(rb"forwarding 127\.0\.0\.1:\d+ -> ")
-        deadline, body = time.monotonic() + 15, b""
-        while time.monotonic() < deadline and not body:
+        def page() -> bytes:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{local}/index.html", timeout=5) as r:
-                    body = r.read()
+                    return r.read()
             except OSError:  # the server in the container is still starting
-                time.sleep(0.2)
+                return b""
+
+        body = wait_for(page, 15, interval=0.2)
         assert body == f"served-from-ct-{remote}\n".encode()
         fwd.sendintr()
         fwd.expect(rb"forward stopped")

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
 from tests.second_sshd import sshd_serving
 
@@ -37,10 +38,6 @@ TICK = textwrap.dedent("""
         print(json.dumps({"event": "step", "step": i, "loss": 1.0, "tok_s": 1500.0}), flush=True)
         time.sleep(0.2)
 """)
-
-
-def run(*args: str, input: str | None = None):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False, input=input)
 
 
 def book(directory: Path, name: str, script: str, **extra: object) -> str:
@@ -172,7 +169,7 @@ def test_logs_follow_survives_a_killed_sshd_and_is_byte_exact(sandbox, isolated_
         listener = int((sandbox.state_dir / "sshd.pid").read_text())
         os.kill(sshd_serving(follower.pid), signal.SIGKILL)  # its connection is gone...
         os.kill(listener, signal.SIGTERM)  # ...and no new one is accepted
-        time.sleep(1.5)  # its retries are refused meanwhile
+        time.sleep(1.5)  # scenario: the follower's retries are refused meanwhile
         assert sandbox_mod.up(sandbox_home(), containers=(200,)).port == sandbox.port
         assert run("exec", *T, "--", "touch", GO).exit_code == 0  # the job's second half
         rest, err = follower.communicate(timeout=60)

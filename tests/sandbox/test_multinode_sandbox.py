@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import typing as t
 import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import STOPPED_CT, sandbox_home, use_private_root
 from tests.shared_torch import real_cpu_build
+from tests.waiting import wait_for_value
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
-SECOND_CT = 201  # the issue's pair: ct 200 and ct 201
+SECOND_CT = 201  # the two nodes: ct 200 and ct 201
 NODES = f"sandbox:200,sandbox:{SECOND_CT}"
 TWO_NODES = {  # one rank per node (gpus: 0, no --nproc): a world of two over gloo
     "name": "two-nodes",
@@ -42,10 +41,6 @@ TWO_NODES = {  # one rank per node (gpus: 0, no --nproc): a world of two over gl
     "env": {"OMP_NUM_THREADS": "1"}, "healthy_when": {"event": "step"}, "timeout_s": 240,
     "torch": {"variant": "cpu", "version": "2.13.0"},
     "requirements": ["transformers==5.24.0", "safetensors==0.8.0"]}
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -125,13 +120,11 @@ def test_a_two_node_run_trains_one_world_and_a_killed_node_fails_it_by_name(book
     killed = run("exec", "--host", "sandbox", "--ct", str(SECOND_CT), "--", "kill", "-KILL", *pids)
     assert killed.exit_code == 0, killed.output
 
-    deadline = time.monotonic() + 90
-    while True:
-        st = status()
-        if all(n["status"]["state"] in ("FAILED", "LOST", "SUCCEEDED") for n in st["nodes"]):
-            break
-        assert time.monotonic() < deadline, json.dumps(st)[-3000:]
-        time.sleep(1)
+    def ended(st: dict[str, t.Any]) -> bool:
+        return all(n["status"]["state"] in ("FAILED", "LOST", "SUCCEEDED") for n in st["nodes"])
+
+    st = wait_for_value(status, ended, 90, interval=1)
+    assert ended(st), json.dumps(st)[-3000:]
     assert st["state"] == "FAILED" and st["failed_node"] == 1, st["summary"]
     assert st["summary"].startswith(f"run {st['job_id']} failed: node 1 (sandbox ct {SECOND_CT}) "
                                     "FAILED (SIGKILL)"), st["summary"]
@@ -146,7 +139,7 @@ def test_a_two_node_run_trains_one_world_and_a_killed_node_fails_it_by_name(book
         ["FAILED", "FAILED"], stopped.stdout
 
 
-# --- issue 23, class 4: --nodes acts on one run only, and is never "ok" with a node unreached ---
+# --- --nodes acts on one run only, and is never "ok" with a node unreached ---
 # Plain shell jobs (no torch): each launched through the real agent with the run membership a
 # `deploy --nodes` gives it (wire.RUN_FIELD), or none (a single-container deploy).
 

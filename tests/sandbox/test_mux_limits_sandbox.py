@@ -67,7 +67,7 @@ def test_more_parallel_calls_than_max_sessions_all_succeed_and_the_long_exec_sur
     pid = mux_pid(spec)
     with cf.ThreadPoolExecutor(16) as pool:
         long = pool.submit(run_in, spec, ["sh", "-c", "sleep 6; echo long-done"])
-        time.sleep(0.5)
+        time.sleep(0.5)  # scenario: the long exec is in flight first
         short = [pool.submit(run_in, spec, ["sh", "-c", f"sleep 1; echo {i}"]) for i in range(14)]
         results = [f.result() for f in short]
         assert [(r.rc, r.stdout) for r in results] == [(0, f"{i}\n".encode()) for i in range(14)]
@@ -80,7 +80,7 @@ def test_more_parallel_calls_than_max_sessions_all_succeed_and_the_long_exec_sur
 def test_when_every_session_is_busy_a_call_runs_at_once_on_a_second_connection(spec):
     with cf.ThreadPoolExecutor(11) as pool:
         busy = [pool.submit(run_in, spec, ["sh", "-c", "sleep 8; echo busy"]) for _ in range(10)]
-        time.sleep(1.5)
+        time.sleep(1.5)  # scenario: every session is busy before the extra call
         start = time.monotonic()
         extra = run_in(spec, ["echo", "extra"])
         assert (extra.rc, extra.stdout) == (0, b"extra\n")
@@ -92,7 +92,7 @@ def test_when_every_session_is_busy_a_call_runs_at_once_on_a_second_connection(s
 def test_fifty_parallel_calls_all_succeed_next_to_a_long_exec(spec):
     with cf.ThreadPoolExecutor(51) as pool:
         long = pool.submit(run_in, spec, ["sh", "-c", "sleep 6; echo long-done"])
-        time.sleep(0.5)
+        time.sleep(0.5)  # scenario: the long exec is in flight first
         results = list(pool.map(lambda i: run_in(spec, ["echo", str(i)]), range(50)))
         assert [(r.rc, r.stdout) for r in results] == [(0, f"{i}\n".encode()) for i in range(50)]
         assert (long.result().rc, long.result().stdout) == (0, b"long-done\n")
@@ -102,7 +102,7 @@ def test_fifty_parallel_calls_all_succeed_next_to_a_long_exec(spec):
 def test_an_argv_over_the_remote_limit_exits_2_and_spares_the_commands_in_flight(spec):
     with cf.ThreadPoolExecutor(1) as pool:
         long = pool.submit(run_in, spec, ["sh", "-c", "sleep 3; echo still-here"])
-        time.sleep(0.5)
+        time.sleep(0.5)  # scenario: the long exec is in flight first
         res = CliRunner().invoke(cli, ["exec", "--host", "h10", "--ct", "200", "--", "echo",
                                        *(["y" * 1000] * 960)])
         assert res.exit_code == errors.USAGE, res.output

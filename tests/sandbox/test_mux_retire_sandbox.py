@@ -68,7 +68,7 @@ def test_editing_known_hosts_retires_the_old_mux_after_its_calls_finish(spec):
     [old] = live_pids()
     with cf.ThreadPoolExecutor(1) as pool:
         long = pool.submit(run_in, spec, ["sh", "-c", "sleep 3; echo finished"])
-        time.sleep(0.5)
+        time.sleep(0.5)  # scenario: the call is in flight on the old mux before the edit
         with open(spec.known_hosts, "a", encoding="utf-8") as f:
             f.write("# edited\n")
         assert run_in(spec, ["true"]).via == "ssh"  # new trust state: verified afresh

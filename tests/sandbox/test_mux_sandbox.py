@@ -146,7 +146,8 @@ def test_a_deadline_through_the_mux_kills_the_remote_process_group(spec):
     with Remote(spec) as r:
         with pytest.raises(errors.DeadlineExceeded):
             r.pct_exec(200, ["sh", "-c", f"sleep {marker} & sleep {marker}; wait"], timeout=2)
-        time.sleep(0.5)
+        wait_for(lambda: f"sleep {marker}" not in r.pct_exec(200, ["ps", "-eo", "args"],
+                                                             timeout=10).stdout.decode(), 10)
         ps = r.pct_exec(200, ["ps", "-eo", "args"], timeout=10)
     assert ps.via == "mux"
     assert f"sleep {marker}" not in ps.stdout.decode()

@@ -4,8 +4,6 @@ own exit code and output; a really missing or stopped container is still reporte
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from click.testing import CliRunner
 
@@ -13,14 +11,6 @@ from opsctl import errors
 from opsctl.cli import cli
 
 pytestmark = pytest.mark.sandbox
-
-
-@pytest.fixture
-def target(sandbox, isolated_env):
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    return "sandbox"
 
 
 @pytest.mark.parametrize("text", [

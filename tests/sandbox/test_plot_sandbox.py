@@ -12,9 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 
 pytestmark = pytest.mark.sandbox
 
@@ -46,10 +45,6 @@ def finished_job(sandbox, isolated_env: Path, tmp_path: Path) -> str:
     res = run("status", "--host", "sandbox", "--ct", "200", "--job", job_id, "--follow", "--json")
     assert res.exit_code == 0, res.output
     return job_id
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def test_status_carries_a_small_history_and_shows_it_as_sparklines(finished_job):

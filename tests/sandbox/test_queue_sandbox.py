@@ -1,4 +1,4 @@
-"""The container's job queue (issue 27) on the real sandbox: order, ``--after`` success and
+"""The container's job queue on the real sandbox: order, ``--after`` success and
 failure, removal, two jobs side by side on disjoint GPU slots, the queue moving on with no
 client connected, and a container restart with a queue (its boot hook moves it on).
 
@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 
 from opsctl import errors
-from opsctl.cli import cli
 from opsctl.sandbox import host as sandbox_mod
 from remote_payload.agent import boothook
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import private_home, sandbox_home, use_private_root
 from tests.waiting import wait_for
 
@@ -34,10 +33,6 @@ CT = 207  # only this module uses it (it restarts it)
 ROOT = "/opt/opsctl-test-queue"
 T = ["--host", "sandbox", "--ct", str(CT)]
 GATES = "/tmp/opsctl-queue-gates"
-
-
-def run(*args: str) -> t.Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def ok_json(*args: str) -> dict[str, t.Any]:

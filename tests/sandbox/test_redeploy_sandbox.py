@@ -10,10 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import cli
 from tests.agent_helper import run_agent
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import use_private_root
 
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(120)"
@@ -27,10 +26,6 @@ def private_root(sandbox, isolated_env: Path):
     yield root
     run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
     run("exec", "--host", "sandbox", "--ct", "200", "--", "rm", "-rf", root)
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def deploy(tmp_path: Path, **extra: object) -> dict:

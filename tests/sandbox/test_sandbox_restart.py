@@ -16,6 +16,7 @@ from opsctl.config import inventory
 from opsctl.remote.transport import Remote
 from opsctl.sandbox import host as sandbox_mod
 from tests.sandbox_plugin import sandbox_home
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -32,12 +33,10 @@ def test_an_sshd_restart_with_a_session_in_flight_keeps_the_port(sandbox, isolat
 
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(in_flight)
-        time.sleep(1.0)  # the session is established on sandbox.port
+        time.sleep(1.0)  # scenario: the session is established on sandbox.port
         listener = int((sandbox.state_dir / "sshd.pid").read_text().strip())
         os.kill(listener, signal.SIGTERM)  # the listener dies; the session's sshd lives on
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{listener}"):
-            time.sleep(0.05)
+        wait_for(lambda: not os.path.exists(f"/proc/{listener}"), 5, interval=0.05)
         again = sandbox_mod.up(sandbox_home(), containers=(200,))
         assert again.port == sandbox.port
         assert fut.result() == b"done\n"

@@ -10,7 +10,6 @@ own check of the reply against its shape, ``opsctl/remote/shapes.py``.)"""
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from jsonschema import Draft202012Validator
 
 from opsctl import errors
 from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.sandbox_plugin import sandbox_home, use_private_root
 from tests.waiting import wait_for
 
@@ -34,10 +34,6 @@ JOB = textwrap.dedent("""
         ev(event="step", step=step, loss=1.0 / step, acc=0.5, tok_s=1000.0, eta_s=1.0, lr=1e-3)
         time.sleep(0.2)
 """)
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def schema_of(name: str) -> Draft202012Validator:
@@ -55,15 +51,11 @@ def assert_valid(name: str, stdout: str) -> dict:
 
 
 @pytest.fixture
-def target(sandbox, isolated_env: Path, tmp_path: Path):
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
+def target(stopping_target: str, tmp_path: Path) -> Path:
     book = tmp_path / "schema-job.yaml"
     book.write_text(json.dumps({"name": "schema-job", "command": ["python3", "-c", JOB],
                                 "timeout_s": 60, "healthy_when": {"event": "step"}}))
-    yield book
-    run("stop", "--host", "sandbox", "--ct", "200", "--grace", "1")
+    return book
 
 
 def test_every_json_document_of_a_jobs_life_validates_against_its_schema(target):

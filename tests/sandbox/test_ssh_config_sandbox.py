@@ -68,7 +68,7 @@ class TestPrecedence:
     def test_a_wildcard_host_block_applies_too(self, home):
         ssh_config(home, "Host *.lab !skip.lab\n  User labber\n")
         assert inventory.load([]).resolve("a.lab").user == "labber"
-        # excluded from the block, in no inventory, not an address: never looked up (class 9)
+        # excluded from the block, in no inventory, not an address: never looked up
         with pytest.raises(ConfigError, match=r"unknown host 'skip\.lab'"):
             inventory.load([]).resolve("skip.lab")
 

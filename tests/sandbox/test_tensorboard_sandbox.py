@@ -25,18 +25,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 pytest.importorskip("tensorboard")
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def _event_file(tmp_path: Path) -> tuple[str, bytes]:

@@ -1,5 +1,5 @@
 """The trainer keeps the bytecode of a torch env that cannot keep its own in the build's cache
-folder, never next to the sources, and changes nothing anywhere else (issue 28)."""
+folder, never next to the sources, and changes nothing anywhere else."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from remote_payload.trainer import bytecode
 from tests.paths import REPO
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -186,18 +187,18 @@ def _kept(prefix, source) -> bool:
 def _wait_unlocked(prefix, timeout: float = 60.0) -> None:
     """Until no primer holds ``prefix`` (the child holds the lock while it runs)."""
     import fcntl
-    import time
 
-    deadline = time.monotonic() + timeout
     fd = os.open(prefix / ".priming", os.O_RDWR)
+
+    def locked() -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                assert time.monotonic() < deadline, "the primer never finished"
-                time.sleep(0.05)
+        assert wait_for(locked, timeout, interval=0.05), "the primer never finished"
     finally:
         os.close(fd)
 
@@ -288,7 +289,7 @@ def test_a_primer_stopped_midway_leaves_whole_bytecode_and_frees_the_prefix(cold
         (pkg / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n" for j in range(50)))
     child = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
     assert child is not None
-    time.sleep(0.3)
+    time.sleep(0.3)  # scenario: Ctrl-C lands while the primer is compiling
     child.send_signal(signal.SIGINT)
     child.wait(timeout=60)
     _wait_unlocked(prefix, timeout=10)

@@ -21,6 +21,7 @@ import pytest
 from remote_payload import wire
 from remote_payload.probes._race_child import FX_RACE_MESSAGE
 from tests.paths import REPO
+from tests.waiting import wait_for
 
 
 def probe(tmp_path: Path, *args: str, timeout: float = 120) -> tuple[int, list[str], dict[str, t.Any]]:
@@ -130,9 +131,7 @@ def test_sigterm_to_the_probe_kills_its_child_and_still_prints_a_report(tmp_path
     assert report is not None and report["status"] == "crashed", out[-500:]
     assert "SIGTERM" in report["error"]
     assert child_pid is not None
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(child_pid):
-        time.sleep(0.05)
+    wait_for(lambda: not _alive(child_pid), 5, interval=0.05)
     assert not _alive(child_pid), f"mode child {child_pid} outlived the probe"
 
 

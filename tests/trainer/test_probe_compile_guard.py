@@ -52,7 +52,7 @@ def test_a_warm_call_waits_while_another_thread_compiles() -> None:
     c = in_thread(compiler)
     assert compiling.wait(WAIT)
     w = in_thread(warm)
-    time.sleep(0.1)
+    time.sleep(0.1)  # scenario: a window for the warm call to enter, which it must not
     assert order == [], "the warm call must not enter while a compile runs"
     release.set()
     c.join(WAIT)
@@ -81,9 +81,9 @@ def test_a_compile_waits_for_warm_calls_and_new_warm_calls_queue_behind_it() -> 
     a = in_thread(long_warm)
     assert inside.wait(WAIT)
     b = in_thread(compiler)
-    time.sleep(0.1)
+    time.sleep(0.1)  # scenario: the compile is waiting before the late warm call arrives
     c = in_thread(late_warm)  # arrives while the compile waits: must not starve it
-    time.sleep(0.1)
+    time.sleep(0.1)  # scenario: a window for the late warm call to enter, which it must not
     assert order == []
     release.set()
     for th in (a, b, c):

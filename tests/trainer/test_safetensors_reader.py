@@ -100,7 +100,7 @@ class TestWhenItFails:
             if n == 5:
                 raise stop
             real(*args)
-            time.sleep(0.002)  # a disk's pace: the failure is seen before the others read on
+            time.sleep(0.002)  # scenario: a disk's pace: the failure is seen before the others read on
 
         monkeypatch.setattr(SR, "_pread_full", failing)
         with pytest.raises(type(stop)):

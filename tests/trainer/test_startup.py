@@ -1,4 +1,4 @@
-"""Start-up and wind-down of the trainer (issue 28): the target built without transformers and
+"""Start-up and wind-down of the trainer: the target built without transformers and
 the meta-device drafter draw exactly what the eager builds drew, RoPE gives transformers' tables,
 a checkpoint directory loads straight to the device with the same tensors transformers reads,
 the run says when each start-up phase ended, and ``done`` comes only after a durable, loadable
@@ -36,7 +36,7 @@ from remote_payload.trainer.train import _StopFlag, main  # noqa: E402
 CPU = torch.device("cpu")
 FAST = ["--preset", "tiny", "--device", "cpu", "--attn", "sdpa", "--compile", "off",
         "--seq-buckets", "48", "--token-budget", "192", "--log-every", "1"]
-#: the trainer before issue 28 (the base of the start-up work), for the loss comparison
+#: the trainer at the base commit of the start-up work, for the loss comparison
 BASELINE_COMMIT = "00924ac"
 
 
@@ -48,7 +48,7 @@ def _fresh_stop_flag():
 
 
 def _eager_target(cfg, dtype, seed, body):
-    """The random target exactly as ``build_target`` built it before issue 28."""
+    """The random target exactly as ``build_target`` built it at the base commit of the start-up work."""
     from transformers import Qwen3ForCausalLM
 
     hf_cfg = T.qwen3_config(cfg, layers=None if body else 1)

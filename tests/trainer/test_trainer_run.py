@@ -143,7 +143,7 @@ def _finish(p: subprocess.Popen, timeout_s: float) -> str:
         return p.communicate(timeout=timeout_s)[0]
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGUSR1)
-        time.sleep(2)
+        time.sleep(2)  # scenario: the ranks get time to write their stacks before SIGKILL
         os.killpg(p.pid, signal.SIGKILL)
         out = p.communicate()[0]
         pytest.fail(f"no exit within {timeout_s:g} s; output and stacks:\n{out[-12000:]}")

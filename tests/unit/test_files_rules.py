@@ -1,9 +1,10 @@
-"""The path rules of push/pull (issue 23, class 1 and the ``../`` part of class 10), pure.
+"""The path rules of push/pull (a delete never reaches a root, a home or the cwd; ``../``
+never leaves the data dir), pure.
 
 The guard, the container path parser and a pull's implied DEST are plain functions
 (:mod:`opsctl.ops.filepaths`); the tar stream's torn-file handling is local file I/O
 (:mod:`remote_payload.tarsync` on both ends). What the container does is in
-``tests/sandbox/test_files_edges_sandbox.py``.
+``tests/sandbox/test_files_nothing_lost_sandbox.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _norm(parts: list[str]) -> str:
 
 
 class TestDeleteNeverAppliesToRootHomeOrCwd:
-    """class 1: ``--delete`` never applies to /, a system dir, a home, the cwd or a parent."""
+    """``--delete`` never applies to /, a system dir, a home, the cwd or a parent."""
 
     @pytest.mark.parametrize("path", ["/", "/root", "/etc", "/tmp", "/home", "/lib64", "/usr",
                                       "/var", "/opt", "/proc", "/libx32"])
@@ -95,7 +96,7 @@ class TestDeleteNeverAppliesToRootHomeOrCwd:
 
 
 class TestRelativeDestWithDotDot:
-    """class 10: a relative container path stays under <root>/data; `..` out of it is refused."""
+    """a relative container path stays under <root>/data; `..` out of it is refused."""
 
     def test_a_relative_path_is_under_the_data_dir(self):
         assert filepaths.container_path(ROOT, "runs/q8") == "/opt/opsctl/data/runs/q8"
@@ -130,7 +131,7 @@ class TestRelativeDestWithDotDot:
 
 
 class TestPullWithoutDestNeverWritesIntoCwd:
-    """class 1: a pull's implied DEST is ./<basename of SRC>, never the cwd; `/` is refused."""
+    """a pull's implied DEST is ./<basename of SRC>, never the cwd; `/` is refused."""
 
     @pytest.mark.parametrize("src,name", [("/opt/opsctl/data/runs/q8", "q8"), ("/etc/", "etc"),
                                           ("/opt/opsctl/data", "data")])
@@ -155,7 +156,7 @@ class TestPullWithoutDestNeverWritesIntoCwd:
 
 
 class TestTornFileIsNeverReportedAsSuccess:
-    """class 1: a file that changes while it is sent is re-sent once, then named as torn."""
+    """a file that changes while it is sent is re-sent once, then named as torn."""
 
     def _transfer(self, src: Path, dest: Path, while_reading=None) -> tuple[list[str], dict]:
         doc = tarsync.listing(str(src))
@@ -239,7 +240,7 @@ class TestTornFileIsNeverReportedAsSuccess:
 
 
 class TestDeleteCountIsPlannedFirst:
-    """class 1: the plan names what --delete would remove; the receiver never removes more."""
+    """the plan names what --delete would remove; the receiver never removes more."""
 
     def test_the_plan_lists_extras_and_changes_nothing(self, tmp_path):
         src, dest = tmp_path / "src", tmp_path / "dest"

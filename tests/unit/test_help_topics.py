@@ -11,11 +11,8 @@ from click.testing import CliRunner
 from opsctl import errors
 from opsctl.cli import cli
 from opsctl.cli import help as help_topics
+from tests.cli_runner import run_cli as _invoke
 from tests.unit.test_docs import _hooks
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def test_the_exit_code_table_names_every_exit_code_of_errors_and_no_other():

@@ -28,6 +28,7 @@ from remote_payload.agent import history as agent_history
 from remote_payload.wire_shapes import HistoryDoc, StatusDoc
 from tests.paths import FIXTURES, REPO
 from tests.replies import status_doc
+from tests.waiting import wait_for_value
 
 FIXTURE = FIXTURES / "history" / "events.jsonl"
 WEEK_S = 7 * 86400
@@ -325,12 +326,8 @@ def test_the_wrapper_records_steps_gpu_samples_and_the_end_in_history_json(tmp_p
 
     try:
         assert agent("launch", "--spec-json", json.dumps(spec))["ok"]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            st = agent("status")["data"]
-            if st["state"] == "SUCCEEDED":
-                break
-            time.sleep(0.3)
+        st = wait_for_value(lambda: agent("status")["data"], lambda st: st["state"] == "SUCCEEDED",
+                            60, interval=0.3)
         assert st["state"] == "SUCCEEDED"
         hist = st["history"]
         loss = [x for x in hist["loss"] if x is not None]  # a row may hold GPU samples only

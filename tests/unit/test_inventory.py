@@ -70,7 +70,7 @@ def test_a_container_without_a_default_playbook_asks_for_one(tmp_path, monkeypat
     assert "dflash-cpu-smoke" in (exc.value.hint or "") and "dflash-8gpu" in (exc.value.hint or "")
 
 
-# --- issue 23, class 9: a fresh install dials no host; unknown names are never looked up ------
+# --- a fresh install dials no host; unknown names are never looked up ------
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_configured_names_still_resolve_without_a_lookup(no_network, tmp_path, m
     assert no_network == []
 
 
-# --- issue 23, class 10: the remembered target keeps its resolved address -------------------
+# --- the remembered target keeps its resolved address -------------------
 
 
 def test_remembered_target_keeps_its_resolved_address(isolated_env, tmp_path, monkeypatch,

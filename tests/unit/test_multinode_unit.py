@@ -145,7 +145,7 @@ def test_local_rank_0_of_every_node_speaks_and_other_ranks_only_report_errors():
     assert events[2]["rank"] == 3
 
 
-# --- issue 23, class 4: a run has an id; --nodes acts on one run only -----------------------
+# --- a run has an id; --nodes acts on one run only -----------------------
 
 
 def member(index: int, job_id: str, run: dict[str, object] | None, state: str = "RUNNING") -> NodeRow:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from opsctl import errors
 from opsctl.config import playbook
 from opsctl.errors import ConfigError
 from tests.paths import REPO
@@ -94,3 +95,18 @@ def test_shipped_playbooks_are_valid_and_named_after_their_file():
 
     for p in books:  # a playbook, or a pipeline of them (dflash-chain)
         assert load_any(str(p)).name == p.stem, p
+
+
+@pytest.mark.parametrize("regex", [r"(a+)+$", r"(\w*\s?)*done", r"^(x+x+)+y", r"(.*a){20}"])
+def test_a_playbook_regex_that_can_backtrack_catastrophically_is_refused_at_load(tmp_path, regex):
+    book = tmp_path / "b.yaml"
+    book.write_text(f"name: x\ncommand: [sh]\nhealthy_when: {{regex: '{regex}'}}\n")
+    with pytest.raises(errors.ConfigError, match="backtrack"):
+        playbook.load(book)
+
+
+@pytest.mark.parametrize("regex", [r"step \d+", r"(\d+\.){3}\d+", r"loss=([0-9.]+)", r"(ab|cd)+x"])
+def test_ordinary_healthy_when_regexes_are_accepted(tmp_path, regex):
+    book = tmp_path / "b.yaml"
+    book.write_text(f"name: x\ncommand: [sh]\nhealthy_when: {{regex: '{regex}'}}\n")
+    assert playbook.load(book).healthy_when.regex == regex

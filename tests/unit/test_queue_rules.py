@@ -1,4 +1,4 @@
-"""The queue's rules (issue 27) as pure functions: the ``--gpus`` spec, GPU slot assignment,
+"""The queue's rules as pure functions: the ``--gpus`` spec, GPU slot assignment,
 which queued job starts or is cancelled, reordering, the queue file read back from disk, and
 pipeline playbooks. Property tests (hypothesis) for every parser of untrusted text."""
 

@@ -124,7 +124,7 @@ class Recorder:
         self.started = info.run_id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        time.sleep(self.delay)
+        time.sleep(self.delay)  # scenario: a slow tracker server
         if self.fail_at == "log":
             raise ConnectionError("network is down")
         self.logged.append((metrics, step))

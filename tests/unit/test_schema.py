@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator
 
 from opsctl import errors
 from opsctl.cli import cli, schemas
+from tests.cli_runner import run_cli
 from tests.paths import REPO
 
 STOPPED = {"job_id": "j", "state": "CANCELLED", "signals_sent": ["SIGINT"], "remaining_pids": [],
@@ -23,7 +24,7 @@ STOPPED = {"job_id": "j", "state": "CANCELLED", "signals_sent": ["SIGINT"], "rem
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(cli, ["schema", *args], catch_exceptions=False)
+    return run_cli("schema", *args)
 
 
 def test_without_a_command_it_lists_every_schema():

@@ -66,23 +66,23 @@ class Peer:
 
 
 def _mute(conn: socket.socket) -> None:
-    time.sleep(30)
+    time.sleep(30)  # scenario: the peer stays connected and says nothing more
 
 
 def _http(conn: socket.socket) -> None:
     conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-    time.sleep(30)
+    time.sleep(30)  # scenario: the peer stays connected and says nothing more
 
 
 def _trickle(conn: socket.socket) -> None:
     for _ in range(300):  # a byte every 0.1 s, never a newline: paramiko would wait forever
         conn.sendall(b"x")
-        time.sleep(0.1)
+        time.sleep(0.1)  # scenario: a byte every 0.1 s
 
 
 def _flood(conn: socket.socket) -> None:
     conn.sendall(b"garbage line\n" * 2000)
-    time.sleep(30)
+    time.sleep(30)  # scenario: the peer stays connected and says nothing more
 
 
 def _hang_up(conn: socket.socket) -> None:
@@ -91,7 +91,7 @@ def _hang_up(conn: socket.socket) -> None:
 
 def _escape(conn: socket.socket) -> None:
     conn.sendall(b"\x1b]0;owned\x07\x1b[2J\r\n")  # a terminal's title and clear-screen
-    time.sleep(30)
+    time.sleep(30)  # scenario: the peer stays connected and says nothing more
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from opsctl.config.inventory import HostSpec
 from opsctl.errors import ConfigError
 from opsctl.remote.command import MAX_COMMAND_BYTES
 from opsctl.remote.transport import Remote, load_known_hosts
+from tests.cli_runner import run_cli
 
 # Port 9 on loopback has nothing behind it; these tests must fail before any connect anyway.
 UNREACHABLE = "127.0.0.1:9"
@@ -37,7 +38,7 @@ def write(tmp_path: Path, text: str | bytes, name: str = "job.yaml") -> Path:
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    res = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    res = run_cli(*args)
     return res.exit_code, res.stdout, res.stderr
 
 
@@ -139,7 +140,7 @@ class TestHostFlag:
     @pytest.mark.parametrize(("host", "address", "port"), [
         ("[::1]:2222", "::1", 2222),
         ("[127.0.0.1]:2222", "127.0.0.1", 2222),  # the form known_hosts and key hints use
-        ("admin@localhost", "localhost", 22),  # a DNS name must be configured (issue 23, 9)
+        ("admin@localhost", "localhost", 22),  # a DNS name must be configured
     ])
     def test_bracketed_and_plain_addresses_parse(self, host, address, port):
         spec = inventory.load([]).resolve(host)
@@ -232,7 +233,7 @@ class TestKnownHosts:
 
 
 class TestExecRefusals:
-    """Issue 23, class 3: what used to reach the host is refused here (exit 2, nothing sent:
+    """What would reach the host is refused here (exit 2, nothing sent:
     the host is 127.0.0.1:9, so a connect attempt would be exit 10)."""
 
     @pytest.mark.parametrize("ct", ["99999999999999999999", "99", "0", "-5", "1000000000", "2_00",

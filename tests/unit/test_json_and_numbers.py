@@ -1,9 +1,9 @@
-"""Nothing lost at the edges (issue 23), class 5: JSON and numbers, as pure logic.
+"""JSON and numbers, as pure logic: strict JSON, finite ranges, one-line errors.
 
-Each class of the issue has a test class named after it: this file has JSON and numbers;
-honest messages, no tracebacks, shell completion and the dashboard run real processes and
-sockets on 127.0.0.1 (``tests/agent/test_edges_local.py``); a NaN-loss job, `host trust` and
-`swap-torch --dry-run` against the real sandbox are in ``tests/sandbox/test_edges_sandbox.py``.
+Honest messages, no tracebacks, shell completion and the dashboard run real processes and
+sockets on 127.0.0.1 (``tests/agent/test_cli_and_dashboard_local.py``); a NaN-loss job,
+`host trust` and `swap-torch --dry-run` against the real sandbox are in
+``tests/sandbox/test_json_trust_and_dry_run_sandbox.py``.
 """
 
 from __future__ import annotations

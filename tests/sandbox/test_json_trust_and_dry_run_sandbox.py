@@ -1,5 +1,5 @@
-"""Nothing lost at the edges, against the real sandbox (issue 23): a job that logs a NaN loss
-gives strict JSON everywhere, and `host trust` without a terminal needs ``-y``."""
+"""Against the real sandbox: a job that logs a NaN loss gives strict JSON everywhere, `host
+trust` without a terminal needs ``-y``, and ``swap-torch --dry-run`` writes nothing."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from opsctl import errors
-from opsctl.cli import cli
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.sandbox_plugin import use_private_root
 
@@ -33,10 +32,6 @@ def strict_loads(text: str) -> t.Any:
     def refuse(word: str) -> t.NoReturn:
         raise ValueError(f"not JSON: {word}")
     return json.loads(text, parse_constant=refuse)
-
-
-def run(*args: str) -> t.Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def test_json_never_contains_nan_or_infinity_for_a_job_that_logged_a_nan_loss(

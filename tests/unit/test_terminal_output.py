@@ -1,25 +1,21 @@
-"""Issue 15 (hardening), the pure-logic rules: what reaches the user's terminal, how lines
-wrap, what a deploy's last line claims, what a playbook regex may be, who may read local logs.
+"""What reaches the user's terminal, as pure logic: remote text never as control sequences, how
+lines wrap, what a deploy's and a swap's last line claims.
 
 The remote halves of these rules run against the real sandbox in
-``tests/sandbox/test_hardening_sandbox.py``.
+``tests/sandbox/test_deploy_and_job_wrapper_sandbox.py``; the local files and the playbook regexes are in
+``tests/unit/test_local_state_files.py`` and ``tests/unit/test_playbook.py``.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import re
-import stat
 import typing as t
-from pathlib import Path
 
-import pytest
 from rich.console import Console
 
 from opsctl import errors
 from opsctl.cli import render
-from opsctl.config import paths, playbook
 from remote_payload.wire_shapes import StatusDoc
 from tests.replies import status_doc
 
@@ -99,55 +95,3 @@ def test_a_swap_torch_dry_run_says_what_would_happen_and_that_nothing_changed():
     assert "installed and switched" not in out
     real = render.swap_headline({**rep, "dry_run": False}).plain
     assert real.startswith("installed and switched to cu130")
-
-
-def test_local_logs_are_readable_by_their_owner_only(isolated_env: Path):
-    (isolated_env / "logs").mkdir(mode=0o755)  # as an older opsctl left it
-    old = os.umask(0)
-    try:
-        log = paths.new_log("x.log")
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
-    assert stat.S_IMODE(log.stat().st_mode) == 0o600
-
-
-@pytest.mark.parametrize("regex", [r"(a+)+$", r"(\w*\s?)*done", r"^(x+x+)+y", r"(.*a){20}"])
-def test_a_playbook_regex_that_can_backtrack_catastrophically_is_refused_at_load(tmp_path, regex):
-    book = tmp_path / "b.yaml"
-    book.write_text(f"name: x\ncommand: [sh]\nhealthy_when: {{regex: '{regex}'}}\n")
-    with pytest.raises(errors.ConfigError, match="backtrack"):
-        playbook.load(book)
-
-
-@pytest.mark.parametrize("regex", [r"step \d+", r"(\d+\.){3}\d+", r"loss=([0-9.]+)", r"(ab|cd)+x"])
-def test_ordinary_healthy_when_regexes_are_accepted(tmp_path, regex):
-    book = tmp_path / "b.yaml"
-    book.write_text(f"name: x\ncommand: [sh]\nhealthy_when: {{regex: '{regex}'}}\n")
-    assert playbook.load(book).healthy_when.regex == regex
-
-
-def test_a_gone_muxs_lock_and_log_files_are_pruned_a_day_later(tmp_path) -> None:
-    import fcntl
-    import os
-    import time
-
-    from opsctl.remote import mux_client as mux
-
-    day = mux.STALE_FILES_AFTER_S
-    old, young, held, live = (tmp_path / f"{n}.lock" for n in ("old", "young", "held", "live"))
-    for lock in (old, young, held, live):
-        lock.write_text("")
-        lock.with_suffix(".log").write_text("x")
-    (tmp_path / "live.sock").write_text("")
-    past = time.time() - day - 60
-    for lock in (old, held, live):
-        os.utime(lock, (past, past))
-    fd = os.open(held, os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-        assert mux.prune_stale(tmp_path) == [old]
-    finally:
-        os.close(fd)
-    assert not old.exists() and not old.with_suffix(".log").exists()
-    assert young.exists() and held.exists() and live.exists()

@@ -1,7 +1,7 @@
-"""Nothing lost at the edges (issue 23), classes 6-8 and the dashboard, with real processes
+"""Honest refusals, no tracebacks, shell completion and the dashboard, with real processes
 and sockets on this machine: the CLI in a child process, a TCP server on 127.0.0.1 that
 accepts and never speaks SSH, the dashboard's HTTP server, the agent's swap verb against a
-loopback wheel index. Class 5 (JSON and numbers) is in ``tests/unit/test_edges.py``.
+loopback wheel index. JSON and numbers are in ``tests/unit/test_json_and_numbers.py``.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class TestHonestMessages:
             res = run_opsctl("attach", "--host", "h", "--ct", "200",
                              env={"OPSCTL_HOME": str(isolated_env),
                                   "OPSCTL_INVENTORY_DIRS": str(isolated_env / "inventory")})
-            time.sleep(0.3)
+            time.sleep(0.3)  # scenario: a window for a connection that must never come
             assert accepted == []  # nothing sent: not even a TCP connection
         assert res.returncode == errors.USAGE, res.stderr
         assert "attach needs a terminal" in res.stderr and "Traceback" not in res.stderr
@@ -193,7 +193,7 @@ class TestNoTracebacks:
                 s.close()
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/status.json", timeout=10) as r:
                 strict_loads(r.read().decode())
-            time.sleep(0.5)
+            time.sleep(0.5)  # scenario: a window for a late traceback on stderr
         finally:
             proc.terminate()
             _out, err = proc.communicate(timeout=10)
@@ -328,9 +328,9 @@ class TestDashboard:
             assert "stale: no answer" in dashboard.render_fragment(fleet.snapshot())
             slow.clear()
             release.set()
-            time.sleep(0.2)
+            time.sleep(0.2)  # scenario: the released answer lands between two refreshes
             fleet.snapshot()  # it answered: this refresh asks again without waiting for it
-            time.sleep(0.2)
+            time.sleep(0.2)  # scenario: that refresh's question is answered in the background
             assert fleet.snapshot().hosts[0].containers[0].stale_s is None  # fresh again
         finally:
             release.set()

@@ -1,4 +1,4 @@
-"""`opsctl exec` at its edges (issue 23, class 3), through the real sandbox, direct and through
+"""`opsctl exec`'s output and endings, through the real sandbox, direct and through
 the connection multiplexer, as a user's shell runs it (a child process):
 
 - 200 MB of output passes through in constant client memory;
@@ -21,6 +21,7 @@ from opsctl import errors
 from opsctl.config import inventory, paths
 from opsctl.remote import mux_client as mux
 from opsctl.remote.transport import Remote
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -121,7 +122,7 @@ def test_exec_into_a_closed_pipe_is_quiet(via):
     proc.stdout.close()  # the reader's choice, like `| head -c 10`
     assert proc.wait(timeout=30) == -signal.SIGPIPE  # as cat: a shell shows 141
     assert proc.stderr.read() == b""  # quietly: no traceback, no message
-    time.sleep(1)
+    wait_for(lambda: m not in container_ps(), 10)
     assert m not in container_ps(), "the remote command and its setsid child were ended"
 
 
@@ -133,5 +134,5 @@ def test_exec_interrupted_by_ctrl_c_ends_the_remote_tree_too(via):
     assert proc.stdout.readline() == b"started\n"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == errors.INTERRUPTED
-    time.sleep(1)
+    wait_for(lambda: m not in container_ps(), 10)
     assert m not in container_ps(), "the client went away: the guard ended the tree"

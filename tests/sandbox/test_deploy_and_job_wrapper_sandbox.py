@@ -1,6 +1,7 @@
-"""Issue 15 (hardening) through the real sandbox: loopback sshd -> pct -> LXC -> agent -> tmux.
+"""Deploys and the job wrapper against hostile cases, through the real sandbox: loopback sshd
+-> pct -> LXC -> agent -> tmux.
 
-Each rule is a case the adversarial pass broke: a refused or concurrent deploy removing a
+Each test states one rule: a refused or concurrent deploy removing a
 live job's code, followers switching jobs, a regex wedging the wrapper, detached children
 surviving ``stop``, terminal control sequences, a full disk, and Ctrl-C during
 ``deploy --replace``. Every test has its own opsctl root in the container.
@@ -31,6 +32,7 @@ from opsctl.config import paths
 from opsctl.ops import jobs, watch
 from opsctl.remote import payload
 from tests import waiting
+from tests.cli_runner import run_cli as run
 from tests.paths import REPO
 from tests.sandbox_plugin import use_private_root
 
@@ -44,17 +46,13 @@ wait_for = functools.partial(waiting.wait_for, timeout=30.0, what="condition", i
 @pytest.fixture
 def root(sandbox, isolated_env: Path):
     """The sandbox host with an opsctl root of its own in the container."""
-    root = f"/tmp/opsctl-hardening-{uuid.uuid4().hex[:8]}"
+    root = f"/tmp/opsctl-wrapper-{uuid.uuid4().hex[:8]}"
     use_private_root(sandbox, isolated_env, root)
     yield root
     for jid in cexec("sh", "-c", f"ls {root}/jobs 2>/dev/null || true").split():
         if jid != "current":
             run("stop", "--host", "sandbox", "--ct", CT, "--job", jid, "--grace", "1")
     cexec("sh", "-c", f"umount -l {root}/jobs 2>/dev/null; rm -rf {root}")
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def cexec(*argv: str) -> str:
@@ -164,7 +162,7 @@ def test_followers_stay_bound_to_their_job_when_a_deploy_replaces_it(root, tmp_p
     threads = [threading.Thread(target=f) for f in (follow_status, follow_logs)]
     for th in threads:
         th.start()
-    time.sleep(2.0)
+    time.sleep(2.0)  # scenario: both followers are following job a when b replaces it
     job_b = deploy(tmp_path, "b", ticker("B-LINE"), "--replace")["job_id"]
     for th in threads:
         th.join(timeout=90)
