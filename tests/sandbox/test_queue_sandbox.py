@@ -274,7 +274,7 @@ def test_a_signal_to_queue_add_queues_the_whole_pipeline_or_none_of_it(
         proc = subprocess.Popen([sys.executable, "-m", "opsctl", "queue", "add", *T,
                                  "--playbook", str(pipe), "--json"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-        time.sleep(delay)
+        time.sleep(delay)  # scenario: the signal lands at this point of the command
         proc.send_signal(getattr(signal, signame))
         _out, err = proc.communicate(timeout=120)
         assert "Traceback" not in err, err

@@ -199,7 +199,7 @@ def test_bytes_without_a_line_starting_ssh_are_never_a_banner(seen):
 
 def _banner_then_silence(conn: socket.socket) -> None:
     conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-    time.sleep(30)
+    time.sleep(30)  # scenario: the peer stays connected and says nothing more
 
 
 def _banner_then_hang_up(conn: socket.socket) -> None:
@@ -209,7 +209,7 @@ def _banner_then_hang_up(conn: socket.socket) -> None:
 
 def _banner_then_garbage(conn: socket.socket) -> None:
     conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n" + b"\xff" * 64 + b"garbage\r\n" * 100)
-    time.sleep(30)
+    time.sleep(30)  # scenario: the peer stays connected and says nothing more
 
 
 _AFTER_BANNER = [

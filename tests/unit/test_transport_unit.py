@@ -10,6 +10,7 @@ import pytest
 
 from opsctl import errors
 from opsctl.config.inventory import HostSpec
+from opsctl.config.sudoers import sudoers_rule
 from opsctl.remote.command import CommandResult, host_command, pct_argv
 from opsctl.remote.transport import classify_pct_failure
 
@@ -59,7 +60,7 @@ PCT_REFUSALS = [
     (HOST, 127, "env: 'timeout': No such file or directory\n",
      errors.HostSetupError, "`timeout` (coreutils) not found on the host"),
     (ADMIN, 1, "sudo: a password is required\n", errors.HostSetupError,
-     "sudoers lacks the line `admin ALL=(root) NOPASSWD: /usr/sbin/pct`"),
+     f"sudoers lacks the line `{sudoers_rule('admin')}`"),
     (ADMIN, 127, "timeout: failed to run command 'sudo': No such file or directory\n",
      errors.HostSetupError, "`sudo` not found on the host"),
     (ADMIN, 1, "sudo: /usr/sbin/pct: command not found\n",
@@ -83,7 +84,7 @@ def test_pct_refusals_are_classified_by_their_text_not_the_rc(host, rc, stderr, 
 def test_the_missing_piece_is_a_field_the_caller_can_act_on():
     with pytest.raises(errors.HostSetupError) as exc:
         classify_pct_failure(ADMIN, 200, result(1, "sudo: a password is required\n"), "exec")
-    assert exc.value.missing == "admin ALL=(root) NOPASSWD: /usr/sbin/pct"
+    assert exc.value.missing == sudoers_rule("admin")
     with pytest.raises(errors.HostSetupError) as exc:
         classify_pct_failure(HOST, 200, result(127, "env: 'timeout': No such file or directory\n"),
                              "exec")
