@@ -5,17 +5,15 @@ table is generated from the agent's own; the container side is linted as Python 
 
 from __future__ import annotations
 
-import ast
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 
 import pytest
 
 from tests.paths import REPO
-from tests.unit.test_architecture import GRAPH, LAYERS, MODULES, SHARED_WITH_OPSCTL
+from tests.unit.test_architecture import GRAPH, LAYERS, MODULES, SHARED_WITH_OPSCTL, _third_party
 from tests.unit.test_docs import _hooks
 
 PAGE = REPO / "docs" / "architecture.md"
@@ -68,18 +66,7 @@ def test_the_page_names_the_shared_modules():
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _shared(m)))
 def test_a_shared_module_is_standard_library_and_imports_only_shared_modules(module):
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    outside = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        else:
-            continue
-        outside += [n for n in names if n.split(".")[0] not in sys.stdlib_module_names
-                    and not n.startswith("remote_payload")]
-    assert outside == []
+    assert _third_party(module) == []
     assert sorted(d for d in GRAPH[module] if not _shared(d)) == []
 
 
