@@ -154,7 +154,8 @@ def _sandbox_status() -> t.Any:
 
     absent = _object("SandboxAbsent", set_up=t.Literal[False])
     present = _with("SandboxStatusDocument", SandboxInfo, set_up=t.Literal[True],
-                    sshd_running=bool, container_states=dict[int, str], healthy=bool)
+                    sshd_running=bool, container_states=dict[int, str],
+                    kept_stopped=list[int], healthy=bool)
     return absent | present
 
 

@@ -102,10 +102,14 @@ class SandboxStatus:
     info: SandboxInfo
     sshd_running: bool
     containers: dict[int, str]  # ctid -> "running" | "stopped"
+    kept_stopped: tuple[int, ...] = ()  # asked for stopped (``ensure_container(running=False)``)
 
     @property
     def healthy(self) -> bool:
-        return self.sshd_running and all(s == "running" for s in self.containers.values())
+        """sshd runs and so does every container not kept stopped on purpose: a container
+        someone asked to be stopped (a test's stopped-container case) is not a fault."""
+        return self.sshd_running and all(
+            s == "running" for c, s in self.containers.items() if c not in self.kept_stopped)
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,8 @@ def remove_container(ctid: int, home: Path | None = None) -> None:
         if _container_exists(layout, str(ctid)):
             _lxc(layout, "lxc-stop", str(ctid), "--kill", check=False)
             _lxc(layout, "lxc-destroy", str(ctid))
+        if ctid in (kept := _kept_stopped(layout)):
+            _write_state(layout, kept_stopped=[c for c in kept if c != ctid])
 
 
 def down(home: Path | None = None) -> None:
@@ -332,7 +338,7 @@ def status(home: Path | None = None) -> SandboxStatus | None:
     layout = _Layout.of(home)
     states = {ctid: _container_state(layout, str(ctid)) for ctid in current.containers}
     return SandboxStatus(info=current, sshd_running=_sshd_pid(layout) is not None,
-                         containers=states)
+                         containers=states, kept_stopped=_kept_stopped(layout))
 
 
 def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
@@ -384,6 +390,20 @@ def _read_state(layout: _Layout) -> dict[str, t.Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _write_state(layout: _Layout, **changes: t.Any) -> None:
+    """Change some keys of ``sandbox.json`` and keep the others (the port, the containers
+    kept stopped); the caller holds the sandbox's lock."""
+    _write_atomic(layout.state_file, json.dumps({**_read_state(layout), **changes}) + "\n")
+
+
+def _kept_stopped(layout: _Layout) -> tuple[int, ...]:
+    """The containers last asked for stopped; anything unreadable counts as none."""
+    listed = _read_state(layout).get("kept_stopped")
+    if not isinstance(listed, list):
+        return ()
+    return tuple(sorted({c for c in listed if isinstance(c, int) and not isinstance(c, bool)}))
 
 
 def _run(argv: Sequence[str], *, log: Path | None = None, timeout: float | None = None,
@@ -512,7 +532,7 @@ def _ensure_sshd(layout: _Layout) -> int:
     if not port or not _port_free(port):
         port = _free_port()
     _write_atomic(layout.sshd_config, _sshd_config(layout, port))
-    _write_atomic(layout.state_file, json.dumps({"port": port}) + "\n")
+    _write_state(layout, port=port)
     _write_known_hosts(layout, port)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
     sshd = _which("sshd") or "/usr/sbin/sshd"
@@ -591,6 +611,9 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         shutil.rmtree(layout.lxc_path / name, ignore_errors=True)  # a half-made copy
         _lxc(layout, "lxc-copy", BASE, "-N", name)
     _ensure_pve_config_lines(layout.lxc_path / name / "config")
+    kept = set(_kept_stopped(layout))
+    if (ctid in kept) == running:  # the wish changed: status judges health by it
+        _write_state(layout, kept_stopped=sorted(kept ^ {ctid}))
     state = _container_state(layout, name)
     if running and state != "running":
         _start(layout, name)

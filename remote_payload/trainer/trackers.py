@@ -415,6 +415,7 @@ class Trackers:
         self.warn = warn
         self.failed: dict[str, str] = {}
         self.secrets = secret_texts(os.environ)
+        self._closed = threading.Event()  # set once close() has said its last word
         self._excepthook = threading.excepthook
         threading.excepthook = self._thread_failed
         self.lanes = [_Lane(b, queue_size) for b in self.backends]
@@ -448,9 +449,14 @@ class Trackers:
                     self._warn(name, f"{name} falls behind: more than {lane.queue.maxsize} metric "
                                      "events wait; new ones are dropped (counted at the end)")
 
-    def close(self, ok: bool, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Hand the backends the end of the run and wait (at most ``timeout`` s, all together)
-        for them."""
+    def close(self, ok: bool, timeout: float | None = None) -> None:
+        """Hand the backends the end of the run and wait (at most ``timeout`` s, all together;
+        default :data:`CLOSE_TIMEOUT_S`) for them.
+
+        A backend still busy then is named in one warning and says nothing more: its later
+        failure would be an event after the run's ``done``, which every reader takes as the
+        run's last word."""
+        timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
         unmarked = list(self.lanes)  # a full queue takes its end mark once there is room
         while True:
@@ -475,6 +481,7 @@ class Trackers:
             _ABANDONED.set()
             self._warn("all", f"{', '.join(busy)} did not finish within {timeout:g} s; left "
                               "unfinished (their last metrics may be missing)")
+        self._closed.set()
 
     # --- the threads ---
 
@@ -516,6 +523,8 @@ class Trackers:
                     backend.finish(False)
 
     def _warn(self, tracker: str, message: str, **extra: t.Any) -> None:
+        if self._closed.is_set():  # a backend close() left behind: already named there
+            return
         with contextlib.suppress(Exception):
             self.warn(tracker, redact(message, self.secrets)[:2000], **extra)
 

@@ -99,6 +99,15 @@ def test_up_is_idempotent_and_fast_when_already_up(sandbox):
     assert sandbox_mod.status(sandbox_home()).containers[200] == "running"
 
 
+def test_a_container_kept_stopped_on_purpose_leaves_the_sandbox_healthy(sandbox, stopped_ct):
+    state = sandbox_mod.status(sandbox_home())
+    assert state.containers[stopped_ct] == "stopped"
+    assert stopped_ct in state.kept_stopped and 200 not in state.kept_stopped
+    assert state.healthy, state
+    sandbox_mod.up(sandbox_home(), containers=(200,))  # up leaves a stopped wish alone
+    assert sandbox_mod.status(sandbox_home()).kept_stopped == state.kept_stopped
+
+
 def test_missing_prerequisites_are_named_with_the_apt_command(monkeypatch):
     monkeypatch.setattr(sandbox_mod, "_which", lambda tool: None)
     missing = sandbox_mod.check_prerequisites()

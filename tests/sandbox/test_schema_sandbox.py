@@ -183,7 +183,7 @@ def test_every_other_commands_json_document_validates_against_its_schema(
     assert up.exit_code == 0, up.output
     assert 200 in assert_valid("sandbox up", up.stdout)["containers"]
     state = CliRunner().invoke(cli, ["sandbox", "status", "--json"], catch_exceptions=False, env=home)
-    assert assert_valid("sandbox status", state.stdout)["healthy"] is True
+    assert assert_valid("sandbox status", state.stdout)["healthy"] is True, state.stdout
 
 
 def test_a_sandbox_that_was_never_set_up_says_so_in_its_schema(tmp_path: Path):

@@ -151,6 +151,9 @@ def test_broken_trackers_each_cost_one_warning_and_the_run_finishes(capsys, tmp_
         log = finish = start
 
     monkeypatch.setitem(trackers.BACKENDS, "wandb", Raises)
+    # the dead server's refusal must arrive before the close: MLflow's first import and its
+    # retry take longer than the close timeout on a loaded 2-core machine
+    monkeypatch.setattr(trackers, "CLOSE_TIMEOUT_S", 110.0)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
     for k in trackers.MLFLOW_HTTP_DEFAULTS:
         monkeypatch.delenv(k, raising=False)  # the trainer's own bounds apply

@@ -189,6 +189,28 @@ def test_a_tracker_that_hangs_at_the_end_is_left_after_the_close_timeout_with_a_
     release.set()
 
 
+def test_a_tracker_left_behind_at_close_says_nothing_after_the_run_has_ended():
+    """Its failure would land after the run's ``done`` event, which readers take as the end."""
+    release, failed = threading.Event(), threading.Event()
+
+    class LateFailure(Recorder):
+        name = "late"
+
+        def start(self, info: RunInfo) -> None:  # a dead server, slower than the close timeout
+            release.wait(30)
+            failed.set()
+            raise ConnectionError("refused")
+
+    warns = Warnings()
+    fan = Trackers([LateFailure()], _info(), warns)
+    fan.close(ok=True, timeout=0.2)
+    said = [m for _, m, _ in warns]
+    release.set()
+    assert failed.wait(5)
+    time.sleep(0.2)  # scenario: the abandoned thread's failure has had time to speak
+    assert [m for _, m, _ in warns] == said and len(said) == 1 and "did not finish" in said[0]
+
+
 def test_a_warning_never_carries_the_wandb_key(monkeypatch):
     key = "k3y-" + "x" * 36
     monkeypatch.setenv("WANDB_API_KEY", key)

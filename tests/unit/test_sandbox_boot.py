@@ -124,3 +124,26 @@ def test_a_base_whose_boot_fails_is_left_stopped(monkeypatch, tmp_path):
     with pytest.raises(ContainerError):
         host._make_base(layout)
     assert calls[-1] == ("lxc-stop", "--kill")
+
+
+def test_health_counts_every_container_but_those_kept_stopped_on_purpose():
+    info = host.SandboxInfo(port=1, identity_file=Path("k"), known_hosts_file=Path("h"),
+                            host_key_fingerprint="SHA256:x", containers=(200, 201),
+                            pct_path=Path("pct"), state_dir=Path("s"), lxc_path=Path("l"),
+                            inventory_file=Path("i"))
+    states = {200: "running", 201: "stopped"}
+    assert host.SandboxStatus(info, True, states, kept_stopped=(201,)).healthy
+    assert not host.SandboxStatus(info, True, states).healthy  # stopped, never asked for
+    assert not host.SandboxStatus(info, False, states, kept_stopped=(201,)).healthy
+    assert not host.SandboxStatus(info, True, {**states, 200: "stopped"}, (201,)).healthy
+
+
+def test_a_damaged_record_of_stopped_containers_counts_as_none(tmp_path):
+    layout = host._Layout(home=tmp_path, state_dir=tmp_path)
+    for text in ('{"kept_stopped": "201"}', '{"kept_stopped": [true, "x", 201, 201]}', "[]",
+                 "not json"):
+        layout.state_file.write_text(text)
+        assert host._kept_stopped(layout) in ((), (201,))
+    layout.state_file.write_text('{"port": 5, "kept_stopped": [201]}')
+    host._write_state(layout, kept_stopped=[])
+    assert host._read_state(layout) == {"port": 5, "kept_stopped": []}
