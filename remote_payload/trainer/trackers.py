@@ -455,7 +455,9 @@ class Trackers:
 
         A backend still busy then is named in one warning and says nothing more: its later
         failure would be an event after the run's ``done``, which every reader takes as the
-        run's last word."""
+        run's last word. A second call does nothing."""
+        if self._closed.is_set():  # closed already: the run's end closes it once more
+            return
         timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
         unmarked = list(self.lanes)  # a full queue takes its end mark once there is room

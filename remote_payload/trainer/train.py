@@ -127,6 +127,9 @@ class Trainer:
     def __init__(self, args: TrainArgs, topo: dist.Topo, log: Log, marks: Marks | None = None):
         self.args, self.topo, self.log = args, topo, log
         self.marks = marks or Marks()
+        #: ``--report-to``'s trackers (rank 0): closed before the ``done`` event, so a
+        #: tracker's last warning is never printed after the run's last word
+        self.reporting: trackers.Trackers | None = None
         self.device, self.attn, self.compile_on, self.amp = _resolve_runtime(args)
         self.cfg = _model_config(args)
         self.run_id = args.run_id or uuid.uuid4().hex[:12]
@@ -385,6 +388,8 @@ class Trainer:
         dist.finish(topo)  # the other ranks leave while rank 0 writes (barrier, destroy)
         ckpt_s = self._join_final_save(saver, step)
         why = _StopFlag.signame or ("stop-at-step" if step < args.steps else "finished")
+        if self.reporting is not None:
+            self.reporting.close(ok=True)
         log.event(wire.EVENT_PHASE, phase="done")
         done: dict[str, t.Any] = {"step": step, "reason": why}
         if ckpt_s is not None:
@@ -562,14 +567,14 @@ def run(args: TrainArgs) -> int:
                 f"block {trainer.cfg.block_size}, {trainer.cfg.max_anchors} anchors, device "
                 f"{trainer.device}, attn {trainer.attn}, compile {trainer.compile_on}, world "
                 f"{topo.world} ({topo.n_drafters} drafter, {topo.n_targets} target ranks)")
-        reporting = _open_trackers(trainer, log)
+        reporting = trainer.reporting = _open_trackers(trainer, log)
         ok = False
         try:
             rc = trainer.warmup() if args.warmup_only else trainer.run()
             ok = rc == 0
         finally:
             if reporting is not None:
-                reporting.close(ok)
+                reporting.close(ok)  # a failed run's; a finished one closed before `done`
         dist.finish(topo)
         if topo.distributed:
             _leave(rc)

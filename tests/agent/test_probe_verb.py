@@ -48,7 +48,7 @@ def test_a_probe_process_that_dies_by_a_signal_is_reported_crashed_with_it(
     python = fake_python(tmp_path, 'echo "loading torch"; echo "oops" >&2; kill -9 $$')
     data = agent(tmp_path, "--python", python)
     assert data["status"] == "crashed" and data["affected"] is None
-    assert data["signal"] == "SIGKILL" and data["rc"] == -9
+    assert data["signal"] == "SIGKILL" and data["rc"] == -9 and data["deadline_hit"] is False
     assert data["stdout_tail"] == ["loading torch"] and data["stderr_tail"] == ["oops"]
     assert "exited without printing a report" in data["verdict"]
 
@@ -67,7 +67,16 @@ def test_a_missing_python_is_crashed_not_an_agent_error(tmp_path: Path) -> None:
 
 
 def test_the_verb_deadline_stops_a_hung_probe_and_still_returns_a_report(tmp_path: Path) -> None:
+    # 8 s: the probe has installed its SIGTERM handler by then even on a loaded 2-core machine
     data = agent(tmp_path, "--python", sys.executable, "--simulate", "hang-hard",
-                 "--timeout", "60", "--modes", "unguarded", "--deadline", "3")
-    assert data["deadline_hit"] is True
+                 "--timeout", "60", "--modes", "unguarded", "--deadline", "8")
+    assert data["deadline_hit"] is True, data
     assert data["status"] == "crashed" and "SIGTERM" in data["error"], data
+
+
+def test_a_probe_killed_at_the_deadline_before_any_report_says_the_deadline_hit(
+        tmp_path: Path) -> None:
+    python = fake_python(tmp_path, "trap '' TERM; echo starting; exec sleep 60")
+    data = agent(tmp_path, "--python", python, "--deadline", "1")
+    assert data["status"] == "crashed" and data["deadline_hit"] is True, data
+    assert "deadline" in data["error"]

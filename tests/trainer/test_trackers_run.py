@@ -173,6 +173,31 @@ def test_broken_trackers_each_cost_one_warning_and_the_run_finishes(capsys, tmp_
     assert len([e for e in ev if e["event"] == "step"]) == 3
 
 
+def test_a_tracker_that_fails_while_the_run_ends_is_named_before_the_done_event(
+        capsys, tmp_path, monkeypatch):
+    """A dead server whose refusal arrives after the last step: the warning still comes before
+    ``done``, which status and every log reader take as the run's last word."""
+
+    class SlowRefusal:
+        name = "wandb"
+
+        def where(self, info):
+            return "/nowhere"
+
+        def start(self, info):
+            time.sleep(2)  # scenario: the refusal arrives after the three quick steps
+            raise ConnectionError("refused")
+
+        log = finish = start
+
+    monkeypatch.setitem(trackers.BACKENDS, "wandb", SlowRefusal)
+    rc, ev = _run(capsys, tmp_path / "run", "--report-to", "wandb")
+    assert rc == 0
+    kinds = [e["event"] for e in ev]
+    assert kinds[-1] == "done", kinds
+    assert kinds.index("warning") < kinds.index("done"), kinds
+
+
 def test_report_to_names_outside_the_choices_are_exit_2_before_the_run(capsys, tmp_path):
     rc = main([*FAST, "--report-to", "tensorboard,tensorboard", "--out-dir", str(tmp_path)])
     ev = _events(capsys.readouterr().out)

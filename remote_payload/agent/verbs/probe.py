@@ -76,8 +76,8 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
     try:
         child = procgroup.Group(argv, env=env, cwd=outdir)
     except OSError as exc:
-        return crashed(f"cannot start the probe with {argv[0]}: {exc}", argv=argv, rc=None,
-                       raw=raw, wall_s=0.0)
+        return {**crashed(f"cannot start the probe with {argv[0]}: {exc}", argv=argv, rc=None,
+                          raw=raw, wall_s=0.0), "deadline_hit": False}
     # At the deadline SIGTERM first: the probe then kills its mode child and still prints
     # a report; what the probe left behind is ended with it (procgroup).
     try:
@@ -100,8 +100,8 @@ def run_probe_process(argv: list[str], *, deadline: float, outdir: str,
     if report is None:
         why = (f"the probe printed no report before the {deadline:g} s deadline (killed)"
                if timed_out else "the probe exited without printing a report")
-        return crashed(why, argv=argv, rc=returncode, raw=raw, wall_s=wall,
-                       stdout=out, stderr=err)
+        return {**crashed(why, argv=argv, rc=returncode, raw=raw, wall_s=wall,
+                          stdout=out, stderr=err), "deadline_hit": timed_out}
     report.pop("event", None)
     report["deadline_hit"] = timed_out  # then it is the probe's crashed report after SIGTERM
     report.setdefault("raw_output", raw)
