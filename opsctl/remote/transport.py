@@ -257,6 +257,53 @@ def handshake_failure(spec: HostSpec, where: str, started: paramiko.Transport | 
     return TransportError(f"cannot connect to {where}: {words(exc)}")
 
 
+
+def _open_connection(conn: fabric.Connection, sock: socket.socket | None, spec: HostSpec,
+                     where: str, *, changed_hint: str, auth_hint: str) -> None:
+    """Open ``conn`` (the target or a ProxyJump hop; ``sock``: the TCP connection it was
+    given, closed if the open fails, as paramiko leaves it open), wording every failure
+    for ``where`` once, the same for a target and a hop.
+
+    Raises:
+        HostKeyError: the host key changed (``changed_hint``: how to trust the new one) or
+            the policy refused an unknown one.
+        AuthError: authentication failed (``auth_hint``).
+        TransportError: no TCP connection, a timeout, or a failed SSH handshake.
+    """
+    import paramiko
+
+    try:
+        try:
+            conn.open()
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+    except HostKeyError:
+        raise
+    except paramiko.BadHostKeyException as exc:
+        raise HostKeyError(
+            f"host key of {where} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
+            f"server sent {fingerprint(exc.key)} — refusing to connect",
+            hint=changed_hint) from None
+    except paramiko.AuthenticationException as exc:
+        raise AuthError(f"SSH authentication to {where} failed: {exc}", hint=auth_hint) from None
+    except TimeoutError:
+        raise TransportError(f"cannot connect to {where}: timed out after "
+                             f"{spec.connect_timeout_s:g} s") from None
+    except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        reason = "; ".join(sorted({getattr(e, "strerror", None) or str(e)
+                                   for e in exc.errors.values()}))
+        raise TransportError(f"cannot connect to {where}: {reason}") from None
+    except socket.gaierror as exc:
+        raise TransportError(f"cannot resolve {spec.address}: {exc.strerror}") from None
+    except (paramiko.SSHException, EOFError) as exc:
+        failure = handshake_failure(spec, where, conn.client.get_transport(), exc)
+        conn.close()
+        raise failure from None
+    except OSError as exc:
+        raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
+
 @dataclass
 class Remote:
     """A lazily opened SSH connection to one Proxmox host."""
@@ -300,7 +347,6 @@ class Remote:
     def _open(self) -> fabric.Connection:
         if self._conn is not None and self._conn.is_connected:
             return self._conn
-        import paramiko
 
         connect_kwargs: dict[str, t.Any] = {
             "banner_timeout": self.host.connect_timeout_s,
@@ -326,40 +372,12 @@ class Remote:
         if sock is not None:
             conn.connect_kwargs["sock"] = sock
         self.open_hops()
-        try:
-            try:
-                conn.open()
-            except BaseException:
-                if sock is not None:  # paramiko leaves a socket it was given open
-                    sock.close()
-                raise
-        except HostKeyError:
-            raise
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(
-                f"host key of {where} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
-                f"server sent {fingerprint(exc.key)} — refusing to connect",
-                hint=f"if the host was reinstalled: ssh-keygen -f {kh} -R "
-                     f"'{known_hosts_name(self.host.address, self.host.port)}', then "
-                     f"`opsctl host trust --host {self.host.label}`") from None
-        except paramiko.AuthenticationException as exc:
-            raise AuthError(f"SSH authentication to {where} failed: {exc}",
-                            hint="check user and identity_file in the inventory") from None
-        except TimeoutError:
-            raise TransportError(f"cannot connect to {where}: timed out after "
-                                 f"{self.host.connect_timeout_s:g} s") from None
-        except paramiko.ssh_exception.NoValidConnectionsError as exc:
-            reason = "; ".join(sorted({getattr(e, "strerror", None) or str(e)
-                                       for e in exc.errors.values()}))
-            raise TransportError(f"cannot connect to {where}: {reason}") from None
-        except socket.gaierror as exc:
-            raise TransportError(f"cannot resolve {self.host.address}: {exc.strerror}") from None
-        except (paramiko.SSHException, EOFError) as exc:
-            failure = handshake_failure(self.host, where, conn.client.get_transport(), exc)
-            conn.close()
-            raise failure from None
-        except OSError as exc:
-            raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
+        _open_connection(
+            conn, sock, self.host, where,
+            changed_hint=f"if the host was reinstalled: ssh-keygen -f {kh} -R "
+                         f"'{known_hosts_name(self.host.address, self.host.port)}', then "
+                         f"`opsctl host trust --host {self.host.label}`",
+            auth_hint="check user and identity_file in the inventory")
         transport = conn.client.get_transport()
         if transport is None:  # pragma: no cover - paramiko guarantees one after connect
             raise TransportError(f"cannot connect to {where}: no transport")
@@ -393,7 +411,6 @@ class Remote:
         Raises:
             HostKeyError, AuthError, TransportError: as :meth:`_open` words them, for the hop.
         """
-        import paramiko
 
         of = f"ProxyJump hop {written} of {self.host.label}"
         where = f"{spec.ssh_label()} ({of})"
@@ -404,30 +421,11 @@ class Remote:
             except TransportError as exc:
                 raise TransportError(f"{of}: {exc.message}", hint=exc.hint) from None
             hop.connect_kwargs["sock"] = sock
-        try:
-            try:
-                hop.open()
-            except BaseException:
-                if sock is not None:
-                    sock.close()
-                raise
-        except HostKeyError:
-            raise
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(
-                f"host key of {where} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
-                f"server sent {fingerprint(exc.key)} — refusing to connect",
-                hint=f"if the hop was reinstalled: ssh-keygen -f {self.known_hosts} -R "
-                     f"'{known_hosts_name(spec.address, spec.port)}'") from None
-        except paramiko.AuthenticationException as exc:
-            raise AuthError(f"SSH authentication to {where} failed: {exc}",
-                            hint="check the hop's user and identity file") from None
-        except (paramiko.SSHException, EOFError) as exc:
-            failure = handshake_failure(spec, where, hop.client.get_transport(), exc)
-            hop.close()
-            raise failure from None
-        except OSError as exc:
-            raise TransportError(f"cannot connect to {where}: {words(exc)}") from None
+        _open_connection(
+            hop, sock, spec, where,
+            changed_hint=f"if the hop was reinstalled: ssh-keygen -f {self.known_hosts} -R "
+                         f"'{known_hosts_name(spec.address, spec.port)}'",
+            auth_hint="check the hop's user and identity file")
 
     def _dial(self) -> socket.socket:
         """The TCP connection to the host, once its sshd has sent its banner
