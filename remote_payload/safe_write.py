@@ -277,15 +277,10 @@ def _check_existing(dest: str, *, kind: str, force: bool, keep: t.Collection[str
 def _check_once(dest: str, *, kind: str, force: bool, keep: t.Collection[str],
                 shown: str | None) -> None:
     shown = dest if shown is None else shown
-    try:
-        st = os.lstat(dest)
-    except FileNotFoundError:
+    st = _existing_not_a_link(dest, shown, "is a symbolic link; not followed (name the real "
+                                           "directory, or remove the link)")
+    if st is None:
         return
-    except OSError as exc:
-        raise failure(shown, exc) from None
-    if stat.S_ISLNK(st.st_mode):
-        raise DestinationRefused(shown, "is a symbolic link; not followed (name the real "
-                                        "directory, or remove the link)")
     if not stat.S_ISDIR(st.st_mode):
         raise DestinationRefused(shown, "is a file, not a directory; nothing written")
     if _is_empty_dir(dest):
@@ -349,16 +344,27 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _check_file_target(path: str) -> None:
+def _existing_not_a_link(path: str, shown: str, refusal: str) -> os.stat_result | None:
+    """What is at ``path`` (never followed), or None when nothing is.
+
+    Raises:
+        DestinationRefused: a symbolic link is there (``refusal`` says why).
+        DestinationError: ``path`` cannot be looked at.
+    """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
-        raise failure(path, exc) from None
+        raise failure(shown, exc) from None
     if stat.S_ISLNK(st.st_mode):
-        raise DestinationRefused(path, "is a symbolic link; not followed, nothing written")
-    if not stat.S_ISREG(st.st_mode):
+        raise DestinationRefused(shown, refusal)
+    return st
+
+
+def _check_file_target(path: str) -> None:
+    st = _existing_not_a_link(path, path, "is a symbolic link; not followed, nothing written")
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise DestinationRefused(path, "is not a regular file (a directory, FIFO or device); "
                                        "nothing written")
 
