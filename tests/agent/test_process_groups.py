@@ -20,27 +20,14 @@ from pathlib import Path
 import pytest
 
 from remote_payload import limits, procgroup
+from tests import live_processes
 from tests.paths import REPO
 from tests.waiting import wait_for
 
 
 def _with_token(token: str) -> set[int]:
     """Live processes whose environment carries ``PGTEST=<token>``."""
-    found = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if f"PGTEST={token}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                    continue
-        except OSError:
-            continue
-        found.add(int(name))
-    return found
+    return live_processes.with_env(f"PGTEST={token}")
 
 
 def _tree_script() -> list[str]:

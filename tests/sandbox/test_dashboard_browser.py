@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import textwrap
-import threading
 import typing as t
 import urllib.request
 import uuid
@@ -21,6 +20,7 @@ import uuid
 import pytest
 
 from opsctl.cli import dashboard
+from tests import dashboard_server
 from tests.cli_runner import run_cli as run
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
@@ -84,15 +84,8 @@ def target(stopping_target: str) -> str:
 
 @pytest.fixture
 def served(target: str) -> t.Iterator[dashboard.Server]:
-    server = dashboard.serve(port=0, refresh_s=1.0, lines=10)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with dashboard_server.serving(refresh_s=1.0, lines=10) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.app.close()
 
 
 def test_the_page_follows_the_sandbox_job_from_running_to_succeeded_without_a_reload(

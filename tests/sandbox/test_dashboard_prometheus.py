@@ -14,7 +14,6 @@ import json
 import math
 import socket
 import subprocess
-import threading
 import typing as t
 import urllib.parse
 import urllib.request
@@ -26,6 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 from opsctl.cli import cli, dashboard
+from tests import dashboard_server
 from tests.paths import REPO
 from tests.prometheus_tools import need
 from tests.waiting import wait_for
@@ -66,15 +66,8 @@ def fleet(sandbox, isolated_env: Path) -> t.Iterator[str]:
 
 @pytest.fixture
 def served(fleet: str) -> t.Iterator[dashboard.Server]:
-    server = dashboard.serve(port=0, refresh_s=1.0, lines=5, doctor_every_s=3600.0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with dashboard_server.serving(refresh_s=1.0, lines=5, doctor_every_s=3600.0) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.app.close()
 
 
 @pytest.fixture

@@ -6,37 +6,14 @@ from __future__ import annotations
 
 import os
 import pty
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from opsctl.config import inventory, paths
-from opsctl.remote import mux_client as mux
-from opsctl.remote.transport import Remote
-
 pytestmark = pytest.mark.sandbox
 
 COMMAND = ["sh", "-c", "echo hello; exit 42"]
-
-
-@pytest.fixture(params=["direct", "mux"])
-def via(request, sandbox, isolated_env, monkeypatch):
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    monkeypatch.setenv("PYTHONPATH", str(paths.REPO_ROOT))
-    if request.param == "mux":
-        monkeypatch.setenv("OPSCTL_MUX", "1")
-        monkeypatch.setenv("OPSCTL_MUX_IDLE_S", "30")
-        spec = inventory.load().resolve("sandbox")
-        with Remote(spec) as r:
-            r.pct_exec(200, ["true"], timeout=30)
-        assert mux.wait_ready(spec, 20), "no mux answered after a direct command"
-    yield request.param
-    if request.param == "mux":
-        mux.stop_all()
 
 
 def opsctl_exec(shell_prefix: str = "", **popen: object) -> subprocess.CompletedProcess[bytes]:

@@ -8,19 +8,14 @@ the connection multiplexer, as a user's shell runs it (a child process):
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import typing as t
 
 import pytest
 
 from opsctl import errors
-from opsctl.config import inventory, paths
-from opsctl.remote import mux_client as mux
-from opsctl.remote.transport import Remote
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -28,26 +23,6 @@ pytestmark = pytest.mark.sandbox
 MB = 1_000_000
 #: The client's peak RSS for any amount of output (it was 2x the output before: 1 GB for 500 MB).
 MAX_RSS_MB = 150
-
-
-@pytest.fixture(params=["direct", "mux"])
-def via(request, sandbox, isolated_env, monkeypatch) -> t.Iterator[str]:
-    inv = isolated_env / "inventory"
-    inv.mkdir(parents=True, exist_ok=True)
-    shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    monkeypatch.setenv("PYTHONPATH", str(paths.REPO_ROOT))
-    if request.param == "mux":
-        monkeypatch.setenv("OPSCTL_MUX", "1")
-        monkeypatch.setenv("OPSCTL_MUX_IDLE_S", "60")
-        spec = inventory.load().resolve("sandbox")
-        with Remote(spec) as r:
-            r.pct_exec(200, ["true"], timeout=30)
-        assert mux.wait_ready(spec, 20), "no mux answered after a direct command"
-    else:
-        monkeypatch.setenv("OPSCTL_MUX", "0")
-    yield request.param
-    if request.param == "mux":
-        mux.stop_all()
 
 
 def opsctl_exec(*argv: str, timeout: float | None = None) -> list[str]:

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remote_payload.trainer import bytecode
+from tests import live_processes
 from tests.paths import REPO
 from tests.waiting import wait_for
 
@@ -304,22 +305,7 @@ def test_a_primer_stopped_midway_leaves_whole_bytecode_and_frees_the_prefix(cold
 def _primer_tree(prefix) -> set[int]:
     """Live processes of the primer of ``prefix`` (the primer, compileall, its workers): each
     carries ``PYTHONPYCACHEPREFIX=<prefix>`` in its environment."""
-    needle = f"PYTHONPYCACHEPREFIX={prefix}".encode()
-    found = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
-                    continue
-        except OSError:
-            continue
-        found.add(int(name))
-    return found
+    return live_processes.with_env(f"PYTHONPYCACHEPREFIX={prefix}")
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT", "SIGKILL"])
