@@ -405,6 +405,8 @@ def _delete_extra(dest: str, names: dict[str, t.Any], max_delete: int | None) ->
 
 
 def _stopped(signum: int, _frame: t.Any) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # once: a second one must not cut the clean-up
+        signal.signal(sig, signal.SIG_IGN)
     raise Refused(f"stopped by signal {signum}")  # so receive() removes its half file
 
 

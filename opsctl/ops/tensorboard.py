@@ -338,26 +338,46 @@ class Stopped(KeyboardInterrupt):
     ended)."""
 
 
-@contextlib.contextmanager
-def stop_on_signals() -> t.Iterator[None]:
-    """SIGTERM and SIGHUP end the session like Ctrl-C does (the server is ended on the way).
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP while a TensorBoard session runs (:func:`stop_on_signals`).
 
-    Only the first of SIGINT, SIGTERM and SIGHUP interrupts: one that follows while the
-    server and the pull's children are being ended is ignored, so the cleanup runs to its
-    end (and no traceback comes out of it)."""
-    fired: list[int] = []
+    The first one counts, the rest are ignored, so the cleanup runs to its end. Until
+    :meth:`arm` it is only noted: a signal that lands while the server process is being
+    started (the process exists, the object that ends it does not yet) would leave it
+    running; :meth:`arm`, called once the server is owned, raises the noted one then."""
 
-    def handler(signum: int, _frame: t.Any) -> None:
-        if fired:
+    def __init__(self, armed: bool) -> None:
+        self.fired: list[int] = []
+        self.armed = armed
+
+    def handler(self, signum: int, _frame: t.Any) -> None:
+        if self.fired:
             return
-        fired.append(signum)
+        self.fired.append(signum)
+        if self.armed:
+            self._raise(signum)
+
+    def arm(self) -> None:
+        self.armed = True
+        if self.fired:
+            self._raise(self.fired[0])
+
+    @staticmethod
+    def _raise(signum: int) -> t.NoReturn:
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Stopped(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+@contextlib.contextmanager
+def stop_on_signals(*, armed: bool = True) -> t.Iterator[_Signals]:
+    """SIGTERM and SIGHUP end the session like Ctrl-C does (the server is ended on the way);
+    ``armed=False``: only once :meth:`_Signals.arm` is called (see :class:`_Signals`)."""
+    signals = _Signals(armed)
+    old = {s: signal.signal(s, signals.handler)
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        yield
+        yield signals
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -380,23 +400,25 @@ def serve(tgt: Target, src: Source, port: int, refresh_s: float,
     if not has_event_files(src.local_dir):
         raise no_event_files(tgt.label, src.job_id, f"{src.remote_dir} holds none yet")
     terminal = src.terminal
-    with stop_on_signals(), Server(src.local_dir, port) as server:
+    with stop_on_signals(armed=False) as signals:
         try:
-            server.wait_ready()
-            on_ready(server.url)
-            while True:
-                if terminal or refresh_s <= 0:
-                    sleep(3600)
-                    continue
-                sleep(refresh_s)
-                if server.proc.poll() is not None:
-                    raise ConfigError(f"tensorboard exited with {server.proc.returncode}: "
-                                      f"{server.tail()}")
-                try:
-                    refresh(tgt, src)
-                    state = watch.fetch_status(tgt.agent, src.job_id, lines=0)["state"]
-                    terminal = wire.JobState(state) in wire.TERMINAL_STATES
-                except (OpsctlError, OSError) as exc:  # a lost connection: try again next time
-                    on_notice(f"refresh failed ({exc}); the curves shown stay as they were")
+            with Server(src.local_dir, port) as server:
+                signals.arm()  # from here the server is ours to end
+                server.wait_ready()
+                on_ready(server.url)
+                while True:
+                    if terminal or refresh_s <= 0:
+                        sleep(3600)
+                        continue
+                    sleep(refresh_s)
+                    if server.proc.poll() is not None:
+                        raise ConfigError(f"tensorboard exited with {server.proc.returncode}: "
+                                          f"{server.tail()}")
+                    try:
+                        refresh(tgt, src)
+                        state = watch.fetch_status(tgt.agent, src.job_id, lines=0)["state"]
+                        terminal = wire.JobState(state) in wire.TERMINAL_STATES
+                    except (OpsctlError, OSError) as exc:  # a lost connection: try again next time
+                        on_notice(f"refresh failed ({exc}); the curves shown stay as they were")
         except (KeyboardInterrupt, Stopped):
             return

@@ -357,6 +357,9 @@ class Terminated(BaseException):
 
 
 def _on_sigterm(signum: int, frame: t.Any) -> None:
+    # once: a second SIGTERM (the group's, or a deadline's repeat) would interrupt the
+    # report being written; the sender's SIGKILL after its grace still ends a stuck probe
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"received {signal.Signals(signum).name}")
 
 

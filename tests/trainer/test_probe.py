@@ -111,7 +111,11 @@ def test_a_missing_interpreter_still_yields_a_report(tmp_path: Path) -> None:
     assert all("cannot start" in m["error"] for m in rep["modes"].values()), rep["modes"]
 
 
-def test_sigterm_to_the_probe_kills_its_child_and_still_prints_a_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigterms", [1, 40], ids=["once", "repeated"])
+def test_sigterm_to_the_probe_kills_its_child_and_still_prints_a_report(
+        tmp_path: Path, sigterms: int) -> None:
+    """Repeated: a deadline's group SIGTERM reaches the probe twice (its group and itself),
+    and a second one must not cut the report being written."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", "remote_payload.probes.compile_race", "--simulate",
@@ -125,7 +129,9 @@ def test_sigterm_to_the_probe_kills_its_child_and_still_prints_a_report(tmp_path
             break
         if "] pid " in line:
             child_pid = int(line.split("] pid ")[1].split(":")[0])
-    proc.send_signal(signal.SIGTERM)
+    for _ in range(sigterms):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.002)  # scenario: each one lands at another point of the clean-up
     out, _ = proc.communicate(timeout=20)
     report = wire.parse_event(out.splitlines()[-1])
     assert report is not None and report["status"] == "crashed", out[-500:]

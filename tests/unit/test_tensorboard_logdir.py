@@ -112,6 +112,17 @@ def test_a_second_signal_while_the_server_is_ended_is_ignored():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_signal_before_the_server_is_owned_is_raised_once_it_is():
+    """A signal while the TensorBoard process is being started would leave it running: it
+    is held until the server object that ends it exists, then raised."""
+    with pytest.raises(tb.Stopped), tb.stop_on_signals(armed=False) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # the second is ignored, also once armed
+        started = True  # the server's start runs to its end
+        signals.arm()
+    assert started
+
+
 def test_sigterm_and_sighup_are_handled_wherever_ctrl_c_is():
     assert issubclass(tb.Stopped, KeyboardInterrupt)
 
