@@ -83,13 +83,13 @@ def sandbox_status(as_json: bool) -> None:
     doc = {"set_up": False} if st is None else {
         "set_up": True, **as_dict(st.info), "sshd_running": st.sshd_running,
         "container_states": st.containers,
-        "kept_stopped": list(st.kept_stopped), "healthy": st.healthy}
+        "wanted_running": list(st.wanted_running), "healthy": st.healthy}
     if as_json:
         render.print_json(doc)
     elif st is None:
         click.echo("sandbox is not set up (opsctl sandbox up)")
     else:
-        states = ", ".join(f"{c}: {s}" + (" (kept stopped)" if c in st.kept_stopped else "")
+        states = ", ".join(f"{c}: {s}" + ("" if c in st.wanted_running else " (not up's)")
                            for c, s in st.containers.items())
         click.echo(f"sandbox {'up' if st.healthy else 'DEGRADED'}: sshd "
                    f"{'running' if st.sshd_running else 'stopped'} on 127.0.0.1:{st.info.port}; {states}")

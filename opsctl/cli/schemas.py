@@ -155,7 +155,7 @@ def _sandbox_status() -> t.Any:
     absent = _object("SandboxAbsent", set_up=t.Literal[False])
     present = _with("SandboxStatusDocument", SandboxInfo, set_up=t.Literal[True],
                     sshd_running=bool, container_states=dict[int, str],
-                    kept_stopped=list[int], healthy=bool)
+                    wanted_running=list[int], healthy=bool)
     return absent | present
 
 

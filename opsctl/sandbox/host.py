@@ -102,14 +102,16 @@ class SandboxStatus:
     info: SandboxInfo
     sshd_running: bool
     containers: dict[int, str]  # ctid -> "running" | "stopped"
-    kept_stopped: tuple[int, ...] = ()  # asked for stopped (``ensure_container(running=False)``)
+    #: the containers ``up`` was asked to run (and not asked to stop since)
+    wanted_running: tuple[int, ...] = DEFAULT_CONTAINERS
 
     @property
     def healthy(self) -> bool:
-        """sshd runs and so does every container not kept stopped on purpose: a container
-        someone asked to be stopped (a test's stopped-container case) is not a fault."""
+        """sshd runs and so does every container ``up`` was asked to run. Any other container
+        may be stopped, as on a Proxmox host: one made stopped for a test, or one that a
+        ``pct stop`` stopped, is no fault of the sandbox."""
         return self.sshd_running and all(
-            s == "running" for c, s in self.containers.items() if c not in self.kept_stopped)
+            self.containers.get(c) == "running" for c in self.wanted_running)
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ def up(home: Path | None = None,
             _ensure_base(layout, source)
         for ctid in containers:
             _ensure_container(layout, _ctid(ctid), running=True)
+            _want_running(layout, _ctid(ctid), True)
         port = _ensure_sshd(layout)
         info = _make_info(layout, port)
         write_inventory(info, layout.home)
@@ -238,8 +241,7 @@ def remove_container(ctid: int, home: Path | None = None) -> None:
         if _container_exists(layout, str(ctid)):
             _lxc(layout, "lxc-stop", str(ctid), "--kill", check=False)
             _lxc(layout, "lxc-destroy", str(ctid))
-        if ctid in (kept := _kept_stopped(layout)):
-            _write_state(layout, kept_stopped=[c for c in kept if c != ctid])
+        _want_running(layout, ctid, False)
 
 
 def down(home: Path | None = None) -> None:
@@ -338,7 +340,7 @@ def status(home: Path | None = None) -> SandboxStatus | None:
     layout = _Layout.of(home)
     states = {ctid: _container_state(layout, str(ctid)) for ctid in current.containers}
     return SandboxStatus(info=current, sshd_running=_sshd_pid(layout) is not None,
-                         containers=states, kept_stopped=_kept_stopped(layout))
+                         containers=states, wanted_running=_wanted_running(layout))
 
 
 def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
@@ -394,16 +396,24 @@ def _read_state(layout: _Layout) -> dict[str, t.Any]:
 
 def _write_state(layout: _Layout, **changes: t.Any) -> None:
     """Change some keys of ``sandbox.json`` and keep the others (the port, the containers
-    kept stopped); the caller holds the sandbox's lock."""
+    ``up`` runs); the caller holds the sandbox's lock."""
     _write_atomic(layout.state_file, json.dumps({**_read_state(layout), **changes}) + "\n")
 
 
-def _kept_stopped(layout: _Layout) -> tuple[int, ...]:
-    """The containers last asked for stopped; anything unreadable counts as none."""
-    listed = _read_state(layout).get("kept_stopped")
+def _wanted_running(layout: _Layout) -> tuple[int, ...]:
+    """The containers ``up`` was asked to run; a sandbox.json without the record (or with a
+    damaged one) means :data:`DEFAULT_CONTAINERS`."""
+    listed = _read_state(layout).get("wanted_running")
     if not isinstance(listed, list):
-        return ()
+        return DEFAULT_CONTAINERS
     return tuple(sorted({c for c in listed if isinstance(c, int) and not isinstance(c, bool)}))
+
+
+def _want_running(layout: _Layout, ctid: int, wanted: bool) -> None:
+    """Record that ``up`` runs ``ctid`` (or, asked stopped or removed, no longer does)."""
+    now = set(_wanted_running(layout))
+    if (ctid in now) != wanted:
+        _write_state(layout, wanted_running=sorted(now ^ {ctid}))
 
 
 def _run(argv: Sequence[str], *, log: Path | None = None, timeout: float | None = None,
@@ -611,9 +621,8 @@ def _ensure_container(layout: _Layout, ctid: int, running: bool) -> None:
         shutil.rmtree(layout.lxc_path / name, ignore_errors=True)  # a half-made copy
         _lxc(layout, "lxc-copy", BASE, "-N", name)
     _ensure_pve_config_lines(layout.lxc_path / name / "config")
-    kept = set(_kept_stopped(layout))
-    if (ctid in kept) == running:  # the wish changed: status judges health by it
-        _write_state(layout, kept_stopped=sorted(kept ^ {ctid}))
+    if not running:  # asked stopped: no longer one the sandbox's health counts
+        _want_running(layout, ctid, False)
     state = _container_state(layout, name)
     if running and state != "running":
         _start(layout, name)

@@ -99,13 +99,14 @@ def test_up_is_idempotent_and_fast_when_already_up(sandbox):
     assert sandbox_mod.status(sandbox_home()).containers[200] == "running"
 
 
-def test_a_container_kept_stopped_on_purpose_leaves_the_sandbox_healthy(sandbox, stopped_ct):
+def test_a_stopped_container_up_never_started_leaves_the_sandbox_healthy(sandbox, stopped_ct):
     state = sandbox_mod.status(sandbox_home())
-    assert state.containers[stopped_ct] == "stopped"
-    assert stopped_ct in state.kept_stopped and 200 not in state.kept_stopped
+    assert state.containers[stopped_ct] == "stopped" and 200 in state.wanted_running
+    assert stopped_ct not in state.wanted_running
     assert state.healthy, state
-    sandbox_mod.up(sandbox_home(), containers=(200,))  # up leaves a stopped wish alone
-    assert sandbox_mod.status(sandbox_home()).kept_stopped == state.kept_stopped
+    sandbox_mod.up(sandbox_home(), containers=(200,))  # up leaves a stopped container alone
+    again = sandbox_mod.status(sandbox_home())
+    assert again.containers[stopped_ct] == "stopped" and again.healthy, again
 
 
 def test_missing_prerequisites_are_named_with_the_apt_command(monkeypatch):

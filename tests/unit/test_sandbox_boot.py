@@ -126,24 +126,27 @@ def test_a_base_whose_boot_fails_is_left_stopped(monkeypatch, tmp_path):
     assert calls[-1] == ("lxc-stop", "--kill")
 
 
-def test_health_counts_every_container_but_those_kept_stopped_on_purpose():
+def test_health_counts_the_containers_up_was_asked_to_run_and_no_other():
     info = host.SandboxInfo(port=1, identity_file=Path("k"), known_hosts_file=Path("h"),
                             host_key_fingerprint="SHA256:x", containers=(200, 201),
                             pct_path=Path("pct"), state_dir=Path("s"), lxc_path=Path("l"),
                             inventory_file=Path("i"))
     states = {200: "running", 201: "stopped"}
-    assert host.SandboxStatus(info, True, states, kept_stopped=(201,)).healthy
-    assert not host.SandboxStatus(info, True, states).healthy  # stopped, never asked for
-    assert not host.SandboxStatus(info, False, states, kept_stopped=(201,)).healthy
-    assert not host.SandboxStatus(info, True, {**states, 200: "stopped"}, (201,)).healthy
+    assert host.SandboxStatus(info, True, states).healthy  # 201: a test's, or `pct stop`ped
+    assert not host.SandboxStatus(info, True, states, wanted_running=(200, 201)).healthy
+    assert not host.SandboxStatus(info, False, states).healthy
+    assert not host.SandboxStatus(info, True, {**states, 200: "stopped"}).healthy
+    assert not host.SandboxStatus(info, True, {201: "stopped"}, wanted_running=(200,)).healthy
 
 
-def test_a_damaged_record_of_stopped_containers_counts_as_none(tmp_path):
+def test_a_damaged_record_of_wanted_containers_counts_as_the_default(tmp_path):
     layout = host._Layout(home=tmp_path, state_dir=tmp_path)
-    for text in ('{"kept_stopped": "201"}', '{"kept_stopped": [true, "x", 201, 201]}', "[]",
-                 "not json"):
+    for text in ('{"wanted_running": "201"}', "[]", "not json", '{"port": 1}'):
         layout.state_file.write_text(text)
-        assert host._kept_stopped(layout) in ((), (201,))
-    layout.state_file.write_text('{"port": 5, "kept_stopped": [201]}')
-    host._write_state(layout, kept_stopped=[])
-    assert host._read_state(layout) == {"port": 5, "kept_stopped": []}
+        assert host._wanted_running(layout) == host.DEFAULT_CONTAINERS
+    layout.state_file.write_text('{"wanted_running": [true, "x", 201, 201]}')
+    assert host._wanted_running(layout) == (201,)
+    layout.state_file.write_text('{"port": 5, "wanted_running": [200, 201]}')
+    host._want_running(layout, 201, False)
+    host._want_running(layout, 200, True)
+    assert host._read_state(layout) == {"port": 5, "wanted_running": [200]}
