@@ -12,6 +12,10 @@ before/after pair that one load spike cannot split. ``--sandbox-home``: the sand
 against (default: ``$OPSCTL_HOME``'s). An editable install adds its import finder (~25 ms)
 to every start of the console script; both sides here start the same way, with byte-code
 caching on (as after ``pip install``) even where ``PYTHONDONTWRITEBYTECODE`` is set.
+``--installed``: measure opsctl as README tells a user to install it: each tree (this
+checkout, and the ``--baseline`` one) is ``pip install``-ed into a fresh virtual environment
+of its own, and its ``opsctl`` console script runs; so neither pays what this machine's
+interpreter adds at every start (its ``.pth`` hooks, the checkout's editable-install finder).
 
 1. ``opsctl status --json`` wall time vs a raw ``ssh … pct exec 200 -- true`` on the same
    sshd (target ratio ≤ 1.3 with the multiplexer warm, ≤ 2.0 for the first command of a
@@ -82,11 +86,11 @@ def cpu_timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def wait_for_mux(home: Path, env: dict[str, str], timeout: float = 20.0) -> None:
+def wait_for_mux(program: list[str], home: Path, env: dict[str, str], timeout: float = 20.0) -> None:
     """The warm deploy left a multiplexer behind; measure once it answers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        proc = subprocess.run([sys.executable, "-m", "opsctl", "mux", "status", "--json"], env=env,
+        proc = subprocess.run([*program, "mux", "status", "--json"], env=env,
                               capture_output=True, cwd=home)
         if proc.returncode == 0 and json.loads(proc.stdout or b"[]"):
             return
@@ -105,15 +109,23 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, metavar="REV",
                     help="a git revision whose status is measured in the same runs (own home and root)")
     ap.add_argument("--sandbox-home", default=None, help="the sandbox's OPSCTL_HOME")
+    ap.add_argument("--installed", action="store_true",
+                    help="each tree pip-installed into a fresh venv, run by its console script")
     args = ap.parse_args()
+    if args.installed and args.opsctl:
+        raise SystemExit("--installed builds the program it measures: leave out --opsctl")
 
     info = sandbox.up(Path(args.sandbox_home) if args.sandbox_home else None)
     home = Path(tempfile.mkdtemp(prefix="opsctl-bench-"))
     (home / "inventory").mkdir()
     shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
-    env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
-           "PYTHONPATH": str(REPO)}
-    opsctl = [args.opsctl] if args.opsctl else [sys.executable, "-m", "opsctl"]
+    venvs = Path(tempfile.mkdtemp(prefix="opsctl-bench-venvs-"))
+    env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
+    if args.installed:
+        opsctl = _install(REPO, venvs / "checkout")
+    else:
+        env["PYTHONPATH"] = str(REPO)
+        opsctl = [args.opsctl] if args.opsctl else [sys.executable, "-m", "opsctl"]
     target = ["--host", "sandbox", "--ct", str(info.containers[0])]
 
     def book(name: str, script: str, **extra: object) -> str:
@@ -126,7 +138,7 @@ def main() -> None:
     timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB), "--replace",
            "--no-wait"], env)
 
-    wait_for_mux(home, env)
+    wait_for_mux(opsctl, home, env)
     timed([*opsctl, "status", "--json"], env)  # warm-up (caches, the page cache)
     # (program, its environment) of every opsctl measured: ours, and the --baseline one
     measured = [(opsctl, env)]
@@ -135,8 +147,8 @@ def main() -> None:
     if args.baseline:
         tree = _checkout(args.baseline)
         results["baseline_revision"] = _describe(tree)
-        measured.append(([sys.executable, "-m", "opsctl"],
-                         _baseline_env(info, book("bench-long", LONG_JOB), target, tree)))
+        program = _install(tree, venvs / "baseline") if args.installed else None
+        measured.append(_baseline(info, book("bench-long", LONG_JOB), target, tree, program))
     for prog, penv in measured:  # warm-up of the direct path too (its modules' byte-code)
         timed([*prog, "status", "--json"], {**penv, "OPSCTL_MUX": "0"})
     results["runs"] = args.runs
@@ -174,12 +186,14 @@ def main() -> None:
     if tree is not None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
                        capture_output=True, check=False)
+    results["installed"] = "pip install into a fresh venv" if args.installed else "checkout (python -m)"
     if args.status_only:
         timed([*opsctl, "stop", "--grace", "1"], env, check=False)
         timed([*opsctl, "mux", "stop"], env, check=False)
         results["load_avg_1m_end"] = os.getloadavg()[0]
         _report(results, args.json_out, vars(args))
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(venvs, ignore_errors=True)
         return
 
     redeploy = [timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB),
@@ -205,6 +219,7 @@ def main() -> None:
 
     _report(results, args.json_out, vars(args))
     shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(venvs, ignore_errors=True)
 
 
 def _installed_like() -> dict[str, str]:
@@ -235,10 +250,22 @@ def _checkout(rev: str) -> Path:
     return tree
 
 
-def _baseline_env(info: sandbox.SandboxInfo, playbook: str, target: list[str],
-                  tree: Path) -> dict[str, str]:
-    """A home and container root of the baseline's own, its job deployed and its mux warm;
-    the baseline's code is ``tree`` (first on ``PYTHONPATH``)."""
+def _install(tree: Path, venv: Path) -> list[str]:
+    """``tree`` installed as a user installs it (``pip install``) into the fresh virtual
+    environment ``venv``; its ``opsctl`` console script."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(tree)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"pip install {tree} failed: {proc.stderr.strip()[-2000:]}")
+    return [str(venv / "bin" / "opsctl")]
+
+
+def _baseline(info: sandbox.SandboxInfo, playbook: str, target: list[str], tree: Path,
+              program: list[str] | None) -> tuple[list[str], dict[str, str]]:
+    """(program, environment) of the baseline: a home and container root of its own, its job
+    deployed and its mux warm; its code is ``program`` (installed), else ``tree`` first on
+    ``PYTHONPATH``."""
     import yaml
 
     home = Path(tempfile.mkdtemp(prefix="opsctl-bench-baseline-"))
@@ -246,13 +273,14 @@ def _baseline_env(info: sandbox.SandboxInfo, playbook: str, target: list[str],
     inv = yaml.safe_load(Path(info.inventory_file).read_text())
     inv["hosts"]["sandbox"]["root"] = "/opt/opsctl-baseline"
     (home / "inventory" / "sandbox.yaml").write_text(yaml.safe_dump(inv))
-    env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory"),
-           "PYTHONPATH": str(tree)}
-    program = [sys.executable, "-m", "opsctl"]
+    env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
+    if program is None:
+        env["PYTHONPATH"] = str(tree)
+        program = [sys.executable, "-m", "opsctl"]
     timed([*program, "deploy", *target, "--playbook", playbook, "--replace", "--no-wait"], env)
-    wait_for_mux(home, env)
+    wait_for_mux(program, home, env)
     timed([*program, "status", "--json"], env)  # warm-up (its caches)
-    return env
+    return program, env
 
 
 def _report(results: dict[str, object], json_out: str | None,
