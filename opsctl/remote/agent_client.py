@@ -59,17 +59,6 @@ def error_type(name: str) -> ErrorType | str:
         return name
 
 
-def build_reply_validator(verb: str) -> None:
-    """Build (once) the validator of ``verb``'s reply shape, where the verb has one."""
-    from remote_payload.wire_shapes import REPLY_SHAPES
-
-    shape = REPLY_SHAPES.get(verb)
-    if shape is not None:
-        from opsctl.remote import shapes
-
-        shapes.adapter(shape)
-
-
 @dataclass(frozen=True)
 class PayloadResult:
     sent: bool
@@ -97,10 +86,6 @@ class Agent:
         """Run one verb; returns its ``data``. ``stdin``: what the verb reads there (secrets:
         never on the command line, which every process of the host can read).
 
-        While the container runs the verb, the validator of its reply
-        (``REPLY_SHAPES[verb]``) is built, so the caller's check of the reply costs nothing
-        when it lands (building one takes tens of milliseconds; the remote part takes longer).
-
         Raises:
             AgentError (or a family subclass): the agent answered an error document.
             RemoteCommandFailed: no valid reply (output saved, path in the error).
@@ -108,8 +93,7 @@ class Agent:
         """
         result = self.remote.pct_exec(self.ctid, self.argv(verb, *args), timeout=timeout,
                                       step=agent_step(verb), on_stderr=on_stderr, stdin=stdin,
-                                      keep_bytes=limits.cap("REPLY_BYTES"),
-                                      while_waiting=lambda: build_reply_validator(verb))
+                                      keep_bytes=limits.cap("REPLY_BYTES"))
         return self.answer(verb, result)
 
     def answer(self, verb: str, result: CommandResult) -> t.Any:

@@ -168,14 +168,11 @@ def connect(sock_path: Path | None) -> socket.socket | None:
 
 def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
          on_stdout: Output | None, on_stderr: Output | None, local_deadline: float | None,
-         argv: list[str], what: str, keep_bytes: int | None = None,
-         while_waiting: t.Callable[[], object] | None = None) -> Reply | None:
+         argv: list[str], what: str, keep_bytes: int | None = None) -> Reply | None:
     """Run ``command`` through a live mux; None when there is none (caller goes direct).
 
     ``keep_bytes``: the reply keeps only the last that many bytes of each stream
     (:class:`~opsctl.remote.command.Kept`); the callbacks get every byte as it arrives.
-    ``while_waiting``: called once the mux says the command started
-    (:meth:`opsctl.remote.transport.Remote.run`).
 
     Raises:
         TransportError: the mux's connection was lost after the command started.
@@ -200,8 +197,6 @@ def call(spec: HostSpec, command: str, *, stdin: bytes | t.BinaryIO | None,
         if stdin is not None:
             writer = threading.Thread(target=_feed, args=(sock, stdin, stop_feeding), daemon=True)
             writer.start()
-        if while_waiting is not None:
-            while_waiting()
         from opsctl.remote.command import Kept
 
         out, err = Kept(keep_bytes), Kept(keep_bytes)

@@ -513,17 +513,13 @@ class Remote:
     def run(self, argv: t.Sequence[str], *, timeout: float | None = None,
             stdin: bytes | t.BinaryIO | None = None, on_stdout: Output | None = None,
             on_stderr: Output | None = None, step: str = "",
-            keep_bytes: int | None = None,
-            while_waiting: t.Callable[[], object] | None = None) -> CommandResult:
+            keep_bytes: int | None = None) -> CommandResult:
         """Run ``argv`` on the host; the only place a command string is built.
 
         With ``timeout`` the command runs under coreutils ``timeout`` on the host,
         which kills its whole process group when the deadline fires. ``keep_bytes``: the
         result keeps only the last that many bytes of each stream (:class:`Kept`; the
         callbacks still get every byte), so output streams through in constant memory.
-        ``while_waiting``: called once, as soon as the command has started, before its output
-        is awaited: work the caller needs only for the answer (building the reply's
-        validator), done while the host runs the command instead of after it.
 
         Raises:
             TransportError: the connection failed or dropped.
@@ -531,7 +527,7 @@ class Remote:
         """
         argv, command = prepare(self.host, argv, timeout=timeout, step=step)
         result = self._exec(command, argv, stdin, on_stdout, on_stderr, local_deadline(timeout), step,
-                            keep_bytes, while_waiting)
+                            keep_bytes)
         return self.check_deadline(result, timeout=timeout, step=step)
 
     def check_deadline(self, result: CommandResult, *, timeout: float | None,
@@ -554,13 +550,11 @@ class Remote:
                  keep_env: bool = False, stdin: bytes | t.BinaryIO | None = None,
                  on_stdout: Output | None = None, on_stderr: Output | None = None,
                  step: str = "", check_container: bool = True, guard: bool = False,
-                 keep_bytes: int | None = None,
-                 while_waiting: t.Callable[[], object] | None = None) -> CommandResult:
+                 keep_bytes: int | None = None) -> CommandResult:
         """Run ``argv`` inside container ``ctid`` via ``pct exec``.
 
         ``guard``: under the container-side guard rather than ``timeout`` (``opsctl exec``;
-        :func:`opsctl.remote.command.guard_argv`). ``keep_bytes``, ``while_waiting``: as
-        :meth:`run`.
+        :func:`opsctl.remote.command.guard_argv`). ``keep_bytes``: as :meth:`run`.
 
         Raises:
             ConfigError: an empty argv, program name or a NUL byte (nothing was sent).
@@ -570,8 +564,7 @@ class Remote:
         argv = check_argv(self.host.label, step or "pct exec", argv)
         pct = pct_argv(ctid, argv, timeout=timeout, keep_env=keep_env, guard=guard)
         result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
-                          on_stderr=on_stderr, step=step, keep_bytes=keep_bytes,
-                          while_waiting=while_waiting)
+                          on_stderr=on_stderr, step=step, keep_bytes=keep_bytes)
         return self.check_pct_result(ctid, result, step=step, check_container=check_container)
 
     def check_pct_result(self, ctid: int, result: CommandResult, *, step: str = "",
@@ -600,15 +593,14 @@ class Remote:
     def _exec(self, command: str, argv: list[str], stdin: bytes | t.BinaryIO | None,
               on_stdout: Output | None, on_stderr: Output | None,
               local_deadline: float | None, step: str,
-              keep_bytes: int | None = None,
-              while_waiting: t.Callable[[], object] | None = None) -> CommandResult:
+              keep_bytes: int | None = None) -> CommandResult:
         if self._conn is None and self.use_mux:
             from opsctl.remote import mux_client as mux
 
             start = time.monotonic()
             reply = mux.call(self.host, command, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
                              local_deadline=local_deadline, argv=argv, what=step or argv[0],
-                             keep_bytes=keep_bytes, while_waiting=while_waiting)
+                             keep_bytes=keep_bytes)
             if reply is not None:
                 return CommandResult(tuple(argv), command, reply.rc, reply.stdout, reply.stderr,
                                      time.monotonic() - start, via="mux")
@@ -648,8 +640,6 @@ class Remote:
                     f"{local_deadline:g} s; connection to it closed", argv=argv)
 
         try:
-            if while_waiting is not None:
-                while_waiting()
             rc = channel.pump(chan, collect(out, on_stdout), collect(err, on_stderr), before_poll=deadline)
         except channel.ConnectionDropped:
             raise TransportError(f"{self.host.label}: connection lost during "
