@@ -1,21 +1,21 @@
 """Operational speed of opsctl on the sandbox, side by side in one run.
 
-    python3 benchmarks/ops.py [--runs 10] [--json out.json] [--opsctl PATH] [--status-only]
-                              [--baseline REV] [--sandbox-home DIR] [--human]
+    python3 benchmarks/ops.py [--runs 10] [--json out.json] [--status-only] [--human]
+                              [--baseline REV] [--sandbox-home DIR] [--checkout | --opsctl PATH]
 
-``--opsctl``: the ``opsctl`` program to measure (default: ``python3 -m opsctl`` from this
-checkout, through ``PYTHONPATH``). ``--baseline REV``: a git revision (e.g. ``main``) checked out
-into a temporary worktree and run the same way (``python3 -m opsctl`` with ``PYTHONPATH`` on
-that tree); its ``status`` rows are measured in the same interleaved runs, with its own
-``OPSCTL_HOME`` and container root (``/opt/opsctl-baseline``, so each runs its own payload): a
-before/after pair that one load spike cannot split. ``--sandbox-home``: the sandbox to run
-against (default: ``$OPSCTL_HOME``'s). An editable install adds its import finder (~25 ms)
-to every start of the console script; both sides here start the same way, with byte-code
-caching on (as after ``pip install``) even where ``PYTHONDONTWRITEBYTECODE`` is set.
-``--installed``: measure opsctl as README tells a user to install it: each tree (this
-checkout, and the ``--baseline`` one) is ``pip install``-ed into a fresh virtual environment
-of its own, and its ``opsctl`` console script runs; so neither pays what this machine's
-interpreter adds at every start (its ``.pth`` hooks, the checkout's editable-install finder).
+What is measured is opsctl as README tells a user to install it: this checkout is
+``pip install``-ed into a fresh virtual environment (offline, :func:`_install`), and its
+``opsctl`` console script runs, so it pays none of what this machine's own interpreter adds
+to every start (``.pth`` hooks of other packages, an editable install's import finder:
+~25-40 ms here).
+``--checkout``: run ``python3 -m opsctl`` from the checkout instead (``PYTHONPATH``), as a
+developer does, byte-code caching on even where ``PYTHONDONTWRITEBYTECODE`` is set.
+``--opsctl``: a given ``opsctl`` program. ``--baseline REV``: a git revision (e.g. ``main``)
+checked out into a temporary worktree and installed (or run) the same way; its ``status``
+rows are measured in the same interleaved runs, with its own ``OPSCTL_HOME`` and container
+root (``/opt/opsctl-baseline``, so each runs its own payload): a before/after pair that one
+load spike cannot split. ``--sandbox-home``: the sandbox to run against (default:
+``$OPSCTL_HOME``'s).
 
 1. ``opsctl status --json`` wall time vs a raw ``ssh … pct exec 200 -- true`` on the same
    sshd (target ratio ≤ 1.3 with the multiplexer warm, ≤ 2.0 for the first command of a
@@ -109,11 +109,10 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, metavar="REV",
                     help="a git revision whose status is measured in the same runs (own home and root)")
     ap.add_argument("--sandbox-home", default=None, help="the sandbox's OPSCTL_HOME")
-    ap.add_argument("--installed", action="store_true",
-                    help="each tree pip-installed into a fresh venv, run by its console script")
+    ap.add_argument("--checkout", action="store_true",
+                    help="run `python3 -m opsctl` from each tree, not its pip-installed console script")
     args = ap.parse_args()
-    if args.installed and args.opsctl:
-        raise SystemExit("--installed builds the program it measures: leave out --opsctl")
+    installed = not (args.checkout or args.opsctl)
 
     info = sandbox.up(Path(args.sandbox_home) if args.sandbox_home else None)
     home = Path(tempfile.mkdtemp(prefix="opsctl-bench-"))
@@ -121,7 +120,7 @@ def main() -> None:
     shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
     venvs = Path(tempfile.mkdtemp(prefix="opsctl-bench-venvs-"))
     env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
-    if args.installed:
+    if installed:
         opsctl = _install(REPO, venvs / "checkout")
     else:
         env["PYTHONPATH"] = str(REPO)
@@ -147,7 +146,7 @@ def main() -> None:
     if args.baseline:
         tree = _checkout(args.baseline)
         results["baseline_revision"] = _describe(tree)
-        program = _install(tree, venvs / "baseline") if args.installed else None
+        program = _install(tree, venvs / "baseline") if installed else None
         measured.append(_baseline(info, book("bench-long", LONG_JOB), target, tree, program))
     for prog, penv in measured:  # warm-up of the direct path too (its modules' byte-code)
         timed([*prog, "status", "--json"], {**penv, "OPSCTL_MUX": "0"})
@@ -186,7 +185,8 @@ def main() -> None:
     if tree is not None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
                        capture_output=True, check=False)
-    results["installed"] = "pip install into a fresh venv" if args.installed else "checkout (python -m)"
+    results["installed"] = ("pip install into a fresh venv" if installed
+                            else args.opsctl or "checkout (python3 -m opsctl)")
     if args.status_only:
         timed([*opsctl, "stop", "--grace", "1"], env, check=False)
         timed([*opsctl, "mux", "stop"], env, check=False)
@@ -252,12 +252,33 @@ def _checkout(rev: str) -> Path:
 
 def _install(tree: Path, venv: Path) -> list[str]:
     """``tree`` installed as a user installs it (``pip install``) into the fresh virtual
-    environment ``venv``; its ``opsctl`` console script."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(tree)],
-                          capture_output=True, text=True, check=False)
+    environment ``venv``; its ``opsctl`` console script.
+
+    Offline (the network rule: loopback only): the tree's wheel is built by this
+    interpreter's own setuptools (``--no-index --no-build-isolation``) and installed with
+    ``--no-deps``; the venv finds the dependencies in this interpreter's site-packages through
+    a path line in a ``.pth`` file, which adds the directory without running the ``.pth``
+    hooks in it.
+    """
+    import sysconfig
+
+    wheels = venv.with_name(venv.name + "-wheel")
+    steps = [[sys.executable, "-m", "pip", "wheel", "--quiet", "--no-index", "--no-deps",
+              "--no-build-isolation", "--wheel-dir", str(wheels), str(tree)],
+             [sys.executable, "-m", "venv", str(venv)]]
+    for argv in steps:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv[:4])} … failed: {proc.stderr.strip()[-2000:]}")
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "opsctl-bench-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheel = next(wheels.glob("opsctl-*.whl"))
+    proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--no-deps",
+                           str(wheel)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"pip install {tree} failed: {proc.stderr.strip()[-2000:]}")
+        raise SystemExit(f"pip install {wheel} failed: {proc.stderr.strip()[-2000:]}")
     return [str(venv / "bin" / "opsctl")]
 
 
