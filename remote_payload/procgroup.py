@@ -26,6 +26,10 @@ forward`` ended by SIGTERM left its ``ssh -L`` listening. Here every child:
 (docs/benchmarks.md). A child that needs a working directory is started by ``subprocess``
 (``posix_spawn`` has no ``chdir`` before Python 3.13), with the same session and marker.
 
+A child that must not outlive this process even when it is SIGKILLed (which runs no handler:
+a local server, a port forward) is started with ``die_with_parent``: Linux's
+``PR_SET_PDEATHSIG`` sends it SIGTERM when the thread that started it ends.
+
 What this cannot reach: a process that left both the session and the environment marker
 (``env -i setsid …``); the job wrapper's cgroup covers that for jobs
 (``remote_payload/agent/jobstore.py``). ``opsctl exec``'s guard (``agent/execguard.py``) runs
@@ -50,6 +54,8 @@ _READ_SIZE = 65536
 PIPE = -1  #: ``stdout``/``stderr``: read it (:meth:`Group.result`)
 INHERIT = -2  #: ``stdout``/``stderr``: this process's own
 DEVNULL = -3
+#: (``stdout``/``stderr`` may also be an open file descriptor >= 0: the stream goes to that file)
+PR_SET_PDEATHSIG = 1  #: prctl(2)
 
 _LIVE: dict[int, Group] = {}
 
@@ -83,7 +89,9 @@ class Finished(t.NamedTuple):
 class Group:
     """``argv`` started now in a session of its own (found on PATH; stdin /dev/null).
     ``hand_over`` ({child fd: this process's fd}) gives the child one of this process's
-    open files (a lock) under a fixed number.
+    open files (a lock) under a fixed number. ``die_with_parent``: the child gets SIGTERM
+    when the thread that started it ends, however it ends (Linux; start it from the main
+    thread).
 
     Raises:
         OSError: it could not be started (as ``subprocess.Popen``).
@@ -91,7 +99,7 @@ class Group:
 
     def __init__(self, argv: t.Sequence[str], *, env: t.Mapping[str, str] | None = None,
                  cwd: str | None = None, stdout: int = PIPE, stderr: int = PIPE,
-                 hand_over: t.Mapping[int, int] | None = None):
+                 hand_over: t.Mapping[int, int] | None = None, die_with_parent: bool = False):
         self.argv = list(argv)
         self.token = f"{os.getpid()}-{time.monotonic_ns()}-{id(self)}"
         full = dict(os.environ if env is None else env)
@@ -99,12 +107,12 @@ class Group:
         self.returncode: int | None = None
         self.out: int | None = None
         self.err: int | None = None
-        if cwd is None:
+        if cwd is None and not die_with_parent:
             self.pid = self._spawn(full, stdout, stderr, hand_over or {})
         elif hand_over:
-            raise ValueError("hand_over needs cwd None")
+            raise ValueError("hand_over needs cwd None and no die_with_parent")
         else:
-            self.pid = self._popen(full, cwd, stdout, stderr)
+            self.pid = self._popen(full, cwd, stdout, stderr, die_with_parent)
         _LIVE[self.pid] = self
 
     def _spawn(self, env: dict[str, str], stdout: int, stderr: int,
@@ -123,6 +131,8 @@ class Group:
                 actions.append((os.POSIX_SPAWN_DUP2, w, target))
             elif how == DEVNULL:
                 actions.append((os.POSIX_SPAWN_DUP2, null, target))
+            elif how >= 0:
+                actions.append((os.POSIX_SPAWN_DUP2, how, target))
         for target, source in hand_over.items():  # dup2 clears close-on-exec on the copy
             actions.append((os.POSIX_SPAWN_DUP2, source, target))
         try:
@@ -138,14 +148,19 @@ class Group:
         self.out, self.err = ends.get(1), ends.get(2)
         return pid
 
-    def _popen(self, env: dict[str, str], cwd: str, stdout: int, stderr: int) -> int:
+    def _popen(self, env: dict[str, str], cwd: str | None, stdout: int, stderr: int,
+               die_with_parent: bool) -> int:
         import subprocess
 
         def how(value: int) -> int | None:
+            if value >= 0:
+                return value
             return {PIPE: subprocess.PIPE, DEVNULL: subprocess.DEVNULL, INHERIT: None}[value]
 
+        preexec = _death_signal_setter() if die_with_parent else None
         proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=how(stdout), stderr=how(stderr), start_new_session=True)
+                                stdout=how(stdout), stderr=how(stderr), start_new_session=True,
+                                preexec_fn=preexec)
         self._proc = proc  # keeps the pipe objects (their fds are read below) alive
         self.out = os.dup(proc.stdout.fileno()) if proc.stdout else None
         self.err = os.dup(proc.stderr.fileno()) if proc.stderr else None
@@ -327,6 +342,22 @@ class Group:
             except OSError:
                 pass
         signal_marked(self.token, sig)
+
+
+def _death_signal_setter() -> t.Callable[[], None] | None:
+    """What the child runs between fork and exec so that it gets SIGTERM when its parent
+    thread ends (None where there is no ``prctl``). Resolved here, in the parent: the child
+    of a threaded process may only call what is already loaded."""
+    if os.uname().sysname != "Linux":
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def set_death_signal() -> None:  # pragma: no cover - runs in the child
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return set_death_signal
 
 
 def run(argv: t.Sequence[str], timeout: float, *, env: t.Mapping[str, str] | None = None,

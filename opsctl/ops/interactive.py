@@ -174,8 +174,10 @@ def forward(tgt: Target, local: int, remote_port: int,
             "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
             "-L", f"127.0.0.1:{local}:{address}:{remote_port}"])
         # a session of its own: Ctrl-C, SIGTERM and SIGHUP reach opsctl, which ends it
-        # (`finally`, and procgroup's handlers for a signal that arrives anywhere)
-        proc = procgroup.Group(argv, stdout=procgroup.INHERIT, stderr=procgroup.INHERIT)
+        # (`finally`, and procgroup's handlers for a signal that arrives anywhere); a SIGKILL
+        # of opsctl ends it too (die_with_parent), so no port stays forwarded
+        proc = procgroup.Group(argv, stdout=procgroup.INHERIT, stderr=procgroup.INHERIT,
+                               die_with_parent=True)
         try:
             deadline = time.monotonic() + FORWARD_READY_S
             # listening = the port is taken (it was free before); connecting to test it would

@@ -17,24 +17,21 @@ Where the files are: the trainer says it once, in its ``trackers`` event (the lo
 says it again). The copy lives under ``<opsctl home>/tensorboard/<host>-ct<ct>/<job>/`` and
 is refreshed every ``refresh_s`` while the job lives.
 
-The server: ``python -m tensorboard.main`` of this interpreter, bound to 127.0.0.1 only, in
-a session of its own that this process ends (SIGTERM, then SIGKILL) on Ctrl-C, SIGTERM,
-SIGHUP or any error; on Linux it also gets ``PR_SET_PDEATHSIG``, so it ends with this
-process even after a SIGKILL.
+The server: ``python -m tensorboard.main`` of this interpreter, bound to 127.0.0.1 only,
+started and ended the one way opsctl ends a process tree (:mod:`remote_payload.procgroup`:
+its own session, SIGTERM, then SIGKILL) on Ctrl-C, SIGTERM, SIGHUP or any error, and with
+``die_with_parent``, so it ends with this process even after a SIGKILL.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import itertools
 import json
-import os
 import posixpath
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +44,7 @@ from pathlib import Path
 from opsctl.config import paths
 from opsctl.errors import ConfigError, OpsctlError, RemoteCommandFailed
 from opsctl.ops import files, watch
-from remote_payload import wire
+from remote_payload import procgroup, wire
 
 if t.TYPE_CHECKING:
     from opsctl.ops.jobs import Target
@@ -58,7 +55,6 @@ READY_S = 60.0
 STOP_GRACE_S = 5.0
 #: The text of the event line the trainer prints, as the wrapper writes it to events.jsonl.
 TRACKERS_LINE = f'{{"event":"{wire.EVENT_TRACKERS}",'
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -267,11 +263,6 @@ def check_port(port: int) -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class Server:
     """The local TensorBoard process; a context manager that always ends it."""
 
@@ -280,9 +271,8 @@ class Server:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - read back on failure, closed in stop
         argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                 "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.group = procgroup.Group(argv, stdout=self.log.fileno(), stderr=self.log.fileno(),
+                                     die_with_parent=True)
 
     @property
     def url(self) -> str:
@@ -292,8 +282,8 @@ class Server:
         """Raises ConfigError (with TensorBoard's own last words) if it never answers."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ConfigError(f"tensorboard exited with {self.proc.returncode} before serving: "
+            if self.group.poll() is not None:
+                raise ConfigError(f"tensorboard exited with {self.group.returncode} before serving: "
                                   f"{self.tail()}")
             try:
                 with urllib.request.urlopen(self.url, timeout=2) as reply:
@@ -311,19 +301,11 @@ class Server:
         return lines[-1] if lines else "(no output)"
 
     def stop(self) -> None:
-        """End its whole session: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        with contextlib.suppress(ProcessLookupError):  # anything it left in its session
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
+        """End its whole tree: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`."""
+        try:
+            self.group.end(grace=STOP_GRACE_S)
+        finally:
+            self.log.close()
 
     def __enter__(self) -> Server:
         return self
@@ -411,8 +393,8 @@ def serve(tgt: Target, src: Source, port: int, refresh_s: float,
                         sleep(3600)
                         continue
                     sleep(refresh_s)
-                    if server.proc.poll() is not None:
-                        raise ConfigError(f"tensorboard exited with {server.proc.returncode}: "
+                    if server.group.poll() is not None:
+                        raise ConfigError(f"tensorboard exited with {server.group.returncode}: "
                                           f"{server.tail()}")
                     try:
                         refresh(tgt, src)

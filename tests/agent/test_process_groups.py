@@ -71,6 +71,49 @@ def test_ending_a_group_twice_is_harmless(token):
     assert not _with_token(token)
 
 
+def test_a_child_started_to_die_with_its_parent_ends_when_the_parent_is_sigkilled(token):
+    """SIGKILL runs no handler: the child gets its SIGTERM from the kernel (PR_SET_PDEATHSIG)."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""\
+            import sys, time
+            from remote_payload import procgroup
+            group = procgroup.Group(["sleep", "300"], stdout=procgroup.DEVNULL,
+                                    stderr=procgroup.DEVNULL, die_with_parent=True)
+            print(group.pid, flush=True)
+            time.sleep(300)
+            """)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert _with_token(token) >= {child}
+        parent.kill()
+        parent.wait(10)
+        assert wait_for(lambda: not _with_token(token), 10, what="the child to end"), _with_token(token)
+    finally:
+        parent.kill()
+
+
+def test_a_child_without_it_outlives_a_sigkilled_parent_which_is_why_it_exists(token):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import time; from remote_payload import procgroup; "
+         "g = procgroup.Group(['sleep', '300']); print(g.pid, flush=True); time.sleep(300)"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(10)
+    time.sleep(0.5)
+    assert child in _with_token(token)  # the token fixture ends it
+
+
+def test_a_childs_output_can_go_to_an_open_file_either_way_it_is_started(tmp_path):
+    for die_with_parent in (False, True):
+        log = tmp_path / f"log-{die_with_parent}"
+        with log.open("wb") as f:
+            group = procgroup.Group(["sh", "-c", "echo out; echo err >&2"], stdout=f.fileno(),
+                                    stderr=f.fileno(), die_with_parent=die_with_parent)
+            assert group.wait(10) == 0
+        assert sorted(log.read_text().split()) == ["err", "out"]
+
+
 def test_output_past_the_cap_is_read_and_dropped_so_the_child_never_blocks():
     done = procgroup.run(["sh", "-c", "head -c 5000000 /dev/zero; echo end >&2"], 20, cap=1000)
     assert (done.rc, len(done.out), done.out_dropped, done.err) == (0, 1000, 4999000, b"end\n")

@@ -159,6 +159,21 @@ def test_forward_ended_by_a_signal_leaves_no_tunnel_listening(target, sig, code)
             os.kill(pid, 9)
 
 
+def test_forward_killed_with_sigkill_leaves_no_tunnel_listening(target):
+    """SIGKILL runs no handler: the tunnel was started to die with its parent."""
+    remote, local = _free_port(), _free_port()
+    fwd = opsctl_pty("forward", f"{local}:{remote}", *T)
+    try:
+        fwd.expect(rb"forwarding 127\.0\.0\.1:\d+ -> ")
+        assert _tunnels_to(local)
+        os.kill(fwd.pid, 9)
+        assert wait_for(lambda: not _tunnels_to(local), 10, what="the tunnel to end"), _tunnels_to(local)
+    finally:
+        fwd.close(force=True)
+        for pid in _tunnels_to(local):
+            os.kill(pid, 9)
+
+
 def test_stop_asks_on_a_terminal_and_no_leaves_the_job_running(target):
     term = opsctl_pty("stop", *T, target)
     term.expect(rb"stop job \S+ \(RUNNING, no step yet\)\? \[y/N\]")

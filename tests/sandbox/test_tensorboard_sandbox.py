@@ -303,6 +303,22 @@ def test_sigterm_while_tensorboard_starts_ends_it_and_leaves_nothing(deploy, iso
     _ends_clean(p, isolated_env, [])
 
 
+def test_sigkill_of_opsctl_still_ends_its_tensorboard_server(deploy, isolated_env, tmp_path):
+    """SIGKILL runs no handler: the server was started to die with its parent."""
+    job_id = deploy(_job(f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard", _event_file(tmp_path)))
+    p = _start(job_id)
+    try:
+        assert wait_for(lambda: _tensorboards(isolated_env), 120, what="the local TensorBoard process")
+        p.kill()
+        p.wait(10)
+        assert wait_for(lambda: not _tensorboards(isolated_env), 15, what="the server to end"), \
+            _tensorboards(isolated_env)
+    finally:
+        p.kill()
+        for pid in _tensorboards(isolated_env):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sighup_during_a_re_pull_stops_it_and_the_server(sandbox, isolated_env, tmp_path):
     """A running job (it waits for a file), so the copy is pulled again every second."""
     inv = isolated_env / "inventory"
