@@ -347,15 +347,22 @@ class Group:
 def _death_signal_setter() -> t.Callable[[], None] | None:
     """What the child runs between fork and exec so that it gets SIGTERM when its parent
     thread ends (None where there is no ``prctl``). Resolved here, in the parent: the child
-    of a threaded process may only call what is already loaded."""
+    of a threaded process may only call what is already loaded.
+
+    A parent that dies between the fork and the ``prctl`` sends no signal (the child was
+    already reparented): the child then sees another parent and ends itself, as the signal
+    would have ended it, rather than run on with no one to end it."""
     if os.uname().sysname != "Linux":
         return None
     import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
 
     def set_death_signal() -> None:  # pragma: no cover - runs in the child
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
 
     return set_death_signal
 

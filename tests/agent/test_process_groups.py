@@ -114,6 +114,32 @@ def test_a_childs_output_can_go_to_an_open_file_either_way_it_is_started(tmp_pat
         assert sorted(log.read_text().split()) == ["err", "out"]
 
 
+def test_a_child_whose_parent_died_before_it_asked_for_the_death_signal_ends_at_once():
+    """A parent SIGKILLed between the fork and the child's ``prctl`` sends no death signal
+    (the child was reparented first): the child must end itself rather than run on."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover - the parent that dies; it exits right after the fork
+        try:
+            me, setter = os.getpid(), procgroup._death_signal_setter()
+            if os.fork() == 0:  # the child, between fork and exec, once its parent is gone
+                try:
+                    deadline = time.monotonic() + 10
+                    while os.getppid() == me and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert setter is not None
+                    setter()
+                    os.write(w, b"ran on")
+                finally:
+                    os._exit(0)
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b""
+
+
 def test_output_past_the_cap_is_read_and_dropped_so_the_child_never_blocks():
     done = procgroup.run(["sh", "-c", "head -c 5000000 /dev/zero; echo end >&2"], 20, cap=1000)
     assert (done.rc, len(done.out), done.out_dropped, done.err) == (0, 1000, 4999000, b"end\n")
