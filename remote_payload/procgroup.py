@@ -132,6 +132,11 @@ class Group:
             elif how == DEVNULL:
                 actions.append((os.POSIX_SPAWN_DUP2, null, target))
             elif how >= 0:
+                if how <= 2:  # the child's 0, 1 and 2 are replaced in order: dup a copy above them
+                    import fcntl
+
+                    how = fcntl.fcntl(how, fcntl.F_DUPFD_CLOEXEC, 3)
+                    opened.append(how)
                 actions.append((os.POSIX_SPAWN_DUP2, how, target))
         for target, source in hand_over.items():  # dup2 clears close-on-exec on the copy
             actions.append((os.POSIX_SPAWN_DUP2, source, target))

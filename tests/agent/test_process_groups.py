@@ -140,6 +140,20 @@ def test_a_child_whose_parent_died_before_it_asked_for_the_death_signal_ends_at_
         assert f.read() == b""
 
 
+@pytest.mark.parametrize("die_with_parent", [False, True])
+def test_a_child_can_write_to_this_processs_stdout_and_stderr_as_numbers(capfd, die_with_parent):
+    """fds 1 and 2 name this process's streams even though the child's own 1 and 2 are being
+    replaced: stderr to this stdout while stdout is read, and the two swapped."""
+    capfd.readouterr()
+    done = procgroup.Group(["sh", "-c", "echo out; echo err >&2"], stdout=procgroup.PIPE,
+                           stderr=1, die_with_parent=die_with_parent).result(10)
+    assert (done.out, capfd.readouterr().out) == (b"out\n", "err\n")
+    group = procgroup.Group(["sh", "-c", "echo out; echo err >&2"], stdout=2, stderr=1,
+                            die_with_parent=die_with_parent)
+    assert group.wait(10) == 0
+    assert capfd.readouterr() == ("err\n", "out\n")
+
+
 def test_output_past_the_cap_is_read_and_dropped_so_the_child_never_blocks():
     done = procgroup.run(["sh", "-c", "head -c 5000000 /dev/zero; echo end >&2"], 20, cap=1000)
     assert (done.rc, len(done.out), done.out_dropped, done.err) == (0, 1000, 4999000, b"end\n")
