@@ -107,6 +107,9 @@ class Group:
         self.returncode: int | None = None
         self.out: int | None = None
         self.err: int | None = None
+        for how in (stdout, stderr):
+            if how < DEVNULL:  # the spawn path would read it as INHERIT, the other refuse it
+                raise ValueError(f"stdout/stderr {how}: not PIPE, INHERIT, DEVNULL or an fd >= 0")
         if cwd is None and not die_with_parent:
             self.pid = self._spawn(full, stdout, stderr, hand_over or {})
         elif hand_over:

@@ -154,6 +154,12 @@ def test_a_child_can_write_to_this_processs_stdout_and_stderr_as_numbers(capfd, 
     assert capfd.readouterr() == ("err\n", "out\n")
 
 
+@pytest.mark.parametrize("die_with_parent", [False, True])
+def test_a_stream_setting_that_is_neither_a_constant_nor_an_fd_is_refused(die_with_parent):
+    with pytest.raises(ValueError, match="-7"):
+        procgroup.Group(["true"], stdout=-7, die_with_parent=die_with_parent)
+
+
 def test_output_past_the_cap_is_read_and_dropped_so_the_child_never_blocks():
     done = procgroup.run(["sh", "-c", "head -c 5000000 /dev/zero; echo end >&2"], 20, cap=1000)
     assert (done.rc, len(done.out), done.out_dropped, done.err) == (0, 1000, 4999000, b"end\n")
