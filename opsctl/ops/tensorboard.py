@@ -271,8 +271,13 @@ class Server:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - read back on failure, closed in stop
         argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                 "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "5"]
-        self.group = procgroup.Group(argv, stdout=self.log.fileno(), stderr=self.log.fileno(),
-                                     die_with_parent=True)
+        try:
+            self.group = procgroup.Group(argv, stdout=self.log.fileno(), stderr=self.log.fileno(),
+                                         die_with_parent=True)
+        except OSError as exc:  # no process or file left to start it with
+            self.log.close()
+            raise ConfigError(f"cannot start tensorboard here: {exc.strerror or exc}",
+                              hint="free processes or open files on this machine, then retry") from None
 
     @property
     def url(self) -> str:

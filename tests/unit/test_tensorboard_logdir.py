@@ -132,3 +132,11 @@ def test_a_file_where_the_copys_directory_goes_is_one_line(isolated_env):
     with pytest.raises(ConfigError, match=r"cannot make .* for the TensorBoard copy"):
         tb.make_local_dir(isolated_env / "tensorboard" / "host-ct200" / "job1")
     assert (isolated_env / "tensorboard").read_text() == "mine"
+
+
+def test_a_server_that_cannot_start_is_one_line_and_leaves_no_open_file(monkeypatch, tmp_path):
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ConfigError, match="cannot start tensorboard here: No such file"):
+        tb.Server(tmp_path, 0)
+    assert len(os.listdir("/proc/self/fd")) == before
