@@ -110,6 +110,11 @@ class Group:
         for how in (stdout, stderr):
             if how < DEVNULL:  # the spawn path would read it as INHERIT, the other refuse it
                 raise ValueError(f"stdout/stderr {how}: not PIPE, INHERIT, DEVNULL or an fd >= 0")
+        if die_with_parent:
+            import threading
+
+            if threading.current_thread() is not threading.main_thread():
+                raise ValueError("die_with_parent from a thread: its child would end with the thread")
         if cwd is None and not die_with_parent:
             self.pid = self._spawn(full, stdout, stderr, hand_over or {})
         elif hand_over:

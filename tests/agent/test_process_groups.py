@@ -92,6 +92,23 @@ def test_a_child_started_to_die_with_its_parent_ends_when_the_parent_is_sigkille
         parent.kill()
 
 
+def test_a_child_to_die_with_its_parent_is_refused_from_a_thread_which_would_end_it_early():
+    import threading
+
+    caught: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            procgroup.Group(["true"], die_with_parent=True)
+        except ValueError as exc:
+            caught.append(exc)
+
+    worker = threading.Thread(target=start)
+    worker.start()
+    worker.join(10)
+    assert caught and "from a thread" in str(caught[0])
+
+
 def test_a_child_without_it_outlives_a_sigkilled_parent_which_is_why_it_exists(token):
     parent = subprocess.Popen(
         [sys.executable, "-c", "import time; from remote_payload import procgroup; "
