@@ -117,7 +117,7 @@ def test_a_child_without_it_outlives_a_sigkilled_parent_which_is_why_it_exists(t
     child = int(parent.stdout.readline())
     parent.kill()
     parent.wait(10)
-    time.sleep(0.5)
+    time.sleep(0.5)  # scenario: the time a death signal would have taken to end it
     assert child in _with_token(token)  # the token fixture ends it
 
 
@@ -141,9 +141,7 @@ def test_a_child_whose_parent_died_before_it_asked_for_the_death_signal_ends_at_
             me, setter = os.getpid(), procgroup._death_signal_setter()
             if os.fork() == 0:  # the child, between fork and exec, once its parent is gone
                 try:
-                    deadline = time.monotonic() + 10
-                    while os.getppid() == me and time.monotonic() < deadline:
-                        time.sleep(0.01)
+                    wait_for(lambda: os.getppid() != me, 10, interval=0.01)
                     assert setter is not None
                     setter()
                     os.write(w, b"ran on")
