@@ -118,7 +118,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="opsctl-bench-"))
     (home / "inventory").mkdir()
     shutil.copy(info.inventory_file, home / "inventory" / "sandbox.yaml")
-    venvs = Path(tempfile.mkdtemp(prefix="opsctl-bench-venvs-"))
+    venvs = home / "venvs"  # removed with the home
     env = {**_installed_like(), "OPSCTL_HOME": str(home), "OPSCTL_INVENTORY_DIRS": str(home / "inventory")}
     if installed:
         opsctl = _install(REPO, venvs / "checkout")
@@ -193,7 +193,6 @@ def main() -> None:
         results["load_avg_1m_end"] = os.getloadavg()[0]
         _report(results, args.json_out, vars(args))
         shutil.rmtree(home, ignore_errors=True)
-        shutil.rmtree(venvs, ignore_errors=True)
         return
 
     redeploy = [timed([*opsctl, "deploy", *target, "--playbook", book("bench-long", LONG_JOB),
@@ -219,7 +218,6 @@ def main() -> None:
 
     _report(results, args.json_out, vars(args))
     shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(venvs, ignore_errors=True)
 
 
 def _installed_like() -> dict[str, str]:
@@ -270,9 +268,7 @@ def _install(tree: Path, venv: Path) -> list[str]:
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(argv[:4])} … failed: {proc.stderr.strip()[-2000:]}")
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
-                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
     (site / "opsctl-bench-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     wheel = next(wheels.glob("opsctl-*.whl"))
     proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--no-deps",

@@ -51,10 +51,11 @@ from remote_payload import limits
 MARKER = "OPSCTL_PROCGROUP"
 GRACE_S = 2.0
 _READ_SIZE = 65536
-PIPE = -1  #: ``stdout``/``stderr``: read it (:meth:`Group.result`)
-INHERIT = -2  #: ``stdout``/``stderr``: this process's own
+# ``stdout``/``stderr``: one of these, or an open file descriptor >= 0 (the stream goes there)
+PIPE = -1  #: read it (:meth:`Group.result`)
+INHERIT = -2  #: this process's own
 DEVNULL = -3
-#: (``stdout``/``stderr`` may also be an open file descriptor >= 0: the stream goes to that file)
+
 PR_SET_PDEATHSIG = 1  #: prctl(2)
 
 _LIVE: dict[int, Group] = {}
