@@ -21,8 +21,10 @@ def main() -> None:
     try:
         command_line()
     except SystemExit as exc:
+        interrupts.reraise_if_terminated(exc.code)
         interrupts.end_if_reader_gone(exc.code)
         raise
+    interrupts.reraise_if_terminated(0)
     interrupts.end_if_reader_gone(0)
 
 

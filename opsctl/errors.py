@@ -63,7 +63,9 @@ EXIT_CODES: dict[int, str] = {
                       "(each row carries its own error and exit code); `status --nodes`/`stop "
                       "--nodes`: a node could not be asked (`\"ok\": false`; `stop` stopped the "
                       "run's job on the nodes it reached)",
-    DOCTOR_FAILED: "`opsctl doctor` found a failing check (each row names its evidence and fix)",
+    DOCTOR_FAILED: "`opsctl doctor` found a failing check (each row names its evidence and fix), "
+                   "or its --deadline left no time for some checks (the `deadline` row names "
+                   "them): an incomplete doctor is never a clean bill",
     TORCH_ENV: "torch build install / verify / swap failed (previous build kept)",
     JOB_FAILED: "the job failed, was cancelled or lost (also `logs -f` and `status --follow` when the "
                 "job they followed ended so)",
@@ -72,9 +74,11 @@ EXIT_CODES: dict[int, str] = {
                  "remote job keeps running; an interrupted deploy never launches its job later and "
                  "says what it already did)",
     HANGUP: "the terminal went away (SIGHUP): every process opsctl had started here was ended "
-            "first (a `forward` tunnel, an ssh); the remote job keeps running",
+            "first (a `forward` tunnel, an ssh); the remote job keeps running (a deploy or "
+            "queue add says what it launched or queued, and the command that stops it)",
     TERMINATED: "ended by SIGTERM: every process opsctl had started here was ended first (a "
-                "`forward` tunnel, an ssh); the remote job keeps running",
+                "`forward` tunnel, an ssh); the remote job keeps running (a deploy or queue add "
+                "says what it launched or queued, and the command that stops it)",
 }
 
 #: Exit statuses opsctl passes on rather than chooses: the table's last row.
@@ -231,6 +235,21 @@ class SourceChanged(RemoteCommandFailed):
         return {**super().to_dict(), "files": self.files}
 
 
+class EntriesRefused(RemoteCommandFailed):
+    """What came back from a container held entries this machine does not create (a device,
+    FIFO or socket; a link leaving the copy) or broke the receiver's rules (a name leaving
+    the destination, a write through a link, more bytes than the cap): ``refused`` names them
+    as ``[name, why]``. Everything else that arrived is in place."""
+
+    def __init__(self, message: str, *, refused: t.Sequence[t.Sequence[str]] = (),
+                 hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.refused = [list(r) for r in refused]
+
+    def to_dict(self) -> dict[str, t.Any]:
+        return {**super().to_dict(), "refused": self.refused}
+
+
 class ReplyShapeError(RemoteCommandFailed):
     """The agent answered valid JSON that is not the shape ``remote_payload/wire_shapes.py``
     defines for the verb (a payload from another opsctl version, or a damaged reply)."""
@@ -311,6 +330,23 @@ class Declined(OpsctlError):
 
 
 class Interrupted(OpsctlError):
-    """Ctrl-C during a remote operation; the message says what was already done."""
+    """Ctrl-C, SIGTERM or SIGHUP during a remote operation; the message says what was already
+    done and how to undo it. ``signum``: the signal (None: Ctrl-C), whose exit code it takes
+    (:data:`TERMINATED`, :data:`HANGUP`)."""
 
     exit_code = INTERRUPTED
+
+    def __init__(self, message: str, *, hint: str | None = None, log_path: str | None = None,
+                 signum: int | None = None):
+        super().__init__(message, hint=hint, log_path=log_path)
+        self.signum = signum
+        if signum is not None:
+            self.exit_code = signal_exit_code(signum)
+
+
+def signal_exit_code(signum: int) -> int:
+    """The exit code of a run ended by SIGTERM or SIGHUP (a shell's 128 + n for any other)."""
+    import signal
+
+    codes: dict[int, int] = {signal.SIGTERM: TERMINATED, signal.SIGHUP: HANGUP}
+    return codes.get(signum, 128 + signum)

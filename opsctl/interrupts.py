@@ -10,6 +10,14 @@ Python's ``KeyboardInterrupt`` again, so each command says what it had already d
 (``opsctl.cli.app.report_interrupt``). SIGTERM and SIGHUP raise
 :class:`~remote_payload.procgroup.Terminated` at any time, after every child group was ended
 (``forward``'s tunnel, a probe's ``ssh``); ``finally`` blocks run on the way out.
+
+The signal is remembered too (``_received``), because the exception can be lost where it
+is raised: pydantic-core turns it into its own error when it lands while a schema is built or
+a string is matched (a "SchemaError" traceback, or a reply "not a StatusDoc" that blames the
+payload), ``compile()`` drops it while a module without bytecode is imported, a ``__del__``
+or the interpreter's wait for threads at exit prints it as "Exception ignored". Wherever the
+run then ends, it ends as the signal says: one line and its code (:func:`reraise_if_terminated`,
+:func:`_unraisable`).
 """
 
 from __future__ import annotations
@@ -32,18 +40,40 @@ def install() -> None:
     signal.signal(signal.SIGINT, _interrupted_before_commands)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminated)
-    global _original_hook
+    global _original_hook, _original_unraisable
     _original_hook = sys.excepthook
     sys.excepthook = _last_word
+    _original_unraisable = sys.unraisablehook
+    sys.unraisablehook = _unraisable
 
 
 _original_hook = sys.excepthook
+_original_unraisable = sys.unraisablehook
+#: SIGTERM or SIGHUP, once :func:`_terminated` took it (None: neither arrived; only the console
+#: script installs that handler, so a run in-process, as the tests' CLI runner, never sets it)
+_received: int | None = None
 
 
 def _terminated(signum: int, frame: types.FrameType | None) -> None:
+    global _received
+    _received = signum
     from remote_payload import procgroup
 
     procgroup.terminate(signum, frame)  # ends every child group, raises Terminated
+
+
+def reraise_if_terminated(code: object) -> None:
+    """On the way out with exit ``code`` (an error's, or 0): where SIGTERM or SIGHUP arrived and
+    its :class:`~remote_payload.procgroup.Terminated` was lost or became another error on the
+    way (see the module's docstring), raise it again, so the run ends as the signal says; a
+    ``code`` that is already the signal's (a deploy saying what it launched) stays."""
+    if _received is None:
+        return
+    from opsctl import errors
+    from remote_payload import procgroup
+
+    if code != errors.signal_exit_code(_received):
+        raise procgroup.Terminated(_received) from None
 
 
 def commands_running() -> None:
@@ -66,7 +96,22 @@ def _last_word(kind: type[BaseException], value: BaseException,
         _leave(None, "interrupted")
     if isinstance(value, procgroup.Terminated):
         _leave(value.signum, str(value))
+    if _received is not None:  # the signal's exception became this one (pydantic-core's)
+        _leave(_received, str(procgroup.Terminated(_received)))
     _original_hook(kind, value, tb)
+
+
+def _unraisable(unraisable: t.Any) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP landing where Python can only print it and go on (a
+    ``__del__``, the wait for threads at exit): the run ends there, as it would have."""
+    from remote_payload import procgroup
+
+    value = unraisable.exc_value
+    if isinstance(value, KeyboardInterrupt):
+        _leave(None, "interrupted")
+    if isinstance(value, procgroup.Terminated):
+        _leave(value.signum, str(value))
+    _original_unraisable(unraisable)
 
 
 def _leave(signum: int | None, words: str) -> None:

@@ -27,6 +27,27 @@ EVIDENCE_LINE_CHARS = 300
 #: bytes of an agent verb's reply the CLI keeps (a hostile or broken agent that prints
 #: without end costs this much memory, then its reply is an error naming the cap)
 REPLY_BYTES = 64 << 20
+#: bytes of one ``/proc/<pid>/cmdline`` or ``environ`` read (the kernel's own limit on a
+#: process's arguments and environment is a quarter of its stack limit, 2 MiB by default)
+PROC_FILE_BYTES = 4 << 20
+#: bytes of ``jobs/current`` the agent reads (a job id and a newline; more is not its file)
+CURRENT_JOB_BYTES = 4096
+#: bytes of one saved log of a failed step (``~/.opsctl/logs``): its first and last halves
+#: are kept, with a line naming how many bytes were cut between them
+LOG_FILE_BYTES = 1 << 20
+#: bytes all of opsctl's saved logs may hold together; the oldest are removed first
+LOGS_TOTAL_BYTES = 64 << 20
+#: bytes of file data one ``opsctl tensorboard`` copy of a job's event files may hold (a
+#: scalar-only run writes a few MB; a container that grows its event files without end
+#: stops the copy with an error naming the cap, never fills this machine's disk)
+PULLED_EVENT_BYTES = 1 << 30
+#: levels of directories below a copied tree's root that ``push``/``pull`` list, write and
+#: walk (a hostile stream's 2000-deep tree, or a legitimate one, is one error naming this cap,
+#: never a RecursionError); ``remote_payload/tarsync.py`` carries the same number as it runs
+#: alone in the container, and a test holds the two equal
+TREE_DEPTH = 256
+#: bytes of the job's last ``trackers`` event line read (the logdir it names fits many times)
+TRACKERS_LINE_BYTES = 64 << 10
 
 _ENV = {
     "CHILD_OUTPUT_BYTES": "OPSCTL_CHILD_OUTPUT_BYTES",
@@ -34,6 +55,11 @@ _ENV = {
     "KERNLOG_LINES": "OPSCTL_KERNLOG_LINES",
     "EVIDENCE_LINE_CHARS": "OPSCTL_EVIDENCE_LINE_CHARS",
     "REPLY_BYTES": "OPSCTL_REPLY_BYTES",
+    "PROC_FILE_BYTES": "OPSCTL_PROC_FILE_BYTES",
+    "LOG_FILE_BYTES": "OPSCTL_LOG_FILE_BYTES",
+    "LOGS_TOTAL_BYTES": "OPSCTL_LOGS_TOTAL_BYTES",
+    "PULLED_EVENT_BYTES": "OPSCTL_PULLED_EVENT_BYTES",
+    "TRACKERS_LINE_BYTES": "OPSCTL_TRACKERS_LINE_BYTES",
 }
 
 

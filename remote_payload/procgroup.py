@@ -30,6 +30,13 @@ A child that must not outlive this process even when it is SIGKILLed (which runs
 a local server, a port forward) is started with ``die_with_parent``: Linux's
 ``PR_SET_PDEATHSIG`` sends it SIGTERM when the thread that started it ends.
 
+Output is read by :meth:`Group.result` (whole, capped) or :meth:`Group.stream` (line by line,
+for pip's progress); both keep the deadline with ``poll``, so a silent child or a grandchild
+holding the pipe is ended on time. A process found by number (a job's, by
+:mod:`remote_payload.agent.jobstore`) is signalled through :func:`signal_if`, held by a pidfd.
+Nothing else starts or signals a process: ``tests/unit/test_only_procgroup.py`` fails on a
+spawn or a signal outside this module, except at the places it lists with their reasons.
+
 What this cannot reach: a process that left both the session and the environment marker
 (``env -i setsid …``); the job wrapper's cgroup covers that for jobs
 (``remote_payload/agent/jobstore.py``). ``opsctl exec``'s guard (``agent/execguard.py``) runs
@@ -46,15 +53,17 @@ import signal
 import time
 import typing as t
 
-from remote_payload import limits
+from remote_payload import limits, procfs
 
 MARKER = "OPSCTL_PROCGROUP"
 GRACE_S = 2.0
 _READ_SIZE = 65536
 # ``stdout``/``stderr``: one of these, or an open file descriptor >= 0 (the stream goes there)
-PIPE = -1  #: read it (:meth:`Group.result`)
+PIPE = -1  #: read it (:meth:`Group.result`); for ``stdin``: write it (:attr:`Group.inp`)
 INHERIT = -2  #: this process's own
 DEVNULL = -3
+STDOUT = -4  #: ``stderr`` only: where ``stdout`` goes (one stream, in the order printed)
+_LINE_CAP = 65536  #: :meth:`Group.stream`: a longer line is handed over in pieces this long
 
 PR_SET_PDEATHSIG = 1  #: prctl(2)
 
@@ -88,8 +97,9 @@ class Finished(t.NamedTuple):
 
 
 class Group:
-    """``argv`` started now in a session of its own (found on PATH; stdin /dev/null).
-    ``hand_over`` ({child fd: this process's fd}) gives the child one of this process's
+    """``argv`` started now in a session of its own (found on PATH). ``stdin``: /dev/null
+    (DEVNULL), a pipe this process writes (PIPE: :attr:`inp`, closed by the caller) or an
+    open file descriptor. ``hand_over`` ({child fd: this process's fd}) gives the child one of this process's
     open files (a lock) under a fixed number. ``die_with_parent``: the child gets SIGTERM
     when the thread that started it ends, however it ends (Linux; start it from the main
     thread).
@@ -100,7 +110,8 @@ class Group:
 
     def __init__(self, argv: t.Sequence[str], *, env: t.Mapping[str, str] | None = None,
                  cwd: str | None = None, stdout: int = PIPE, stderr: int = PIPE,
-                 hand_over: t.Mapping[int, int] | None = None, die_with_parent: bool = False):
+                 stdin: int = DEVNULL, hand_over: t.Mapping[int, int] | None = None,
+                 die_with_parent: bool = False):
         self.argv = list(argv)
         self.token = f"{os.getpid()}-{time.monotonic_ns()}-{id(self)}"
         full = dict(os.environ if env is None else env)
@@ -108,32 +119,50 @@ class Group:
         self.returncode: int | None = None
         self.out: int | None = None
         self.err: int | None = None
-        for how in (stdout, stderr):
+        self.inp: int | None = None  #: the write end of the child's stdin (``stdin=PIPE``)
+        for how in (stdout, stderr if stderr != STDOUT else PIPE, stdin):
             if how < DEVNULL:  # the spawn path would read it as INHERIT, the other refuse it
-                raise ValueError(f"stdout/stderr {how}: not PIPE, INHERIT, DEVNULL or an fd >= 0")
+                raise ValueError(f"stdin/stdout/stderr {how}: not PIPE, INHERIT, DEVNULL or an "
+                                 "fd >= 0 (STDOUT: stderr only)")
+        if stdin == INHERIT:
+            raise ValueError("stdin INHERIT: a child never reads this process's terminal")
         if die_with_parent:
             import threading
 
             if threading.current_thread() is not threading.main_thread():
                 raise ValueError("die_with_parent from a thread: its child would end with the thread")
         if cwd is None and not die_with_parent:
-            self.pid = self._spawn(full, stdout, stderr, hand_over or {})
+            self.pid = self._spawn(full, stdin, stdout, stderr, hand_over or {})
         elif hand_over:
             raise ValueError("hand_over needs cwd None and no die_with_parent")
         else:
-            self.pid = self._popen(full, cwd, stdout, stderr, die_with_parent)
+            self.pid = self._popen(full, cwd, stdin, stdout, stderr, die_with_parent)
         _LIVE[self.pid] = self
 
-    def _spawn(self, env: dict[str, str], stdout: int, stderr: int,
+    def _spawn(self, env: dict[str, str], stdin: int, stdout: int, stderr: int,
                hand_over: t.Mapping[int, int]) -> int:
         opened: list[int] = []
         actions: list[tuple[int, int, int]] = []
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         opened.append(null)
-        actions.append((os.POSIX_SPAWN_DUP2, null, 0))
         ends: dict[int, int] = {}
+        if stdin == PIPE:
+            r, w = os.pipe()
+            ends[0] = w
+            opened.append(r)
+            actions.append((os.POSIX_SPAWN_DUP2, r, 0))
+        elif stdin >= 0:
+            import fcntl
+
+            copy = fcntl.fcntl(stdin, fcntl.F_DUPFD_CLOEXEC, 3)  # never one of 0, 1, 2
+            opened.append(copy)
+            actions.append((os.POSIX_SPAWN_DUP2, copy, 0))
+        else:
+            actions.append((os.POSIX_SPAWN_DUP2, null, 0))
         for target, how in ((1, stdout), (2, stderr)):
-            if how == PIPE:
+            if how == STDOUT:  # the actions run in order: 1 is already the child's stdout
+                actions.append((os.POSIX_SPAWN_DUP2, 1, 2))
+            elif how == PIPE:
                 r, w = os.pipe()  # close-on-exec; dup2 onto 1 or 2 clears it in the child
                 ends[target] = r
                 opened.append(w)
@@ -159,26 +188,28 @@ class Group:
         finally:
             for fd in opened:
                 os.close(fd)
-        self.out, self.err = ends.get(1), ends.get(2)
+        self.inp, self.out, self.err = ends.get(0), ends.get(1), ends.get(2)
         return pid
 
-    def _popen(self, env: dict[str, str], cwd: str | None, stdout: int, stderr: int,
-               die_with_parent: bool) -> int:
+    def _popen(self, env: dict[str, str], cwd: str | None, stdin: int, stdout: int,
+               stderr: int, die_with_parent: bool) -> int:
         import subprocess
 
         def how(value: int) -> int | None:
             if value >= 0:
                 return value
-            return {PIPE: subprocess.PIPE, DEVNULL: subprocess.DEVNULL, INHERIT: None}[value]
+            return {PIPE: subprocess.PIPE, DEVNULL: subprocess.DEVNULL, INHERIT: None,
+                    STDOUT: subprocess.STDOUT}[value]
 
         preexec = _death_signal_setter() if die_with_parent else None
-        proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdin=how(stdin),
                                 stdout=how(stdout), stderr=how(stderr), start_new_session=True,
                                 preexec_fn=preexec)
         self._proc = proc  # keeps the pipe objects (their fds are read below) alive
+        self.inp = os.dup(proc.stdin.fileno()) if proc.stdin else None
         self.out = os.dup(proc.stdout.fileno()) if proc.stdout else None
         self.err = os.dup(proc.stderr.fileno()) if proc.stderr else None
-        for f in (proc.stdout, proc.stderr):
+        for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
         proc.returncode = 0  # reaped here, not by subprocess (its __del__ stays quiet)
@@ -286,6 +317,99 @@ class Group:
             raise ChildTimeout(f"still running after {timeout:g} s", done)
         return done
 
+    def stream(self, timeout: float | None, on_line: t.Callable[[str], None], *,
+               on_tick: t.Callable[[], None] | None = None, tick_s: float = 15.0,
+               linger: float = GRACE_S, grace: float = GRACE_S) -> int:
+        """Hand each line the child prints (stdout, then stderr if piped too; without its
+        newline, decoded as UTF-8 with replacement; a line over 64 KiB in pieces) to
+        ``on_line`` as it arrives, and ``on_tick`` every ``tick_s`` seconds (a heartbeat),
+        until the child exited and closed its pipes. Returns its exit code; the whole tree
+        is ended before this returns, so nothing it started runs on.
+
+        The deadline holds whatever the child does: it is kept by ``poll`` with a timeout,
+        never by a read that waits for the next line, so a silent child is ended on time.
+        A grandchild that keeps a pipe open after the child exited gets ``linger`` seconds
+        to finish printing, then the tree is ended (the child's exit code stands).
+
+        Raises:
+            ChildTimeout: not finished within ``timeout`` seconds (None: no deadline); its
+                tree got SIGTERM, ``grace`` seconds, then SIGKILL (``grace`` 0: SIGKILL).
+        """
+        fds = [fd for fd in (self.out, self.err) if fd is not None]
+        partial = {fd: bytearray() for fd in fds}
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        reading = set(fds)
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        next_tick = start + tick_s if on_tick is not None else None
+        exited_at: float | None = None
+        timed_out = False
+
+        def take(fd: int, data: bytes) -> None:
+            buf = partial[fd]
+            buf += data
+            while True:
+                cut = buf.find(b"\n")
+                if cut < 0 and len(buf) < _LINE_CAP:
+                    break
+                end = cut if 0 <= cut < _LINE_CAP else _LINE_CAP
+                piece = bytes(buf[:end])
+                del buf[:end + 1 if end == cut else end]
+                on_line(piece.decode("utf-8", "replace"))
+
+        try:
+            while True:
+                now = time.monotonic()
+                if next_tick is not None and on_tick is not None and now >= next_tick:
+                    on_tick()
+                    next_tick = now + tick_s
+                if exited_at is None and self._exited():
+                    exited_at = now
+                if exited_at is not None and (not reading or now >= exited_at + linger):
+                    break  # done; or what is left of its tree holds a pipe: ended below
+                if deadline is not None and now >= deadline:
+                    timed_out = True
+                    break
+                wake = [now + 0.1]  # the child's exit is seen within this
+                if deadline is not None:
+                    wake.append(deadline)
+                if next_tick is not None:
+                    wake.append(next_tick)
+                if exited_at is not None:
+                    wake.append(exited_at + linger)
+                wait_ms = max(1, int((min(wake) - now) * 1000))
+                if not reading:
+                    time.sleep(wait_ms / 1000)
+                    continue
+                for fd, _ in poller.poll(wait_ms):
+                    data = os.read(fd, _READ_SIZE)
+                    if data:
+                        take(fd, data)
+                    else:  # EOF: every holder of the pipe closed it
+                        poller.unregister(fd)
+                        reading.discard(fd)
+            self.end(grace=grace if timed_out else 0.2)
+            for fd in reading:  # what the ended tree printed before it went (bounded: a
+                for _ in range(16):  # process that left session and marker may hold it)
+                    if not select.select([fd], [], [], 0)[0] or not (data := os.read(fd, _READ_SIZE)):
+                        break
+                    take(fd, data)
+            for fd in fds:
+                if partial[fd]:
+                    on_line(bytes(partial[fd]).decode("utf-8", "replace"))
+        except BaseException:
+            self.end()
+            raise
+        finally:
+            self._close_pipes()
+        _LIVE.pop(self.pid, None)
+        rc = self.returncode if self.returncode is not None else -signal.SIGKILL
+        if timed_out:
+            raise ChildTimeout(f"still running after {timeout:g} s", Finished(rc, b"", b"", 0, 0))
+        return rc
+
     def _close_pipes(self) -> None:
         for fd in (self.out, self.err):
             if fd is not None:
@@ -304,9 +428,11 @@ class Group:
 
         The child stays unreaped (a zombie) until its tree is gone: its number then stays
         its group's, so the group signal reaches its own group and never one a reused
-        number names. Once reaped, only marked processes are signalled."""
-        self._signal_tree(signal.SIGTERM)
-        if not self._gone_within(grace):
+        number names. Once reaped, only marked processes are signalled. ``grace`` 0: SIGKILL
+        at once (a tree that had its chance, or one whose exit signal is evidence)."""
+        if grace > 0:
+            self._signal_tree(signal.SIGTERM)
+        if grace <= 0 or not self._gone_within(grace):
             until = time.monotonic() + GRACE_S
             while True:
                 self._signal_tree(signal.SIGKILL)
@@ -319,6 +445,11 @@ class Group:
                 pass
         _LIVE.pop(self.pid, None)
         return self.returncode
+
+    def exited(self) -> bool:
+        """Whether the child exited; it stays unreaped where the platform allows, so its
+        group can still be ended by number (:meth:`end`): wait on this, then end."""
+        return self._exited()
 
     def _exited(self) -> bool:
         """Whether the child exited, leaving it unreaped where the platform allows."""
@@ -382,14 +513,24 @@ def _death_signal_setter() -> t.Callable[[], None] | None:
 
 
 def run(argv: t.Sequence[str], timeout: float, *, env: t.Mapping[str, str] | None = None,
-        cwd: str | None = None, cap: int | None = None) -> Finished:
-    """``argv`` to its end, its output capped (:meth:`Group.result`).
+        cwd: str | None = None, cap: int | None = None, input: bytes | None = None) -> Finished:
+    """``argv`` to its end, its output capped (:meth:`Group.result`). ``input``: what it
+    reads on stdin, from an unlinked temporary file (a pipe written while its output is read
+    could fill both ways).
 
     Raises:
         OSError: it could not be started.
         TimeoutError: not done within ``timeout`` seconds (its whole tree was ended).
     """
-    return Group(argv, env=env, cwd=cwd).result(timeout, cap)
+    if input is None:
+        return Group(argv, env=env, cwd=cwd).result(timeout, cap)
+    import tempfile
+
+    with tempfile.TemporaryFile() as feed:
+        feed.write(input)
+        feed.flush()
+        feed.seek(0)
+        return Group(argv, env=env, cwd=cwd, stdin=feed.fileno()).result(timeout, cap)
 
 
 def end_all() -> None:
@@ -420,20 +561,13 @@ def _alive(pid: int) -> bool:
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgrp) of ``pid``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2])
-    except (OSError, IndexError, ValueError):
-        return None
+    """(state, ppid, pgrp) of ``pid``, or None (:func:`remote_payload.procfs.stat`)."""
+    st = procfs.stat(pid)
+    return None if st is None else (st.state, st.ppid, st.pgrp)
 
 
 def _pids() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return []
+    return procfs.pids()
 
 
 def _in_group(pgid: int) -> set[int]:
@@ -447,40 +581,47 @@ def marked(token: str) -> set[int]:
 
 
 def _carries(pid: int, token: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"{MARKER}={token}".encode() in f.read().split(b"\0")
-    except OSError:
-        return False
+    return procfs.carries(pid, f"{MARKER}={token}")
 
 
 def signal_marked(token: str, sig: int) -> None:
-    """``sig`` to every process carrying ``MARKER=token``, and to no other: each is held by
-    a pidfd before its environment is read, and signalled through that pidfd only if it was
-    still alive after the read (a number reused between the scan and the signal names
-    another process, which the pidfd never reaches). Without pidfds (Linux < 5.3), by
-    number."""
+    """``sig`` to every process carrying ``MARKER=token``, and to no other
+    (:func:`signal_if`)."""
     me = os.getpid()
     for pid in _pids():
-        if pid == me or not _carries(pid, token):
-            continue
+        if pid != me and _carries(pid, token):
+            signal_if(pid, sig, lambda p: _carries(p, token))
+
+
+def signal_if(pid: int, sig: int, still: t.Callable[[int], bool]) -> bool:
+    """``sig`` to ``pid`` if ``still(pid)`` holds while the process is held: it is held by a
+    pidfd before ``still`` is asked again, and signalled through that pidfd only if it was
+    alive after the check, so a number reused since the caller's scan names another process,
+    which the pidfd never reaches. Without pidfds (Linux < 5.3), by number after the check.
+    Returns whether the signal was sent.
+
+    The one place a process is signalled by number: jobs (:mod:`remote_payload.agent.jobstore`)
+    and child groups both end through it."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfds here
+        if not still(pid):
+            return False
         try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        except (AttributeError, OSError):  # no pidfds here
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-            continue
-        try:
-            if not _carries(pid, token):  # the number may have been reused before the open
-                continue
-            if select.select([fd], [], [], 0)[0]:  # it exited: the read may be another's
-                continue
-            signal.pidfd_send_signal(fd, sig)
+            os.kill(pid, sig)
         except OSError:
-            pass
-        finally:
-            os.close(fd)
+            return False
+        return True
+    try:
+        if not still(pid):  # the number may have been reused before the open
+            return False
+        if select.select([fd], [], [], 0)[0]:  # it exited: what was read may be another's
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

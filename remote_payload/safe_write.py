@@ -4,7 +4,11 @@ Every write goes to a temporary name beside the target (``.<name>.<random>.tmp``
 to the disk (the file, then its directory) and renamed over the target, so a reader or a
 crash sees the old content or the new, never half of either. A directory of files (an
 export, a checkpoint) is filled under a temporary sibling directory and swapped in whole:
-a failure while it is written leaves the previous directory as it was.
+a failure while it is written leaves the previous directory as it was. A line added to a
+file of lines (``known_hosts``, a history) is appended in place (:func:`append_line`,
+:func:`append_text`), and a link is re-pointed by a new link renamed over it
+(:func:`write_link`). ``tests/unit/test_only_safe_write.py`` fails on a write anywhere else
+that its allow-list does not name with a reason.
 
 The rules, and why:
 
@@ -135,21 +139,16 @@ def protected_refusal(path: PathLike, *, cwd: str | None = None,
 
 def read_regular(path: PathLike, limit: int) -> bytes:
     """The bytes of a regular file opsctl keeps state in (at most ``limit``), never through a
-    link and never waiting: opened ``O_NOFOLLOW | O_NONBLOCK`` and checked to be a regular
-    file, so a FIFO or a device planted there is an error, not a hang.
+    link and never waiting (:func:`remote_payload.boundedread.read_regular`): a FIFO or a
+    device planted there is an error, not a hang.
 
     Raises:
-        OSError: missing, a link (``ELOOP``), not a regular file (``EINVAL``), over ``limit``
-            (``EFBIG``), or unreadable.
+        OSError: missing, a link (``ELOOP``), not a regular file (``EINVAL``, ``EISDIR``),
+            over ``limit`` (``EFBIG``), or unreadable.
     """
-    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno_mod.EINVAL, "not a regular file", os.fspath(path))
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise OSError(errno_mod.EFBIG, f"larger than {limit} bytes", os.fspath(path))
-    return data
+    from remote_payload import boundedread
+
+    return boundedread.read_regular(path, limit)
 
 
 def read_marker(directory: PathLike) -> dict[str, t.Any] | None:
@@ -369,6 +368,19 @@ def _check_file_target(path: str) -> None:
                                        "nothing written")
 
 
+def check_file(path: PathLike) -> None:
+    """Refuse a file destination :func:`write_with` would refuse (a link, a directory, a
+    device), before the work that makes its content.
+
+    Raises:
+        DestinationRefused: as :func:`write_with`.
+    """
+    raw = os.fspath(path)
+    if raw.endswith("/") or os.path.basename(os.path.abspath(raw)) in ("", ".", ".."):
+        raise DestinationRefused(raw, "names a directory, not a file")
+    _check_file_target(os.path.abspath(raw))
+
+
 def write_with(path: PathLike, fill: t.Callable[[t.BinaryIO], object], *,
                mode: int = 0o644, durable: bool = True, make_parents: bool = False) -> None:
     """``fill(f)`` writes the new content into a temporary file beside ``path``, which is
@@ -462,12 +474,94 @@ def append_text(path: PathLike, text: str, *, mode: int = 0o644) -> None:
         os.close(fd)
 
 
+def write_link(path: PathLike, target: str) -> None:
+    """Point the symbolic link ``path`` at ``target`` in one step: a new link beside it,
+    renamed over it, so a reader sees the old target or the new one, never no link.
+
+    Raises:
+        DestinationRefused: something other than a link is at ``path`` (never replaced).
+        WriteFailed: the OS said no.
+    """
+    dest = os.path.abspath(os.fspath(path))
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise failure(dest, exc) from None
+    if st is not None and not stat.S_ISLNK(st.st_mode):
+        raise DestinationRefused(dest, "is not a symbolic link; nothing replaced")
+    parent, name = os.path.split(dest)
+    while True:
+        tmp = _temp_name(parent, name, ".tmp")
+        try:
+            os.symlink(target, tmp)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise failure(dest, exc) from None
+    try:
+        os.replace(tmp, dest)
+        _fsync_dir(parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise failure(dest, exc) from None
+
+
+def append_line(path: PathLike, line: str, *, mode: int = 0o644) -> None:
+    """Append ``line`` as a line of its own to a file of lines the user keeps (known_hosts),
+    created ``mode`` less the umask.
+
+    A last line without its newline (a hand edit, another tool) gets it first, so the two
+    lines are never glued into one. Appended in place (``O_APPEND``, one ``write``) rather
+    than rewritten: the file keeps its inode, mode and owner, and a concurrent append by
+    another program (ssh's own) is never lost; opsctl's appenders hold the file's ``flock``
+    so two of them never both add the missing newline. A link or a non-file is refused.
+
+    Raises:
+        DestinationRefused: ``path`` is a link (``O_NOFOLLOW``) or not a regular file, or
+            ``line`` holds a line break.
+        WriteFailed: the OS said no.
+    """
+    import fcntl
+
+    dest = os.fspath(path)
+    if "\n" in line or "\r" in line:
+        raise DestinationRefused(dest, "the line to append holds a line break; nothing written")
+    try:
+        fd = os.open(dest, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK | os.O_NOCTTY, mode)
+    except OSError as exc:
+        if exc.errno == errno_mod.ELOOP:
+            raise DestinationRefused(dest, "is a symbolic link; not followed, nothing written "
+                                           "(name the real file)") from None
+        raise failure(dest, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DestinationRefused(dest, "is not a regular file; nothing written")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        glued = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        data = (("\n" if glued else "") + line + "\n").encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    except OSError as exc:
+        if isinstance(exc, DestinationError):
+            raise
+        raise failure(dest, exc) from None
+    finally:
+        os.close(fd)
+
+
 # --- directories ---------------------------------------------------------------------------
 
 _RENAME_EXCHANGE = 2
 
 
-def _exchange(a: str, b: str) -> bool:
+def exchange(a: str, b: str) -> bool:
     """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
     C library or the file system has no such call."""
     import ctypes
@@ -516,12 +610,12 @@ def _swap_in(tmp: str, dest: str, kind: str, force: bool, keep: t.Collection[str
         if exc.errno not in (errno_mod.EEXIST, errno_mod.ENOTEMPTY):
             raise
         check_directory(dest, kind=kind, force=force, keep=keep)
-        if _exchange(tmp, dest):
+        if exchange(tmp, dest):
             old = taken = tmp
             try:
                 _check_existing(taken, kind=kind, force=force, keep=keep, shown=dest)
             except DestinationRefused:
-                _exchange(tmp, dest)
+                exchange(tmp, dest)
                 raise
         else:
             old = _new_temp_dir(parent, name, ".old")
@@ -650,3 +744,63 @@ def new_directory(path: PathLike, *, kind: str, force: bool = False, mode: int =
     finally:
         if held is not None:
             os.close(held)
+
+
+def remove_directory(path: PathLike, *, kind: str) -> None:
+    """Remove a directory opsctl wrote as ``kind`` and nobody changed since (its marker's
+    manifest lists every file there as it is now): a run's old checkpoint. Nothing there is a
+    no-op.
+
+    It is renamed to a temporary sibling first (``.<name>.<hex>.tmp``), so a reader or a crash
+    sees the whole directory or none of it at ``path``; :func:`clean_stale` removes what a
+    killed removal left. Never a link, a protected place, a directory holding a mount point.
+
+    Raises:
+        DestinationRefused: a link, a file, a protected place, a mount point inside, no marker
+            or another kind, or files changed or added since it was written.
+        WriteFailed: the rename was refused by the OS.
+    """
+    import shutil
+
+    dest = os.path.normpath(os.path.abspath(os.fspath(path)))
+    why = protected_refusal(dest)
+    if why is not None:
+        raise DestinationRefused(dest, f"refused for removal: {why}")
+    st = _existing_not_a_link(dest, dest, "is a symbolic link; not followed, nothing removed")
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise DestinationRefused(dest, "is a file, not a directory; nothing removed")
+    marker = read_marker(dest)
+    if marker is None or marker.get("kind") != kind:
+        raise DestinationRefused(dest, f"is not a {kind} opsctl wrote (no {MARKER} of that "
+                                       "kind); nothing removed")
+    changed = _changed(dest, marker, ())
+    if changed:
+        raise DestinationRefused(dest, f"holds files changed or added since it was written "
+                                       f"({changed[0]!r}); nothing removed")
+    if mount_inside(dest) is not None:
+        raise DestinationRefused(dest, "holds a mount point; nothing removed")
+    parent, name = os.path.split(dest)
+    tmp = _temp_name(parent, name, ".tmp")
+    try:
+        os.rename(dest, tmp)
+    except OSError as exc:
+        raise failure(dest, exc) from None
+    # what the rename moved is checked again: a directory or a link swapped in at ``dest``
+    # after the checks above (someone else's, made in that instant) goes back, untouched
+    try:
+        moved: os.stat_result | None = os.lstat(tmp)
+    except OSError:
+        moved = None
+    if moved is None or (moved.st_dev, moved.st_ino) != (st.st_dev, st.st_ino) \
+            or _changed(tmp, marker, ()):
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            raise DestinationRefused(dest, f"was replaced or changed while it was being removed; "
+                                           f"it is kept as {tmp}, nothing removed") from None
+        raise DestinationRefused(dest, "was replaced or changed while it was being removed; "
+                                       "nothing removed")
+    _fsync_dir(parent)
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -48,6 +48,9 @@ LIST = ".opsctl/list.json"  # first member: every entry of the source (for --del
 DATA = "data"  # member names are data/<rel>; the source root itself is "data"
 PART = ".opsctl-part"  # suffix of a file being received (never the final name)
 CHUNK = 1 << 20
+#: levels below the root a tree may have (``limits.TREE_DEPTH``; this file runs alone in the
+#: container, so it carries the number itself and a test holds the two equal)
+TREE_DEPTH = 256
 
 Entry = list[t.Any]  # [rel, kind ("file"|"dir"|"link"), size, mtime (int s), mode, link target]
 
@@ -81,6 +84,48 @@ def _entry(path: str, rel: str, st: os.stat_result) -> Entry:
             stat.S_IMODE(st.st_mode), os.readlink(path) if kind == "link" else None]
 
 
+def depth_refusal(rel: str) -> str | None:
+    """Why ``rel`` is too deep to copy (more than :data:`TREE_DEPTH` levels), or None."""
+    levels = rel.count("/") + 1 if rel else 0
+    if levels <= TREE_DEPTH:
+        return None
+    return (f"{rel[:60]!r}... lies {levels} levels deep, more than the {TREE_DEPTH} a copied "
+            "tree may have")
+
+
+def walk(top: str, *, topdown: bool = True) -> t.Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` without following links, iterative (``os.walk`` recurses before
+    Python 3.12: a deep tree is a RecursionError) and bounded: a directory more than
+    :data:`TREE_DEPTH` levels below ``top`` is refused. ``topdown`` as ``os.walk``'s (the
+    caller may prune ``dirs`` only when it is true); errors reading a directory raise.
+
+    Raises:
+        Refused: the tree is deeper than :data:`TREE_DEPTH`.
+        OSError: a directory could not be read.
+    """
+    stack: list[tuple[str, int, bool]] = [(top, 0, False)]
+    after: list[tuple[str, list[str], list[str]]] = []
+    while stack:
+        here, level, done = stack.pop()
+        if done:
+            yield after.pop()
+            continue
+        dirs: list[str] = []
+        files: list[str] = []
+        with os.scandir(here) as it:
+            for e in it:
+                (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+        if (dirs or files) and level + 1 > TREE_DEPTH:
+            first = os.path.relpath(os.path.join(here, (dirs or files)[0]), top)
+            raise Refused(depth_refusal(first) or f"a tree deeper than {TREE_DEPTH} levels")
+        if topdown:
+            yield here, dirs, files
+        else:
+            after.append((here, dirs, files))
+            stack.append((here, level, True))
+        stack.extend((os.path.join(here, d), level + 1, False) for d in reversed(dirs))
+
+
 def _sha256(path: str) -> str | None:
     h = hashlib.sha256()
     try:
@@ -110,7 +155,7 @@ def _listing(src: str) -> dict[str, t.Any]:
     entries = [_entry(src, "", st)]
     skipped = []
     if kind == "dir":
-        for top, dirs, files in os.walk(src):
+        for top, dirs, files in walk(src):
             dirs.sort()
             for name in sorted(dirs + files):
                 full = os.path.join(top, name)
@@ -120,7 +165,6 @@ def _listing(src: str) -> dict[str, t.Any]:
                     skipped.append(rel)  # fifo, socket, device: not data
                     continue
                 entries.append(_entry(full, rel, est))
-            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
     return {"root": kind, "entries": entries, "skipped": skipped}
 
 
@@ -151,8 +195,11 @@ def _target(dest: str, rel: str) -> str:
     if rel == "":
         return dest
     parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise Refused(f"unsafe path in transfer: {rel!r}")
+    if rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise Refused(f"unsafe path in transfer: {rel[:200]!r}")
+    deep = depth_refusal(rel)
+    if deep is not None:
+        raise Refused(deep)
     return os.path.join(dest, *parts)
 
 
@@ -261,117 +308,239 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+class Writer(t.Protocol):
+    """Where :func:`receive` writes: :class:`PathWriter` here (the container side of a push),
+    ``opsctl.remote.receiver.Receiver`` on the user's machine (a pull)."""
+
+    bytes: int
+
+    def begin(self, root_kind: str) -> None: ...
+    def mkdir(self, rel: str, mode: int) -> None: ...
+    def symlink(self, rel: str, target: str) -> None: ...
+    def open_file(self, rel: str) -> t.Any: ...
+    def count(self, n: int) -> None: ...
+    def commit(self, part: t.Any, mode: int, mtime: float) -> None: ...
+    def discard(self, part: t.Any) -> None: ...
+    def refuse(self, rel: str, why: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class _PathPart:
+    def __init__(self, part: str, target: str) -> None:
+        self.part, self.target = part, target
+        self.f = open(part, "wb")  # noqa: SIM115 - closed in commit/discard
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+
+class PathWriter:
+    """Writes by path under ``dest`` (the container's side of a push: the files are the
+    user's own, sent from their machine), refusing names that leave it or go through a link."""
+
+    def __init__(self, dest: str) -> None:
+        self.dest, self.bytes, self.real = dest, 0, ""
+        self.parts: list[_PathPart] = []
+
+    def begin(self, root_kind: str) -> None:
+        if root_kind == "dir":
+            os.makedirs(self.dest, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(self.dest)), exist_ok=True)
+        self.real = os.path.realpath(self.dest if root_kind == "dir" else
+                                     os.path.dirname(os.path.abspath(self.dest)))
+
+    def _target(self, rel: str) -> str:
+        if not self.real:
+            raise Refused(f"unexpected member for {rel!r} before the listing")
+        target = _target(self.dest, rel)
+        parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
+        if rel and not (parent == self.real or parent.startswith(self.real + os.sep)):
+            raise Refused(f"{rel!r} would be written through a symlink out of the destination")
+        return target
+
+    def mkdir(self, rel: str, mode: int) -> None:
+        target = self._target(rel)
+        if _kind(_lst(target)) not in ("dir", "missing"):
+            os.unlink(target)
+        os.makedirs(target, exist_ok=True)
+        os.chmod(target, mode & 0o7777)
+
+    def symlink(self, rel: str, link: str) -> None:
+        target = self._target(rel)
+        if _kind(_lst(target)) == "dir":
+            raise Refused(f"{target!r} is a directory; the source has a symlink there")
+        if _lst(target) is not None:
+            os.unlink(target)
+        os.symlink(link, target)
+
+    def open_file(self, rel: str) -> _PathPart:
+        target = self._target(rel)
+        part = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + PART)
+        p = _PathPart(part, target)
+        self.parts.append(p)
+        return p
+
+    def count(self, n: int) -> None:
+        self.bytes += n
+
+    def commit(self, p: _PathPart, mode: int, mtime: float) -> None:
+        p.f.close()
+        os.chmod(p.part, mode & 0o7777)
+        os.utime(p.part, (mtime, mtime))
+        if os.path.isdir(p.target) and not os.path.islink(p.target):
+            self.discard(p)
+            raise Refused(f"{p.target!r} is a directory; the source has a file there")
+        os.replace(p.part, p.target)
+        self.parts.remove(p)
+
+    def discard(self, p: _PathPart) -> None:
+        p.f.close()
+        if os.path.exists(p.part):
+            os.unlink(p.part)
+        if p in self.parts:
+            self.parts.remove(p)
+
+    def refuse(self, rel: str, why: str) -> None:
+        raise Refused(f"{rel!r}: {why}")
+
+    def close(self) -> None:
+        for p in list(self.parts):
+            self.discard(p)
+
+
+def _special(m: tarfile.TarInfo) -> str | None:
+    """What a member that is no file, directory or link is (None: it is one of those)."""
+    if m.isfifo():
+        return "a FIFO (named pipe), not created here"
+    if m.ischr() or m.isblk():
+        return "a device file, not created here"
+    if m.isdir() or m.issym() or m.isfile():
+        return None
+    return f"a tar member of type {m.type!r} (a hard link or another kind), not created here"
+
+
 def receive(dest: str, stream: t.BinaryIO, *, delete: bool = False,
             counted: t.Callable[[int], None] | None = None,
-            max_delete: int | None = None) -> dict[str, t.Any]:
+            max_delete: int | None = None, writer: Writer | None = None,
+            confirmed: t.Collection[str] | None = None) -> dict[str, t.Any]:
     """Unpack a :func:`send` stream at ``dest``, verifying each file before it is renamed.
 
     ``max_delete``: ``--delete`` removes nothing when it would remove more (what was
-    confirmed; the destination changed since).
+    confirmed; the destination changed since). ``confirmed``: the names the user approved
+    for removal; ``--delete`` removes only those, and removes nothing when the stream's own
+    listing would make it remove another (:func:`_delete_extra`). ``writer``: what writes
+    (default :class:`PathWriter`); the stream's order and checksums are checked here either way.
 
     Raises:
         Refused: an unsafe name, a symlinked parent, an unexpected member or a sha256 mismatch
             (the file being received is removed; files completed before stay).
     """
-    files = nbytes = 0
+    out: Writer = writer if writer is not None else PathWriter(dest)
+    files = 0
     torn: set[str] = set()
     names: dict[str, t.Any] | None = None
-    pending: tuple[str, str, str, tarfile.TarInfo] | None = None  # part, target, digest, info
-    real_dest = None
-    writing: list[str] = []  # the part file being written, removed if the stream breaks off
+    pending: tuple[t.Any, str, str, tarfile.TarInfo] | None = None  # part, rel, digest, info
     try:
         with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8",
                           errors="surrogateescape") as tar:
             for m in tar:
                 if m.name == LIST:
-                    names = json.loads(_read(tar, m))
-                    if names["root"] == "dir":
-                        os.makedirs(dest, exist_ok=True)
-                    else:
-                        os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-                    real_dest = os.path.realpath(dest if names["root"] == "dir" else
-                                                 os.path.dirname(os.path.abspath(dest)))
+                    if names is not None:
+                        raise Refused("a second listing in the stream")
+                    names = _listing_member(_read(tar, m, LIST_BYTES))
+                    out.begin(names["root"])
                     continue
                 if m.name == SUM:
                     if pending is None:
                         raise Refused("checksum member without a file")
-                    part, target, digest, info = pending
-                    want = _read(tar, m).decode()
-                    got = "" if info.name == DATA else info.name[len(DATA) + 1:]
+                    part, got, digest, info = pending
+                    pending = None
+                    want = _read(tar, m, 64).decode("ascii", "replace")
                     if want == TORN:  # changed while it was read: keep the previous copy
-                        os.unlink(part)
+                        out.discard(part)
                         torn.add(got)
-                        pending = None
                         continue
                     if want != digest:
-                        os.unlink(part)
-                        raise Refused(f"sha256 mismatch for {target!r}: sent {want[:12]}, "
+                        out.discard(part)
+                        raise Refused(f"sha256 mismatch for {got!r}: sent {want[:12]!r}, "
                                       f"received {digest[:12]}")
-                    os.chmod(part, info.mode & 0o7777)
-                    os.utime(part, (info.mtime, info.mtime))
-                    if os.path.isdir(target) and not os.path.islink(target):
-                        raise Refused(f"{target!r} is a directory; the source has a file there")
-                    os.replace(part, target)
+                    out.commit(part, info.mode, info.mtime)
                     torn.discard(got)
                     files += 1
-                    pending = None
                     continue
-                if names is None or real_dest is None or pending is not None:
-                    raise Refused(f"unexpected member {m.name!r}")
+                if names is None or pending is not None:
+                    raise Refused(f"unexpected member {m.name[:200]!r}")
                 rel = "" if m.name == DATA else m.name[len(DATA) + 1:] if m.name.startswith(DATA + "/") \
                     else None
                 if rel is None:
-                    raise Refused(f"unexpected member {m.name!r}")
-                target = _target(dest, rel)
-                parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
-                if rel and not (parent == real_dest or parent.startswith(real_dest + os.sep)):
-                    raise Refused(f"{rel!r} would be written through a symlink out of the destination")
-                if m.isdir():
-                    if _kind(_lst(target)) not in ("dir", "missing"):
-                        os.unlink(target)
-                    os.makedirs(target, exist_ok=True)
-                    os.chmod(target, m.mode & 0o7777)
+                    raise Refused(f"unexpected member {m.name[:200]!r}")
+                _target(dest, rel)  # the name's own rule, before any writer sees it
+                why = _special(m)
+                if why is not None:
+                    out.refuse(rel, why)
+                elif m.isdir():
+                    out.mkdir(rel, m.mode)
                 elif m.issym():
-                    if _kind(_lst(target)) == "dir":
-                        raise Refused(f"{target!r} is a directory; the source has a symlink there")
-                    if _lst(target) is not None:
-                        os.unlink(target)
-                    os.symlink(m.linkname, target)
-                elif m.isfile():
-                    part = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + PART)
-                    writing[:] = [part]
+                    out.symlink(rel, m.linkname)
+                else:
+                    part = out.open_file(rel)
                     src = tar.extractfile(m)
                     h = hashlib.sha256()
-                    with open(part, "wb") as f:
-                        while True:
-                            data = src.read(CHUNK) if src is not None else b""
-                            if not data:
-                                break
-                            h.update(data)
-                            f.write(data)
-                            nbytes += len(data)
-                            if counted is not None:
-                                counted(len(data))
-                    pending = (part, target, h.hexdigest(), m)
-                else:
-                    raise Refused(f"unexpected member type for {m.name!r}")
-    except BaseException:  # a broken stream, Ctrl-C: no half file stays behind
-        for part in writing:
-            if os.path.exists(part):
-                os.unlink(part)
-        raise
-    if pending is not None:
-        os.unlink(pending[0])
-        raise Refused(f"stream ended before the checksum of {pending[1]!r}")
-    deleted = _delete_extra(dest, names, max_delete) if delete and names and names["root"] == "dir" \
-        else []
-    return {"ok": True, "files": files, "bytes": nbytes, "deleted": len(deleted),
+                    while True:
+                        data = src.read(CHUNK) if src is not None else b""
+                        if not data:
+                            break
+                        out.count(len(data))
+                        h.update(data)
+                        part.write(data)
+                        if counted is not None:
+                            counted(len(data))
+                    pending = (part, rel, h.hexdigest(), m)
+        if pending is not None:
+            out.discard(pending[0])
+            raise Refused(f"stream ended before the checksum of {pending[1]!r}")
+    finally:  # a broken stream, Ctrl-C: no half file stays behind
+        out.close()
+    deleted = _delete_extra(dest, names, max_delete, confirmed) \
+        if delete and names and names["root"] == "dir" else []
+    return {"ok": True, "files": files, "bytes": out.bytes, "deleted": len(deleted),
             "torn": sorted(torn)}
 
 
-def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+#: bytes of the stream's listing member read (a source of a million entries fits)
+LIST_BYTES = 256 << 20
+#: entries of the stream's listing (``opsctl.remote.receiver.LISTING_ENTRIES``)
+LISTING_ENTRIES = 1_000_000
+
+
+def _listing_member(data: bytes) -> dict[str, t.Any]:
+    """The stream's first member, checked: ``{"root": kind, "entries": [name, ...]}``.
+
+    Raises:
+        Refused: anything else.
+    """
+    try:  # on a pull this is the container's word, read here: 100k ``[`` is no traceback
+        doc = json.loads(data.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        raise Refused("the stream's listing is not JSON (or nested too deep)") from None
+    if (not isinstance(doc, dict) or doc.get("root") not in ("file", "dir", "link")
+            or not isinstance(doc.get("entries"), list)
+            or not all(isinstance(e, str) for e in doc["entries"])):
+        raise Refused("the stream's listing is not {root, entries}")
+    if len(doc["entries"]) > LISTING_ENTRIES:
+        raise Refused(f"the stream's listing has more than {LISTING_ENTRIES} entries")
+    for e in doc["entries"]:
+        _target("/", e)
+    return doc
+
+
+def _read(tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int) -> bytes:
+    """A small member's bytes; one larger than ``limit`` is refused (never read whole)."""
+    if m.size > limit:
+        raise Refused(f"member {m.name[:100]!r} of {m.size} bytes, more than {limit}")
     f = tar.extractfile(m)
-    return f.read() if f is not None else b""
+    return f.read(limit) if f is not None else b""
 
 
 def extras(dest: str, entries: t.Iterable[t.Any]) -> list[str]:
@@ -380,7 +549,7 @@ def extras(dest: str, entries: t.Iterable[t.Any]) -> list[str]:
     gone: list[str] = []
     if _kind(_lst(dest)) != "dir":
         return gone
-    for top, dirs, files in os.walk(dest, topdown=False):
+    for top, dirs, files in walk(dest, topdown=False):
         for name in files + dirs:
             rel = os.path.relpath(os.path.join(top, name), dest)
             if rel not in keep:
@@ -388,10 +557,22 @@ def extras(dest: str, entries: t.Iterable[t.Any]) -> list[str]:
     return gone
 
 
-def _delete_extra(dest: str, names: dict[str, t.Any], max_delete: int | None) -> list[str]:
+def _delete_extra(dest: str, names: dict[str, t.Any], max_delete: int | None,
+                  confirmed: t.Collection[str] | None = None) -> list[str]:
     """Remove what ``dest`` has beyond the source's entries (deepest first); nothing when
-    that is more than ``max_delete``."""
+    that is more than ``max_delete``, or when it holds a name outside ``confirmed`` (the
+    stream listed the source otherwise than the plan the user approved: the stream's word
+    never widens what is removed). A confirmed name the stream now lists stays."""
     gone = extras(dest, names["entries"])
+    if confirmed is not None:
+        unconfirmed = [rel for rel in gone if rel not in set(confirmed)]
+        if unconfirmed:
+            shown = ", ".join(repr(r[:100]) for r in unconfirmed[:3])
+            one = len(unconfirmed) == 1
+            raise Refused(f"--delete would remove {len(unconfirmed)} entr"
+                          f"{'y that was' if one else 'ies that were'} not confirmed "
+                          f"({shown}{' ...' if len(unconfirmed) > 3 else ''}): the stream "
+                          "listed the source otherwise than the plan; nothing deleted")
     if max_delete is not None and len(gone) > max_delete:
         raise Refused(f"--delete would now remove {len(gone)} entries, more than the "
                       f"{max_delete} confirmed; nothing deleted (the destination changed)")
@@ -432,8 +613,8 @@ def main(argv: list[str]) -> int:
                       sys.stdout)
         else:
             raise Refused(f"unknown verb {verb!r}")
-    except (Refused, OSError, tarfile.TarError, ValueError, KeyError) as exc:
-        sys.stderr.write(f"tarsync {verb}: {type(exc).__name__}: {exc}\n")
+    except (Refused, OSError, tarfile.TarError, ValueError, KeyError, RecursionError) as exc:
+        sys.stderr.write(f"tarsync {verb}: {type(exc).__name__}: {str(exc)[:300]}\n")
         return 3
     return 0
 

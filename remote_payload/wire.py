@@ -48,11 +48,31 @@ ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 #: A job id: a file name under ``jobs/`` (no ``/``, no leading dot or dash). The agent
 #: enforces it and the CLI checks ``--job`` against it before anything is sent.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: The most rows one ``jobs`` reply lists (the newest; ``total`` still counts every job): the
+#: agent stops there, and the CLI refuses a reply with more. Also the most ``--limit`` asks.
+JOB_ROWS_MAX = 1000
+#: A torch build's name (``envs/<name>``, :func:`torch_build_name`): one path component that
+#: starts ``torch-`` and never holds ``..`` (``agent/jobqueue.py`` checks a spec's build by it).
+#: Without a lookahead: the CLI's validator (pydantic's regex engine) has none.
+BUILD_NAME_PATTERN = r"^torch-[0-9A-Za-z_+-](?:\.?[0-9A-Za-z_+-])*\.?$"
+BUILD_NAME_MAX = 106
+#: A compile cache's fingerprint (``cache/<fingerprint>``, ``agent/torchenv/fingerprint.py``
+#: keeps only these characters): one path component, never ``.``, ``..`` or a leading dash.
+FINGERPRINT_PATTERN = r"^[A-Za-z0-9_+](?:\.?[A-Za-z0-9_+-])*\.?$"
+FINGERPRINT_MAX = 255
+#: A dotted IPv4 address, as the ``net`` verb reads it from the kernel.
+IPV4_PATTERN = r"^[0-9]{1,3}(?:\.[0-9]{1,3}){3}$"
 #: random bytes at the end of a new job id, ``<name>-<YYYYmmdd-HHMMSS>-<8 hex>`` (two ids of
 #: one name and second collide once in ~4e9; a batch and the existing job dirs are checked too)
 JOB_ID_RANDOM_BYTES = 4
 
 # --- job states -------------------------------------------------------------
+
+
+#: The job states' names as a type (the wire shapes' ``state``). The same names as
+#: :class:`JobState`, in the same order: ``tests/unit/test_wire_shapes_bounds.py`` ties the two.
+JobStateName = t.Literal["QUEUED", "PENDING", "SETTING_UP", "COMPILING", "RUNNING", "SUCCEEDED",
+                         "FAILED", "CANCELLED", "LOST"]
 
 
 class JobState(str, enum.Enum):  # not StrEnum (3.11+): the agent runs on 3.10 too
@@ -323,6 +343,9 @@ def dumps_strict(doc: t.Mapping[str, t.Any], **kwargs: t.Any) -> str:
 # {"name": str, "status": "ok|warn|fail|skip", "reason": str, "evidence": str, "fix": str}
 # ``evidence`` is the exact line the check read; ``fix`` the exact command or config line.
 DOCTOR_STATUSES = ("ok", "warn", "fail", "skip")
+#: What the reason of a check skipped for want of time says (both sides): ``opsctl doctor``
+#: counts such a row as unfinished, so a deadline that left no time is never a clean bill.
+DEADLINE_SKIP = "deadline left no time"
 
 
 def doctor_row(name: str, status: str, reason: str, evidence: str = "",
@@ -408,6 +431,11 @@ ENV_JOB_DIR = "OPSCTL_JOB_DIR"  # exported to every job process by the wrapper
 #: the trainer keeps its bytecode under the first and loads the second)
 ENV_CACHE_DIR = "OPSCTL_CACHE_DIR"
 ENV_ARTIFACTS = "OPSCTL_CACHE_ARTIFACTS"
+#: the file where the job's wrapper keeps its run's goodput ledger in brief (exported to the
+#: job; ``--report-to``'s trackers log it as scalars)
+ENV_GOODPUT_FILE = "OPSCTL_GOODPUT_FILE"
+#: which attempt of its job the process is (1, then one more per restart by the policy)
+ENV_ATTEMPT = "OPSCTL_ATTEMPT"
 
 
 def proc_stacks_path(job_dir: str, pid: int) -> str:

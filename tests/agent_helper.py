@@ -62,4 +62,8 @@ def run_agent(root: Path | str, verb: str, *args: str, python: str = sys.executa
     assert isinstance(reply, dict) and "ok" in reply, reply
     want_rc = 0 if reply["ok"] else wire.AGENT_ERROR_RC
     assert proc.returncode == want_rc, (proc.returncode, reply, proc.stderr[-2000:])
+    if reply["ok"]:  # what the real agent answers, its shape (bounds and patterns) accepts
+        from opsctl.remote.agent_client import check_reply
+
+        check_reply(verb, reply["data"], where=f"agent {verb}")
     return AgentRun(reply, proc.stderr, wall)

@@ -1,8 +1,9 @@
-"""The one way tests run the opsctl CLI in-process: click's runner, exceptions not caught.
+"""How tests run the opsctl CLI in-process: click's runner, exceptions not caught.
 
 ``catch_exceptions=False`` makes a traceback fail the test where it happened instead of
-hiding in ``result.exception``; every module that runs commands imports ``run_cli`` (most as
-``run``) rather than keeping its own copy of these two lines.
+hiding in ``result.exception``; modules that run commands import ``run_cli`` (most as
+``run``) rather than keeping their own copy of these two lines. A test that calls click's
+``CliRunner`` itself gets click's default instead (docs/development.md).
 """
 
 from __future__ import annotations

@@ -132,6 +132,9 @@ def _type_text(tp: t.Any) -> str:
     import types
 
     origin = t.get_origin(tp)
+    if origin is t.Annotated:  # a value constraint of wire_shapes (Matches, MaxLen, AtLeast...)
+        base, *marks = t.get_args(tp)
+        return f"{_type_text(base)} ({', '.join(_mark_text(m) for m in marks)})"
     if origin in (t.Union, types.UnionType):
         return " | ".join(_type_text(a) for a in t.get_args(tp))
     if origin is t.Literal:
@@ -146,8 +149,21 @@ def _type_text(tp: t.Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("Any", "any")
 
 
+def _mark_text(mark: t.Any) -> str:
+    """One constraint of a shape's value, as a reader of the tables wants it."""
+    kind, value = type(mark).__name__, mark.value
+    if kind == "Matches":
+        return f"matches `{value}`"
+    if kind in ("MaxLen", "MaxItems"):
+        return f"at most {value:,} {'characters' if kind == 'MaxLen' else 'entries'}"
+    if kind in ("AtLeast", "AtMost"):
+        number = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+        return f"{'>=' if kind == 'AtLeast' else '<='} {number}"
+    return repr(mark)
+
+
 def _shape_section(shape: type) -> str:
-    hints = t.get_type_hints(shape)
+    hints = t.get_type_hints(shape, include_extras=True)
     required = shape.__required_keys__  # type: ignore[attr-defined]
     doc = " ".join((shape.__doc__ or "").split()) if shape.__doc__ != dict.__doc__ else ""
     rows = [f"### {shape.__name__}", "", doc, "", "| key | type | always there |", "| --- | --- | --- |"]

@@ -44,10 +44,12 @@ class OpsctlGroup(WithExamples, click.Group):
         try:
             return super().invoke(ctx)
         except OpsctlError as exc:
+            interrupts.reraise_if_terminated(exc.exit_code)  # never the signal's error as a reply's
             _report_error(ctx, exc)
             ctx.exit(exc.exit_code)
         except safe_write.DestinationError as exc:  # a local write refused or failed
             err = errors.LocalWriteError.of(exc)
+            interrupts.reraise_if_terminated(err.exit_code)
             _report_error(ctx, err)
             ctx.exit(err.exit_code)
         except click.UsageError as exc:  # bad flag or value: still one JSON document with --json
@@ -144,7 +146,8 @@ def target_options(f: F) -> F:
                      help="Like OpenSSH accept-new: record an unknown host key "
                           "(a changed key is still refused).")(f)
     f = click.option("--ct", "ctid", type=clitypes.CTID, default=None,
-                     help="Container id (default: the last deploy's).")(f)
+                     help="Container id (default: the last deploy's; a direct host takes "
+                          "none).")(f)
     f = click.option("--host", "host", default=None, shell_complete=complete.hosts,
                      help="Inventory name or address, e.g. pve1 or 10.1.2.6 "
                           "(default: the last deploy's).")(f)
@@ -191,12 +194,42 @@ def confirm(question: str, *, yes: bool) -> None:
         raise errors.Declined("not confirmed: nothing was done")
 
 
+def version_text() -> str:
+    """``opsctl, version X``: the installed distribution's version, or, run from a checkout
+    that was never installed (``python3 -m opsctl`` in the tree), the checkout's
+    ``pyproject.toml`` version, said as such. click's ``version_option(package_name=)``
+    raises ``RuntimeError`` there, a traceback for a question that has an answer."""
+    import importlib.metadata
+    from pathlib import Path
+
+    try:
+        return f"opsctl, version {importlib.metadata.version('opsctl')}"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    import tomllib
+
+    tree = Path(__file__).resolve().parents[2]
+    try:
+        with (tree / "pyproject.toml").open("rb") as f:
+            version = str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        version = "unknown"
+    return f"opsctl, version {version} (not installed: the checkout at {tree})"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit(0)
+
+
 @click.group(cls=OpsctlGroup, context_settings={"help_option_names": ["-h", "--help"]}, examples=(
     "opsctl status --host pve1 --ct 200",
     "opsctl --json jobs --host pve1 --ct 200",
     "opsctl help exit-codes",
 ))
-@click.version_option(package_name="opsctl")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show opsctl's version (installed, or the checkout's) and exit.")
 @click.option("--json", "as_json", is_flag=True,
               help="Every command's --json: exactly one JSON document on stdout.")
 def cli(as_json: bool) -> None:

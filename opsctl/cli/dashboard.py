@@ -14,7 +14,8 @@ state (``curl`` and a browser without JavaScript see it); the script only fetche
 Why no login: the server binds to 127.0.0.1 only (there is no option to bind elsewhere),
 so only users of this machine can reach it, the same people who can run ``opsctl status``.
 Requests whose ``Host`` header is not exactly ``127.0.0.1:PORT`` or ``localhost:PORT`` are
-refused with 403 (a web page on another site cannot reach it through DNS rebinding), the
+refused with 403 (a web page on another site cannot reach it through DNS rebinding), a request
+with more than one ``Host`` header with 400 (whichever of them came first), the
 page is read-only (GET only), and a Content-Security-Policy allows only its own inline
 script and style. Every remote text is escaped (and its control characters shown as
 ``\\xNN``, :func:`opsctl.render.safe`).
@@ -196,7 +197,7 @@ class Fleet:
         except Exception as exc:  # a bug: one line, the page goes on
             import sys
 
-            sys.stderr.write(f"dashboard: doctor of {key[0]} ct {key[1]} failed: "
+            sys.stderr.write(f"dashboard: doctor of {key[0]}{_ct_words(key[1])} failed: "
                              f"{type(exc).__name__}: {exc}\n")
         with self.cond:
             self.doctoring.discard(key)
@@ -210,10 +211,10 @@ class Fleet:
         work: list[tuple[HostView, int]] = []
         for name, spec in sorted(inv.hosts.items()):
             hv = HostView(name, spec.ssh_label())
-            if not spec.containers:
+            if not spec.targets():
                 hv.error = "no containers listed in the inventory"
             hosts.append(hv)
-            work.extend((hv, ctid) for ctid in sorted(spec.containers))
+            work.extend((hv, ctid) for ctid in sorted(spec.targets()))
         by_key = {(hv.name, ctid): hv for hv, ctid in work}
         for key, view in self._gather(list(by_key), start).items():
             self._doctor_due(key)
@@ -272,7 +273,7 @@ class Fleet:
                     hung.append(key)
                 last = self.answers.get(key)
                 if last is None:
-                    views[key] = ContainerView(*key, error=f"{key[0]} ct {key[1]}: no answer "
+                    views[key] = ContainerView(*key, error=f"{key[0]}{_ct_words(key[1])}: no answer "
                                                            f"within {wait_s:g} s", unreachable=True)
                 else:
                     age = time.time() - last[1]
@@ -419,7 +420,8 @@ def render_fragment(snap: Snapshot) -> str:
 
 
 def _container(cv: ContainerView) -> str:
-    head = f"<div class=\"ct\" data-ct=\"{cv.ctid}\"><h3>ct {cv.ctid}"
+    name = "the host itself" if cv.ctid == inventory.DIRECT_CTID else f"ct {cv.ctid}"
+    head = f"<div class=\"ct\" data-ct=\"{cv.ctid}\"><h3>{name}"
     if cv.stale_note:
         head = head.replace("<h3>", f"<p class=\"err stale\">{esc(cv.stale_note)}</p><h3>", 1)
     st = cv.status
@@ -433,7 +435,7 @@ def _container(cv: ContainerView) -> str:
     if st["phase"]:
         parts.append(f" <span class=\"meta\">phase {esc(st['phase'])}</span>")
     parts.append("</h3>")
-    from opsctl.cli.render import duration, metrics_line
+    from opsctl.cli.render import duration, goodput_line, metrics_line
 
     facts = [f"elapsed {duration(st['elapsed_s'])}"]
     if st["exit_code"] is not None:
@@ -445,10 +447,14 @@ def _container(cv: ContainerView) -> str:
     parts.append(f"<div class=\"meta\">{' · '.join(facts)}</div>")
     parts.append(_doctor_line(cv))
     parts.append(f"<div>{esc(metrics_line(st['last_step']).plain)}</div>")
+    ledger = goodput_line(st.get("goodput"))
+    if ledger is not None:
+        parts.append(f"<div class=\"goodput\">{esc(ledger.plain)}</div>")
     history = st.get("history")
     if history is not None:
         charts = [plots.svg_chart(s, history.get("marks", []), escape=esc)
-                  for s in plots.series(history, plots.STATUS_METRICS)]
+                  for s in plots.series(history, plots.STATUS_METRICS,
+                                        latest=plots.status_latest(st))]
         if charts:
             parts.append("<div class=\"charts\">" + "".join(charts) + "</div>")
     for d in st["diagnosis"]:
@@ -479,7 +485,17 @@ def _doctor_line(cv: ContainerView) -> str:
     if not failing:
         return ""
     return (f"<p class=\"err doctor\">doctor: {esc(', '.join(failing))} failing "
-            f"(<code>opsctl doctor --host {esc(cv.host)} --ct {cv.ctid}</code>)</p>")
+            f"(<code>opsctl doctor --host {esc(cv.host)}{_ct_flag(cv.ctid)}</code>)</p>")
+
+
+def _ct_words(ctid: int) -> str:
+    """`` ct N`` after a host's name, or nothing for a direct host's one target."""
+    return "" if ctid == inventory.DIRECT_CTID else f" ct {ctid}"
+
+
+def _ct_flag(ctid: int) -> str:
+    """`` --ct N``, or nothing for a direct host's one target (which takes no ``--ct``)."""
+    return "" if ctid == inventory.DIRECT_CTID else f" --ct {ctid}"
 
 
 def _n(v: float | None) -> str:
@@ -519,6 +535,11 @@ class Handler(BaseHTTPRequestHandler):
         return (self.headers.get("Host") or "").strip().lower() in allowed_hosts(self.server)
 
     def do_GET(self) -> None:
+        if len(self.headers.get_all("Host") or []) > 1:
+            # RFC 9112 3.2: a request with more than one Host is answered 400. Which of them a
+            # proxy or a browser would have used is not known, so none is trusted.
+            self._send(400, "bad request: more than one Host header", "text/plain")
+            return
         if not self._host_ok():
             self._send(403, f"forbidden: open this page as {url(self.server)}", "text/plain")
             return

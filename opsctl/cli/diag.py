@@ -112,7 +112,8 @@ def doctor(host: str | None, ctid: int | None, accept_new_host_key: bool, deadli
            with_torch: bool, torch_timeout_s: float, as_json: bool) -> None:
     """The GPU chain of a container, from the host and from inside: one row per check.
 
-    Exit 0 when no check fails, 28 when one does (each row says its evidence and fix).
+    Exit 0 when no check fails, 28 when one does (each row says its evidence and fix) or
+    when the deadline left no time for some checks (the ``deadline`` row names them).
     """
     from opsctl.cli import render
     from opsctl.ops import doctor as doctor_ops

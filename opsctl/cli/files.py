@@ -63,42 +63,15 @@ def _approve(yes: bool) -> t.Callable[[t.Any], None]:
 
 @contextlib.contextmanager
 def _progress(label: str, live: bool) -> t.Iterator[t.Callable[[int, int | None], None] | None]:
-    """A rich bar with bytes/s on a terminal; nothing otherwise (and never with --json).
-
-    The bar starts with the first bytes, so that a ``--delete`` question asked before the
-    transfer is not drawn over.
-    """
+    """:func:`opsctl.cli.render.transfer_bar` on a terminal; nothing otherwise, and then rich
+    is not even imported (a ``--json`` re-push is meant to take well under 2 s)."""
     if not live:
         yield None
         return
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
     from opsctl.cli import render
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                   TransferSpeedColumn(), TimeRemainingColumn(),
-                   console=render.console(stderr=True), transient=True)
-    task = bar.add_task(render.safe(label), total=None)
-    started = [False]
-
-    def update(done: int, total: int | None) -> None:
-        if not started[0]:
-            bar.start()
-            started[0] = True
-        bar.update(task, completed=done, total=total)
-
-    try:
-        yield update
-    finally:
-        if started[0]:
-            bar.stop()
+    with render.transfer_bar(label) as bar:
+        yield bar
 
 
 def _show_plan(plan: t.Any, as_json: bool) -> None:

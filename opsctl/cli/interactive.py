@@ -51,7 +51,7 @@ def shell(host: str | None, ctid: int | None, accept_new_host_key: bool) -> None
     from opsctl.ops import interactive, jobs
 
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
-        rc = interactive.run_tty(tgt, interactive.shell_argv())
+        rc = interactive.run_tty(tgt, interactive.shell_argv(tgt.host.direct))
     sys.exit(rc)
 
 

@@ -63,7 +63,10 @@ def deploy(host: str | None, ctid: int | None, accept_new_host_key: bool, playbo
     if host is None:
         raise errors.ConfigError("deploy needs --host (an inventory name or an address)")
     if playbook_path is None and ctid is None:
-        raise errors.ConfigError("deploy needs --ct (the container id)")
+        from opsctl.config import inventory
+
+        if not inventory.load().resolve(host).direct:  # a direct host is its own one target
+            raise errors.ConfigError("deploy needs --ct (the container id)")
     err = render.console(stderr=True)
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         from opsctl.config.pipeline import Pipeline, load_any
@@ -210,11 +213,9 @@ def _deploy_progress(err: t.Any, *, live: bool, quiet: bool) -> t.Iterator[_Prog
     if not live:
         yield _Progress(err, None, quiet)
         return
-    from rich.live import Live
-    from rich.spinner import Spinner
+    from opsctl.cli import render
 
-    spinner = Spinner("dots", text="connecting…")
-    with Live(spinner, console=err, refresh_per_second=8, transient=True):
+    with render.live_spinner(err, "connecting…") as spinner:
         yield _Progress(err, spinner, quiet)
 
 
@@ -449,6 +450,7 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
     On a terminal it first says which job and asks (-y skips); never asks otherwise."""
     from opsctl.cli import render
     from opsctl.ops import jobs, watch
+    from remote_payload.wire import ErrorType
 
     run = _run_nodes(host, ctid, nodes_text, job_id)
     if run is not None:
@@ -469,11 +471,19 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
         return
     with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
         if not yes and interactive():
-            st = watch.fetch_status(tgt.agent, job_id, lines=0)
-            job_id = st["job_id"]  # stop exactly the job the question named
-            if not watch.is_terminal(st):
-                confirm(f"{tgt.label}: stop job {st['job_id']} ({st['state']}, "
-                        f"{_step_text(st['last_step'])})?", yes=False)
+            try:
+                st = watch.fetch_status(tgt.agent, job_id, lines=0)
+            except errors.AgentError as exc:
+                if exc.remote_type != ErrorType.DamagedRecord or not job_id:
+                    raise
+                # its record does not parse, but its processes may run: stop still ends them
+                confirm(f"{tgt.label}: stop job {job_id} (its record is damaged: "
+                        f"{exc.fields.get('reason')})?", yes=False)
+            else:
+                job_id = st["job_id"]  # stop exactly the job the question named
+                if not watch.is_terminal(st):
+                    confirm(f"{tgt.label}: stop job {st['job_id']} ({st['state']}, "
+                            f"{_step_text(st['last_step'])})?", yes=False)
         res = jobs.stop(tgt, job_id, grace_s)
     if as_json:
         render.print_json(res)
@@ -490,7 +500,8 @@ def stop(host: str | None, ctid: int | None, accept_new_host_key: bool, job_id: 
 ))
 @target_options
 @click.option("--all", "all_jobs", is_flag=True,
-              help="Every job the container has (default: the newest 20 plus any still live).")
+              help="Every job the container has, the newest 1,000 at most (default: the newest "
+                   "20 plus any still live).")
 @json_option
 def jobs_cmd(host: str | None, ctid: int | None, accept_new_host_key: bool, all_jobs: bool,
              as_json: bool) -> None:

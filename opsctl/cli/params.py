@@ -115,6 +115,24 @@ class JobId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         return text
 
 
+class RunName(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """A run as ``opsctl goodput`` names it: a job id (or prefix), a ``--run-id``, or the
+    absolute out-dir it trains into (printable, at most :data:`MAX_RUN_CHARS`)."""
+
+    name = "run"
+
+    def convert(self, value: t.Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if JOB_ID_RE.fullmatch(text) or (
+                text.startswith("/") and len(text) <= MAX_RUN_CHARS and text.isprintable()):
+            return text
+        self.fail(f"{text[:80]!r} is not a run: a job id, a --run-id or an absolute out-dir",
+                  param, ctx)
+
+
+MAX_RUN_CHARS = 4096
+
+
 class ContainerId(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     """A Proxmox container id, by the one rule :mod:`opsctl.config.ctid` (100-999999999)."""
 
@@ -152,6 +170,7 @@ PORT = integer(0, 65535)  # --port of the dashboard (0: any free one)
 WIDTH = integer(20, 10_000, "columns")  # --width of plot
 CTID = ContainerId()  # --ct, --nodes' CT: opsctl.config.ctid's one rule
 JOB_ID = JobId()
+RUN = RunName()
 
 
 def ranges(group: click.Group) -> list[str]:

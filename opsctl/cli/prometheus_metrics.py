@@ -78,6 +78,7 @@ MIB = 1024 * 1024
 CT = ["host", "container"]
 JOB = ["host", "container", "job_id"]  # not "job": Prometheus sets that label to the scrape job
 GPU = ["host", "container", "gpu"]
+RUN = ["host", "container", "run_id"]  # a run: the attempts and re-deploys of one training
 
 
 def fresh(cv: ContainerView) -> bool:
@@ -202,6 +203,7 @@ def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: StatusDoc, now: flo
         if age is not None:
             g[name].add_metric(job, age)
     g["opsctl_job_restarts"].add_metric(job, float(len(st["restarts"])))
+    _run(g, ct, st.get("goodput"))
     for gpu in st["gpus"]:
         lab = [*ct, str(gpu["index"])]
         g["opsctl_gpu_info"].add_metric([*lab, label(gpu["name"])], 1.0)
@@ -212,6 +214,22 @@ def _job(g: dict[str, GaugeMetricFamily], ct: list[str], st: StatusDoc, now: flo
                                    ("opsctl_gpu_power_watts", gpu["power_w"], 1.0)):
             if value is not None:
                 g[name].add_metric(lab, value * scale)
+
+
+def _run(g: dict[str, GaugeMetricFamily], ct: list[str],
+         brief: t.Mapping[str, t.Any] | None) -> None:
+    """The job's run's ledger (``status``' ``goodput``): the ratio and every cause but
+    ``productive`` as badput seconds."""
+    if not brief or brief.get("goodput") is None:
+        return
+    run = [*ct, label(brief.get("run_id") or "?")]
+    g["opsctl_run_goodput_ratio"].add_metric(run, _float(brief["goodput"]))
+    for cause, secs in sorted((brief.get("causes") or {}).items()):
+        if cause != "productive" and _finite(secs) is not None:
+            g["opsctl_run_badput_seconds"].add_metric([*run, label(cause)], _float(secs))
+    rate = _finite(brief.get("effective_tok_s"))
+    if rate is not None:
+        g["opsctl_run_effective_tokens_per_second"].add_metric(run, rate)
 
 
 #: Every family: name, help text, labels. docs/guide/prometheus.md lists them (generated).
@@ -234,6 +252,12 @@ FAMILIES: tuple[tuple[str, str, list[str]], ...] = (
     ("opsctl_job_last_event_age_seconds", "seconds since the job's last event or output line",
      JOB),
     ("opsctl_job_restarts", "how many times the restart policy relaunched the job", JOB),
+    ("opsctl_run_goodput_ratio", "productive time over wall time of the current job's run "
+                                 "(its attempts and re-deploys), 0 to 1", RUN),
+    ("opsctl_run_badput_seconds", "the run's wall time lost, by cause (docs/guide/goodput.md)",
+     [*RUN, "cause"]),
+    ("opsctl_run_effective_tokens_per_second", "the run's surviving tokens over its wall time",
+     RUN),
     ("opsctl_gpu_info", "1 for each GPU of a container with a job, labelled with its name",
      [*GPU, "name"]),
     ("opsctl_gpu_utilization_ratio", "GPU utilisation, 0 to 1", GPU),

@@ -1,7 +1,7 @@
-"""Human rendering with rich: every table, panel and line the commands print.
+"""Human rendering with rich: every table, panel, line and live view the commands print.
 
-Only ``opsctl/cli/`` imports rich (``tests/unit/test_architecture.py``); the ``--json`` paths
-print through :mod:`.jsonout`, which does not.
+This is the only module that imports rich (``tests/unit/test_architecture.py``); the
+``--json`` paths print through :mod:`.jsonout`, which does not.
 
 Colours live in a table here, not in the state enum.
 
@@ -17,6 +17,7 @@ it through ``cat -v`` to inspect it on a terminal).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import typing as t
@@ -159,7 +160,7 @@ _QUEUE_COLUMNS = ("#", "JOB", "PLAYBOOK", "AFTER", "GPUS", "WAITING FOR")
 
 def queue_table(con: Console, label: str, q: QueueDoc) -> None:
     """``opsctl queue``: the queued jobs in order, then who holds which GPU slots."""
-    slots = "unknown (set gpus: for the container in the inventory)" if q["slots"] is None \
+    slots = "unknown (set gpus: for the target in the inventory)" if q["slots"] is None \
         else str(q["slots"])
     con.print(Text.assemble(("queue on ", "dim"), (safe(label), "bold"),
                             (f"  ({len(q['jobs'])} queued; GPU slots {slots})", "dim")))
@@ -317,6 +318,9 @@ def status(con: Console, target: str, st: StatusDoc, *, pane_lines: int = 20) ->
     con.print(Text(f"elapsed {duration(st['elapsed_s'])}  pid {st['pid'] or '-'}{ended}", style="dim"))
     for line in restart_lines(st):
         con.print(line)
+    brief = goodput_line(st.get("goodput"))
+    if brief is not None:
+        con.print(brief)
     con.print(metrics_line(st["last_step"]))
     tau = acceptance_line(st["events_tail"])
     if tau is not None:
@@ -344,9 +348,9 @@ def status(con: Console, target: str, st: StatusDoc, *, pane_lines: int = 20) ->
     elif st["gpu_error"]:
         con.print(plain(f"GPUs: {st['gpu_error']}", style="yellow"))
     else:
-        con.print(Text("GPUs: none in this container", style="dim"))
+        con.print(Text("GPUs: none on this target", style="dim"))
     if st["output_log"]:
-        con.print(plain(f"full output: {st['output_log']} (in the container; `opsctl logs`)",
+        con.print(plain(f"full output: {st['output_log']} (on the target; `opsctl logs`)",
                         style="dim"))
 
 
@@ -392,7 +396,7 @@ def jobs_table(con: Console, label: str, jl: JobListDoc) -> None:
     for col, justify in (("", "left"), ("JOB", "left"), ("PLAYBOOK", "left"), ("STATE", "left"),
                          ("START", "left"), ("END", "left"), ("TIME", "right"), ("EXIT", "right"),
                          ("STEP", "right"), ("KTOK/S", "right"), ("TRY", "right"),
-                         ("DIAGNOSIS", "left")):
+                         ("GOODPUT", "right"), ("DIAGNOSIS", "left")):
         table.add_column(col, justify=justify,  # type: ignore[arg-type]
                          no_wrap=col != "DIAGNOSIS", overflow="fold")
     for r in jl["jobs"]:
@@ -409,7 +413,8 @@ def jobs_table(con: Console, label: str, jl: JobListDoc) -> None:
             state_text(state) if state else Text("?", style="red"),
             _clock(r.get("started_at") or r.get("created_at"), now), _clock(r.get("ended_at"), now),
             duration(r.get("elapsed_s")), exit_text, safe(step.get("step", "-")),
-            f"{tok / 1000:.2f}" if isinstance(tok, int | float) else "-", attempt_text(r), diag)
+            f"{tok / 1000:.2f}" if isinstance(tok, int | float) else "-", attempt_text(r),
+            _pct(r.get("goodput"), 1.0), diag)
     shown, total = len(jl["jobs"]), jl["total"]
     con.print(Text.assemble(("jobs on ", "dim"), (safe(label), "bold"),
                             (f"  ({shown} of {total}"
@@ -423,11 +428,12 @@ def jobs_table(con: Console, label: str, jl: JobListDoc) -> None:
 
 
 def sparklines(con: Console, st: StatusDoc, width: int = 48) -> None:
-    """Loss, tok/s and GPU utilisation over the job's history, marks underneath."""
+    """Loss, tok/s and GPU utilisation over the job's history, marks underneath; each line
+    ends at the value the metrics line and the GPU table show."""
     from opsctl.cli import plots
 
     history = st.get("history")
-    rows = plots.sparkline_rows(history, width)
+    rows = plots.sparkline_rows(history, width, latest=plots.status_latest(st))
     if not rows or history is None:
         return
     lw = max(len(r.label) for r in rows)
@@ -436,7 +442,7 @@ def sparklines(con: Console, st: StatusDoc, width: int = 48) -> None:
         line.append(r.spark, style="cyan")
         line.append(f" {r.last}  ({r.low}…{r.high})", style="dim")
         con.print(line)
-    marks = plots.mark_line(history, width)
+    marks = plots.mark_line(history, max(len(r.spark) for r in rows))
     if marks.strip():
         con.print(Text(f"  {'':<{lw}} {marks}", style="magenta"))
         for entry in plots.legend(history):
@@ -525,7 +531,7 @@ def stacks(con: Console, doc: t.Mapping[str, t.Any]) -> None:
                               f"{p.get('cmd')}"), style="bold cyan", markup=False, highlight=False)
         con.print(safe(p.get("dump", ""), newlines=True), markup=False, highlight=False)
     if doc.get("saved_to"):
-        con.print(safe(f"saved in the container: {doc['saved_to']}"), style="dim", markup=False)
+        con.print(safe(f"saved on the target: {doc['saved_to']}"), style="dim", markup=False)
 
 
 # --- tables of the torch, probe and hosts commands -------------------------------------------
@@ -594,7 +600,15 @@ def probe_report(con: Console, label: str, report: t.Mapping[str, t.Any]) -> Non
     if report.get("verdict"):
         con.print(plain(report["verdict"], style="bold yellow" if report.get("affected") else "green"))
     if report.get("raw_output"):
-        con.print(plain(f"raw output (in the container): {report['raw_output']}", style="dim"))
+        con.print(plain(f"raw output (on the target): {report['raw_output']}", style="dim"))
+
+
+def target_column(ctid: int | None) -> str:
+    """A target in a table's ``ct`` column: its container id, ``host`` for a direct host's
+    one target (the host itself), ``-`` for none."""
+    from opsctl.config.inventory import DIRECT_CTID
+
+    return "-" if ctid is None else ("host" if ctid == DIRECT_CTID else str(ctid))
 
 
 def hosts(con: Console, rows: t.Sequence[t.Any]) -> None:
@@ -605,7 +619,7 @@ def hosts(con: Console, rows: t.Sequence[t.Any]) -> None:
     for r in rows:
         reach = "-" if r.reachable is None else ("[green]yes[/]" if r.reachable else "[red]no[/]")
         table.add_row(plain(r.name), plain(f"{r.address}:{r.port}"), plain(r.user),
-                      ", ".join(f"{c} ({g} GPU)" for c, g in r.containers.items()), reach,
+                      ", ".join(f"{target_column(c)} ({g} GPU)" for c, g in r.containers.items()), reach,
                       plain(r.detail or ""))
     con.print(table)
 
@@ -616,7 +630,8 @@ def fleet(con: Console, report: t.Any) -> None:
     for c in ("host", "ct", "reach", "job", "state", "step", "tok/s", "GPU util", "diagnosis / note"):
         table.add_column(c, justify="right" if c in ("ct", "step", "tok/s", "GPU util") else "left")
     for r in report.rows:
-        reach = "[green]yes[/]" if r.reachable else "[red]no[/]"
+        reach = ("-" if r.reachable is None else "[green]yes[/]" if r.reachable
+                 else "[red]no[/]")
         state = Text("-") if r.state is None else (
             state_text(JobState(r.state)) if r.state in JobState.__members__ else plain(r.state))
         if r.error is not None:
@@ -624,7 +639,7 @@ def fleet(con: Console, report: t.Any) -> None:
         else:
             last = plain(r.diagnosis or r.note or "", style="yellow" if r.diagnosis else "dim")
         util = "-" if r.gpu_util_pct is None else f"{r.gpu_util_pct:.0f}% ×{r.gpus}"
-        table.add_row(plain(r.host), "-" if r.ctid is None else str(r.ctid), reach,
+        table.add_row(plain(r.host), target_column(r.ctid), reach,
                       plain(r.job_id or "-"), state, _num(r.step), _num(r.tok_s), util, last)
     con.print(table)
     errs = f", [red]{report.errors} errors[/]" if report.errors else ""
@@ -699,3 +714,189 @@ def doctor_report(con: Console, report: t.Any) -> None:
     con.print(plain(f"{len(failed)} failing check(s): {', '.join(failed)}" if failed
                     else f"no failing check ({report.elapsed_s:.1f} s)",
                     "bold red" if failed else "green"))
+
+
+# --- live views (a terminal only) --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def transfer_bar(label: str) -> t.Iterator[t.Callable[[int, int | None], None]]:
+    """``push``/``pull`` on a terminal: a rich bar with bytes/s on stderr (the caller decides
+    whether there is a terminal; never with --json).
+
+    The bar starts with the first bytes, so that a ``--delete`` question asked before the
+    transfer is not drawn over.
+    """
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn(),
+                   console=console(stderr=True), transient=True)
+    task = bar.add_task(safe(label), total=None)
+    started = [False]
+
+    def update(done: int, total: int | None) -> None:
+        if not started[0]:
+            bar.start()
+            started[0] = True
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if started[0]:
+            bar.stop()
+
+
+@contextlib.contextmanager
+def live_spinner(err: Console, text: str) -> t.Iterator[t.Any]:
+    """``deploy`` on a terminal: a spinner on stderr whose text the caller updates, gone when
+    the block ends."""
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    spinner = Spinner("dots", text=text)
+    with Live(spinner, console=err, refresh_per_second=8, transient=True):
+        yield spinner
+
+
+# --- goodput -------------------------------------------------------------------------------
+
+#: each cause of a run's ledger: its name in tables, its cell in the timeline, its colour
+GOODPUT_CAUSES: dict[str, tuple[str, str, str]] = {
+    "productive": ("productive", "█", "green"),
+    "startup": ("start-up", "s", "cyan"),
+    "compile": ("recompiles", "c", "magenta"),
+    "checkpoint": ("checkpoints", "k", "blue"),
+    "stall": ("stalls", "!", "bold red"),
+    "lost": ("lost progress", "x", "red"),
+    "shutdown": ("wind-down", "w", "grey50"),
+    "restart_gap": ("restart gaps", "_", "yellow"),
+    "queue_wait": ("queue waits", "q", "yellow"),
+    "unknown": ("unknown", "?", "grey50"),
+}
+
+
+def _pct(part: float | None, whole: float | None) -> str:
+    if part is None or not whole:
+        return "-"
+    return f"{100.0 * part / whole:.1f} %"
+
+
+def goodput_line(brief: t.Mapping[str, t.Any] | None) -> Text | None:
+    """``goodput 93.1 % of 41h12m · lost 2.1 % (2 crashes) · checkpoints 0.4 % · start-up
+    1.0 %``: a status's one line on its run's ledger (lost: lost progress and stalls)."""
+    if not brief or not brief.get("wall_s") or brief.get("goodput") is None:
+        return None
+    wall, causes = brief["wall_s"], brief.get("causes") or {}
+    crashes, hangs = brief.get("crashes") or 0, brief.get("hangs") or 0
+    lost = (causes.get("lost") or 0.0) + (causes.get("stall") or 0.0)
+    why = [f"{crashes} crash{'es' if crashes != 1 else ''}"] if crashes else []
+    why += [f"{hangs} hang{'s' if hangs != 1 else ''}"] if hangs else []
+    parts = [f"goodput {100.0 * brief['goodput']:.1f} % of {duration(wall)}",
+             f"lost {_pct(lost, wall)}" + (f" ({', '.join(why)})" if why else ""),
+             f"checkpoints {_pct(causes.get('checkpoint'), wall)}",
+             f"start-up {_pct(causes.get('startup'), wall)}"]
+    if causes.get("unknown"):
+        parts.append(f"unknown {_pct(causes.get('unknown'), wall)}")
+    if brief.get("eta_s"):  # the steps left at the run's effective rate, not the last step's
+        parts.append(f"ETA {duration(brief['eta_s'])} at the effective rate")
+    style = "green" if brief["goodput"] >= 0.9 else "yellow" if brief["goodput"] >= 0.8 else "red"
+    return Text(" · ".join(parts), style=style)
+
+
+def goodput_cells(timeline: t.Sequence[t.Sequence[t.Any]], start: float, end: float,
+                  n: int) -> list[str]:
+    """``n`` columns of the run's time, each the cause with the most time in it."""
+    if n <= 0 or not end > start:
+        return []
+    width = (end - start) / n
+    cols: list[dict[str, float]] = [{} for _ in range(n)]
+    for seg in timeline:
+        try:
+            cause, lo, hi = str(seg[0]), float(seg[1]), float(seg[2])
+        except (IndexError, TypeError, ValueError):
+            continue
+        if not (hi > lo and hi > start and lo < end):
+            continue
+        lo, hi = max(lo, start), min(hi, end)  # an infinite end is the window's edge
+        a = max(0, min(n - 1, int((lo - start) / width)))
+        b = max(0, min(n - 1, int((hi - start) / width)))
+        for k in range(a, b + 1):
+            part = min(hi, start + (k + 1) * width) - max(lo, start + k * width)
+            if part > 0:
+                cols[k][cause] = cols[k].get(cause, 0.0) + part
+    return [max(c.items(), key=lambda kv: kv[1])[0] if c else "unknown" for c in cols]
+
+
+def goodput_timeline(doc: t.Mapping[str, t.Any], width: int) -> Text:
+    """The run's time as one row of cells, a cause each (:data:`GOODPUT_CAUSES`)."""
+    start = float(doc["started_at"])
+    end = start + float(doc["wall_s"])
+    line = Text()
+    for cause in goodput_cells(doc.get("timeline") or [], start, end, width):
+        _name, cell, style = GOODPUT_CAUSES.get(cause, GOODPUT_CAUSES["unknown"])
+        line.append(cell, style=style)
+    return line
+
+
+def goodput_report(con: Console, label: str, doc: t.Mapping[str, t.Any], width: int = 100) -> None:
+    """``opsctl goodput``: the run's wall time per cause and per attempt, and its timeline."""
+    wall = doc["wall_s"]
+    jobs = doc.get("jobs") or []
+    con.print(Text.assemble(("run ", "dim"), (safe(doc["run_id"]), "bold"), ("  on ", "dim"),
+                            (safe(label), "bold"),
+                            (f"  {len(jobs)} job(s), {len(doc.get('attempts') or [])} attempt(s)"
+                             f"  {'live' if doc.get('ended_at') is None else 'ended'}", "dim")))
+    if doc.get("out_dir"):
+        con.print(plain(f"out-dir {doc['out_dir']}", style="dim"))
+    headline = goodput_line(doc)
+    if headline is not None:
+        con.print(headline)
+    rate = doc.get("effective_tok_s")
+    eff = [f"effective {rate / 1000:.2f} Ktok/s" if rate is not None else "effective -",
+           f"surviving steps {doc['surviving_steps']}"
+           + (f" of {doc['target_steps']}" if doc.get("target_steps") else ""),
+           f"ETA {duration(doc.get('eta_s'))}" if doc.get("eta_s") is not None else "ETA -"]
+    if doc.get("expect_tok_s"):
+        eff.append(f"slow {duration(doc['slow_s'])} below {doc['expect_tok_s'] / 1000:.2f} Ktok/s"
+                   f" (costing {duration(doc['slow_shortfall_s'])})")
+    con.print(Text("  ".join(eff), style="dim"))
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col, justify in (("CAUSE", "left"), ("TIME", "right"), ("SHARE", "right"), ("", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    causes = doc.get("causes") or {}
+    for cause, (name, cell, style) in GOODPUT_CAUSES.items():
+        secs = causes.get(cause) or 0.0
+        if secs or cause == "productive":
+            table.add_row(Text(name, style=style), duration(secs), _pct(secs, wall),
+                          Text(cell, style=style))
+    con.print(table)
+    atts = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("JOB", "TRY", "ENDED", "STEPS", "LOST", "START-UP", "PRODUCTIVE", "OTHER"):
+        atts.add_column(col, justify="left" if col in ("JOB", "ENDED") else "right",
+                        no_wrap=True)
+    for a in doc.get("attempts") or []:
+        c = a.get("causes") or {}
+        other = sum(v for k, v in c.items() if k not in ("startup", "productive"))
+        atts.add_row(plain(a["job_id"]), str(a["attempt"]), plain(a["ended"][:40]),
+                     f"{a['start_step']}→{a['last_step']}", str(a["lost_steps"]),
+                     duration(c.get("startup")), duration(c.get("productive")), duration(other))
+    con.print(atts)
+    for a in doc.get("attempts") or []:
+        phases = a.get("startup") or []
+        if phases:
+            con.print(plain(f"start-up of {a['job_id']} attempt {a['attempt']}: " + " · ".join(
+                f"{p['phase']} {duration(p['seconds'])}" for p in phases), style="dim"))
+    con.print(goodput_timeline(doc, min(width, con.width)))
+    con.print(Text("  ".join(f"{cell} {name}" for name, cell, _ in GOODPUT_CAUSES.values()),
+                   style="dim"))
+    for note in doc.get("unknown") or []:
+        con.print(plain(f"note: {note}", style="yellow"))

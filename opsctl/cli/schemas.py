@@ -178,6 +178,8 @@ DOCUMENTS: dict[str, tuple[str, t.Callable[[], t.Any]]] = {
              "`transfers`)", _transfer),
     "pull": ("what was fetched, or with --dry-run what would be (`pull --json`)", _transfer),
     "plot": ("a job's full bounded history (`plot --json`)", _reply("HistoryReplyDoc")),
+    "goodput": ("a run's wall time by cause, per attempt, and its timeline (`goodput --json`)",
+                _reply("GoodputDoc")),
     "stacks": ("every thread's stack of every process of the job (`stacks --json`)",
                _reply("StacksDoc")),
     "probe compile-race": ("the compile-race probe's report (`probe compile-race --json`)",

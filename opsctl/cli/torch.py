@@ -66,7 +66,7 @@ def swap_torch(variant: str, host: str | None, ctid: int | None, accept_new_host
         mark = "skipped" if c.get("skipped") else ("ok" if c.get("ok") else "FAILED")
         con.print(render.plain(f"  verify {c.get('name')}: {mark} {c.get('detail') or ''}"))
     if rep.get("log_path"):
-        con.print(render.plain(f"  log (in the container): {rep['log_path']}", style="dim"))
+        con.print(render.plain(f"  log (on the target): {rep['log_path']}", style="dim"))
 
 
 @click.command(cls=OpsctlCommand, examples=(

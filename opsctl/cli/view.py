@@ -1,4 +1,5 @@
-"""Commands that show a job as a picture: ``opsctl plot`` and ``opsctl dashboard``.
+"""Commands that show a job as a picture: ``opsctl plot``, ``opsctl goodput`` and
+``opsctl dashboard``.
 
 Listed in :data:`COMMANDS` (assembled by :mod:`opsctl.cli`). Drawing lives in :mod:`opsctl.cli.plots`,
 the web page in :mod:`opsctl.cli.dashboard`; both use the same operations as ``status``.
@@ -17,7 +18,7 @@ from opsctl.cli.command import OpsctlCommand
 
 @click.command(cls=OpsctlCommand, examples=(
     "opsctl plot --host pve1 --ct 200",
-    "opsctl plot a1b2c3 --host pve1 --ct 200 --metric loss,tok_s --since 6h",
+    "opsctl plot a1b2c3 --host pve1 --ct 200 --metric loss,tok_s --since 6h --by step",
     "opsctl plot --host pve1 --ct 200 --png loss.png --json",
 ))
 @target_options
@@ -29,14 +30,20 @@ from opsctl.cli.command import OpsctlCommand
               help="Write the charts to this PNG file (matplotlib) instead of the terminal.")
 @click.option("--width", type=clitypes.WIDTH, default=None,
               help="Chart width in characters (default: the terminal's).")
+@click.option("--by", "by", type=click.Choice(["time", "step"]), default="time", show_default=True,
+              help="The x axis: time since the start, or the trainer's step (the step events' "
+                   "metrics only: the GPU samples have no step).")
 @json_option
 def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
          job_id: str | None, metrics: str, since: str | None, png_path: str | None,
-         width: int | None, as_json: bool) -> None:
+         width: int | None, by: str, as_json: bool) -> None:
     """Charts of loss, tok/s, GPU utilisation and memory over the job's history.
 
-    Vertical lines mark where the job recompiled (C), restarted from a checkpoint (R),
-    logged an error (E), hung (H), was diagnosed (D) or ended (X).
+    The curves end at the job's newest sample. A short job is drawn from its step events
+    themselves; `--by step` draws the step events against their step. Vertical lines mark
+    where the job recompiled (C), restarted from a checkpoint (R), logged an error (E),
+    hung (H), was diagnosed (D) or ended (X). `--json` prints the history whole (both its
+    time buckets and its step table) whatever `--by` says.
     """
     import shutil
 
@@ -44,6 +51,7 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
     from opsctl.ops import history, jobs
 
     names = plots.parse_metrics(metrics)  # bad input fails before any connection
+    plots.check_axis(by, names)
     since_s = plots.parse_since(since)
     if png_path is not None and not as_json:
         plots.check_output_path(png_path)  # before anything is fetched
@@ -55,16 +63,60 @@ def plot(host: str | None, ctid: int | None, accept_new_host_key: bool,
     con = render.console()
     title = f"job {rep['job_id']} on {tgt.label}: {rep['state']}"
     if png_path is not None:
-        plots.write_png(rep["history"], names, png_path, title=render.safe(title))
+        plots.write_png(rep["history"], names, png_path, title=render.safe(title), by=by)
         con.print(render.plain(f"{title}: charts written to {png_path}"))
         return
     con.print(render.plain(title, style="bold"))
     cols = width or max(40, min(shutil.get_terminal_size((100, 24)).columns, 160))
     sys.stdout.write(plots.terminal_charts(rep["history"], names, width=cols,
-                                           color=sys.stdout.isatty()) + "\n")
+                                           color=sys.stdout.isatty(), by=by) + "\n")
     sys.stdout.flush()
     for entry in plots.legend(rep["history"]):
         con.print(render.plain(entry, style="dim"))
+
+
+@click.command(cls=OpsctlCommand, examples=(
+    "opsctl goodput --host pve1 --ct 200",
+    "opsctl goodput dflash-20261203-101500-a1b2 --host pve1 --ct 200 --json",
+    "opsctl goodput /opt/opsctl/runs/dflash-8gpu --host pve1 --ct 200 --png goodput.png",
+))
+@target_options
+@click.argument("run", type=clitypes.RUN, required=False)
+@click.option("--width", type=clitypes.WIDTH, default=None,
+              help="Timeline width in characters (default: the terminal's).")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the timeline and the time per cause to this PNG file (matplotlib).")
+@json_option
+def goodput(host: str | None, ctid: int | None, accept_new_host_key: bool, run: str | None,
+            width: int | None, png_path: str | None, as_json: bool) -> None:
+    """Where a run's wall-clock time went: goodput, and the time lost by cause.
+
+    RUN is a job of the run (id or unique prefix), its --run-id, or its out-dir; by default
+    the current job's run. A run is every attempt and re-deploy that resumes one training
+    (one out-dir, --resume), across job ids. Prints the time per cause, per attempt, and a
+    timeline (docs/guide/goodput.md says how each cause is measured).
+    """
+    import shutil
+
+    from opsctl.cli import plots, render
+    from opsctl.ops import goodput as goodput_ops
+    from opsctl.ops import jobs
+
+    if png_path is not None:
+        plots.check_output_path(png_path)  # before anything is fetched
+    with jobs.open_target(host, ctid, accept_new_host_key=accept_new_host_key) as tgt:
+        rep = goodput_ops.fetch(tgt.agent, run)
+    if png_path is not None:
+        plots.write_goodput_png(rep, png_path,
+                                title=render.safe(f"run {rep['run_id']} on {tgt.label}"))
+    if as_json:
+        render.print_json(rep)
+        return
+    cols = width or max(40, min(shutil.get_terminal_size((100, 24)).columns, 160))
+    con = render.console()
+    render.goodput_report(con, tgt.label, rep, width=cols)
+    if png_path is not None:
+        con.print(render.plain(f"timeline written to {png_path}", style="dim"))
 
 
 @click.command(cls=OpsctlCommand, examples=(
@@ -110,4 +162,4 @@ def dashboard(port: int, refresh_s: float, lines: int, doctor_every_s: float) ->
         server.app.close()
 
 
-COMMANDS: tuple[click.Command, ...] = (plot, dashboard)
+COMMANDS: tuple[click.Command, ...] = (plot, goodput, dashboard)

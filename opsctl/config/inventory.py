@@ -19,7 +19,7 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from opsctl.config import addresses, paths, sshconfig, yamlfile
 from opsctl.config import ctid as ctid_rule
@@ -29,12 +29,27 @@ from remote_payload import wire
 
 DEFAULT_ROOT = wire.DEFAULT_ROOT
 
+#: How a command enters the target (``opsctl/remote/entry.py`` has one entry per value):
+#: ``pct``: ``pct exec`` into an LXC container of a Proxmox host; ``direct``: on the SSH
+#: host itself, which is then the one target (no container id).
+EnterKind = t.Literal["direct", "pct"]
+ENTER_KINDS: tuple[str, ...] = t.get_args(EnterKind)
+
+#: The container id a direct host's one target carries inside opsctl (jobs, state, fleet
+#: rows): outside the Proxmox range, so it is never a container pct could be asked about.
+DIRECT_CTID = 0
+
+#: Fields that only mean something for ``enter: pct`` (a direct host given one is refused,
+#: so a half-converted entry never silently keeps a Proxmox setting that does nothing).
+PCT_ONLY_FIELDS = ("containers", "sudo", "pct_path", "node")
+
 
 class ContainerSpec(BaseModel):
     """One LXC container of a host, by its Proxmox id."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-    gpus: int = Field(default=0, ge=0, le=1024, description="how many GPUs the container has")
+    # strict: YAML's `true` is no count (lax pydantic would read it as 1)
+    gpus: int = Field(default=0, ge=0, le=1024, strict=True, description="how many GPUs the container has")
     description: str | None = Field(default=None, description="one line for `opsctl hosts`")
     playbook: str | None = Field(default=None, description=(
         "what `opsctl deploy` runs here when `--playbook` is not given"))
@@ -51,16 +66,18 @@ class ContainerSpec(BaseModel):
 
 
 class HostSpec(BaseModel):
-    """One Proxmox host reached over SSH."""
+    """One host reached over SSH: a Proxmox node whose LXC containers are the targets
+    (``enter: pct``), or a plain server that is the target itself (``enter: direct``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     name: str = Field(default="", description=(
         "set from the key under `hosts:` (written in the file, it is replaced)"))
     address: str = Field(description="an IP address, a DNS name or an `~/.ssh/config` alias")
-    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
+    port: int = Field(default=22, ge=1, le=65535, strict=True, description="SSH port")
     # the pattern: as ``user@`` of ``--host`` takes it, never an ssh option (``-oProxyCommand``)
     user: str = Field(default="root", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$", description=(
-        "SSH user; a non-root one needs `sudo: true` and one sudoers line"))
+        "SSH user; on a pct host a non-root one needs `sudo: true` and one sudoers line (a "
+        "direct host needs neither)"))
     identity_file: str | None = Field(default=None, description="the SSH private key (`~` expands)")
     proxy_jump: str | None = Field(default=None, description=(
         "OpenSSH ProxyJump: `[user@]host[:port][,…]`, hops in order"))
@@ -68,11 +85,20 @@ class HostSpec(BaseModel):
         "the known_hosts file the host key is checked against; null: `~/.ssh/known_hosts`"))
     host_key_fingerprint: str | None = Field(default=None, description=(
         "`SHA256:…`: the host key pinned, checked on every connect (`opsctl host trust`)"))
+    enter: EnterKind = Field(default="pct", description=(
+        "how a command enters the target: `pct` (`pct exec` into the LXC container `--ct` "
+        "names) or `direct` (on this SSH host itself: a bare-metal server or a VM, no `--ct`, "
+        "no Proxmox; [direct hosts](#direct-hosts))"))
+    target: ContainerSpec | None = Field(default=None, description=(
+        "`enter: direct` only: the host's one target, as a container entry is for `pct` "
+        "(`gpus`, `playbook`, `notify`, `socket_ifname`)"))
     sudo: bool = Field(default=False, description="run pct, and only pct, with `sudo -n` (non-root user)")
     pct_path: str = Field(default="/usr/sbin/pct", description=(
         "the pct the sudoers rule allows (the rule: docs, Host requirements); used with sudo"))
     node: str | None = Field(default=None, description="the Proxmox node name (informational)")
-    root: str = Field(default=DEFAULT_ROOT, description="opsctl's directory inside the containers")
+    root: str = Field(default=DEFAULT_ROOT, pattern=r"^/[^\x00\n]*$", description=(
+        "opsctl's directory inside the containers (a direct host: on the host itself; a "
+        "non-root user needs one it owns); an absolute path"))
     # finite and bounded: `.inf` reached int() in the connect call (OverflowError)
     connect_timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False, description=(
         "seconds to wait for the SSH connection"))
@@ -107,6 +133,39 @@ class HostSpec(BaseModel):
         except ConfigError as exc:
             raise ValueError(exc.message.removeprefix("address: ")) from None
 
+    @model_validator(mode="after")
+    def _one_kind(self) -> HostSpec:
+        if self.enter == "direct":
+            mixed = [f for f in PCT_ONLY_FIELDS if f in self.model_fields_set]
+            if mixed:
+                raise ValueError(f"enter: direct runs commands on the host itself, so "
+                                 f"{', '.join(mixed)} (for pct and its containers) does not "
+                                 "apply: remove it, or give the one target as `target:`")
+        elif "target" in self.model_fields_set:
+            raise ValueError("target: is the one target of an `enter: direct` host; a pct "
+                             "host lists its containers under containers:")
+        return self
+
+    @property
+    def direct(self) -> bool:
+        """Commands run on the SSH host itself (no container, no pct)."""
+        return self.enter == "direct"
+
+    def targets(self) -> dict[int, ContainerSpec]:
+        """The targets the inventory lists, by container id (a direct host: its one target,
+        as :data:`DIRECT_CTID`)."""
+        if self.direct:
+            return {DIRECT_CTID: self.target or ContainerSpec()}
+        return dict(self.containers)
+
+    def target_spec(self, ctid: int) -> ContainerSpec | None:
+        """What the inventory says of target ``ctid`` (None: nothing)."""
+        return self.targets().get(ctid)
+
+    def target_label(self, ctid: int) -> str:
+        """How errors and reports name a target: ``pve1 ct 200``, or a direct host's name."""
+        return self.label if self.direct else f"{self.label} ct {ctid}"
+
     @property
     def label(self) -> str:
         return self.name or self.address
@@ -117,7 +176,7 @@ class HostSpec(BaseModel):
 
     def notify_urls(self, ctid: int) -> list[str]:
         """Webhooks for a job in container ``ctid``: the container's, then the host's."""
-        ct = self.containers.get(ctid)
+        ct = self.target_spec(ctid)
         return list(dict.fromkeys([*(ct.notify if ct else []), *self.notify]))
 
     def ssh_label(self) -> str:
@@ -199,8 +258,14 @@ class Inventory:
                 or any(h.address == address for h in self.hosts.values())
                 or sshconfig.configures(address)):
             raise self._unknown(host)
-        if by_address and m["user"] is None:
-            return _with_ssh_config(by_address[0], by_address[0].model_fields_set)
+        if by_address:
+            # the inventory's host at that address, as another user if one is given: still
+            # its kind of target (a direct host is never sent `pct exec`), root and keys
+            spec = by_address[0]
+            if m["user"] is None:
+                return _with_ssh_config(spec, spec.model_fields_set)
+            spec = spec.model_copy(update={"name": host, "user": m["user"]})
+            return _with_ssh_config(spec, spec.model_fields_set | {"user"})
         given: dict[str, t.Any] = {"name": host, "address": address}
         if m["user"] is not None:
             given["user"] = m["user"]

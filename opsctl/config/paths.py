@@ -47,21 +47,40 @@ def home() -> Path:
 def logs_dir() -> Path:
     """Full outputs of failed steps are saved here; errors print the path.
 
-    0700, whatever umask or an older opsctl left: the logs hold remote output and argv.
+    0700, whatever umask or an older opsctl left: the logs hold remote output and argv. A
+    ``logs`` the user made a link (to a bigger disk, say) keeps its target's mode: that folder
+    is the user's, not opsctl's to change, and each log in it is 0600 anyway
+    (:func:`new_log`).
     """
     d = home() / "logs"
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if d.stat().st_mode & 0o777 != 0o700:
+    if not d.is_symlink() and d.stat().st_mode & 0o777 != 0o700:
         d.chmod(0o700)
     return d
 
 
 def new_log(name: str) -> Path:
-    """A fresh file in :func:`logs_dir`, created 0600 (only its owner reads it)."""
-    path = logs_dir() / name
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-    path.chmod(0o600)  # an existing file of the same name keeps no wider mode
-    return path
+    """A fresh file in :func:`logs_dir`, created 0600 (only its owner reads it) and
+    exclusively: a file or a link already at ``name`` is left alone, and the log takes
+    ``<stem>-1<suffix>`` (``-2``, ...) instead, so nothing is written through a planted
+    link.
+
+    Raises:
+        OSError: the folder is not writable, or 100 names are taken.
+    """
+    directory = logs_dir()
+    stem, suffix = os.path.splitext(name)
+    for n in range(100):
+        path = directory / (name if n == 0 else f"{stem}-{n}{suffix}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        os.fchmod(fd, 0o600)  # a umask never widens it, and never narrows it past reading
+        os.close(fd)
+        return path
+    raise FileExistsError(f"{directory}: 100 logs named {name} already")
 
 
 def payload_source() -> Path:

@@ -11,6 +11,7 @@ job needs (applied by ``deploy`` before launch).
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 import time
@@ -18,7 +19,7 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from opsctl.config import paths, yamlfile
 from opsctl.errors import ConfigError
@@ -26,6 +27,28 @@ from remote_payload import wire
 
 #: What a POSIX shell and ``os.execve`` accept as an environment variable name.
 ENV_NAME_RE = re.compile(wire.ENV_NAME_PATTERN)
+#: words of an environment name (split at ``_``) that say it holds a credential
+#: (``MLFLOW_TRACKING_PASSWORD``, ``HF_TOKEN``); ``TOKENIZERS_PARALLELISM`` has none of them
+CREDENTIAL_WORDS = frozenset({"PASSWORD", "PASSWD", "SECRET", "TOKEN", "APIKEY", "CREDENTIAL",
+                              "CREDENTIALS"})
+#: pairs of adjacent words that do (``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY``)
+CREDENTIAL_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"),
+                              ("SECRET", "KEY"), ("AUTH", "KEY")})
+#: a URL with a password in it (``https://user:pass@mlflow.example``)
+URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]+@")
+
+
+def is_credential(name: str, value: str) -> bool:
+    """Whether a playbook ``env`` entry holds a credential: by its name's words, or a URL
+    with a password in its value. Such an entry travels as a secret (:meth:`Playbook.job_spec`):
+    on the launch's stdin, stored 0600, removed when the job ends, masked in its output;
+    never in ``spec.json``, a command line or a log."""
+    words = name.upper().split("_")
+    return (any(w in CREDENTIAL_WORDS for w in words)
+            or any(pair in CREDENTIAL_PAIRS for pair in itertools.pairwise(words))
+            or URL_WITH_PASSWORD.search(value) is not None)
+
+
 #: The launch spec travels as JSON on the agent's command line, which is capped at
 #: ``MAX_COMMAND_BYTES`` (100 KiB, opsctl/remote/command.py); leave room for JSON escaping and the rest.
 MAX_SPEC_TEXT_BYTES = 48 * 1024
@@ -189,7 +212,9 @@ class Playbook(BaseModel):
         "job announced a longer budget for its phase (the trainer's cold compile)"))
     phase_budgets_s: dict[str, float] = Field(default_factory=dict, description=(
         "`{phase: seconds}`, e.g. `{compiling: 600}`: a phase's hang budget, over both the above"))
-    gpus: int | list[int] | None = Field(default=None, description=(
+    # strict: YAML's `true` is no count (lax pydantic would read it as 1)
+    gpus: t.Annotated[int, Strict()] | list[t.Annotated[int, Strict()]] | None = Field(
+        default=None, description=(
         "GPU slots the job reserves: a count (the lowest free slots) or indices (`[0, 1]`); the "
         "job gets `CUDA_VISIBLE_DEVICES` of them and runs beside others (guide/queue.md); a GPU "
         "held outside opsctl's jobs is refused unless `deploy --force`. null: the whole container"))
@@ -293,9 +318,11 @@ class Playbook(BaseModel):
 
         ``notify``: the inventory's webhooks, added after the playbook's own; ``target``:
         ``{"host", "ct"}`` for the notifications. Secrets travel by name only (their values
-        go on the launch's stdin).
+        go on the launch's stdin), and so do the ``env`` entries that hold a credential
+        (:meth:`credential_env`).
         """
-        env = dict(self.env)
+        routed = self.credential_env()
+        env = {k: v for k, v in self.env.items() if k not in routed}
         return {
             "job_id": job_id,
             "name": self.name,
@@ -313,9 +340,19 @@ class Playbook(BaseModel):
             "restart": self.restart.to_wire() if self.restart is not None else None,
             "max_duration_s": self.max_duration_s,
             "notify": list(dict.fromkeys([*self.notify, *notify])),
-            "secrets": list(self.secrets),
+            "secrets": [*self.secrets, *routed],
             "target": target,
         }
+
+    def credential_env(self) -> dict[str, str]:
+        """The ``env`` entries that hold a credential (:func:`is_credential`): sent as
+        secrets, by name in the spec and by value on stdin."""
+        return {k: v for k, v in self.env.items() if is_credential(k, v)}
+
+    def secret_names(self) -> list[str]:
+        """Every name whose value goes on the launch's stdin: ``secrets`` and the credential
+        ``env`` entries."""
+        return [*self.secrets, *self.credential_env()]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,11 @@ only read. Every place that shows or writes the rule (the error that names a mis
 sandbox's non-root user, the docs) takes it from :func:`sudoers_rule`, and
 ``tests/unit/test_sudoers_rule.py`` checks that every ``pct`` subcommand opsctl runs is in
 :data:`PCT_SUBCOMMANDS`.
+
+A direct host (inventory ``enter: direct``) needs no rule: only ``pct`` ever runs under
+``sudo`` (:func:`opsctl.remote.command.host_command`), a direct host runs no ``pct``, and
+what opsctl does there (the agent, tmux, its jobs, ``nvidia-smi``) needs no root once the
+host's ``root`` is a directory the SSH user owns; ``sudo: true`` is refused there.
 """
 
 from __future__ import annotations

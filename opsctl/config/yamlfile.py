@@ -11,9 +11,7 @@ and did not load; here ``on:`` is the key ``"on"`` and ``no`` the string ``"no"`
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import typing as t
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pydantic
 import yaml
 
 from opsctl.errors import ConfigError
+from remote_payload import boundedread
 
 Loc = tuple[t.Any, ...]
 
@@ -88,33 +87,22 @@ def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int], path: Path) -> None:
 
 
 def _read(path: Path) -> bytes:
-    """The file's bytes: a regular file of at most :data:`MAX_BYTES`, never a FIFO or device.
+    """The file's bytes: a regular file of at most :data:`MAX_BYTES`, never a FIFO or device
+    (:func:`remote_payload.boundedread.read_regular`; a link the user made is followed).
 
     Raises:
         ConfigError: unreadable, not a regular file, or too large.
     """
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return boundedread.read_regular(path, MAX_BYTES, follow_links=True)
+    except boundedread.Refused as exc:
+        if exc.why == boundedread.TOO_LARGE:
+            raise ConfigError(f"{path}: larger than {MAX_BYTES // 1024} KiB; not a playbook or "
+                              "inventory") from None
+        raise ConfigError(f"{path}: not a regular file (a FIFO, device or directory is "
+                          "never read as a playbook or inventory)") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path}: not a regular file (a FIFO, device or directory is "
-                              "never read as a playbook or inventory)")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if size > MAX_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_BYTES // 1024} KiB; not a playbook or inventory")
-    return b"".join(chunks)
 
 
 def _decode(path: Path, data: bytes) -> str:

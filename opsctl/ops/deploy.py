@@ -37,7 +37,7 @@ from opsctl.ops import watch
 from opsctl.ops.jobs import Target
 from opsctl.remote.agent_client import NoPayload, PayloadResult
 from opsctl.state import last_target as target_mod
-from remote_payload import wire
+from remote_payload import procgroup, wire
 from remote_payload.wire import ErrorType, JobState
 from remote_payload.wire_shapes import StatusDoc
 
@@ -50,12 +50,13 @@ def default_playbook(spec: HostSpec, ctid: int) -> str:
     Raises:
         ConfigError: the inventory names no playbook for that container.
     """
-    container = spec.containers.get(ctid)
+    container = spec.target_spec(ctid)
     if container is None or container.playbook is None:
         names = ", ".join(playbook_mod.available_names())
-        raise ConfigError(f"no --playbook given and the inventory names none for {spec.label} "
-                          f"ct {ctid}", hint=f"pass --playbook (available: {names}) or set "
-                                              f"containers.{ctid}.playbook in the inventory")
+        field = "target.playbook" if spec.direct else f"containers.{ctid}.playbook"
+        raise ConfigError(f"no --playbook given and the inventory names none for "
+                          f"{spec.target_label(ctid)}", hint=f"pass --playbook (available: "
+                                                             f"{names}) or set {field} in the inventory")
     return container.playbook
 
 
@@ -117,6 +118,14 @@ def collect_secrets(book: Playbook, env_file: str | None = None,
                               f"{wire.SECRET_MIN_LEN} bytes (or has a NUL byte): too short to "
                               "redact from the job's output")
         values[name] = value
+    for name, value in book.credential_env().items():  # the playbook's own value, routed
+        if len(value.encode()) < wire.SECRET_MIN_LEN or "\0" in value:
+            raise ConfigError(f"playbook {book.name}: env {name} holds a credential, which is "
+                              f"sent as a secret, and is shorter than {wire.SECRET_MIN_LEN} "
+                              "bytes (or has a NUL byte): too short to redact from the job's "
+                              "output", hint="a credential this short cannot be masked: use a "
+                              f"longer one, or leave {name} out of env")
+        values[name] = value
     if missing:
         where = f"--env-file {env_file} or the environment" if env_file else "the environment"
         raise ConfigError(f"playbook {book.name}: secret(s) {', '.join(missing)} not set in {where}",
@@ -136,7 +145,8 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
     Raises:
         JobFailed: the job ended FAILED/CANCELLED/LOST before becoming healthy.
         JobUnhealthy: still not healthy after the playbook's ``timeout_s``.
-        Interrupted: Ctrl-C before the job was launched; says what was already done.
+        Interrupted: Ctrl-C, SIGTERM or SIGHUP; says what was already done, and how to stop
+            a job it launched.
         (and transport/container/agent errors from the steps)
     """
     start = time.monotonic()
@@ -158,8 +168,8 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         status, pay = _ship_and_launch(tgt, book, spec, step, steps, ship, replace=replace,
                                        force_payload=force_payload, on_step=on_step,
                                        force_gpus=force_gpus, secrets=secrets)
-    except KeyboardInterrupt:
-        raise interrupted_deploy(tgt, job_id, steps) from None
+    except (KeyboardInterrupt, procgroup.Terminated) as exc:
+        raise interrupted_deploy(tgt, job_id, steps, signum_of(exc)) from None
     target_mod.save(target_mod.LastTarget(tgt.name, tgt.ctid, job_id,
                                           address=tgt.host.ssh_label()))
     outcome = "launched"
@@ -168,10 +178,13 @@ def deploy(tgt: Target, book: Playbook, *, replace: bool = False, wait: bool = T
         try:
             result = watch.wait(tgt.agent, job_id, until="healthy", timeout_s=book.timeout_s,
                                 poll_s=poll_s, on_update=on_update)
-        except KeyboardInterrupt:
-            raise Interrupted(f"{tgt.label}: deploy interrupted while watching: job {job_id} was "
-                              "launched and keeps running",
-                              hint=f"opsctl status  ·  opsctl stop --job {job_id}") from None
+        except (KeyboardInterrupt, procgroup.Terminated) as exc:
+            signum = signum_of(exc)
+            raise Interrupted(f"{tgt.label}: deploy {how(signum)} while watching: job {job_id} "
+                              "was launched and keeps running; to stop it: "
+                              f"{stop_command(tgt, job_id)}",
+                              hint=f"opsctl status  ·  {stop_command(tgt, job_id)}",
+                              signum=signum) from None
         status, outcome = result.status, result.reason
     if status["state"] in (JobState.FAILED, JobState.LOST) or outcome == "timeout":
         status = with_host_events(tgt, status)
@@ -259,12 +272,12 @@ def refuse_if_running(tgt: Target) -> None:
         AgentError: ``JobAlreadyRunning`` (the same error ``launch`` would give).
     """
     try:
-        doc = tgt.agent.call("jobs", timeout=30)
+        doc = tgt.agent.call("jobs", "--limit", "1", timeout=30)  # the newest, and the live ones
     except NoPayload:
         return  # no agent there, so no job it launched
-    current = doc.get("current")
-    row = next((r for r in doc.get("jobs", []) if r.get("job_id") == current), None)
-    state = (row or {}).get("state")
+    current = doc["current"]
+    row = next((r for r in doc["jobs"] if r["job_id"] == current), None)
+    state = row.get("state") if row is not None else None
     if current and state and not JobState(state).is_terminal():
         raise AgentError(f"{tgt.label}: launch: job {current} is {state}; stop it or launch with "
                          "--replace", remote_type=ErrorType.JobAlreadyRunning,
@@ -287,40 +300,69 @@ def step_recorder(on_step: t.Callable[[str], None] | None
     return steps, step
 
 
-def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]]) -> Interrupted:
-    """Ctrl-C during a deploy: make sure job ``job_id`` is never launched late, and say what
-    was already done (the old job untouched, being stopped, or replaced).
+def signum_of(exc: BaseException) -> int | None:
+    """The signal that ended the run: SIGTERM or SIGHUP (``procgroup.Terminated``); None for
+    Ctrl-C (``KeyboardInterrupt``)."""
+    return exc.signum if isinstance(exc, procgroup.Terminated) else None
+
+
+def how(signum: int | None) -> str:
+    """``interrupted`` (Ctrl-C) or ``terminated by SIGTERM``/``SIGHUP``: the words of a
+    signal's message."""
+    import signal
+
+    return "interrupted" if signum is None else f"terminated by {signal.Signals(signum).name}"
+
+
+def stop_command(tgt: Target, job_id: str) -> str:
+    """The exact command that stops job ``job_id`` on ``tgt`` (a line to copy and run)."""
+    import shlex
+
+    return shlex.join(["opsctl", "stop", *tgt.flags, "--job", job_id])
+
+
+def interrupted_deploy(tgt: Target, job_id: str, steps: list[dict[str, t.Any]],
+                       signum: int | None = None) -> Interrupted:
+    """Ctrl-C, SIGTERM or SIGHUP (``signum``) during a deploy: make sure job ``job_id`` is
+    never launched late, and say what was already done (the old job untouched, being stopped,
+    or replaced) and, for a job that was launched, the command that stops it.
 
     The agent's ``abort`` verb records the abort under the same lock ``launch`` takes to
     create the job, so its answer is exact: either the launch in flight will refuse, or
-    the new job already exists and is reported as such.
+    the new job already exists and is reported as such. (The signal handler ended this run's
+    ssh children first; ``abort`` goes over a fresh one.)
     """
     done = [s["step"] for s in steps if not s["step"].endswith("-done")]
-    where = f"{tgt.label}: deploy interrupted during {done[-1] if done else 'start'}"
+    where = f"{tgt.label}: deploy {how(signum)} during {done[-1] if done else 'start'}"
+    unsure = (f"job {job_id} may still be launched; if it is, stop it with "
+              f"{stop_command(tgt, job_id)}")
     try:
         doc = tgt.agent.call("abort", "--job", job_id, timeout=30)
-    except KeyboardInterrupt:
-        return Interrupted(f"{where}; interrupted again before the container answered: "
-                           f"job {job_id} may still be launched", hint="opsctl status")
+    except (KeyboardInterrupt, procgroup.Terminated):
+        return Interrupted(f"{where}; interrupted again before the container answered: {unsure}",
+                           hint="opsctl status", signum=signum)
     except OpsctlError as exc:
         if isinstance(exc, NoPayload):
-            return Interrupted(f"{where}; nothing was launched (no payload installed yet)")
-        return Interrupted(f"{where}; could not confirm the abort ({exc.message}): job {job_id} "
-                           "may still be launched", hint="opsctl status")
+            return Interrupted(f"{where}; nothing was launched (no payload installed yet)",
+                               signum=signum)
+        return Interrupted(f"{where}; could not confirm the abort ({exc.message}): {unsure}",
+                           hint="opsctl status", signum=signum)
     old, old_state = doc.get("old_job"), doc.get("old_state")
     old_part = ""
-    if old and doc.get("old_cancel_requested"):
+    if old and doc["old_cancel_requested"]:
         old_part = f"job {old} had already been sent the stop signal (now {old_state})"
     elif old:
         old_part = f"job {old} was not touched (still {old_state})"
     if doc.get("launched"):
         msg = f"{where}; job {job_id} had already been launched (now {doc.get('state')})"
-        return Interrupted(msg + (f" and {old_part}" if old_part else ""),
-                           hint=f"opsctl stop --job {job_id}  (if you did not want it)")
+        msg += f" and {old_part}" if old_part else ""
+        return Interrupted(f"{msg}; to stop it: {stop_command(tgt, job_id)}",
+                           hint=f"{stop_command(tgt, job_id)}  (if you did not want it)",
+                           signum=signum)
     shipped = any(s["step"] == "payload-done" and s.get("sent") for s in steps)
     payload_note = " (the new payload is installed)" if shipped else ""
     msg = f"{where}; job {job_id} was not launched and will not be{payload_note}"
-    return Interrupted(msg + (f"; {old_part}" if old_part else ""))
+    return Interrupted(msg + (f"; {old_part}" if old_part else ""), signum=signum)
 
 
 def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool,
@@ -334,13 +376,12 @@ def _launch(tgt: Target, spec: dict[str, t.Any], replace: bool, force_gpus: bool
         args.append("--replace")
     if force_gpus:
         args.append("--force-gpus")
-    container = tgt.host.containers.get(tgt.ctid)
+    container = tgt.host.target_spec(tgt.ctid)
     if container is not None and container.gpus and spec.get("gpus") is not None:
         args += ["--slots", str(container.gpus)]  # a count of GPUs needs the container's count
     if payload_digest is not None:
         args += ["--payload-digest", payload_digest]
-    return watch.parse_status(tgt.agent.call("launch", *args, timeout=60, stdin=stdin),
-                              where=f"{tgt.label}: launch")
+    return tgt.agent.call("launch", *args, timeout=60, stdin=stdin)
 
 
 def with_host_events(tgt: Target, st: StatusDoc) -> StatusDoc:
@@ -383,7 +424,9 @@ def _prepare_torch(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
                    progress: Progress | None, replace: bool) -> None:
     """The playbook's torch build current and its cache policy applied (before the launch).
 
-    Idempotent: a build that is already current is not touched, and ``cache: seed`` does
+    Idempotent: a build that is already current and has the playbook's ``requirements`` is
+    not touched (one that lacks some is built again with them, by the agent's rule), and
+    ``cache: seed`` does
     nothing when the current build's cache already holds a mega-cache. A running job blocks
     a build switch or a cache change; with ``replace`` it is stopped first (only then).
     The launch needs nothing back: the agent uses ``envs/current``'s python and the build's
@@ -392,8 +435,8 @@ def _prepare_torch(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
     if book.torch is not None:
         t0 = time.monotonic()
         want = torch_ops.builds_table(tgt).resolve(book.torch.variant, version=book.torch.version).name
-        current = tgt.agent.call("envs", "--history", "0", timeout=60).get("current")
-        if current == want:
+        current = tgt.agent.call("envs", "--history", "0", timeout=60)["current"]
+        if current == want and not book.requirements:
             steps.append({"step": "torch", "build": want, "action": "noop", "seconds": 0.0})
         else:
             spec = book.torch
@@ -403,18 +446,22 @@ def _prepare_torch(tgt: Target, book: Playbook, steps: list[dict[str, t.Any]],
                             install_only=install_only, progress=progress)
 
             # with a job running, the new build is installed and verified *before* the job is
-            # stopped: a failed download or verification leaves the job running (nothing lost)
+            # stopped: a failed download or verification leaves the job running (nothing lost).
+            # The current build itself is never rebuilt under a live job (the agent refuses):
+            # requirements it lacks are installed only once the job is stopped (--replace).
             rep = _unless_running(tgt, replace, progress, do_swap,
-                                  before_stop=lambda: do_swap(install_only=True))
+                                  before_stop=None if current == want
+                                  else (lambda: do_swap(install_only=True)))
             steps.append({"step": "torch", "build": rep["build"], "action": rep.get("action"),
+                          "requirements": list(book.requirements),
                           "seconds": round(time.monotonic() - t0, 2)})
     if book.cache == "clear":
         rep2 = _unless_running(tgt, replace, progress,
                                lambda: tgt.agent.call("cache-clear", timeout=120))
-        steps.append({"step": "cache-clear", "freed_bytes": rep2.get("freed_bytes")})
+        steps.append({"step": "cache-clear", "freed_bytes": rep2["freed_bytes"]})
     elif book.cache == "seed":
         info = tgt.agent.call("cache-info", timeout=120)
-        if any(c.get("current") and c.get("mega_cache") for c in info.get("caches", [])):
+        if any(c["current"] and c["mega_cache"] for c in info["caches"]):
             steps.append({"step": "cache-seed", "action": "already seeded"})
         else:
             try:

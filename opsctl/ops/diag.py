@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typing as t
 
-from opsctl.remote import shapes
 from remote_payload import wire_shapes as ws
 
 if t.TYPE_CHECKING:
@@ -16,8 +15,7 @@ def stacks(tgt: Target, job_id: str | None, timeout_s: float) -> ws.StacksDoc:
     args = ["--timeout", f"{timeout_s:g}"]
     if job_id:
         args += ["--job", job_id]
-    return shapes.validate(ws.StacksDoc, tgt.agent.call("stacks", *args, timeout=timeout_s + 30),
-                           where=f"{tgt.label}: stacks")
+    return tgt.agent.call("stacks", *args, timeout=timeout_s + 30)
 
 
 def compile_race(tgt: Target, *, threads: int, timeout_s: float, backward: bool, device: str,
@@ -28,7 +26,7 @@ def compile_race(tgt: Target, *, threads: int, timeout_s: float, backward: bool,
     tgt.agent.ensure_payload()
     if on_start is not None:
         on_start()
-    return shapes.validate(ws.ProbeReportDoc, tgt.agent.call(
+    return tgt.agent.call(
         "probe", "--threads", str(threads), "--timeout", f"{timeout_s:g}", "--device", device,
         "--backward" if backward else "--no-backward", "--modes", modes,
-        "--deadline", f"{deadline:g}", timeout=deadline + 30), where=f"{tgt.label}: probe")
+        "--deadline", f"{deadline:g}", timeout=deadline + 30)

@@ -13,6 +13,7 @@ Also here: the host kernel's Xid and OOM lines of a job's time window as diagnos
 from __future__ import annotations
 
 import math
+import shlex
 import time
 import typing as t
 from dataclasses import dataclass, field
@@ -25,9 +26,9 @@ from opsctl.errors import (
     OpsctlError,
     TransportError,
 )
-from opsctl.remote import hostfacts
+from opsctl.remote import entry, hostfacts
 from remote_payload.gpufacts import kernlog, pctconf
-from remote_payload.wire import doctor_row
+from remote_payload.wire import DEADLINE_SKIP, doctor_row
 
 if t.TYPE_CHECKING:
     from opsctl.ops.jobs import Target
@@ -57,7 +58,28 @@ class DoctorReport:
                 "rows": self.rows}
 
 
+#: How long a remote step may run past its timeout: coreutils ``timeout -k 2`` (host and
+#: container side, :mod:`opsctl.remote.command`) kills a group that ignores SIGTERM 2 s later.
+KILL_GRACE_S = 2.0
+#: The round trip around a step: opening its channel, pct exec starting the command.
+STEP_MARGIN_S = 1.0
+#: Kept back from the agent's own deadline: its python's start and its reply's way back.
+AGENT_MARGIN_S = 1.5
+#: Kept for the host's kernel log (the xid-events row) after the agent's checks.
+XID_RESERVE_S = 3.0
+#: The least time the container's checks can run in, after the host's: one agent step
+#: (killed at its timeout), the agent's margin and the kernel log's share.
+CONTAINER_MIN_S = KILL_GRACE_S + STEP_MARGIN_S + AGENT_MARGIN_S + XID_RESERVE_S + 1.0
+#: What shipping the payload may take: the agent client's transfer timeout and its grace.
+PAYLOAD_SHIP_S = 120.0 + KILL_GRACE_S + STEP_MARGIN_S
+#: The most of the container's payload manifest read back (it is the container's text).
+MANIFEST_BYTES = 64 << 10
+
+
 class _Clock:
+    """The whole run's deadline, shared out to its steps so that each one, killed at its
+    timeout, still ends inside it."""
+
     def __init__(self, total: float):
         self.total = total
         self.end = time.monotonic() + total
@@ -66,15 +88,18 @@ class _Clock:
         return self.end - time.monotonic()
 
     def step(self, cap: float = 30.0) -> float:
-        """The timeout for the next remote step (at least 1 s).
+        """The timeout for the next remote step: at least 1 s, at most ``cap``, and short
+        enough that the step ends inside the deadline even when it is killed at that
+        timeout (:data:`KILL_GRACE_S`, :data:`STEP_MARGIN_S`); rounded down as
+        :func:`seconds` prints it, so the messages that quote it read ``13 s``.
 
         Raises:
-            DeadlineExceeded: the whole run's deadline has passed.
+            DeadlineExceeded: what is left of the deadline cannot hold one more step.
         """
-        left = self.left()
-        if left <= 1.0:
+        usable = min(cap, self.left() - KILL_GRACE_S - STEP_MARGIN_S)
+        if usable < 1.0:
             raise DeadlineExceeded(f"doctor's {seconds(self.total)} s deadline passed")
-        return max(1.0, min(cap, left - 1.0))
+        return float(seconds(usable))
 
 
 def seconds(value: float) -> str:
@@ -112,44 +137,73 @@ def doctor(tgt: Target, *, deadline_s: float = DEFAULT_DEADLINE_S, torch: bool =
                      "ct-config-devices", *AGENT_ROWS, "xid-events"):
             if name not in done:
                 rows.append(doctor_row(name, "skip", skip_rest))
+    if not any(r["name"] == "deadline" for r in rows) and (unrun := unfinished(rows)):
+        rows.append(doctor_row(
+            "deadline", "fail", f"doctor's {seconds(deadline_s)} s {DEADLINE_SKIP} for "
+            f"{len(unrun)} check(s): {', '.join(unrun)}", "",
+            f"a longer --deadline (the container's checks need {seconds(CONTAINER_MIN_S)} s or "
+            "more after the host's)"))
     report.elapsed_s = time.monotonic() - start
     return report
+
+
+def unfinished(rows: list[Row]) -> list[str]:
+    """The checks skipped for want of time (their reason says :data:`DEADLINE_SKIP`, on
+    either side): a doctor that could not run them is incomplete, never a clean bill, so
+    :func:`doctor` adds a failing ``deadline`` row that names them."""
+    return [r["name"] for r in rows if r["status"] == "skip" and DEADLINE_SKIP in r["reason"]]
 
 
 def _host_checks(tgt: Target, clock: _Clock, rows: list[Row], *, torch: bool,
                  torch_timeout_s: float) -> str | None:
     """Append the rows in order; returns why the rest is skipped (None: all ran)."""
     remote, ct = tgt.remote, tgt.ctid
-    rc, text = hostfacts.command_text(remote, ["pct", "status", str(ct)], timeout=clock.step(),
-                                      step="pct status")
+    way = entry.of(tgt.host)
+    if way.has_container:
+        rc, text = hostfacts.command_text(remote, ["pct", "status", str(ct)], timeout=clock.step(),
+                                          step="pct status")
+    else:  # the connection is the one host-side fact a direct host has before the GPU's
+        rc, text = hostfacts.command_text(remote, ["true"], timeout=clock.step(), step="connect")
     rows.append(doctor_row("ssh", "ok", f"connected to {tgt.host.ssh_label()} (host key "
                            "checked against known_hosts)", tgt.host.known_hosts_path().as_posix()))
-    running = rc == 0 and text.split() == ["status:", "running"]
-    pct_row, ct_row = _pct_rows(tgt, rc, text, clock)
-    rows += [pct_row, ct_row]
-    if pct_row["status"] == "fail":
-        return "pct is not usable on the host"
+    if way.has_container:
+        running = rc == 0 and text.split() == ["status:", "running"]
+        pct_row, ct_row = _pct_rows(tgt, rc, text, clock)
+        rows += [pct_row, ct_row]
+        if pct_row["status"] == "fail":
+            return "pct is not usable on the host"
+    else:
+        running = True  # it answered over SSH: the host is the target
+        rows += [doctor_row(n, "skip", way.why_not) for n in ("pct", "container-running")]
     host = hostfacts.gpus(remote, clock.step())
     if host.driver is None:
-        rows.append(doctor_row("host-driver", "skip", NO_DRIVER, host.evidence or
+        # a host meant to have none (the inventory gives the target no GPUs) skips; one the
+        # inventory gives GPUs fails: a driver that did not load is no clean bill
+        spec = tgt.host.target_spec(ct)
+        want = spec.gpus if spec is not None else 0
+        rows.append(doctor_row("host-driver", "fail" if want else "skip",
+                               f"{NO_DRIVER}, though the inventory gives this target {want} "
+                               "GPU(s)" if want else NO_DRIVER, host.evidence or
                                "/proc/driver/nvidia/version: no such file",
                                "install the NVIDIA driver on the host (apt install nvidia-driver "
                                "or NVIDIA's .run), then modprobe nvidia"))
         rows.append(doctor_row("host-device-nodes", "skip", NO_DRIVER))
-        rows.append(doctor_row("ct-config-devices", "skip", NO_DRIVER))
+        rows.append(doctor_row("ct-config-devices", "skip",
+                               NO_DRIVER if way.has_container else way.why_not))
     else:
         rows.append(doctor_row("host-driver", "ok" if host.smi_error is None else "fail",
                                f"driver {host.driver}" if host.smi_error is None else
                                f"driver {host.driver} loaded, but nvidia-smi on the host fails",
                                host.smi_error or host.evidence,
-                               "" if host.smi_error is None else
-                               "reboot the host after a driver update (the loaded module and the "
-                               "host's libraries differ)"))
+                               "" if host.smi_error is None else _smi_fix(host.smi_error)))
         nodes, _listing = hostfacts.device_nodes(remote, clock.step())
         rows.append(_host_nodes_row(nodes))
-        rc2, conf = hostfacts.command_text(remote, ["pct", "config", str(ct)], timeout=clock.step(),
-                                           step="pct config")
-        rows.append(_ct_config_row(tgt, nodes, conf if rc2 == 0 else None, conf))
+        if way.has_container:
+            rc2, conf = hostfacts.command_text(remote, ["pct", "config", str(ct)],
+                                               timeout=clock.step(), step="pct config")
+            rows.append(_ct_config_row(tgt, nodes, conf if rc2 == 0 else None, conf))
+        else:
+            rows.append(doctor_row("ct-config-devices", "skip", way.why_not))
     if running:
         rows += _agent_rows(tgt, clock, torch=torch, torch_timeout_s=torch_timeout_s,
                             host_driver=host.driver)
@@ -162,6 +216,15 @@ def _host_checks(tgt: Target, clock: _Clock, rows: list[Row], *, torch: bool,
         log = hostfacts.kernel_events(remote, now - XID_LOOKBACK_S, now, timeout=clock.step())
         rows.append(xid_row(log, host.bus_to_index, tgt.host.user))
     return None
+
+
+def _smi_fix(smi_error: str) -> str:
+    """The fix of a host-driver row whose nvidia-smi failed (``smi_error``: how)."""
+    if smi_error.startswith(hostfacts.SMI_HUNG):
+        return ("see the xid-events row for the GPU (Xid 79: it fell off the bus); drain the "
+                "host and reset that GPU (nvidia-smi -r -i N) or reboot")
+    return ("reboot the host after a driver update (the loaded module and the host's libraries "
+            "differ)")
 
 
 def _pct_rows(tgt: Target, rc: int, text: str, clock: _Clock) -> tuple[Row, Row]:
@@ -232,7 +295,7 @@ def _ct_config_row(tgt: Target, nodes: dict[str, tuple[int, int]], conf: str | N
     if conf is None:
         return doctor_row("ct-config-devices", "fail", "pct config failed", hostfacts.first_line(raw))
     entries = pctconf.parse(conf)
-    want = tgt.host.containers[ct].gpus if ct in tgt.host.containers else 0
+    want = spec.gpus if (spec := tgt.host.target_spec(ct)) is not None else 0
     gpu_nodes = sorted((p for p in nodes if p[len("/dev/nvidia"):].isdigit()),
                        key=lambda p: int(p[len("/dev/nvidia"):]))
     passed = [p for p in gpu_nodes if not pctconf.missing_lines(entries, p, *nodes[p])]
@@ -262,11 +325,23 @@ def _ct_config_row(tgt: Target, nodes: dict[str, tuple[int, int]], conf: str | N
 
 def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: float,
                 host_driver: str | None) -> list[Row]:
-    want = tgt.host.containers[tgt.ctid].gpus if tgt.ctid in tgt.host.containers else None
+    want = spec.gpus if (spec := tgt.host.target_spec(tgt.ctid)) is not None else None
     try:
-        tgt.agent.ensure_payload()
-        args = ["--torch-timeout", seconds(min(torch_timeout_s, max(1.0, clock.left() - 15))),
-                "--ct", str(tgt.ctid)]
+        if not _payload_current(tgt, clock):
+            if clock.left() < PAYLOAD_SHIP_S + XID_RESERVE_S:
+                return [doctor_row(n, "skip", "the container has no current opsctl payload, and "
+                                   "shipping it (up to 2 min) does not fit: doctor's "
+                                   f"{seconds(clock.total)} s {DEADLINE_SKIP} for it", "",
+                                   "`opsctl deploy` ships it; or give doctor a longer --deadline")
+                        for n in AGENT_ROWS]
+            tgt.agent.ensure_payload(force=True)
+        agent_s = clock.step(cap=clock.left()) - AGENT_MARGIN_S - XID_RESERVE_S
+        if agent_s < 1.0:
+            return [doctor_row(n, "skip", f"doctor's {seconds(clock.total)} s {DEADLINE_SKIP} "
+                               "for the container's checks", "", "a longer --deadline")
+                    for n in AGENT_ROWS]
+        args = ["--torch-timeout", seconds(torch_timeout_s), "--deadline", seconds(agent_s)]
+        args += ["--direct"] if tgt.host.direct else ["--ct", str(tgt.ctid)]
         if want:
             args += ["--expect-gpus", str(want)]
         if host_driver:
@@ -277,8 +352,34 @@ def _agent_rows(tgt: Target, clock: _Clock, *, torch: bool, torch_timeout_s: flo
     except (DeadlineExceeded, TransportError):
         raise
     except OpsctlError as exc:
-        return [doctor_row(n, "skip", f"the agent could not run: {exc.message}") for n in AGENT_ROWS]
-    return [dict(r) for r in doc.get("rows", [])]
+        # none of the container's checks ran: an incomplete doctor, never a clean bill
+        why = f"the agent could not run: {exc.message}"
+        return [doctor_row("agent", "fail", why, getattr(exc, "evidence", "") or "",
+                           exc.hint or f"opsctl exec {shlex.join(tgt.flags)} -- python3 --version "
+                           "(the agent runs on the target's python3)"),
+                *(doctor_row(n, "skip", why) for n in AGENT_ROWS)]
+    return [doctor_row(r["name"], r["status"], r["reason"], r["evidence"], r["fix"])
+            for r in doc["rows"]]
+
+
+def _payload_current(tgt: Target, clock: _Clock) -> bool:
+    """Whether the container runs this opsctl's payload, asked within the clock (the agent
+    client's own check has a fixed timeout of its own); a manifest that does not parse is
+    not current."""
+    from opsctl.errors import ReplyShapeError
+    from opsctl.remote import payload, shapes
+    from remote_payload.wire_shapes import PayloadManifestDoc
+
+    r = tgt.remote.pct_exec(tgt.ctid, ["cat", f"{tgt.agent.root}/payload/MANIFEST.json"],
+                            timeout=clock.step(), step="read payload manifest",
+                            keep_bytes=MANIFEST_BYTES)
+    if r.rc != 0:
+        return False
+    try:
+        doc = shapes.parse_doc(PayloadManifestDoc, r.stdout, where=f"{tgt.label}: payload manifest")
+    except ReplyShapeError:
+        return False
+    return bool(doc["digest"] == payload.build_manifest().digest)
 
 
 def xid_row(log: hostfacts.KernelLog, bus_to_index: dict[str, int], user: str) -> Row:

@@ -56,7 +56,7 @@ def run(tgt: Target, argv: t.Sequence[str], *, timeout: float | None,
         if len(command) > QUOTE_CHARS:
             command = command[:QUOTE_CHARS] + "…"
         raise DeadlineExceeded(
-            f"{tgt.host.label}: container {tgt.ctid}: exec `{command}` ran past its "
+            f"{tgt.label}: exec `{command}` ran past its "
             f"{timeout:g} s deadline; it and every process it started were ended",
             argv=exc.argv, rc=exc.rc, stderr_tail=exc.stderr_tail, log_path=exc.log_path,
             hint="give it a longer --timeout, or run it as a job (opsctl deploy)") from None

@@ -12,6 +12,11 @@ What this module decides, and why (files can destroy data):
   current directory, opsctl's own root or data directory, nor in any directory that contains
   one of them (:func:`delete_refusal`). ``push EMPTYDIR /root --delete`` once removed the
   container's ``.ssh``.
+- **``--delete`` never reaches opsctl's own state.** In the container, nothing inside
+  ``<root>`` but below ``<root>/data`` (its ``envs``, ``jobs``, ``payloads``: the torch builds
+  and job records the agent keeps); here, nothing inside opsctl's home (``$OPSCTL_HOME``)
+  (:func:`own_state_refusal`). A dry run of ``pull --delete`` into ``/opt/opsctl/envs`` once
+  listed the current torch build among 26,168 entries to remove.
 - **When ``--delete`` asks first.** Above :data:`DELETE_ASK_ABOVE` files.
 """
 
@@ -62,13 +67,29 @@ def delete_refusal(path: str, protected: t.Mapping[str, str]) -> str | None:
     return None
 
 
-def check_delete(side: str, path: str, protected: t.Mapping[str, str]) -> None:
+def own_state_refusal(path: str, state: str, allowed: str | None = None) -> str | None:
+    """Why ``--delete`` may not apply to ``path`` (absolute, normalized) because it lies
+    inside opsctl's own state directory ``state`` (and not inside ``allowed``, the part of
+    it that holds the user's files), or None."""
+    state = posixpath.normpath(state)
+    if path == state or not contains(state, path):
+        return None  # ``state`` itself (and what contains it) is the protected-map's rule
+    if allowed is not None and contains(posixpath.normpath(allowed), path) \
+            and path != posixpath.normpath(allowed):
+        return None
+    return f"it is inside opsctl's own state ({state})"
+
+
+def check_delete(side: str, path: str, protected: t.Mapping[str, str],
+                 own_state: t.Sequence[tuple[str, str | None]] = ()) -> None:
     """Raise :class:`DeleteRefused` when ``--delete`` may not apply to ``path``.
 
     Raises:
         DeleteRefused: the rule and the path; nothing was sent or deleted.
     """
     why = delete_refusal(path, protected)
+    for state, allowed in own_state:
+        why = why or own_state_refusal(path, state, allowed)
     if why is not None:
         raise DeleteRefused(f"--delete refused for {side} {path!r}: {why}; nothing was sent "
                             "or deleted", path=path, rule=why,

@@ -9,9 +9,10 @@ directory's contents go *into* DEST, as ``rsync SRC/ DEST``), not a directory to
 The rules that keep a transfer from destroying data (``--delete`` never in ``/``, a system
 directory, a home or the current directory; a pull's implied DEST; a relative path that
 leaves ``<root>/data``) are in :mod:`opsctl.ops.filepaths`. A ``--delete`` transfer first
-plans (what it would send and remove), lets the caller approve that count, and then deletes at
-most that many. A file that changes while it is sent is sent once more, then the transfer
-fails (:class:`~opsctl.errors.SourceChanged`); it is never reported as a success.
+plans (what it would send and remove), lets the caller approve that plan, and then deletes at
+most that many (a tar pull: only the names approved). A file that changes while it is sent
+is sent once more, then the transfer fails (:class:`~opsctl.errors.SourceChanged`); it is
+never reported as a success.
 
 Method: rsync when the container has it (``--partial``, delta transfer, checked by rsync),
 else the tar stream of :mod:`opsctl.remote.tarcopy` (sha256 per file, file-level resume).
@@ -20,7 +21,6 @@ else the tar stream of :mod:`opsctl.remote.tarcopy` (sha256 per file, file-level
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import shutil
@@ -29,13 +29,21 @@ import typing as t
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opsctl.errors import ConfigError, LocalWriteError, RemoteCommandFailed, SourceChanged
+from opsctl.config import paths
+from opsctl.errors import (
+    ConfigError,
+    EntriesRefused,
+    LocalWriteError,
+    RemoteCommandFailed,
+    SourceChanged,
+)
 from opsctl.ops import filepaths
 from opsctl.ops.jobs import Target
-from opsctl.remote import rsync, tarcopy
+from opsctl.remote import receiver, rsync, shapes, tarcopy
 from opsctl.remote.transfer import PROBE, Progress, TransferStats
 from opsctl.state import pulled
 from remote_payload import safe_write, tarsync
+from remote_payload.wire_shapes import TransferProbeDoc
 
 if t.TYPE_CHECKING:  # not at run time: a push should not pay for the playbook models
     from opsctl.config.playbook import Playbook
@@ -100,14 +108,21 @@ def resolve_method(method: str | None) -> str:
     return chosen
 
 
-def _probe(tgt: Target, path: str, direction: str, mode: str | None = None) -> dict[str, t.Any]:
+def _probe(tgt: Target, path: str, direction: str, mode: str | None = None) -> TransferProbeDoc:
+    """What :data:`PROBE` says of ``path`` in the container, checked.
+
+    Raises:
+        RemoteCommandFailed: the probe failed.
+        ReplyShapeError: it answered something that is not a :class:`TransferProbeDoc`.
+    """
     res = tgt.remote.pct_exec(tgt.ctid, ["python3", "-c", PROBE, path, mode or direction], timeout=60,
                               step=f"{direction}: probe")
     if res.rc != 0:
         raise RemoteCommandFailed(f"{tgt.label}: {direction}: cannot inspect {path!r} in the "
                                   f"container (rc={res.rc}): {res.stderr_tail(2)}",
                                   argv=["python3", "-c", "<probe>", path], rc=res.rc)
-    return t.cast(dict[str, t.Any], json.loads(res.stdout))
+    return t.cast(TransferProbeDoc, shapes.parse_doc(TransferProbeDoc, res.stdout,
+                                                     where=f"{tgt.label}: {direction}: probe"))
 
 
 def _pick(tgt: Target, method: str, remote_rsync: str | None) -> str:
@@ -115,8 +130,8 @@ def _pick(tgt: Target, method: str, remote_rsync: str | None) -> str:
         return "rsync" if remote_rsync and shutil.which("rsync") else "tar"
     if method == "rsync" and not remote_rsync:
         raise ConfigError(f"{tgt.label}: --method rsync, but the container has no rsync",
-                          hint=f"install it there (opsctl exec --host {tgt.host.label} --ct "
-                               f"{tgt.ctid} -- apt-get install -y rsync) or use --method tar")
+                          hint=f"install it there (opsctl exec {' '.join(tgt.flags)} -- "
+                               "apt-get install -y rsync) or use --method tar")
     if method == "rsync" and not shutil.which("rsync"):
         raise ConfigError("--method rsync, but this machine has no rsync (apt-get install rsync)")
     return method
@@ -127,6 +142,36 @@ def _local_source(src: str | Path) -> Path:
     if not (local.is_file() or local.is_dir()):
         raise ConfigError(f"push: {str(src)!r} is not a file or directory here")
     return local.resolve()
+
+
+def local_listing(tgt: Target, local: Path) -> dict[str, t.Any]:
+    """:func:`tarsync.listing` of a push's source, or one line naming why it cannot be sent
+    (a tree deeper than ``limits.TREE_DEPTH``, an unsafe name).
+
+    Raises:
+        ConfigError: the source cannot be listed as a copy.
+    """
+    try:
+        return tarsync.listing(str(local), sums=True)
+    except tarsync.Refused as exc:
+        raise ConfigError(f"{tgt.label}: push: {str(local)!r} cannot be sent: {exc}; nothing "
+                          "sent", hint="send a shallower tree (or its parts one by one)") from None
+    except OSError as exc:
+        raise ConfigError(f"{tgt.label}: push: cannot read {str(local)!r}: "
+                          f"{exc.strerror or exc}; nothing sent") from None
+
+
+def local_stats(tgt: Target, local: Path) -> dict[str, t.Any]:
+    """:func:`tarsync.stats` of a push's source, or one line naming why it cannot be sent.
+
+    Raises:
+        ConfigError: as :func:`local_listing`.
+    """
+    try:
+        return tarsync.stats(str(local))
+    except tarsync.Refused as exc:
+        raise ConfigError(f"{tgt.label}: push: {str(local)!r} cannot be sent: {exc}; nothing "
+                          "sent", hint="send a shallower tree (or its parts one by one)") from None
 
 
 def plan_push(tgt: Target, src: str | Path, dest: str | None = None, *,
@@ -142,10 +187,10 @@ def plan_push(tgt: Target, src: str | Path, dest: str | None = None, *,
     look = _probe(tgt, remote_dest, "push", mode="look")
     if delete:
         protected = filepaths.remote_protected(tgt.host.root, look["homes"])
-        for path in sorted({remote_dest, look["real"]}):
-            filepaths.check_delete(f"{tgt.label}: container path", path, protected)
-    planned = tarcopy.remote_plan(tgt.remote, tgt.ctid, tarsync.listing(str(local), sums=True),
-                                  remote_dest)
+        own = [(tgt.host.root, posixpath.join(tgt.host.root, filepaths.DATA_DIR))]
+        for path in sorted({remote_dest, posixpath.normpath(str(look["real"]))}):
+            filepaths.check_delete(f"{tgt.label}: container path", path, protected, own)
+    planned = tarcopy.remote_plan(tgt.remote, tgt.ctid, local_listing(tgt, local), remote_dest)
     return TransferPlan("push", tgt.label, str(local), remote_dest, planned["send"],
                         planned["delete"] if delete else [])
 
@@ -191,7 +236,7 @@ def push(tgt: Target, src: str | Path, dest: str | None = None, *, delete: bool 
                              make_dir=posixpath.dirname(remote_dest.rstrip("/")) or "/")
         try:
             stats = _until_stable(tgt, "push", remote_dest, send,
-                                  lambda: tarsync.stats(str(local)))
+                                  lambda: local_stats(tgt, local))
         except SourceChanged:
             raise
         except RemoteCommandFailed:
@@ -224,7 +269,7 @@ def _until_stable(tgt: Target, step: str, dest: str, send: t.Callable[[], Transf
         raise tarcopy.torn_error(tgt.label, step, dest, moved, "rsync")
     return TransferStats(stats.method, stats.files + again.files, stats.bytes + again.bytes,
                          again.total_bytes, stats.matched_bytes + again.matched_bytes,
-                         stats.deleted + again.deleted)
+                         stats.deleted + again.deleted, again.refused)
 
 
 def _pull_dest(remote_src: str, dest: str | Path | None) -> Path:
@@ -257,7 +302,11 @@ def plan_pull(tgt: Target, src: str, dest: str | Path | None = None, *,
     doc = tarcopy.remote_listing(tgt.remote, tgt.ctid, remote_src)
     if doc["root"] not in ("file", "dir"):
         raise _not_there(tgt, remote_src, doc["root"])
-    planned = tarsync.plan(str(local), doc)
+    try:
+        planned = tarsync.plan(str(local), doc)
+    except tarsync.Refused as exc:
+        raise EntriesRefused(f"{tgt.label}: pull: {str(local)!r}: {exc}; nothing fetched",
+                             hint="name another DEST, or remove the deep tree there") from None
     return TransferPlan("pull", tgt.label, remote_src, str(local), planned["send"],
                         planned["delete"] if delete else [])
 
@@ -298,8 +347,11 @@ def check_pull_dest(local: Path, *, force: bool = False) -> None:
 
 def _check_local_delete(local: Path) -> None:
     protected = filepaths.local_protected()
+    home = paths.home()
+    protected.setdefault(posixpath.normpath(str(home.absolute())), "opsctl's home")
+    own = [(p, None) for p in {posixpath.normpath(str(home.absolute())), str(home.resolve())}]
     for path in filepaths.local_delete_target(local):
-        filepaths.check_delete("local path", path, protected)
+        filepaths.check_delete("local path", path, protected, own)
 
 
 def _not_there(tgt: Target, remote_src: str, kind: str) -> RemoteCommandFailed:
@@ -311,10 +363,14 @@ def _not_there(tgt: Target, remote_src: str, kind: str) -> RemoteCommandFailed:
 def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool = False,
          method: str | None = None, on_progress: Progress | None = None,
          bwlimit_kib: int | None = None, approve: Approve | None = None,
-         force: bool = False) -> TransferReport:
+         force: bool = False, max_bytes: int | None = None) -> TransferReport:
     """Copy container ``src`` here so that it *is* ``dest`` afterwards (default ./<name>).
     Files of the same size and mtime are compared by content (rsync ``--checksum``, the tar
     stream's sha256), never kept on size and mtime alone.
+
+    What arrives obeys :mod:`opsctl.remote.receiver` on both methods: nothing outside DEST,
+    no link leaving it, no device or FIFO, no setuid/setgid/sticky bit, the umask applied;
+    ``max_bytes`` caps the file data of the copy.
 
     Raises:
         ConfigError: SRC is ``/`` without DEST, a relative SRC leaves ``<root>/data``.
@@ -322,14 +378,18 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
             wrote) or this machine's disk said no.
         DeleteRefused: ``delete`` aimed at a protected local path (nothing fetched).
         SourceChanged: a file changed in the container while it was sent, twice.
+        EntriesRefused: the source held entries not created here (named; the rest arrived),
+            or more than ``max_bytes``.
         RemoteCommandFailed: ``src`` does not exist in the container, or the transfer failed.
         TransportError, ContainerError and kin: as :func:`push`.
     """
     start = time.monotonic()
+    start_ns = time.time_ns()
     remote_src = container_path(tgt, src)
     local = _pull_dest(remote_src, dest)
     chosen = resolve_method(method)
     max_delete = None
+    confirmed: list[str] | None = None
     if delete:
         _check_local_delete(local)
     check_pull_dest(local, force=force)
@@ -337,7 +397,7 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
         plan = plan_pull(tgt, remote_src, local, delete=True)
         if approve is not None:
             approve(plan)
-        max_delete = len(plan.delete)
+        max_delete, confirmed = len(plan.delete), plan.delete
     probe = _probe(tgt, remote_src, "pull")
     if probe["kind"] not in ("file", "dir"):
         raise _not_there(tgt, remote_src, probe["kind"])
@@ -352,15 +412,56 @@ def pull(tgt: Target, src: str, dest: str | Path | None = None, *, delete: bool 
         def send() -> TransferStats:
             return rsync.run(tgt.host, tgt.ctid, rsync.remote_spec(tgt.host, source), str(local),
                              delete=delete, step="pull", on_progress=on_progress,
-                             bwlimit_kib=bwlimit_kib, max_delete=max_delete)
-        stats = _until_stable(tgt, "pull", str(local), send,
-                              lambda: tarcopy.remote_stats(tgt.remote, tgt.ctid, remote_src))
+                             bwlimit_kib=bwlimit_kib, max_delete=max_delete,
+                             receiving_here=True, max_size=max_bytes)
+        try:
+            stats = _until_stable(tgt, "pull", str(local), send,
+                                  lambda: tarcopy.remote_stats(tgt.remote, tgt.ctid, remote_src))
+        finally:  # a failed pull's partial copy too: checked, and this pull's to continue
+            found = _confine(tgt, local, start_ns)
+            if os.path.lexists(local):
+                pulled.remember(local)
+        _check_received(tgt, stats.refused, found, max_bytes)
     else:
-        stats = tarcopy.pull(tgt.remote, tgt.ctid, remote_src, local, delete=delete,
-                             on_progress=on_progress, bwlimit_kib=bwlimit_kib,
-                             max_delete=max_delete)
-    pulled.remember(local)
+        try:
+            stats = tarcopy.pull(tgt.remote, tgt.ctid, remote_src, local, delete=delete,
+                                 on_progress=on_progress, bwlimit_kib=bwlimit_kib,
+                                 max_delete=max_delete, max_bytes=max_bytes,
+                                 confirmed=confirmed)
+        finally:
+            if os.path.lexists(local):
+                pulled.remember(local)
     return _report("pull", tgt, remote_src, str(local), stats, start)
+
+
+def _confine(tgt: Target, local: Path, start_ns: int) -> receiver.Confined:
+    """rsync's local result checked against the receiver's rules (module docstring of
+    :mod:`opsctl.remote.receiver`).
+
+    Raises:
+        LocalWriteError: the copy could not be read back.
+        EntriesRefused: the copy is deeper than ``limits.TREE_DEPTH`` levels.
+    """
+    try:
+        return receiver.confine(local, since_ns=start_ns)
+    except receiver.ReceiveRefused as exc:
+        raise EntriesRefused(f"{tgt.label}: pull: the copy at {str(local)!r} was refused: {exc}",
+                             hint="remove that copy, and the levels below the cap from the "
+                                  "container's tree") from None
+    except OSError as exc:
+        raise LocalWriteError(f"{tgt.label}: pull: cannot check the copy at {str(local)!r}: "
+                              f"{exc.strerror or exc}", path=str(local)) from None
+
+
+def _check_received(tgt: Target, skipped: t.Sequence[receiver.Refusal],
+                    found: receiver.Confined, max_bytes: int | None) -> None:
+    """Raises EntriesRefused naming what rsync skipped and what the check removed, or when
+    the copy holds more than ``max_bytes``."""
+    if max_bytes is not None and found.bytes > max_bytes:
+        raise EntriesRefused(f"{tgt.label}: pull: the copy holds {found.bytes} bytes of files, "
+                             f"more than its cap of {max_bytes}",
+                             hint="remove what is not needed from the container's tree")
+    tarcopy.refused_error(tgt.label, [*skipped, *found.refused])
 
 
 def _report(direction: str, tgt: Target, src: str, dest: str, stats: TransferStats,

@@ -27,6 +27,7 @@ from opsctl.errors import (
     TransportError,
 )
 from opsctl.ops import fanout, watch
+from opsctl.remote import entry
 from opsctl.remote.agent_client import Agent, NoPayload
 from opsctl.remote.transport import Remote
 from remote_payload.wire import ErrorType
@@ -41,7 +42,7 @@ class FleetRow:
 
     host: str
     ctid: int | None  # None: the host itself failed before its containers were known
-    reachable: bool
+    reachable: bool | None  # None: nothing was sent to the host (no container to ask)
     job_id: str | None = None
     state: str | None = None
     phase: str | None = None
@@ -119,8 +120,8 @@ def container_row(host: str, ctid: int, agent: Agent, lines: int = 0) -> FleetRo
 
 
 def _containers(spec: HostSpec, remote: Remote, timeout: float) -> list[int]:
-    if spec.containers:
-        return sorted(spec.containers)
+    if spec.direct or spec.containers:
+        return sorted(spec.targets())
     res = remote.run(["pct", "list"], timeout=timeout, step="pct list")
     running = []
     for line in res.stdout.decode("utf-8", "replace").splitlines()[1:]:
@@ -135,10 +136,13 @@ def host_rows(name: str, spec: HostSpec, *, deadline_s: float, ctids: t.Collecti
     """Every container row of one host (raises only what concerns the whole host)."""
     quick = spec.model_copy(update={"connect_timeout_s": min(spec.connect_timeout_s, deadline_s)})
     with Remote(quick) as remote:
+        asked = not (spec.direct or spec.containers)  # `pct list` ran: the host answered
         wanted = [c for c in _containers(spec, remote, deadline_s) if ctids is None or c in ctids]
         if not wanted:
-            return [FleetRow(name, None, reachable=True, note="no containers (inventory lists "
-                             "none and none is running)" if ctids is None else "no such container")]
+            note = ("no containers (inventory lists none and none is running)" if ctids is None
+                    else "a direct host: no container matches --ct" if spec.direct
+                    else "no such container")
+            return [FleetRow(name, None, reachable=True if asked else None, note=note)]
         first = container_row(name, wanted[0], Agent(remote, wanted[0], spec.root), lines)
         rest = fanout.run_all(wanted[1:], lambda c: container_row(name, c, Agent(remote, c, spec.root),
                                                                   lines),
@@ -171,6 +175,9 @@ def fleet_status(pattern: str | None = None, *, ctids: t.Collection[int] | None 
     inv = inventory_mod.load()
     names = inv.select(pattern)
     specs = {n: inv.resolve(n) for n in names}
+    if ctids is not None and all(s.direct for s in specs.values()):
+        # --ct filters containers, and no selected host has one: refused, never a quiet row
+        entry.check_ct(specs[names[0]], next(iter(ctids)))
     results = fanout.run_all(
         names, lambda n: host_rows(n, specs[n], deadline_s=deadline_s, ctids=ctids,
                                    max_parallel=max_parallel, lines=lines),
@@ -179,7 +186,7 @@ def fleet_status(pattern: str | None = None, *, ctids: t.Collection[int] | None 
     for name, value in results.items():
         if isinstance(value, BaseException):
             exc = _as_error(name, value)
-            listed: t.Sequence[int | None] = sorted(c for c in specs[name].containers
+            listed: t.Sequence[int | None] = sorted(c for c in specs[name].targets()
                                               if ctids is None or c in ctids)
             rows += [FleetRow(name, c, reachable=isinstance(exc, OpsctlError)
                               and not isinstance(exc, (TransportError, DeadlineExceeded)),

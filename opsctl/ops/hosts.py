@@ -9,6 +9,7 @@ from pathlib import Path
 
 from opsctl.config import inventory
 from opsctl.errors import HostKeyError, OpsctlError, TransportError
+from opsctl.remote import knownhosts
 from opsctl.remote.command import known_hosts_name
 from opsctl.remote.transport import Remote, fingerprint, handshake_failure, load_known_hosts, words
 
@@ -46,7 +47,7 @@ def list_hosts(check: bool) -> list[HostRow]:
     rows = []
     for name, spec in sorted(inv.hosts.items()):
         row = HostRow(name, spec.address, spec.port, spec.user,
-                      {c: s.gpus for c, s in spec.containers.items()})
+                      {c: s.gpus for c, s in spec.targets().items()})
         if check:
             start = time.monotonic()
             try:
@@ -54,6 +55,14 @@ def list_hosts(check: bool) -> list[HostRow]:
                 quick = resolved.model_copy(
                     update={"connect_timeout_s": min(resolved.connect_timeout_s, 5)})
                 with Remote(quick) as r:
+                    if resolved.direct:  # no containers to list: the host is the target
+                        res = r.run(["true"], timeout=10, step="connect")
+                        row.reachable = True
+                        row.latency_ms = round((time.monotonic() - start) * 1000, 1)
+                        row.detail = ("direct host: the target is the host itself" if res.rc == 0
+                                      else f"`true` failed (rc={res.rc}): {res.stderr_tail(1)}")
+                        rows.append(row)
+                        continue
                     res = r.run(["pct", "list"], timeout=10, step="pct list")
                 row.reachable = True
                 row.latency_ms = round((time.monotonic() - start) * 1000, 1)
@@ -155,9 +164,8 @@ def record(shown: ShownKey) -> Path:
     the next connection then meets the recorded key and refuses a different one.
     """
     kh = Path(shown.spec.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
-    kh.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with kh.open("a", encoding="utf-8") as f:
-        f.write(shown.known_hosts_line + "\n")
+    knownhosts.append(kh, shown.known_hosts_line,
+                      what=f"the host key of {shown.spec.ssh_label()} ({shown.fingerprint})")
     return kh
 
 

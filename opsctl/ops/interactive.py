@@ -68,8 +68,16 @@ def attach_plan(tgt: Target, job_id: str | None) -> AttachPlan:
     return AttachPlan(job, st["state"], argv)
 
 
-def shell_argv() -> list[str]:
-    """A login shell as root in the container (``su -l`` keeps TERM, sets HOME/SHELL/PATH)."""
+#: A direct host's login shell: the SSH user's own (``su -l`` would ask a non-root user for
+#: root's password); a constant script, the user's ``$SHELL`` read on the host.
+_USER_LOGIN_SHELL = ("sh", "-c", 'exec "${SHELL:-/bin/sh}" -l')
+
+
+def shell_argv(direct: bool = False) -> list[str]:
+    """A login shell as root in the container (``su -l`` keeps TERM, sets HOME/SHELL/PATH);
+    on a direct host, the SSH user's own login shell."""
+    if direct:
+        return ["env", f"TERM={terminal_type()}", *_USER_LOGIN_SHELL]
     return ["env", f"TERM={terminal_type()}", "su", "-l"]
 
 
@@ -109,6 +117,8 @@ def container_address(tgt: Target) -> tuple[str, str]:
     Raises:
         RemoteCommandFailed: the container has no IPv4 address (or no ``ip``).
     """
+    if tgt.host.direct:
+        return "127.0.0.1", "a direct host: the target is the host itself"
     argv = ["ip", "-4", "-o", "addr", "show", "scope", "global"]
     inside = tgt.remote.pct_exec(tgt.ctid, argv, timeout=20, step="container address")
     if inside.rc != 0:

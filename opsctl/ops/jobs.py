@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from opsctl.config import inventory as inventory_mod
 from opsctl.config.ctid import check_ctid
 from opsctl.config.inventory import HostSpec, Inventory
-from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, TransportError
-from opsctl.remote import shapes
+from opsctl.errors import AuthError, DeadlineExceeded, HostKeyError, ReplyShapeError, TransportError
+from opsctl.remote import entry
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.transport import Remote
 from opsctl.state import last_target as target_mod
@@ -34,7 +34,14 @@ class Target:
 
     @property
     def label(self) -> str:
-        return f"{self.host.label} ct {self.ctid}"
+        """``pve1 ct 200``, or a direct host's own name (it has no container)."""
+        return self.host.target_label(self.ctid)
+
+    @property
+    def flags(self) -> list[str]:
+        """The target as a command line says it: ``--host NAME [--ct N]`` (a direct host
+        takes no ``--ct``)."""
+        return ["--host", self.name, *([] if self.host.direct else ["--ct", str(self.ctid)])]
 
     def close(self) -> None:
         self.remote.close()
@@ -50,13 +57,21 @@ def open_target(host: str | None, ctid: int | None, *, accept_new_host_key: bool
     """Resolve flags (or the remembered target) to a :class:`Target`; connects lazily.
 
     Raises:
-        ConfigError: unknown host, no target, or a container id the host does not list.
+        ConfigError: unknown host, no target, a container id the host does not list, or
+            one given for a direct host (``enter: direct``).
     """
-    last = target_mod.resolve(host, ctid)
     inv = inventory_mod.load()
+    remembered = target_mod.load()
+    name = host if host is not None else (remembered.host if remembered is not None else None)
+    if name is not None and inv.resolve(name).direct:
+        ctid = entry.check_ct(inv.resolve(name), ctid)  # a --ct is refused, never ignored
+    last = target_mod.resolve(host, ctid)
     spec = inv.resolve(last.host)
     target_mod.check_address(last.host, last.address, spec.ssh_label(), inv.origins.get(last.host))
-    check_ctid(last.ctid)  # a remembered target is checked like --ct
+    if spec.direct:
+        entry.check_ct(spec, last.ctid)
+    else:
+        check_ctid(last.ctid)  # a remembered target is checked like --ct
     remote = Remote(spec, accept_new_host_key=accept_new_host_key)
     return Target(last.host, spec, last.ctid, remote, Agent(remote, last.ctid, spec.root), inv)
 
@@ -70,8 +85,7 @@ RECENT_JOBS = 20
 def list_jobs(tgt: Target, *, all_jobs: bool = False, timeout: float = 60) -> JobListDoc:
     """The container's jobs, newest first (the window: :data:`RECENT_JOBS`)."""
     limit = 0 if all_jobs else RECENT_JOBS
-    return shapes.validate(JobListDoc, tgt.agent.call("jobs", "--limit", str(limit), timeout=timeout),
-                           where=f"{tgt.label}: jobs")
+    return tgt.agent.call("jobs", "--limit", str(limit), timeout=timeout)
 
 
 def read_logs(tgt: Target, job_id: str | None, offset: int, max_bytes: int = 1 << 20, *,
@@ -83,9 +97,28 @@ def read_logs(tgt: Target, job_id: str | None, offset: int, max_bytes: int = 1 <
         args += ["--since-s", f"{since_s:g}"]
     if job_id:
         args += ["--job", job_id]
-    chunk = shapes.validate(LogsChunkDoc, tgt.agent.call("logs", *args, timeout=30),
-                            where=f"{tgt.label}: logs")
-    return base64.b64decode(chunk["data_b64"]), chunk
+    chunk = tgt.agent.call("logs", *args, timeout=30)
+    where = f"{tgt.label}: logs"
+    try:
+        data = base64.b64decode(chunk["data_b64"], validate=True)
+    except ValueError:  # binascii.Error
+        raise _bad_chunk(where, "data_b64 is not base64") from None
+    if chunk["next_offset"] != chunk["offset"] + len(data):
+        raise _bad_chunk(where, f"next_offset {chunk['next_offset']} is not offset {chunk['offset']} "
+                                f"+ the {len(data)} bytes it carries")
+    if len(data) > max_bytes:
+        raise _bad_chunk(where, f"{len(data)} bytes where at most {max_bytes} were asked")
+    if tail is None and since_s is None and chunk["offset"] != offset:
+        raise _bad_chunk(where, f"the chunk is from byte {chunk['offset']}, byte {offset} was asked")
+    if job_id and chunk["job_id"] != job_id:
+        raise _bad_chunk(where, f"the chunk is job {chunk['job_id']}'s, job {job_id}'s was asked")
+    return data, chunk
+
+
+def _bad_chunk(where: str, why: str) -> ReplyShapeError:
+    return ReplyShapeError(f"{where}: the reply is not a chunk of the log asked for: {why}",
+                           hint="the container's payload may be damaged or from another opsctl: "
+                                "`opsctl deploy` ships this one's")
 
 
 #: ``logs -f`` after a dropped connection: first retry after this long, doubling up to the cap.
@@ -144,6 +177,13 @@ def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None
         job_id = chunk["job_id"]
         if data:
             write(data)
+        if not chunk["eof"] and not data:
+            raise ReplyShapeError(
+                f"{tgt.label}: logs: the reply's next_offset {chunk['next_offset']} does not "
+                f"advance past byte {offset}, and it says more follows (eof false): stopped "
+                "rather than ask for the same bytes again",
+                hint="the container's payload may be damaged or from another opsctl: "
+                     "`opsctl deploy` ships this one's")
         offset = chunk["next_offset"]
         if not chunk["eof"]:
             continue
@@ -153,8 +193,28 @@ def follow_logs(tgt: Target, job_id: str | None, write: t.Callable[[bytes], None
 
 
 def stop(tgt: Target, job_id: str | None, grace_s: float) -> StopDoc:
+    """The agent's ``stop`` of ``job_id`` (None: the current job).
+
+    Raises:
+        Interrupted: Ctrl-C, SIGTERM or SIGHUP while it ran. The agent's stop, once begun,
+            goes on to its end on the target (no signal of this side reaches it), so the job
+            is still ended; the message says so and how to see it, never that it keeps running.
+    """
+    import signal
+
+    from opsctl.errors import Interrupted
+    from remote_payload import procgroup
+
     args = ["--grace", f"{grace_s:g}"]
     if job_id:
         args += ["--job", job_id]
-    return shapes.validate(StopDoc, tgt.agent.call("stop", *args, timeout=grace_s + 30),
-                           where=f"{tgt.label}: stop")
+    try:
+        return tgt.agent.call("stop", *args, timeout=grace_s + 30)
+    except (KeyboardInterrupt, procgroup.Terminated) as exc:
+        signum = exc.signum if isinstance(exc, procgroup.Terminated) else None
+        how = "interrupted" if signum is None else f"terminated by {signal.Signals(signum).name}"
+        which = f"job {job_id}" if job_id else "the current job"
+        raise Interrupted(f"{tgt.label}: stop {how}: a stop the target already began goes on "
+                          f"there to its end ({which}: SIGINT, then SIGTERM, then SIGKILL); "
+                          "`opsctl status` shows when it has ended",
+                          hint="opsctl status", signum=signum) from None

@@ -53,7 +53,7 @@ from opsctl.ops.jobs import Target
 from opsctl.ops.watch import is_terminal
 from opsctl.state import last_target as target_mod
 from remote_payload import wire
-from remote_payload.wire_shapes import StatusDoc, StopDoc
+from remote_payload.wire_shapes import NetDoc, StatusDoc, StopDoc
 
 if t.TYPE_CHECKING:  # deploy (playbooks, payload) is imported by deploy only: status stays light
     from opsctl.config.playbook import Playbook
@@ -448,8 +448,9 @@ def deploy(refs: t.Sequence[NodeRef], playbook_name: str | None, *, replace: boo
 
     with opened(refs, accept_new_host_key=accept_new_host_key) as nodes:
         book = deploy_ops.load_playbook(nodes[0].target, playbook_name)
-        if book.secrets or book.files:  # said, not dropped: per-node secrets/files not built yet
-            raise ConfigError("deploy --nodes: the playbook's `secrets:`/`files:` are not supported "
+        if book.secret_names() or book.files:  # said, not dropped: not built per node yet
+            raise ConfigError("deploy --nodes: the playbook's `secrets:`/`files:` (and `env:` "
+                              "entries holding credentials, sent as secrets) are not supported "
                               "across nodes yet; push files with `opsctl push` to each node")
         plan = [(n, torchrun.nproc_per_node(_gpus(n), book.command)) for n in nodes]
         job_id = book.new_job_id()
@@ -500,12 +501,12 @@ def deploy(refs: t.Sequence[NodeRef], playbook_name: str | None, *, replace: boo
 
 
 def _gpus(node: Node) -> int:
-    spec = node.target.host.containers.get(node.target.ctid)
+    spec = node.target.host.target_spec(node.target.ctid)
     return spec.gpus if spec is not None else 0
 
 
 def _ifname(node: Node) -> str | None:
-    spec = node.target.host.containers.get(node.target.ctid)
+    spec = node.target.host.target_spec(node.target.ctid)
     return (spec.socket_ifname if spec is not None else None) or node.target.host.socket_ifname
 
 
@@ -532,32 +533,33 @@ def _rendezvous(nodes: t.Sequence[Node], job_id: str) -> tuple[torchrun.Rendezvo
     Raises:
         RemoteCommandFailed: a node's ``net`` failed, or a node has no usable address.
     """
-    def net(node: Node) -> dict[str, t.Any]:
+    def net(node: Node) -> NetDoc:
         ifname = _ifname(node)
         args = ["--ifname", ifname] if ifname else []
-        return t.cast(dict[str, t.Any], node.target.agent.call("net", *args, timeout=30))
+        return node.target.agent.call("net", *args, timeout=30)
 
     facts = fan_out(nodes, net)
     for res in facts:
         if isinstance(res, OpsctlError):
             raise res
-    docs = t.cast(list[dict[str, t.Any]], facts)
+    docs = t.cast(list[NetDoc], facts)
     hosts = {(n.target.host.address, n.target.host.port) for n in nodes}
-    netns = {d.get("netns") for d in docs}
+    netns = {d["netns"] for d in docs}
     if len(hosts) == 1 and len(netns) == 1 and None not in netns:
         addresses = {n.index: SHARED_NETWORK_ADDRESS for n in nodes}
     else:
         addresses = {}
         for node, doc in zip(nodes, docs, strict=True):
-            if not doc.get("address"):
-                have = ", ".join(f"{i['name']} {i['address']}" for i in doc.get("interfaces", []))
+            address = doc["address"]
+            if not address:
+                have = ", ".join(f"{i['name']} {i['address']}" for i in doc["interfaces"])
                 wanted = f"interface {_ifname(node)}" if _ifname(node) else "non-loopback IPv4 address"
                 raise RemoteCommandFailed(
                     f"{node.label}: rendezvous: no {wanted} to announce to the other nodes "
                     f"(has: {have or 'none'})",
                     hint="set socket_ifname for this container (or host) in the inventory")
-            addresses[node.index] = str(doc["address"])
-    port = int(docs[0]["free_port"])
+            addresses[node.index] = address
+    port = docs[0]["free_port"]
     return torchrun.Rendezvous(addresses[0], port, job_id, len(nodes)), addresses
 
 

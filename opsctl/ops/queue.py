@@ -18,11 +18,10 @@ from opsctl.config.pipeline import Pipeline, resolve
 from opsctl.config.playbook import Playbook
 from opsctl.errors import ConfigError, Interrupted
 from opsctl.ops import torch as torch_ops
-from opsctl.ops.deploy import collect_secrets
+from opsctl.ops.deploy import collect_secrets, how, signum_of, stop_command
 from opsctl.ops.jobs import Target
-from opsctl.remote import shapes
-from remote_payload import wire
-from remote_payload.wire_shapes import BootHookDoc, QueueAddDoc, QueueDoc, QueueRmDoc
+from remote_payload import procgroup, wire
+from remote_payload.wire_shapes import BootHookDoc, QueueDoc, QueueRmDoc
 
 Progress = t.Callable[[str], None]
 
@@ -54,7 +53,7 @@ class QueueAddReport:
 
 def slots(tgt: Target) -> int:
     """The container's GPU count from the inventory (0: not given)."""
-    spec = tgt.host.containers.get(tgt.ctid)
+    spec = tgt.host.target_spec(tgt.ctid)
     return spec.gpus if spec is not None else 0
 
 
@@ -82,7 +81,8 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
 
     Raises:
         AgentError: the agent refused (``BadSpec``, ``QueueRefused``, ``JobExists``).
-        Interrupted: Ctrl-C; says which job ids may have been queued.
+        Interrupted: Ctrl-C, SIGTERM or SIGHUP; says which job ids may have been queued and
+            the commands that take them out.
         ConfigError: a secret is missing.
     """
     from opsctl.ops import files as files_mod
@@ -122,38 +122,34 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
         if i in builds:  # the agent switches to it when it starts the job, with nothing live
             spec["torch_build"] = builds[i]
         specs.append(spec)
-    step("payload")
-    tgt.agent.ensure_payload()
-    installed: set[str] = set()
-    for i, s in enumerate(steps):  # installed now (install-only: allowed while jobs run)
-        if i in builds and builds[i] not in installed and s.book.torch is not None:
-            step("torch")
-            try:
+    stage = "payload"
+    try:
+        step("payload")
+        tgt.agent.ensure_payload()
+        installed: set[str] = set()
+        for i, s in enumerate(steps):  # installed now (install-only: allowed while jobs run)
+            if i in builds and builds[i] not in installed and s.book.torch is not None:
+                stage = f"installing torch build {builds[i]}"
+                step("torch")
                 torch_ops.swap(tgt, s.book.torch.variant, version=s.book.torch.version,
                                requirements=s.book.requirements, install_only=True,
                                progress=on_step)
-            except KeyboardInterrupt:
-                raise Interrupted(f"{tgt.label}: queue add interrupted while installing torch "
-                                  f"build {builds[i]}: nothing is queued",
-                                  hint="opsctl envs  (shows the builds installed)") from None
-            installed.add(builds[i])
-    for s in steps:
-        if s.book.files:
-            step("files")
-            files_mod.push_playbook_files(tgt, s.book)
-    step("queue")
-    names = {n for s in steps for n in s.book.secrets}
-    body = json.dumps({"specs": specs, "secrets": {k: v for k, v in secrets.items() if k in names}
-                       or None}).encode()
-    try:
-        data = tgt.agent.call("queue-add", "--specs-stdin", *_slot_args(tgt), timeout=120,
-                              stdin=body)
-    except KeyboardInterrupt:
-        raise Interrupted(f"{tgt.label}: queue add interrupted while the container was queueing "
-                          f"{', '.join(ids)}: all or none of them are queued",
-                          hint="opsctl queue  (shows them if they are)  ·  "
-                               "opsctl queue rm JOB") from None
-    reply = shapes.validate(QueueAddDoc, data, where=f"{tgt.label}: queue-add")
+                installed.add(builds[i])
+        for s in steps:
+            if s.book.files:
+                stage = "files"
+                step("files")
+                files_mod.push_playbook_files(tgt, s.book)
+        stage = "queue"
+        step("queue")
+        names = {n for s in steps for n in s.book.secret_names()}
+        body = json.dumps({"specs": specs, "secrets": {k: v for k, v in secrets.items()
+                                                       if k in names} or None}).encode()
+        reply = tgt.agent.call("queue-add", "--specs-stdin", *_slot_args(tgt), timeout=120,
+                               stdin=body)
+    except (KeyboardInterrupt, procgroup.Terminated) as exc:
+        raise interrupted_add(tgt, stage, ids, [sp["after"] for sp in specs],
+                              signum_of(exc)) from None
     jobs = [{"job_id": jid, "playbook": s.book.name, "step": s.name, "after": spec["after"]}
             for jid, s, spec in zip(reply["added"], steps, specs, strict=True)]
     hook = reply["boot_hook"]
@@ -161,6 +157,38 @@ def add(tgt: Target, steps: t.Sequence[QueuedStep], *, secrets: dict[str, str] |
         notes.append(hook["warning"])
     return QueueAddReport(tgt.label, jobs, reply["started"], reply["cancelled"], reply["queue"],
                           notes, hook)
+
+
+def interrupted_add(tgt: Target, stage: str, ids: t.Sequence[str],
+                    afters: t.Sequence[str | None], signum: int | None) -> Interrupted:
+    """Ctrl-C, SIGTERM or SIGHUP (``signum``) during ``queue add``: what it queued (nothing
+    before the ``queue`` stage; during it, the container queues the batch whole or not at
+    all) and the exact commands that take it out again. ``stop`` of a queued job removes it
+    and of a started one stops it; either way the steps that wait for it are cancelled, so one
+    command per step that waits for nothing in the batch ends the whole batch."""
+    where = f"{tgt.label}: queue add {how(signum)} during {stage}"
+    if stage != "queue":
+        return Interrupted(f"{where}: nothing is queued", signum=signum,
+                           hint="opsctl envs  (shows the torch builds installed)"
+                           if stage.startswith("installing") else None)
+    batch = set(ids)
+    roots = [jid for jid, after in zip(ids, afters, strict=True) if after not in batch]
+    shown = ", ".join(ids) if len(ids) <= 3 else f"{ids[0]} … {ids[-1]}"
+    commands = " ; ".join(stop_command(tgt, jid) for jid in roots[:MAX_SHOWN_COMMANDS])
+    more = (f" (and the same for {len(roots) - MAX_SHOWN_COMMANDS} more steps that wait for "
+            "nothing in the batch; `opsctl queue` lists them)"
+            if len(roots) > MAX_SHOWN_COMMANDS else "")
+    waits = len(ids) - len(roots)
+    them = "it" if len(roots) == 1 else "them"
+    cancels = f"; the {waits} steps that wait for {them} are cancelled with {them}" if waits else ""
+    return Interrupted(f"{where} of {len(ids)} jobs ({shown}): the container queues them all or "
+                       f"none; to take them out: {commands}{more}{cancels}",
+                       hint=f"opsctl queue {' '.join(tgt.flags)}  (shows them if "
+                            "they are queued)", signum=signum)
+
+
+#: an interrupted ``queue add`` shows at most this many stop commands (a wide pipeline)
+MAX_SHOWN_COMMANDS = 4
 
 
 def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None,
@@ -177,8 +205,7 @@ def add_pipeline(tgt: Target, pipe: Pipeline, *, on_step: Progress | None = None
 
 def listing(tgt: Target) -> QueueDoc:
     """The queue, first to start first, and which job holds which GPU slots."""
-    return shapes.validate(QueueDoc, tgt.agent.call("queue", *_slot_args(tgt), timeout=120),
-                           where=f"{tgt.label}: queue")
+    return tgt.agent.call("queue", *_slot_args(tgt), timeout=120)
 
 
 def remove(tgt: Target, job_id: str) -> QueueRmDoc:
@@ -187,14 +214,11 @@ def remove(tgt: Target, job_id: str) -> QueueRmDoc:
     Raises:
         AgentError: ``QueueRefused`` for a job that is not queued (a running one: ``stop``).
     """
-    return shapes.validate(QueueRmDoc, tgt.agent.call("queue-rm", "--job", job_id, *_slot_args(tgt),
-                                                      timeout=120), where=f"{tgt.label}: queue-rm")
+    return tgt.agent.call("queue-rm", "--job", job_id, *_slot_args(tgt), timeout=120)
 
 
 def move(tgt: Target, job_id: str, *, before: str | None = None,
          after: str | None = None) -> QueueDoc:
     """``queue move``: reorder (refused when a job would come before its own dependency)."""
     where = ["--before", before] if before is not None else ["--after", str(after)]
-    return shapes.validate(QueueDoc, tgt.agent.call("queue-move", "--job", job_id, *where,
-                                                    *_slot_args(tgt), timeout=120),
-                           where=f"{tgt.label}: queue-move")
+    return tgt.agent.call("queue-move", "--job", job_id, *where, *_slot_args(tgt), timeout=120)

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import itertools
-import json
+import os
 import posixpath
+import re
 import signal
 import socket
 import sys
@@ -42,9 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.config import paths
-from opsctl.errors import ConfigError, OpsctlError, RemoteCommandFailed
+from opsctl.errors import ConfigError, OpsctlError, RemoteCommandFailed, ReplyShapeError
 from opsctl.ops import files, watch
-from remote_payload import procgroup, wire
+from opsctl.remote import shapes
+from remote_payload import limits, procgroup, wire
+from remote_payload.wire_shapes import LogdirLookDoc
 
 if t.TYPE_CHECKING:
     from opsctl.ops.jobs import Target
@@ -55,6 +58,13 @@ READY_S = 60.0
 STOP_GRACE_S = 5.0
 #: The text of the event line the trainer prints, as the wrapper writes it to events.jsonl.
 TRACKERS_LINE = f'{{"event":"{wire.EVENT_TRACKERS}",'
+#: Runs in the container: the last line of FILE holding TEXT, at most BYTES of it (a job that
+#: printed 300,000 ``trackers`` lines sends one). Exit 1: no such line; 2: FILE unreadable
+#: (grep's own codes). Constant text; the text, the file and the cap are its arguments.
+TRACKERS_SCRIPT = r"""grep -q -F -e "$1" -- "$2"; rc=$?
+[ "$rc" -eq 0 ] || exit "$rc"
+grep -F -e "$1" -- "$2" | tail -n 1 | head -c "$3"
+"""
 
 
 @dataclass(frozen=True)
@@ -84,9 +94,12 @@ def locate(tgt: Target, job_id: str | None) -> Source:
         RemoteCommandFailed: its events could not be read.
     """
     st = watch.fetch_status(tgt.agent, job_id, lines=0)
-    job = st["job_id"]
+    job = checked_job_id(tgt.label, st["job_id"])
+    local = local_copy_dir(tgt.host.label, tgt.ctid, job)
     path = f"{tgt.host.root}/jobs/{job}/events.jsonl"
-    res = tgt.remote.pct_exec(tgt.ctid, ["grep", "-F", "--", TRACKERS_LINE, path], timeout=60,
+    cap = limits.cap("TRACKERS_LINE_BYTES")
+    res = tgt.remote.pct_exec(tgt.ctid, ["sh", "-c", TRACKERS_SCRIPT, "sh", TRACKERS_LINE, path,
+                                         str(cap)], timeout=60,
                               step="tensorboard: find the logdir")
     if res.rc == 1:
         raise no_event_files(tgt.label, job, "it said nothing about trackers")
@@ -94,15 +107,47 @@ def locate(tgt: Target, job_id: str | None) -> Source:
         raise RemoteCommandFailed(f"{tgt.label}: cannot read job {job}'s events "
                                   f"(grep rc {res.rc}: {res.stderr_tail(1)})", argv=res.argv, rc=res.rc)
     try:
-        logdir = announced_logdir(res.stdout.decode("utf-8", "replace"))
+        logdir = announced_logdir(res.stdout[:cap].decode("utf-8", "replace"))
     except ValueError as exc:
         raise ConfigError(f"{tgt.label}: job {job}: {exc}; not pulled",
                           hint="the trainer's --report-to tensorboard writes <out-dir>/tensorboard") from None
     if logdir is None:
         raise no_event_files(tgt.label, job, "its trackers do not include tensorboard")
-    local = paths.home() / "tensorboard" / f"{_safe(tgt.host.label)}-ct{tgt.ctid}" / job
     return Source(job, st["state"], wire.JobState(st["state"]) in wire.TERMINAL_STATES, logdir,
                   local)
+
+
+def checked_job_id(label: str, job: object) -> str:
+    """The job id a reply named, when it is one the agent makes
+    (:data:`wire.JOB_ID_PATTERN`): it becomes a local directory's name.
+
+    Raises:
+        ReplyShapeError: anything else (``../../.ssh``, a slash, a NUL byte, 10,000 chars).
+    """
+    if not isinstance(job, str) or not re.fullmatch(wire.JOB_ID_PATTERN, job):
+        raise ReplyShapeError(f"{label}: status: the agent named job {str(job)[:80]!r}, which is "
+                              "no job id; nothing written here",
+                              hint="the container's agent answers something opsctl never "
+                                   "writes: check that container")
+    return job
+
+
+def local_copy_dir(host_label: str, ctid: int, job: str) -> Path:
+    """``<opsctl home>/tensorboard/<host>-ct<ct>/<job>``, checked to stay below
+    ``<opsctl home>/tensorboard`` (with ``..`` and links resolved) whatever the names hold.
+
+    Raises:
+        ReplyShapeError: it would not.
+    """
+    base = paths.home() / "tensorboard"
+    local = base / f"{_safe(host_label)}-ct{ctid}" / job
+    resolved, root = os.path.realpath(local), os.path.realpath(base)
+    if os.path.dirname(os.path.dirname(resolved)) != root:
+        raise ReplyShapeError(f"the TensorBoard copy of job {job[:80]!r} would be {resolved!r}, "
+                              f"outside {root}; nothing written", hint="check that container's "
+                                                                       "agent, and the links under "
+                                                                       f"{base}")
+    return local
 
 
 def announced_logdir(text: str) -> str | None:
@@ -166,14 +211,12 @@ def check_remote_logdir(tgt: Target, src: Source) -> None:
     """
     res = tgt.remote.pct_exec(tgt.ctid, ["python3", "-c", LOOK, src.remote_dir], timeout=60,
                               step="tensorboard: look at the logdir")
-    try:
-        look = json.loads(res.stdout) if res.rc == 0 else None
-    except ValueError:
-        look = None
-    if not isinstance(look, dict):
+    if res.rc != 0:
         raise RemoteCommandFailed(f"{tgt.label}: cannot look at {src.remote_dir} in the container "
                                   f"(rc {res.rc}: {res.stderr_tail(1)})", argv=res.argv, rc=res.rc)
-    kind, real = look.get("kind"), str(look.get("real", ""))
+    look: LogdirLookDoc = shapes.parse_doc(LogdirLookDoc, res.stdout,
+                                           where=f"{tgt.label}: tensorboard: look at the logdir")
+    kind, real = look["kind"], look["real"]
     if kind == "missing":
         return  # the pull names it
     if kind != "dir" or posixpath.basename(real) != "tensorboard":
@@ -182,7 +225,7 @@ def check_remote_logdir(tgt: Target, src: Source) -> None:
                           f"{what}; not pulled",
                           hint="the trainer's --report-to tensorboard writes event files in a "
                                "directory <out-dir>/tensorboard; pull other paths with opsctl pull")
-    inner = look.get("inner_link")
+    inner = look["inner_link"]
     if inner:
         raise ConfigError(f"{tgt.label}: job {src.job_id}'s TensorBoard logdir {src.remote_dir} holds "
                           f"a symbolic link ({str(inner)[:200]!r}); not pulled",
@@ -229,7 +272,8 @@ def refresh(tgt: Target, src: Source) -> files.TransferReport:
     check_remote_logdir(tgt, src)
     make_local_dir(src.local_dir)
     try:
-        return files.pull(tgt, src.remote_dir, src.local_dir)
+        return files.pull(tgt, src.remote_dir, src.local_dir,
+                          max_bytes=limits.cap("PULLED_EVENT_BYTES"))
     except RemoteCommandFailed as exc:
         if "does not exist" in exc.message:
             raise no_event_files(tgt.label, src.job_id, f"{src.remote_dir} does not exist in the "
@@ -301,9 +345,19 @@ class Server:
                           f"{self.tail()}")
 
     def tail(self) -> str:
-        self.log.seek(0)
+        """Its last line of output (read from the last 64 KiB only), cut for one line."""
+        size = self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, size - (64 << 10)))
         lines = self.log.read().decode("utf-8", "replace").strip().splitlines()
-        return lines[-1] if lines else "(no output)"
+        return limits.cut_line(lines[-1]) if lines else "(no output)"
+
+    def check_alive(self) -> None:
+        """Raises ServerDied (its exit status and last line) once the server has ended."""
+        if self.group.poll() is not None:
+            raise ServerDied(f"tensorboard on {self.url} exited with {self.group.returncode} "
+                             f"while serving: {self.tail()}",
+                             hint="run opsctl tensorboard again (its copy of the event files "
+                                  "is kept)")
 
     def stop(self) -> None:
         """End its whole tree: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`."""
@@ -317,6 +371,14 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: How often the serving loop looks at the server between refreshes.
+ALIVE_POLL_S = 1.0
+
+
+class ServerDied(ConfigError):
+    """The local TensorBoard server ended while it served; the session ends with it."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -393,19 +455,18 @@ def serve(tgt: Target, src: Source, port: int, refresh_s: float,
                 signals.arm()  # from here the server is ours to end
                 server.wait_ready()
                 on_ready(server.url)
+                next_refresh = time.monotonic() + refresh_s
                 while True:
-                    if terminal or refresh_s <= 0:
-                        sleep(3600)
+                    sleep(ALIVE_POLL_S)
+                    server.check_alive()
+                    if terminal or refresh_s <= 0 or time.monotonic() < next_refresh:
                         continue
-                    sleep(refresh_s)
-                    if server.group.poll() is not None:
-                        raise ConfigError(f"tensorboard exited with {server.group.returncode}: "
-                                          f"{server.tail()}")
                     try:
                         refresh(tgt, src)
                         state = watch.fetch_status(tgt.agent, src.job_id, lines=0)["state"]
                         terminal = wire.JobState(state) in wire.TERMINAL_STATES
                     except (OpsctlError, OSError) as exc:  # a lost connection: try again next time
                         on_notice(f"refresh failed ({exc}); the curves shown stay as they were")
+                    next_refresh = time.monotonic() + refresh_s
         except (KeyboardInterrupt, Stopped):
             return

@@ -14,7 +14,6 @@ import typing as t
 from opsctl.config import paths, torch_builds
 from opsctl.errors import ConfigError, TorchEnvError
 from opsctl.ops import wheelhouse as wheel_download
-from opsctl.remote import shapes
 from opsctl.remote import wheelhouse as wheels
 from remote_payload import wire_shapes as ws
 
@@ -73,7 +72,7 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
     else:
         tgt.agent.ensure_payload()
     envs = tgt.agent.call("envs", timeout=60)
-    installed = {b["name"] for b in envs.get("builds", [])}
+    installed = {b["name"] for b in envs["builds"]}
     wheel_dir = None
     checked_here: list[str] = []
     if build.wheelhouse and (build.name not in installed or reinstall) and dry_run:
@@ -101,9 +100,8 @@ def swap(tgt: Target, variant: str, *, version: str | None = None, index_url: st
         else:
             progress(f"{'switching to' if switch else 'installing'} {build.name} in the container"
                      + ("" if switch else " (pip + verify: minutes)"))
-    report.update(shapes.validate(ws.SwapDoc, tgt.agent.call(
-        "swap", *args, timeout=SWAP_TIMEOUT_S, on_stderr=_line_progress(progress)),
-        where=f"{tgt.label}: swap"))
+    report.update(tgt.agent.call(
+        "swap", *args, timeout=SWAP_TIMEOUT_S, on_stderr=_line_progress(progress)))
     if checked_here:
         report["checked"] = [*checked_here, *(report.get("checked") or [])]
     return t.cast(SwapReport, report)
@@ -142,6 +140,11 @@ def check_wheelhouse_index(build: torch_builds.TorchBuild,
     ``build.pin``. Returns the fact checked. An answer that settles nothing (an HTTP error
     pip may get past with its own credentials, a page over the size bound) is said so.
 
+    A dry run looks up no host name: only a ``file:`` index or one addressed by an IP literal
+    is read; an index on a named host is left to the real run, and the fact says so. A dry
+    run is what a user runs to see what would happen, on a machine whose resolver may leak
+    the lookup or hang on it, and the lookup itself is not what the run would change.
+
     Raises:
         TorchEnvError: the index cannot be reached or read, or lacks the version.
     """
@@ -149,6 +152,10 @@ def check_wheelhouse_index(build: torch_builds.TorchBuild,
 
     index = build.download_index_url or build.index_url
     check_index_url(index)
+    named = _named_host(index)
+    if named is not None:
+        return (f"not checked here: {index} is on the named host {named}, and a dry run looks "
+                "up no host names (the real run downloads from it)")
     view = torchindex.read_index(index, timeout_s=timeout_s)
     hint = ("point download_index_url (builds table) at an index this machine reaches that "
             "has the version, or pick another with --version")
@@ -162,6 +169,23 @@ def check_wheelhouse_index(build: torch_builds.TorchBuild,
                             "changed".format(build.name, torchindex.missing_version_detail(
                                 index, build.pin, view.versions)), hint=hint)
     return f"the index this machine downloads from has torch {build.pin} ({index})"
+
+
+def _named_host(index_url: str) -> str | None:
+    """The host name an http(s) index URL would have to look up; None for ``file:`` and for
+    an IP literal (``127.0.0.1``, ``[::1]``), which are reached without a lookup."""
+    import ipaddress
+    from urllib.parse import urlparse
+
+    parts = urlparse(index_url)
+    if parts.scheme.lower() == "file":
+        return None
+    host = parts.hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    return None
 
 
 def _payload_present(tgt: Target) -> None:
@@ -209,21 +233,18 @@ def _line_progress(progress: Progress | None) -> t.Callable[[bytes], None] | Non
 def envs(tgt: Target, history: int) -> ws.EnvsDoc:
     """The container's torch builds and the last ``history`` swaps (payload shipped first)."""
     tgt.agent.ensure_payload()
-    return shapes.validate(ws.EnvsDoc, tgt.agent.call("envs", "--history", str(history), timeout=60),
-                           where=f"{tgt.label}: envs")
+    return tgt.agent.call("envs", "--history", str(history), timeout=60)
 
 
 def cache_info(tgt: Target) -> ws.CacheInfoDoc:
     tgt.agent.ensure_payload()
-    return shapes.validate(ws.CacheInfoDoc, tgt.agent.call("cache-info", timeout=120),
-                           where=f"{tgt.label}: cache-info")
+    return tgt.agent.call("cache-info", timeout=120)
 
 
 def cache_clear(tgt: Target, *, clear_all: bool) -> ws.CacheClearDoc:
     tgt.agent.ensure_payload()
-    return shapes.validate(ws.CacheClearDoc, tgt.agent.call(
-        "cache-clear", *(["--all"] if clear_all else []), timeout=300),
-        where=f"{tgt.label}: cache-clear")
+    return tgt.agent.call(
+        "cache-clear", *(["--all"] if clear_all else []), timeout=300)
 
 
 def seed_cache(tgt: Target, book: Playbook, timeout_s: float,
@@ -241,5 +262,4 @@ def cache_seed(tgt: Target, book: Playbook, timeout_s: float = 1800.0) -> ws.Cac
             "--timeout", f"{timeout_s:g}"]
     if book.workdir:
         args += ["--workdir", book.workdir]
-    return shapes.validate(ws.CacheSeedDoc, tgt.agent.call("cache-seed", *args, timeout=timeout_s * 2 + 60),
-                           where=f"{tgt.label}: cache-seed")
+    return tgt.agent.call("cache-seed", *args, timeout=timeout_s * 2 + 60)

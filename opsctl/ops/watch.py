@@ -10,9 +10,8 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from opsctl.errors import ReplyShapeError, TransportError
-from opsctl.remote import shapes
-from opsctl.remote.agent_client import Agent
+from opsctl.errors import TransportError
+from opsctl.remote.agent_client import Agent, check_reply
 from remote_payload.wire import JobState
 from remote_payload.wire_shapes import StatusDoc
 
@@ -49,12 +48,7 @@ def parse_status(data: t.Any, *, where: str) -> StatusDoc:
     Raises:
         ReplyShapeError: the reply is not a status document.
     """
-    try:
-        return shapes.validate(StatusDoc, data, where=where)
-    except ReplyShapeError:
-        if not isinstance(data, dict) or data.get("history") is None:
-            raise
-        return shapes.validate(StatusDoc, {**data, "history": None}, where=where)
+    return t.cast(StatusDoc, check_reply("status", data, where=where))
 
 
 def is_terminal(st: StatusDoc) -> bool:
@@ -63,9 +57,7 @@ def is_terminal(st: StatusDoc) -> bool:
 
 def fetch_status(agent: Agent, job_id: str | None, lines: int = 20) -> StatusDoc:
     """One ``status`` call."""
-    return parse_status(agent.call("status", *status_args(job_id, lines),
-                                   timeout=STATUS_TIMEOUT_S),
-                        where=f"{agent.remote.host.label} ct {agent.ctid}: status")
+    return agent.call("status", *status_args(job_id, lines), timeout=STATUS_TIMEOUT_S)
 
 
 def wait(agent: Agent, job_id: str | None, *, until: Until, timeout_s: float | None,

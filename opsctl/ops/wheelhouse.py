@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
 import sys
 import time
 import typing as t
@@ -21,7 +20,7 @@ from pathlib import Path
 from opsctl.config import paths
 from opsctl.config.torch_builds import TorchBuild
 from opsctl.errors import TorchEnvError
-from remote_payload import wire
+from remote_payload import procgroup, wire
 
 _SAVED_RE = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S.*\S)\s*$")
 
@@ -69,21 +68,24 @@ def prepare_wheelhouse(build: TorchBuild, dest: Path, *, requirements: t.Sequenc
     files: list[Path] = []
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"$ {' '.join(argv)}\n")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                stdin=subprocess.DEVNULL, errors="replace")
-        if proc.stdout is None:
-            raise TorchEnvError("pip download started without an output pipe")
-        deadline = t0 + timeout_s
-        for line in proc.stdout:
-            log.write(line)
+
+        def line(text: str) -> None:
+            log.write(text + "\n")
             if on_line is not None:
-                on_line(line.rstrip("\n"))
-            m = _SAVED_RE.match(line)
+                on_line(text)
+            m = _SAVED_RE.match(text)
             if m:
                 files.append(Path(m.group(1)).resolve())
-            if time.monotonic() > deadline:
-                proc.kill()
-        rc = proc.wait()
+
+        try:
+            rc = procgroup.Group(argv, stderr=procgroup.STDOUT).stream(timeout_s, line)
+        except procgroup.ChildTimeout:
+            log.write(f"[timed out after {timeout_s:g}s: pip and its processes were ended]\n")
+            raise TorchEnvError(f"pip download of {build.requirement} did not finish within "
+                                f"{timeout_s:g} s: pip and its processes were ended",
+                                log_path=str(log_path),
+                                hint="check that its index is reachable from this machine, "
+                                     "or allow it more time") from None
     if rc != 0:
         raise TorchEnvError(f"pip download of {build.requirement} failed (exit {rc})",
                             log_path=str(log_path),

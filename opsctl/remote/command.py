@@ -121,15 +121,49 @@ def pct_argv(ctid: int, argv: t.Sequence[str], *, timeout: float | None = None,
 GUARD_PREFIX = ("python3", "-S", "-c")
 _guard_source: list[str] = []
 
+#: The shared modules a self-contained program may use, in the order they are defined (each
+#: imports only those before it): the caps, the bounded reader, the ``/proc`` reader.
+STANDALONE_MODULES = ("limits", "boundedread", "procfs")
+
+_STANDALONE_PRELUDE = """\
+import sys as _sys, types as _types
+_pkg = _types.ModuleType("remote_payload")
+_pkg.__path__ = []
+_sys.modules["remote_payload"] = _pkg
+for _name, _text in _MODULES:
+    _mod = _types.ModuleType("remote_payload." + _name)
+    _mod.__file__ = "remote_payload/" + _name + ".py"
+    _sys.modules[_mod.__name__] = _mod
+    setattr(_pkg, _name, _mod)
+    exec(compile(_text, _mod.__file__, "exec"), _mod.__dict__)
+exec(compile(_MAIN, _MAIN_FILE, "exec"), {"__name__": "__main__", "__file__": _MAIN_FILE})
+"""
+
+
+def _payload_text(relative: str) -> str:
+    from opsctl.config import paths
+
+    return (paths.payload_source() / relative).read_text(encoding="utf-8")
+
+
+def standalone(main: str, main_file: str) -> str:
+    """Python text for ``python3 -c`` that runs ``main`` in a container with no payload (or
+    another one): the shared modules of :data:`STANDALONE_MODULES` are defined first, from
+    this checkout's own source, as ``remote_payload.<name>``, so ``main`` imports them as
+    the agent does (``from remote_payload import procfs``) and both run one ``/proc`` reader
+    and one bounded reader."""
+    modules = tuple((name, _payload_text(f"{name}.py")) for name in STANDALONE_MODULES)
+    return (f"_MODULES = {modules!r}\n_MAIN = {main!r}\n_MAIN_FILE = {main_file!r}\n"
+            + _STANDALONE_PRELUDE)
+
 
 def guard_argv(argv: t.Sequence[str], timeout: float | None) -> list[str]:
     """``python3 -S -c <remote_payload/agent/execguard.py> DEADLINE|- argv``: the command as
-    one tree that its deadline ends, setsid'd children included (that file says how)."""
+    one tree that its deadline ends, setsid'd children included (that file says how), run
+    :func:`standalone` (it needs no payload in the container)."""
     if not _guard_source:
-        from opsctl.config import paths
-
-        path = paths.payload_source() / "agent" / "execguard.py"
-        _guard_source.append(path.read_text(encoding="utf-8"))
+        _guard_source.append(standalone(_payload_text("agent/execguard.py"),
+                                        "remote_payload/agent/execguard.py"))
     return [*GUARD_PREFIX, _guard_source[0], "-" if timeout is None else f"{timeout:g}", *argv]
 
 

@@ -16,6 +16,10 @@ if t.TYPE_CHECKING:
     from opsctl.remote.transport import Remote
 
 
+#: how :attr:`HostGpus.smi_error` begins for an nvidia-smi that never answered
+SMI_HUNG = "nvidia-smi did not answer within"
+
+
 def _text(res: CommandResult) -> str:
     return res.stdout.decode("utf-8", "replace")
 
@@ -37,18 +41,29 @@ class HostGpus:
 def gpus(remote: Remote, timeout: float) -> HostGpus:
     """``/proc/driver/nvidia/version`` and, with a driver, ``nvidia-smi``'s bus ids.
 
+    An ``nvidia-smi`` that does not answer within ``timeout`` is the answer's ``smi_error``
+    (what a wedged driver or a GPU fallen off the bus does), not an error: the host still
+    answers, and its other checks (the kernel's Xid lines above all) say why.
+
     Raises:
-        TransportError, DeadlineExceeded: from the transport.
+        TransportError, DeadlineExceeded: from the transport (the driver version's read).
     """
+    from opsctl.errors import DeadlineExceeded
+
     res = remote.run(["cat", "/proc/driver/nvidia/version"], timeout=timeout,
                      step="host driver version")
     if res.rc != 0:
         return HostGpus(None, first_line(res.stderr.decode("utf-8", "replace")))
     text = _text(res)
     version = nvidia.driver_from_proc(text)
-    smi = remote.run(limits.head_argv(["nvidia-smi", "--query-gpu=index,pci.bus_id",
-                                       "--format=csv,noheader"]),
-                     timeout=timeout, step="host nvidia-smi")
+    try:
+        smi = remote.run(limits.head_argv(["nvidia-smi", "--query-gpu=index,pci.bus_id",
+                                           "--format=csv,noheader"]),
+                         timeout=timeout, step="host nvidia-smi")
+    except DeadlineExceeded:
+        return HostGpus(version if version != nvidia.UNKNOWN else None, first_line(text), {},
+                        f"{SMI_HUNG} {timeout:g} s (ended): a wedged driver or a GPU that "
+                        "fell off the bus hangs it")
     mapping: dict[str, int] = {}
     err = None
     if smi.rc == 0:

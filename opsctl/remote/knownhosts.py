@@ -1,5 +1,6 @@
-"""Read a ``known_hosts`` file (or another file of the user's) safely: the one reader behind
-every host-key check.
+"""Read and append to a ``known_hosts`` file safely: the one reader behind every host-key
+check (:func:`read`) and the one appender behind every recorded key (:func:`append`:
+``opsctl host trust`` and ``--accept-new-host-key``).
 
 Why not ``Path.read_bytes``: the path is the user's (inventory ``known_hosts``, ~/.ssh), and
 a clumsy or hostile one can be a FIFO (the read blocks forever, before any connect timeout
@@ -10,11 +11,10 @@ the file is opened without blocking, must be a regular file, and is read up to
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 from opsctl.errors import HostKeyError
+from remote_payload import boundedread, safe_write
 
 #: Largest known_hosts read (a line is ~100 bytes: hundreds of thousands of hosts).
 LIMIT = 64 * 1024 * 1024
@@ -38,7 +38,8 @@ def read(path: Path) -> bytes | None:
 
 
 def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file ``path``, opened without blocking (a FIFO never waits).
+    """The bytes of the regular file ``path`` (:func:`remote_payload.boundedread.read_regular`;
+    a link the user made is followed, a FIFO never waits).
 
     Raises:
         FileNotFoundError: it does not exist.
@@ -46,17 +47,31 @@ def read_regular(path: Path, limit: int) -> bytes:
             bytes ("is larger than N MiB").
         OSError: it cannot be opened or read.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("is not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit and (chunk := os.read(fd, 1024 * 1024)):
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise ValueError(f"is larger than {max(1, limit // (1024 * 1024))} MiB")
-    return b"".join(chunks)
+        return boundedread.read_regular(path, limit, follow_links=True)
+    except boundedread.Refused as exc:
+        if exc.why == boundedread.TOO_LARGE:
+            raise ValueError(f"is larger than {max(1, limit // (1024 * 1024))} MiB") from None
+        raise ValueError("is not a regular file") from None
+
+
+def append(path: Path, line: str, *, what: str, then: str = "nothing was recorded") -> None:
+    """Record one known_hosts ``line`` (``what``: the key, as the error names it) at the
+    end of ``path``, its folder made 0700 when missing, as ssh makes ~/.ssh:
+    :func:`remote_payload.safe_write.append_line`, so a last line without its newline gets
+    one first and the other host's entry stays whole, nothing is written through a link,
+    and the file keeps its inode and mode.
+
+    Raises:
+        HostKeyError: it could not be written (a link, not a regular file, no permission,
+            a full disk); the message ends with ``then``.
+    """
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        safe_write.append_line(path, line)
+    except OSError as exc:
+        why = exc.reason if isinstance(exc, safe_write.DestinationError) else \
+            str(exc.strerror or exc)
+        raise HostKeyError(f"cannot record {what} in {path}: {why}; {then}",
+                           hint="point known_hosts in the inventory at a writable plain "
+                                "file") from None

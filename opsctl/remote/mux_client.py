@@ -354,6 +354,13 @@ def prune_stale(d: Path, *, keep: Path | None = None, now: float | None = None) 
     return removed
 
 
+def _spec_json(spec: HostSpec) -> str:
+    """``spec`` as the mux server validates it again: only the fields the inventory set (a
+    field written out at its default counts as set, and ``target: null`` on a pct host is
+    refused as an inventory mistake, so the server never started)."""
+    return spec.model_dump_json(exclude_unset=True)
+
+
 def spawn(spec: HostSpec) -> None:
     """Start a detached mux for ``spec`` unless one is live (never raises, never waits)."""
     if not enabled():
@@ -370,6 +377,6 @@ def spawn(spec: HostSpec) -> None:
     # no wait) and lives in its own session, so the caller's Ctrl-C never reaches it.
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(["/bin/sh", "-c", '"$@" &', "opsctl-mux", sys.executable, "-m",
-                        "opsctl.remote.mux_server", "serve", spec.model_dump_json()],
+                        "opsctl.remote.mux_server", "serve", _spec_json(spec)],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, env=env, start_new_session=True, timeout=5)

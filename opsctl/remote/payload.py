@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.config import paths
+from opsctl.remote import command
 
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
@@ -66,7 +67,8 @@ def tar_bytes(manifest: Manifest) -> bytes:
     return buf.getvalue()
 
 
-# Runs in the container as `python3 -c UNPACK_SCRIPT <root>`; stdin is the tar.gz.
+# Runs in the container as `python3 -c UNPACK_SCRIPT <root>` (command.standalone: the
+# shared /proc and bounded readers travel with it); stdin is the tar.gz.
 # Constant text (never built from input); prints one JSON line.
 #
 # Rules: a transfer unpacks into its own private directory (mkdtemp), so two
@@ -74,8 +76,9 @@ def tar_bytes(manifest: Manifest) -> bytes:
 # and never rewritten once it exists and verifies; the rename, the symlink switch and the
 # pruning run under payloads/.lock; and a payload directory some live process still uses
 # (its cwd or PYTHONPATH, or a live job's launch.json) is never removed.
-UNPACK_SCRIPT = r"""
-import fcntl, hashlib, json, os, shutil, sys, tarfile, tempfile, time
+_UNPACK_MAIN = r"""
+import fcntl, hashlib, json, os, re, shutil, sys, tarfile, tempfile, time
+from remote_payload import boundedread, procfs
 root = sys.argv[1]
 store = os.path.join(root, "payloads")
 os.makedirs(store, exist_ok=True)
@@ -122,41 +125,36 @@ def top(path):
         return None
     return path[len(real_store) + 1:].split(os.sep, 1)[0]
 def alive(pid, ticks):
-    try:
-        data = open("/proc/%d/stat" % int(pid), "rb").read()
-    except (OSError, TypeError, ValueError):
-        return False
-    fields = data[data.rindex(b")") + 2:].split()
-    return fields[0] not in (b"Z", b"X") and (ticks is None or int(fields[19]) == ticks)
+    return isinstance(pid, int) and procfs.alive(pid, ticks if isinstance(ticks, int) else None)
+def record(path):
+    # one of the agent's records (a link there is refused, not followed; 8 MiB at most)
+    return json.loads(boundedread.read_regular(path, 8 << 20))
 def in_use():
     used = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+    for pid in procfs.pids():
+        cwd = procfs.link(pid, "cwd")
+        if cwd is None:
             continue
-        try:
-            used.add(top(os.readlink("/proc/%s/cwd" % pid)))
-            env = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
-        except OSError:
-            continue
-        for var in env:
+        used.add(top(cwd))
+        for var in procfs.environ_entries(pid):
             if var.startswith(b"PYTHONPATH="):
                 for p in var[11:].decode("utf-8", "replace").split(os.pathsep):
                     used.add(top(p))
     jobs = os.path.join(root, "jobs")
     for j in (os.listdir(jobs) if os.path.isdir(jobs) else []):
         try:
-            launch = json.load(open(os.path.join(jobs, j, "launch.json")))
+            launch = record(os.path.join(jobs, j, "launch.json"))
         except (OSError, ValueError):
             continue
         name = top(launch.get("payload_dir") or "")
         if name is None or name in used:
             continue
         try:
-            pid = json.load(open(os.path.join(jobs, j, "pid")))
+            pid = record(os.path.join(jobs, j, "pid"))
         except (OSError, ValueError):
             pid = None
         try:  # a queued job runs this payload when it starts
-            queued = json.load(open(os.path.join(jobs, j, "status.json"))).get("state") == "QUEUED"
+            queued = record(os.path.join(jobs, j, "status.json")).get("state") == "QUEUED"
         except (OSError, ValueError, AttributeError):
             queued = False
         if queued:
@@ -171,6 +169,9 @@ def in_use():
     used.discard(None)
     return used
 final = os.path.join(store, man["digest"][:16])
+# the names opsctl gives what it puts in payloads/: a digest, a transfer's private directory,
+# a damaged copy set aside
+ours = re.compile(r"[0-9a-f]{16}|\.incoming-[A-Za-z0-9_]+|\.damaged-[0-9]+-[0-9a-f]{16}")
 with open(os.path.join(store, ".lock"), "a") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if os.path.isdir(final) and verify(final) is None:
@@ -181,8 +182,9 @@ with open(os.path.join(store, ".lock"), "a") as lock:
         os.rename(tmp, final)
     link = os.path.join(root, "payload")
     previous = top(link) if os.path.islink(link) else None
-    if os.path.exists(link) and not os.path.islink(link):
-        shutil.rmtree(link)
+    if os.path.lexists(link) and not os.path.islink(link):  # someone's own: never removed
+        fail("%s is not the link opsctl keeps there; nothing was removed: move it away, "
+             "or set root: to a directory of opsctl's own" % link)
     tmp_link = link + ".tmp-%d" % os.getpid()
     os.symlink(os.path.relpath(final, root), tmp_link)
     os.replace(tmp_link, link)
@@ -190,7 +192,9 @@ with open(os.path.join(store, ".lock"), "a") as lock:
     kept = sorted(k for k in keep if k)
     for d in os.listdir(store):
         full = os.path.join(store, d)
-        if d in keep or d == ".lock" or not os.path.isdir(full):
+        # only what opsctl makes here: a payloads/ that is a link to a disk or a home
+        # holds the user's own directories beside them
+        if d in keep or not ours.fullmatch(d) or not os.path.isdir(full):
             continue
         if d.startswith(".") and time.time() - os.path.getmtime(full) < 3600:
             continue  # another transfer's private dir (or a recent leftover): not ours
@@ -198,3 +202,4 @@ with open(os.path.join(store, ".lock"), "a") as lock:
 print(json.dumps({"ok": True, "digest": man["digest"], "files": len(man["files"]), "path": final,
                   "kept": kept}))
 """
+UNPACK_SCRIPT = command.standalone(_UNPACK_MAIN, "<opsctl payload unpack>")

@@ -27,7 +27,7 @@ import typing as t
 from pathlib import Path
 
 from opsctl.errors import ConfigError
-from opsctl.remote.command import host_command, known_hosts_name, pct_argv
+from opsctl.remote.command import host_command, known_hosts_name
 
 if t.TYPE_CHECKING:
     from opsctl.config.inventory import HostSpec
@@ -90,5 +90,9 @@ def ssh_argv(spec: HostSpec, known_hosts: Path, *, tty: bool = False,
 
 
 def container_command(spec: HostSpec, ctid: int, argv: t.Sequence[str]) -> str:
-    """The command string that runs ``argv`` in container ``ctid`` (as every opsctl call)."""
-    return host_command(pct_argv(ctid, argv), sudo=spec.sudo, pct_path=spec.pct_path)
+    """The command string that runs ``argv`` in the target (container ``ctid``, or a direct
+    host itself: :mod:`.entry`), as every opsctl call spells it."""
+    from opsctl.remote import entry
+
+    entered = entry.of(spec).argv(entry.check_ct(spec, ctid), argv)
+    return host_command(entered, sudo=spec.sudo, pct_path=spec.pct_path)

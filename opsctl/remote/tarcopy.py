@@ -20,10 +20,10 @@ import typing as t
 from pathlib import Path
 
 from opsctl.config.inventory import HostSpec
-from opsctl.errors import RemoteCommandFailed, SourceChanged
-from opsctl.remote import transport
+from opsctl.errors import ConfigError, EntriesRefused, RemoteCommandFailed, SourceChanged
+from opsctl.remote import receiver, shapes, transport
 from opsctl.remote.transfer import Finished, Progress, TransferStats, run_piped
-from remote_payload import tarsync
+from remote_payload import tarsync, wire_shapes
 
 SOURCE = Path(tarsync.__file__).read_text(encoding="utf-8")
 
@@ -34,10 +34,17 @@ def _tarsync_argv(*args: str) -> list[str]:
 
 def _call(remote: transport.Remote, ctid: int, args: list[str], stdin: bytes | None,
           step: str) -> t.Any:
+    """One small tarsync verb (``args[0]``) in the container, its answer read as the verb's
+    shape (``wire_shapes.HELPER_SHAPES["tarsync <verb>"]``).
+
+    Raises:
+        RemoteCommandFailed: it failed; ReplyShapeError: it answered something else.
+    """
     res = remote.pct_exec(ctid, _tarsync_argv(*args), stdin=stdin, timeout=300, step=step)
     if res.rc != 0:
         raise _failed(remote.host, ctid, step, res.rc, res.stderr, res.argv)
-    return json.loads(res.stdout)
+    return shapes.parse_doc(wire_shapes.HELPER_SHAPES[f"tarsync {args[0]}"], res.stdout,
+                            where=f"{remote.host.label}: container {ctid}: {step}")
 
 
 def _failed(spec: HostSpec, ctid: int, step: str, rc: int, stderr: bytes,
@@ -90,8 +97,19 @@ def remote_plan(remote: transport.Remote, ctid: int, doc: dict[str, t.Any],
 
 
 def remote_listing(remote: transport.Remote, ctid: int, src: str) -> dict[str, t.Any]:
-    """:func:`tarsync.listing` of container ``src``."""
-    return t.cast(dict[str, t.Any], _call(remote, ctid, ["list", src], None, "pull: list"))
+    """:func:`tarsync.listing` of container ``src``, checked (:func:`receiver.check_listing`).
+
+    Raises:
+        RemoteCommandFailed: the container failed, or sent a listing that is not one.
+    """
+    doc = _call(remote, ctid, ["list", src], None, "pull: list")
+    try:
+        return receiver.check_listing(doc)
+    except receiver.ReceiveRefused as exc:
+        raise RemoteCommandFailed(f"{remote.host.label}: container {ctid}: pull: list: {exc}; "
+                                  "nothing fetched", argv=["tarsync", "list", src],
+                                  hint="the container's python3 or tarsync answered something "
+                                       "else than a listing; check the container") from None
 
 
 def remote_stats(remote: transport.Remote, ctid: int, src: str) -> dict[str, t.Any]:
@@ -127,12 +145,17 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
     ``max_delete``: ``--delete`` removes nothing when it would remove more than this.
 
     Raises:
+        ConfigError: ``src`` is deeper than ``limits.TREE_DEPTH`` (nothing sent).
         SourceChanged: a file changed while it was read, twice (the previous copy stays).
         RemoteCommandFailed: the container refused or broke off (files completed stay).
         TransportError and its kin: as the connection failed.
     """
     spec = remote.host
-    doc = tarsync.listing(str(src), sums=True)
+    try:
+        doc = tarsync.listing(str(src), sums=True)
+    except tarsync.Refused as exc:
+        raise ConfigError(f"{spec.label}: push: {str(src)!r} cannot be sent: {exc}; nothing "
+                          "sent", hint="send a shallower tree (or its parts one by one)") from None
     wanted = _call(remote, ctid, ["scan", dest], json.dumps(doc).encode(), "push: scan")["send"]
     moved, total = _sizes(doc, wanted)
     counted = _counter(moved, on_progress, bwlimit_kib)
@@ -141,8 +164,9 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
                   feed=lambda out: torn.extend(tarsync.send(str(src), doc, wanted, out, counted)))
     if res.rc != 0:
         raise _failed(spec, ctid, "push", res.rc, res.stderr, ["tarsync", "receive", dest])
-    reply = json.loads(res.stdout)
-    torn = sorted(set(torn) | set(reply.get("torn", [])))
+    reply = t.cast(wire_shapes.TarReceivedDoc, shapes.parse_doc(
+        wire_shapes.TarReceivedDoc, res.stdout, where=f"{spec.label}: container {ctid}: push"))
+    torn = sorted(set(torn) | set(reply["torn"]))
     if torn:
         raise torn_error(f"{spec.label}: container {ctid}", "push", dest, torn, "tar")
     return TransferStats("tar", files=reply["files"], bytes=reply["bytes"], total_bytes=total,
@@ -151,34 +175,70 @@ def push(remote: transport.Remote, ctid: int, src: Path, dest: str, *, delete: b
 
 def pull(remote: transport.Remote, ctid: int, src: str, dest: Path, *, delete: bool,
          on_progress: Progress | None = None, bwlimit_kib: int | None = None,
-         max_delete: int | None = None) -> TransferStats:
-    """Fetch ``src`` (a file or a tree in the container) to ``dest`` here.
+         max_delete: int | None = None, max_bytes: int | None = None,
+         confirmed: t.Collection[str] | None = None) -> TransferStats:
+    """Fetch ``src`` (a file or a tree in the container) to ``dest`` here, written only
+    through :class:`receiver.Receiver` (its rules: nothing outside ``dest``, no link leaving
+    it, the user's modes, no device or FIFO; ``max_bytes`` of file data at most).
+    ``confirmed``: the names a ``--delete`` was approved to remove; it removes only those,
+    and nothing when the stream would make it remove another (that one is named).
 
     Raises:
         SourceChanged: a file changed while it was read, twice (the previous copy stays).
+        EntriesRefused: the source holds entries not created here (named), or the stream
+            broke the receiver's rules (everything else that arrived is in place).
         RemoteCommandFailed: the container side failed, or what arrived did not verify.
         TransportError and its kin: as the connection failed.
     """
     spec = remote.host
+    where = f"{spec.label}: container {ctid}"
     doc = remote_listing(remote, ctid, src)
-    wanted = tarsync.scan(str(dest), doc)
+    try:
+        wanted = tarsync.scan(str(dest), doc)
+    except tarsync.Refused as exc:
+        raise EntriesRefused(f"{where}: pull: {exc}; nothing fetched") from None
     moved, total = _sizes(doc, wanted)
     counted = _counter(moved, on_progress, bwlimit_kib)
     got: dict[str, t.Any] = {}
+    into = receiver.Receiver(dest, max_bytes=max_bytes)
+    for rel in doc["skipped"]:
+        into.refuse(rel, "not a file, directory or link (a device, FIFO or socket), "
+                         "not created here")
 
     def sink(stream: t.BinaryIO) -> None:
         got.update(tarsync.receive(str(dest), stream, delete=delete and max_delete != 0,
-                                   counted=counted, max_delete=max_delete))
+                                   counted=counted, max_delete=max_delete, writer=into,
+                                   confirmed=confirmed))
 
     res = _stream(spec, ctid, ["send", src], "pull",
                   feed=lambda out: out.write(json.dumps({"send": wanted}).encode()), sink=sink)
+    if isinstance(res.sink_error, receiver.ReceiveRefused):
+        raise EntriesRefused(f"{where}: pull: what arrived was refused: {res.sink_error}",
+                             refused=[[r.rel, r.why] for r in into.refused],
+                             hint="what arrived before it is in place; check what writes that "
+                                  "tree in the container")
     if res.sink_error is not None:
-        raise RemoteCommandFailed(f"{spec.label}: container {ctid}: pull: what arrived was "
+        raise RemoteCommandFailed(f"{where}: pull: what arrived was "
                                   f"refused: {res.sink_error}", argv=["tarsync", "send", src],
                                   hint="run it again: files that arrived whole are kept")
     if res.rc != 0:
         raise _failed(spec, ctid, "pull", res.rc, res.stderr, ["tarsync", "send", src])
     if got.get("torn"):
-        raise torn_error(f"{spec.label}: container {ctid}", "pull", str(dest), got["torn"], "tar")
+        raise torn_error(where, "pull", str(dest), got["torn"], "tar")
+    refused_error(where, into.refused)
     return TransferStats("tar", files=got["files"], bytes=got["bytes"], total_bytes=total,
                          deleted=got["deleted"])
+
+
+def refused_error(where: str, refused: t.Sequence[receiver.Refusal]) -> None:
+    """Raise the one error naming the entries a pull did not create (none: return).
+
+    Raises:
+        EntriesRefused: some were refused.
+    """
+    if refused:
+        raise EntriesRefused(f"{where}: pull: {len(refused)} entr{'y' if len(refused) == 1 else 'ies'}"
+                             f" not created here: {receiver.describe(refused)}",
+                             refused=[[r.rel, r.why] for r in refused],
+                             hint="everything else arrived; remove or replace those entries in "
+                                  "the container (links inside the tree, relative, are kept)")

@@ -7,10 +7,12 @@ never buffered whole, as a transfer can be many gigabytes.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import typing as t
 from dataclasses import dataclass
+
+from opsctl.remote.receiver import Refusal
+from remote_payload import limits, procgroup
 
 #: progress callback: (bytes of file data moved so far, bytes to move in all or None)
 Progress = t.Callable[[int, "int | None"], None]
@@ -52,6 +54,7 @@ class TransferStats:
     total_bytes: int  # size of everything the source holds
     matched_bytes: int = 0
     deleted: int = 0
+    refused: tuple[Refusal, ...] = ()  # entries rsync did not create (the receiver's rules)
 
 
 @dataclass(frozen=True)
@@ -63,36 +66,52 @@ class Finished:
     sink_error: BaseException | None = None
 
 
-def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` s: rsync moves its temporary file into the
-    partial directory on SIGTERM; SIGKILL would leave it as garbage next to the user's files."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+#: Ctrl-C or SIGTERM: the local program gets SIGTERM and this long before SIGKILL: rsync
+#: moves its temporary file into the partial directory on SIGTERM; SIGKILL would leave it as
+#: garbage next to the user's files.
+STOP_GRACE_S = 5.0
 
 
 def run_piped(argv: t.Sequence[str], *, feed: t.Callable[[t.BinaryIO], None] | None = None,
               sink: t.Callable[[t.BinaryIO], None] | None = None,
-              on_stdout: t.Callable[[bytes], None] | None = None) -> Finished:
-    """Run ``argv`` locally; ``feed`` writes its stdin (a thread), ``sink`` reads its stdout
-    (this thread), else stdout is collected, chunk by chunk through ``on_stdout``.
+              on_stdout: t.Callable[[bytes], None] | None = None,
+              keep_bytes: int | None = None) -> Finished:
+    """Run ``argv`` locally as a process group (:mod:`remote_payload.procgroup`); ``feed``
+    writes its stdin (a thread), ``sink`` reads its stdout (this thread), else stdout is
+    collected, chunk by chunk through ``on_stdout``; ``keep_bytes``: only its last that many
+    bytes are kept (rsync names every file it sends). Its whole tree is ended before this
+    returns or raises.
 
-    ``LC_ALL=C`` so rsync's numbers are formatted the same way everywhere.
+    ``LC_ALL=C`` so rsync's numbers are formatted the same way everywhere. Started from the
+    main thread, the child gets SIGTERM when opsctl ends, however it ends (a SIGKILL mid-pull
+    included: procgroup's ``die_with_parent``).
     """
     env = {**os.environ, "LC_ALL": "C"}
-    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if feed else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    stdout, stderr = t.cast(t.BinaryIO, proc.stdout), t.cast(t.BinaryIO, proc.stderr)
+    # from another thread the death signal would come when that thread ends, so there the
+    # tree is ended by this function's own clean-up only
+    group = procgroup.Group(argv, env=env, stdin=procgroup.PIPE if feed else procgroup.DEVNULL,
+                            die_with_parent=threading.current_thread() is threading.main_thread())
+    stdout = t.cast(t.BinaryIO, os.fdopen(t.cast(int, group.out), "rb"))
+    stderr = os.fdopen(t.cast(int, group.err), "rb")
     err: list[bytes] = []
     errors: dict[str, BaseException] = {}
-    reader = threading.Thread(target=lambda: err.append(stderr.read()), daemon=True)
+    keep = limits.cap("CHILD_OUTPUT_BYTES")
+
+    def read_stderr() -> None:
+        # what ssh relays from the container: read to its end, only the last ``keep`` bytes
+        # kept (rsync's own complaints come last; a chatty container must not fill memory)
+        size = 0
+        while chunk := stderr.read1(1 << 16):
+            err.append(chunk)
+            size += len(chunk)
+            while size - len(err[0]) >= keep:
+                size -= len(err.pop(0))
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
     writer = None
     if feed is not None:
-        stdin = t.cast(t.BinaryIO, proc.stdin)
+        stdin = t.cast(t.BinaryIO, os.fdopen(t.cast(int, group.inp), "wb"))
 
         def write() -> None:
             try:
@@ -113,17 +132,25 @@ def run_piped(argv: t.Sequence[str], *, feed: t.Callable[[t.BinaryIO], None] | N
                 sink(stdout)
             except Exception as exc:
                 errors["sink"] = exc
-                proc.kill()
+                group.end(grace=0)
         else:
+            kept = 0
             while chunk := stdout.read1(65536):  # type: ignore[attr-defined]
                 out.append(chunk)
+                kept += len(chunk)
+                while keep_bytes is not None and len(out) > 1 and kept - len(out[0]) >= keep_bytes:
+                    kept -= len(out.pop(0))
                 if on_stdout is not None:
                     on_stdout(chunk)
-        rc = proc.wait()
+        rc = group.wait()
     except BaseException:  # Ctrl-C: stop the local program, letting it clean up first
-        _stop(proc)
+        group.end(grace=STOP_GRACE_S)
         raise
+    finally:
+        stdout.close()
     if writer is not None:
         writer.join(timeout=10)
     reader.join(timeout=10)
+    group.end()  # what it started and left running (nothing, normally: a quick scan)
+    stderr.close()
     return Finished(rc, b"".join(out), b"".join(err), errors.get("feed"), errors.get("sink"))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import shlex
 import socket
@@ -32,7 +31,6 @@ import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsctl.config import paths
 from opsctl.config.sudoers import sudoers_rule
 from opsctl.errors import (
     AuthError,
@@ -55,7 +53,6 @@ from opsctl.remote.command import (
     host_command,
     known_hosts_name,
     local_deadline,
-    pct_argv,
     prepare,
     shell_line,
 )
@@ -204,15 +201,13 @@ def _make_policy(known_hosts: Path, pinned: str | None, accept_new: bool, label:
                     f"host key of {hostname} is not in {known_hosts} ({key.get_name()} {fp})",
                     hint=f"check the fingerprint, then `opsctl host trust --host {label}` "
                          "or pass --accept-new-host-key")
-            try:
-                known_hosts.parent.mkdir(parents=True, exist_ok=True)
-                with known_hosts.open("a", encoding="utf-8") as f:
-                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-            except OSError as exc:  # else paramiko's caller reads it as a connect failure
-                raise HostKeyError(
-                    f"cannot record the host key of {hostname} ({key.get_name()} {fp}) in "
-                    f"{known_hosts}: {exc.strerror or exc}; nothing was run",
-                    hint="point known_hosts in the inventory at a writable file") from None
+            from opsctl.remote import knownhosts
+
+            # a HostKeyError, not an OSError: paramiko's caller would read that as a
+            # connect failure
+            knownhosts.append(known_hosts, f"{hostname} {key.get_name()} {key.get_base64()}",
+                              what=f"the host key of {hostname} ({key.get_name()} {fp})",
+                              then="nothing was run")
 
     return _HostKeyPolicy()
 
@@ -551,7 +546,9 @@ class Remote:
                  on_stdout: Output | None = None, on_stderr: Output | None = None,
                  step: str = "", check_container: bool = True, guard: bool = False,
                  keep_bytes: int | None = None) -> CommandResult:
-        """Run ``argv`` inside container ``ctid`` via ``pct exec``.
+        """Run ``argv`` in the target: inside container ``ctid`` via ``pct exec``, or on a
+        direct host (``enter: direct``, ``ctid`` :data:`~opsctl.config.inventory.DIRECT_CTID`)
+        on the host itself (:mod:`opsctl.remote.entry`: the one place the two differ).
 
         ``guard``: under the container-side guard rather than ``timeout`` (``opsctl exec``;
         :func:`opsctl.remote.command.guard_argv`). ``keep_bytes``: as :meth:`run`.
@@ -561,9 +558,13 @@ class Remote:
             ContainerMissing / ContainerNotRunning: pct said so (nothing ran).
             TransportError, DeadlineExceeded: as :meth:`run`.
         """
+        from opsctl.remote import entry
+
         argv = check_argv(self.host.label, step or "pct exec", argv)
-        pct = pct_argv(ctid, argv, timeout=timeout, keep_env=keep_env, guard=guard)
-        result = self.run(pct, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
+        way = entry.of(self.host)
+        entered = way.argv(entry.check_ct(self.host, ctid), argv, timeout=timeout,
+                           keep_env=keep_env, guard=guard)
+        result = self.run(entered, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
                           on_stderr=on_stderr, step=step, keep_bytes=keep_bytes)
         return self.check_pct_result(ctid, result, step=step, check_container=check_container)
 
@@ -574,7 +575,9 @@ class Remote:
         Raises:
             ContainerMissing / ContainerNotRunning, HostSetupError, PctTooOld: pct said so.
         """
-        if check_container and result.rc != 0:
+        if check_container and result.rc != 0 and self.host.direct:
+            classify_direct_failure(self.host, result, step)
+        elif check_container and result.rc != 0:
             try:
                 classify_pct_failure(self.host, ctid, result, step)
             except (ContainerMissing, ContainerNotRunning):
@@ -720,6 +723,36 @@ def classify_pct_failure(host: HostSpec, ctid: int, result: CommandResult, step:
             hint=f"install python3 in container {ctid} (opsctl's agent needs it too)")
 
 
+def classify_direct_failure(host: HostSpec, result: CommandResult, step: str) -> None:
+    """Raise what kept a direct host's command from starting, or return if the command itself
+    failed (a direct host has no pct, so only the host's own tools can be missing).
+
+    Raises:
+        HostSetupError: ``timeout`` or the guard's ``python3`` is missing on the host.
+    """
+    where = f"(step: {step or 'command'})"
+    if result.rc not in (126, 127):
+        return
+    text = result.stderr.decode("utf-8", "replace")
+    failed = [m[1] for rx in (_TIMEOUT_FAILED, _ENV_FAILED, _SHELL_NOT_FOUND)
+              for m in rx.finditer(text)]
+    if result.argv[:1] != ("timeout",) and "timeout" in failed:
+        raise HostSetupError(f"{host.label}: `timeout` (coreutils) not found on the host {where}",
+                             missing="timeout", hint="install coreutils on the host")
+    if guarded_direct(result.argv) and "python3" in failed:
+        raise HostSetupError(
+            f"{host.label} has no `python3`, which `opsctl exec` runs the command under (its "
+            f"deadline and clean-up) {where}", missing="python3",
+            hint="install python3 on the host (opsctl's agent needs it too)")
+
+
+def guarded_direct(argv: t.Sequence[str]) -> bool:
+    """Did the direct entry put the exec guard first?"""
+    from opsctl.remote.command import GUARD_PREFIX
+
+    return tuple(argv[:3]) == GUARD_PREFIX
+
+
 def _host_side_missing(host: HostSpec, result: CommandResult,
                        text: str) -> tuple[str, str, str] | None:
     """(message, the missing piece, hint) when pct could not even be started on the host."""
@@ -773,13 +806,16 @@ def missing_in_container(result: CommandResult) -> str | None:
 
 
 def save_log(step: str, result: CommandResult) -> Path:
-    """Save a command's full output; errors print this path (nothing silent)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", step)[:60] or "command"
-    path = paths.new_log(f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{os.getpid()}.log")
-    with path.open("wb") as f:
-        f.write(f"$ {result.command}\n# rc={result.rc} elapsed={result.elapsed_s:.3f}s\n".encode())
-        f.write(b"--- stdout ---\n" + result.stdout + b"\n--- stderr ---\n" + result.stderr)
-    return path
+    """Save a command's output, capped, in the rotated logs folder; errors print this path
+    (nothing silent). :mod:`opsctl.remote.savedlogs` says what is kept.
+
+    Raises:
+        safe_write.WriteFailed: the log could not be written (a full disk).
+    """
+    from opsctl.remote import savedlogs
+
+    return savedlogs.save(step, result.command, result.rc, result.elapsed_s, result.stdout,
+                          result.stderr)
 
 
 # --- the OpenSSH client, for bulk data (opsctl push / pull) ---------------------------------
@@ -798,18 +834,33 @@ def openssh_argv(spec: HostSpec) -> list[str]:
 
     ``-F /dev/null``: ~/.ssh/config was already applied into ``spec`` (sshconfig.py); it must
     not be applied twice or differently. Host keys: ``StrictHostKeyChecking=yes`` against the
-    host's known_hosts file, so an unknown or changed key is refused as everywhere else.
+    host's known_hosts file, so an unknown or changed key is refused as everywhere else; that
+    file and the ``identity_file`` are checked here first, as the SSH library's connections
+    check them, since the client would wait on a FIFO there for a writer that never comes (no
+    deadline covers it) and read a link to ``/dev/zero`` without end.
+
+    Raises:
+        HostKeyError: the known_hosts file is not a regular file, is over its size limit or
+            cannot be read (:func:`.knownhosts.read`); nothing was run.
+        ConfigError: the identity file is not a private key in a regular file
+            (:func:`.identity.check`); nothing was run.
     """
+    from opsctl.remote import identity, knownhosts
+
+    knownhosts.read(spec.known_hosts_path())
     argv = ["ssh", "-F", "/dev/null", "-p", str(spec.port), "-l", spec.user,
             "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={spec.known_hosts_path()}",
+            # only opsctl's file, as every other connection: a key in /etc/ssh's global file
+            # is never trusted for transfers alone
+            "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout_s))}",
             "-o", "ServerAliveInterval=15", "-o", "LogLevel=ERROR",
             # AES-GCM first: with AES-NI it moves bulk data ~25 % faster than OpenSSH's
             # default chacha20 on the same cores (sandbox, 256 MiB through ssh: 1.8 s vs 2.4 s)
             "-o", f"Ciphers={_BULK_CIPHERS}"]
     if spec.identity_file:
-        argv += ["-i", os.path.expanduser(spec.identity_file), "-o", "IdentitiesOnly=yes"]
+        argv += ["-i", identity.check(spec.identity_file, spec.label), "-o", "IdentitiesOnly=yes"]
     if spec.proxy_jump:
         argv += ["-J", spec.proxy_jump]
     return argv
@@ -821,15 +872,17 @@ def rsync_remote_shell(spec: HostSpec) -> str:
 
 
 def container_command(spec: HostSpec, ctid: int, argv: t.Sequence[str], *, step: str) -> str:
-    """The command string that runs ``argv`` in container ``ctid`` (as :meth:`Remote.pct_exec`
+    """The command string that runs ``argv`` in the target (as :meth:`Remote.pct_exec`
     sends it, without a deadline), for the OpenSSH client or rsync's ``--rsync-path``.
 
     Raises:
         ConfigError: as :func:`check_command` (NUL byte, over the length limit).
     """
-    pct = pct_argv(ctid, argv)
-    command = host_command(pct, sudo=spec.sudo, pct_path=spec.pct_path)
-    check_command(spec.label, step, pct, command)
+    from opsctl.remote import entry
+
+    entered = entry.of(spec).argv(entry.check_ct(spec, ctid), argv)
+    command = host_command(entered, sudo=spec.sudo, pct_path=spec.pct_path)
+    check_command(spec.label, step, entered, command)
     return command
 
 

@@ -8,7 +8,6 @@ its sha256, which is checked here.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tarfile
 import threading
@@ -16,9 +15,11 @@ import time
 import typing as t
 from pathlib import Path
 
-from opsctl.errors import RemoteCommandFailed
+from opsctl.errors import RemoteCommandFailed, ReplyShapeError
+from opsctl.remote import shapes
 from opsctl.remote.agent_client import Agent
 from opsctl.remote.transport import save_log
+from remote_payload.wire_shapes import WheelListDoc, WheelsReceivedDoc
 
 Progress = t.Callable[[str], None]
 
@@ -78,9 +79,11 @@ def push_wheels(agent: Agent, files: t.Sequence[Path], dest: str,
     """
     r = agent.remote.pct_exec(agent.ctid, [agent.python, "-c", LIST_SCRIPT, dest], timeout=30,
                               step="list wheelhouse")
-    try:
-        have = json.loads(r.stdout or b"{}")
-    except ValueError:
+    where = agent.remote.host.target_label(agent.ctid)
+    try:  # what is there is only a shortcut: an answer that is no list sends every wheel
+        have: dict[str, int] = shapes.parse_doc(WheelListDoc, r.stdout or b"{}",
+                                                where=f"{where}: list wheelhouse")
+    except ReplyShapeError:
         have = {}
     missing = [f for f in files if have.get(f.name) != f.stat().st_size]
     total = sum(f.stat().st_size for f in missing)
@@ -106,17 +109,19 @@ def push_wheels(agent: Agent, files: t.Sequence[Path], dest: str,
         res = agent.remote.pct_exec(agent.ctid, [agent.python, "-c", RECEIVE_SCRIPT, dest],
                                     timeout=1800, stdin=reader, step="push wheels")
     writer.join()
+    lines = res.stdout.strip().splitlines()
     try:
-        doc = json.loads(res.stdout.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        doc = {"ok": False, "error": "no reply"}
+        doc: WheelsReceivedDoc = shapes.parse_doc(WheelsReceivedDoc, lines[-1] if lines else b"",
+                                                  where=f"{where}: push wheels")
+    except ReplyShapeError as exc:
+        doc = {"ok": False, "error": "no reply" if not lines else str(exc)}
     bad = [f.name for f in missing if doc.get("files", {}).get(f.name) != _sha256(f)]
     if res.rc != 0 or not doc.get("ok") or bad or errors:
         path = save_log("push-wheels", res)
         why = doc.get("error") or (f"checksum mismatch: {bad[:3]}" if bad else
                                    (repr(errors[0]) if errors else res.stderr_tail(1)))
         raise RemoteCommandFailed(
-            f"{agent.remote.host.label} ct {agent.ctid}: wheel transfer failed: {why}",
+            f"{agent.remote.host.target_label(agent.ctid)}: wheel transfer failed: {why}",
             log_path=str(path))
     return {"sent": len(missing), "bytes": total, "present": len(files) - len(missing),
             "seconds": round(time.monotonic() - start, 2)}

@@ -35,11 +35,14 @@ from pathlib import Path
 from opsctl.config import paths
 from opsctl.config.sudoers import sudoers_rule
 from opsctl.errors import ConfigError, ContainerError, OpsctlError
-from remote_payload import safe_write
+from remote_payload import safe_write, wire
 
 HOST = "127.0.0.1"
 USER = "root"
 DEFAULT_CONTAINERS: tuple[int, ...] = (200,)
+#: The inventory name of the sandbox's direct target: the same loopback sshd, commands run on
+#: this machine itself (``enter: direct``), next to the containers of ``sandbox``.
+DIRECT_HOST = "sandbox-direct"
 BASE = "base"  # template container; real ones are cheap `lxc-copy`s of it
 RELEASE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "tmux", "procps")
@@ -89,6 +92,7 @@ class SandboxInfo:
         """argv for the OpenSSH client, strict host key checking against our known_hosts."""
         argv = ["ssh", "-i", str(self.identity_file), "-p", str(self.port),
                 "-o", f"UserKnownHostsFile={self.known_hosts_file}",
+                "-o", "GlobalKnownHostsFile=/dev/null",
                 "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
                 "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
                 f"{self.user}@{self.host}"]
@@ -256,7 +260,30 @@ def down(home: Path | None = None) -> None:
         for name in _container_names(layout, include_base=True):
             if _container_state(layout, name) == "running":
                 _lxc(layout, "lxc-stop", name, "--kill", check=False)
+        end_direct_sessions(home)
         _stop_sshd(layout)
+
+
+def end_direct_sessions(home: Path | None = None) -> list[str]:
+    """End the tmux sessions of the direct target's jobs (they run on this machine, so
+    stopping the containers does not end them): those whose directory is under its root.
+    Returns the sessions ended."""
+    tmux = _which("tmux")
+    if tmux is None:
+        return []
+    socket = wire.DEFAULT_TMUX_SOCKET
+    root = str(direct_root(_Layout.of(home).state_dir)) + "/"
+    ended = []
+    listed = subprocess.run([tmux, "-L", socket, "list-sessions", "-F",
+                             "#{session_path}\t#{session_name}"],
+                            capture_output=True, text=True, check=False, timeout=10)
+    for line in listed.stdout.splitlines():
+        path, _, name = line.partition("\t")
+        if (path + "/").startswith(root) and name:
+            subprocess.run([tmux, "-L", socket, "kill-session", "-t", f"={name}"],
+                           capture_output=True, check=False, timeout=10)
+            ended.append(name)
+    return ended
 
 
 def destroy(home: Path | None = None) -> None:
@@ -343,6 +370,12 @@ def status(home: Path | None = None) -> SandboxStatus | None:
                          containers=states, wanted_running=_wanted_running(layout))
 
 
+def direct_root(state_dir: Path) -> Path:
+    """The opsctl root of the sandbox's direct host (:data:`DIRECT_HOST`): on this machine,
+    inside the sandbox's own state dir."""
+    return state_dir / "direct-root"
+
+
 def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
     """Write ``<home>/inventory/sandbox.yaml`` for ``info`` (tests point other homes at it)."""
     path = opsctl_home(home) / "inventory" / "sandbox.yaml"
@@ -355,6 +388,15 @@ def write_inventory(info: SandboxInfo, home: Path | None = None) -> Path:
     # the PyTorch index is out of reach here: the CPU build comes as a wheelhouse from this
     # machine's pip (which finds torch==2.13.0 in its local cache)
     lines += ["    torch_builds:", "      cpu: {wheelhouse: true}"]
+    # the same sshd as a plain SSH server: commands run on this machine itself, with an
+    # opsctl root private to this sandbox (never this machine's /opt/opsctl)
+    lines += [f"  {DIRECT_HOST}:", f"    address: {info.host}", f"    port: {info.port}",
+              f"    user: {info.user}", f"    identity_file: {info.identity_file}",
+              f"    known_hosts: {info.known_hosts_file}",
+              f'    host_key_fingerprint: "{info.host_key_fingerprint}"', "    enter: direct",
+              f"    root: {direct_root(info.state_dir)}",
+              "    target: {gpus: 0, playbook: dflash-cpu-smoke}",
+              "    torch_builds:", "      cpu: {wheelhouse: true}"]
     _write_atomic(path, "\n".join(lines) + "\n")
     return path
 

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from opsctl.config import paths
 from opsctl.errors import ConfigError, LocalWriteError
-from remote_payload import safe_write
+from remote_payload import boundedread, safe_write
+
+#: the most bytes of ``last-target.json`` read (64 nodes of names and addresses are ~20 KiB)
+MAX_BYTES = 1 << 20
 
 
 class LastTarget(t.NamedTuple):
@@ -49,11 +52,16 @@ def save(target: LastTarget) -> None:
 
 
 def load() -> LastTarget | None:
+    """What :func:`save` wrote; None for anything else there: missing, damaged, a link (never
+    one :func:`save` made), a FIFO or a device (never waited on or read without end), larger
+    than :data:`MAX_BYTES`, a ``ctid`` that is not a whole number."""
     try:
-        data = json.loads(path().read_text(encoding="utf-8"))
+        data = json.loads(boundedread.read_text(path(), MAX_BYTES))
         nodes = data.get("nodes") or ()
         address = data.get("address")
-        return LastTarget(host=str(data["host"]), ctid=int(data["ctid"]), job_id=data.get("job_id"),
+        if type(data["ctid"]) is not int:  # 1e400, true, "200": not what save() writes
+            raise TypeError(data["ctid"])
+        return LastTarget(host=str(data["host"]), ctid=data["ctid"], job_id=data.get("job_id"),
                           nodes=tuple(str(n) for n in nodes),
                           address=None if address is None else str(address),
                           node_addresses=tuple(str(a) for a in data.get("node_addresses") or ()))
@@ -81,6 +89,10 @@ def resolve(host: str | None, ctid: int | None) -> LastTarget:
         host, remembered = last.host, last.address
     if ctid is None and last is not None and host == last.host:
         ctid = last.ctid
+    if host is not None and ctid is None:  # a host named, not the remembered one
+        other = f"; the remembered target is on {last.host}" if last is not None else ""
+        raise ConfigError(f"no container: --host {host} is a Proxmox host, so --ct says which "
+                          f"of its containers{other}", hint=f"e.g. --host {host} --ct 200")
     if host is None or ctid is None:
         raise ConfigError("no target: pass --host and --ct (nothing remembered from a deploy yet)",
                           hint="e.g. opsctl status --host sandbox --ct 200")

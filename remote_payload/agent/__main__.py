@@ -45,6 +45,7 @@ VERBS: dict[str, str] = {
     "queue-move": "remote_payload.agent.verbs.queue",
     "queue-advance": "remote_payload.agent.verbs.queue",  # the boot hook's (agent/boothook.py)
     "history": "remote_payload.agent.verbs.history",  # plot data
+    "goodput": "remote_payload.agent.verbs.goodput",  # a run's wall time by cause
     # torch builds and caches
     "envs": "remote_payload.agent.verbs.torch",
     "swap": "remote_payload.agent.verbs.torch",

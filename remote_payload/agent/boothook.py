@@ -27,11 +27,10 @@ import hashlib
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import typing as t
 
-from remote_payload import safe_write
+from remote_payload import boundedread, procgroup, safe_write
 
 if t.TYPE_CHECKING:
     from remote_payload.wire_shapes import BootHookDoc
@@ -145,7 +144,7 @@ def ensure(root: str, *, systemd_flag: str = SYSTEMD_RUNNING, unit_dir: str = UN
         cron = shutil.which(crontab) if crontab else None
         if cron:
             return _ensure_cron(root, command, cron)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+    except (OSError, ValueError) as exc:  # TimeoutError included: a hung crontab was ended
         return {"kind": "none", "path": None,
                 "warning": f"no boot hook ({exc}): after a restart the queue waits for the "
                            "next opsctl call"}
@@ -156,11 +155,13 @@ def _ensure_unit(root: str, argv: list[str], unit_dir: str) -> BootHookDoc:
     name = hook_name(root) + ".service"
     path = os.path.join(unit_dir, name)
     text = unit_text(root, argv)
+    existing: str | None
     try:
-        with open(path, encoding="utf-8") as f:
-            existing: str | None = f.read(1 << 16)
+        existing = boundedread.read_regular(path, 1 << 16, cut=True).decode("utf-8", "replace")
     except FileNotFoundError:
         existing = None
+    except boundedread.Refused:  # a link, FIFO or directory there: not opsctl's unit
+        existing = ""
     if existing is not None and not existing.startswith(MARK):
         return {"kind": "none", "path": path, "warning": f"{path} exists and opsctl did not "
                 "write it: left alone, no boot hook (after a restart the queue waits for the "
@@ -177,18 +178,16 @@ def _ensure_unit(root: str, argv: list[str], unit_dir: str) -> BootHookDoc:
                 "it: left alone, the unit is not enabled (after a restart the queue waits for "
                 "the next opsctl call)"}
     os.makedirs(wants, exist_ok=True)
-    tmp_link = f"{link}.tmp-{os.getpid()}"
-    os.symlink(path, tmp_link)
-    os.replace(tmp_link, link)
+    safe_write.write_link(link, path)
     return {"kind": "systemd", "path": path, "warning": None}
 
 
 def _ensure_cron(root: str, argv: list[str], cron: str) -> BootHookDoc:
     line = "@reboot " + cron_command(argv)
-    listed = subprocess.run([cron, "-l"], capture_output=True, timeout=30, check=False)
-    if listed.returncode != 0 and b"no crontab" not in listed.stderr.lower():
-        raise OSError(f"crontab -l failed: {listed.stderr.decode(errors='replace').strip()[:200]}")
-    text = listed.stdout.decode("utf-8", "surrogateescape") if listed.returncode == 0 else ""
+    listed = procgroup.run([cron, "-l"], 30)
+    if listed.rc != 0 and b"no crontab" not in listed.err.lower():
+        raise OSError(f"crontab -l failed: {listed.err.decode(errors='replace').strip()[:200]}")
+    text = listed.out.decode("utf-8", "surrogateescape") if listed.rc == 0 else ""
     where = f"root's crontab ({hook_name(root)})"
     if line in text.splitlines():
         return {"kind": "cron", "path": where, "warning": None}
@@ -196,8 +195,7 @@ def _ensure_cron(root: str, argv: list[str], cron: str) -> BootHookDoc:
         text += "\n"
     text += f"{MARK} ({hook_name(root)}), written by opsctl: the next line moves its queue on\n"
     text += line + "\n"
-    wrote = subprocess.run([cron, "-"], input=text.encode("utf-8", "surrogateescape"),
-                           capture_output=True, timeout=30, check=False)
-    if wrote.returncode != 0:
-        raise OSError(f"crontab - failed: {wrote.stderr.decode(errors='replace').strip()[:200]}")
+    wrote = procgroup.run([cron, "-"], 30, input=text.encode("utf-8", "surrogateescape"))
+    if wrote.rc != 0:
+        raise OSError(f"crontab - failed: {wrote.err.decode(errors='replace').strip()[:200]}")
     return {"kind": "cron", "path": where, "warning": None}

@@ -6,7 +6,7 @@ import json
 import os
 import typing as t
 
-from remote_payload import safe_write, wire
+from remote_payload import boundedread, safe_write, wire
 from remote_payload.wire import ErrorType
 
 
@@ -25,14 +25,15 @@ def _dumps(obj: t.Any, **kwargs: t.Any) -> str:
             else json.dumps(obj, allow_nan=False, **kwargs))
 
 
-def write_json_atomic(path: str, obj: t.Any, *, durable: bool = True) -> None:
+def write_json_atomic(path: str, obj: t.Any, *, durable: bool = True, mode: int = 0o644) -> None:
     """A job record as the wire's strict JSON, through :func:`safe_write.write_json` (temp
-    beside, fsync, rename, never through a link): readers never see half a file.
+    beside, fsync, rename, never through a link): readers never see half a file. ``mode``:
+    0600 for a record only its owner may read (a job's spec: its environment).
 
     Raises:
         OSError: :class:`safe_write.WriteFailed` (full disk…) or ``DestinationRefused``.
     """
-    safe_write.write_json(path, obj, dumps=_dumps, durable=durable)
+    safe_write.write_json(path, obj, dumps=_dumps, durable=durable, mode=mode)
 
 
 def which(name: str) -> str | None:
@@ -52,22 +53,18 @@ MAX_JSON_BYTES = 8 * 2**20
 
 
 def read_json(path: str, default: t.Any = None) -> t.Any:
-    """The JSON document at ``path`` (``default`` when there is none).
+    """The JSON document at ``path`` (``default`` when there is none), read by
+    :func:`remote_payload.boundedread.read_regular`: the agent renames its files into place
+    and never makes them links, so a link there was planted and is refused, not followed.
 
     Raises:
-        ValueError: not JSON, not a regular file, larger than :data:`MAX_JSON_BYTES`.
+        ValueError: not JSON, a link, not a regular file, larger than :data:`MAX_JSON_BYTES`.
+        OSError: unreadable.
     """
-    import stat
-
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = boundedread.read_regular(path, MAX_JSON_BYTES)
     except FileNotFoundError:
         return default
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ValueError(f"{path} is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_JSON_BYTES + 1)
-    if len(data) > MAX_JSON_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_JSON_BYTES} bytes")
+    except boundedread.Refused as exc:
+        raise ValueError(str(exc)) from None
     return json.loads(data.decode("utf-8"))

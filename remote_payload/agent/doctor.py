@@ -13,10 +13,12 @@ reason (no NVIDIA driver).
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 import typing as t
 
-from remote_payload import limits
+from remote_payload import boundedread, limits, procgroup, wire
 from remote_payload.gpufacts import nvidia, shm
 from remote_payload.wire import doctor_row
 
@@ -36,9 +38,10 @@ SMI_TIMEOUT_S = 10.0
 
 
 def _read(path: str) -> str | None:
+    """A driver file of ``/proc/driver/nvidia`` (a few lines; 1 MiB at most is read)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        return boundedread.read_regular(path, 1 << 20, follow_links=True,
+                                        cut=True).decode("utf-8", "replace")
     except OSError:
         return None
 
@@ -125,7 +128,9 @@ def container_nodes() -> dict[str, tuple[int, int]]:
 
 
 def check_device_nodes(driver: str | None, nodes: dict[str, tuple[int, int]] | None = None,
-                       ctid: str = "<ct>") -> Row:
+                       ctid: str = "<ct>", direct: bool = False) -> Row:
+    """The GPU device nodes the job opens; ``direct``: the host is the target (no LXC
+    config to pass them through, so the fix makes them on the host)."""
     name = "container-device-nodes"
     if driver is None:
         return doctor_row(name, "skip", NO_DRIVER)
@@ -137,11 +142,16 @@ def check_device_nodes(driver: str | None, nodes: dict[str, tuple[int, int]] | N
     if missing:
         uvm = "/dev/nvidia-uvm" in missing
         first = missing[0]
-        fix = (f"on the host: nvidia-modprobe -u -c=0 (creates /dev/nvidia-uvm), then in "
-               f"/etc/pve/lxc/{ctid}.conf: lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm "
-               f"none bind,optional,create=file; pct reboot {ctid}") if uvm else (
-            f"in /etc/pve/lxc/{ctid}.conf: lxc.mount.entry: {first} {first.lstrip('/')} none "
-            f"bind,optional,create=file (or on PVE 8: dev0: {first}); pct reboot {ctid}")
+        if direct:
+            fix = ("on this host: nvidia-modprobe -u -c=0 (creates /dev/nvidia-uvm and -tools)"
+                   if uvm else "on this host: nvidia-modprobe -c=0 (or modprobe nvidia; check "
+                               "dmesg for NVRM errors)")
+        else:
+            fix = (f"on the host: nvidia-modprobe -u -c=0 (creates /dev/nvidia-uvm), then in "
+                   f"/etc/pve/lxc/{ctid}.conf: lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm "
+                   f"none bind,optional,create=file; pct reboot {ctid}") if uvm else (
+                f"in /etc/pve/lxc/{ctid}.conf: lxc.mount.entry: {first} {first.lstrip('/')} none "
+                f"bind,optional,create=file (or on PVE 8: dev0: {first}); pct reboot {ctid}")
         why = "CUDA finds no device although nvidia-smi works" if uvm and len(missing) <= 2 \
             else "the container cannot open the GPU"
         return doctor_row(name, "fail", f"missing in the container: {', '.join(missing)} ({why})",
@@ -153,7 +163,7 @@ def check_device_nodes(driver: str | None, nodes: dict[str, tuple[int, int]] | N
 # --- nvidia-smi ---------------------------------------------------------------------------
 
 
-def smi_gpus() -> tuple[list[dict[str, str]], str | None]:
+def smi_gpus(timeout_s: float = SMI_TIMEOUT_S) -> tuple[list[dict[str, str]], str | None]:
     """``[{index, bus_id, persistence, name}]`` from nvidia-smi, and its error line (None: ok)."""
     from remote_payload.agent.common import which
 
@@ -164,9 +174,9 @@ def smi_gpus() -> tuple[list[dict[str, str]], str | None]:
 
     try:
         proc = procgroup.run([smi, "--query-gpu=index,pci.bus_id,persistence_mode,name",
-                              "--format=csv,noheader"], SMI_TIMEOUT_S)
+                              "--format=csv,noheader"], timeout_s)
     except TimeoutError:
-        return [], f"nvidia-smi did not answer within {SMI_TIMEOUT_S:g} s"
+        return [], f"nvidia-smi did not answer within {_seconds(timeout_s)} s"
     except OSError as exc:
         return [], f"nvidia-smi: {exc}"
     out = proc.out.decode("utf-8", "replace")
@@ -337,8 +347,15 @@ print(json.dumps(out))
 
 
 def torch_python(root: str) -> str | None:
+    """The python a job runs: the current torch build's (``envs/current``), else the
+    container's ``python3`` on PATH, which is what a launch without an opsctl build runs (the
+    playbook's ``python3`` command, unchanged); None when neither exists."""
     path = os.path.join(root, "envs", "current", "bin", "python")
-    return path if os.path.exists(path) else None
+    if os.path.exists(path):
+        return path
+    import shutil
+
+    return shutil.which("python3")
 
 
 def check_torch(driver: str | None, root: str, timeout_s: float,
@@ -348,15 +365,16 @@ def check_torch(driver: str | None, root: str, timeout_s: float,
         return doctor_row(name, "skip", NO_DRIVER)
     python = python or torch_python(root)
     if python is None:
-        return doctor_row(name, "skip", "no torch build installed by opsctl",
-                          f"{root}/envs/current missing", "opsctl torch swap --host H --ct N <build>")
+        return doctor_row(name, "skip", "no python a job could run",
+                          f"{root}/envs/current missing and no python3 on PATH",
+                          "opsctl swap-torch VARIANT --host H --ct N (e.g. cu130)")
     from remote_payload import procgroup
 
     try:
         proc = procgroup.run([python, "-c", TORCH_SCRIPT], timeout_s)
     except TimeoutError:
         return doctor_row(name, "fail", f"torch did not finish a matmul on every GPU within "
-                          f"{timeout_s:g} s (a hung CUDA init or a wedged GPU)", python,
+                          f"{_seconds(timeout_s)} s (a hung CUDA init or a wedged GPU)", python,
                           "see persistence-mode and the host's Xid events; reset the GPU")
     except OSError as exc:
         return doctor_row(name, "fail", f"cannot run {python}", str(exc))
@@ -365,10 +383,13 @@ def check_torch(driver: str | None, root: str, timeout_s: float,
         doc = json.loads(lines[-1])
     except (ValueError, IndexError):
         err = proc.err.decode("utf-8", "replace")
+        if "No module named 'torch'" in err:
+            return doctor_row(name, "skip", f"no torch in {python}, the python a job would run",
+                              python, "opsctl swap-torch VARIANT --host H --ct N (e.g. cu130)")
         return doctor_row(name, "fail", f"torch failed (exit {proc.rc})",
                           _first_line("\n".join(reversed(err.splitlines())), "Error"))
     bad = [d for d in doc.get("devices", []) if not d.get("ok")]
-    evidence = (f"torch {doc.get('torch')} (CUDA {doc.get('cuda')}): {doc.get('count')} "
+    evidence = (f"{python}: torch {doc.get('torch')} (CUDA {doc.get('cuda')}): {doc.get('count')} "
                 "device(s); " + ", ".join(f"{d['index']}: {d.get('name', '?')} "
                                           f"{d.get('ms', '-')} ms" for d in doc.get("devices", []))
                 + f"; {doc.get('seconds')} s in all")
@@ -385,29 +406,93 @@ def check_torch(driver: str | None, root: str, timeout_s: float,
 # --- all of them ---------------------------------------------------------------------------
 
 
+def _seconds(value: float) -> str:
+    """A duration as doctor prints it: whole seconds from 10 s up, else one decimal, rounded
+    down (``opsctl.ops.doctor.seconds`` on the CLI side)."""
+    if value >= 10:
+        return str(int(value))
+    return f"{math.floor(value * 10) / 10:.1f}"
+
+
+#: What the leftovers check may take: two nvidia-smi queries, each ended with procgroup's
+#: grace if it hangs.
+LEFTOVERS_BUDGET_S = 2 * (3.0 + procgroup.GRACE_S)
+#: a step given less than this is skipped rather than started
+MIN_STEP_S = 1.0
+
+
+class _Budget:
+    """The verb's own deadline (``--deadline``): each child step gets what is left, less the
+    grace procgroup takes to end a child that ignores SIGTERM, so the reply is written before
+    the caller's deadline, with a row for every check."""
+
+    def __init__(self, deadline_s: float | None):
+        self.deadline_s = deadline_s
+        self.end = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def step(self, cap: float, reserve: float = 0.0) -> float | None:
+        """Seconds for the next child (at most ``cap``), or None when none is left."""
+        if self.end is None:
+            return cap
+        left = self.end - time.monotonic() - procgroup.GRACE_S - reserve
+        return min(cap, left) if left >= MIN_STEP_S else None
+
+    def has(self, seconds: float) -> bool:
+        """Whether ``seconds`` of work still fit before the deadline."""
+        return self.end is None or self.end - time.monotonic() >= seconds
+
+    def out_of_time(self, name: str) -> Row:
+        return doctor_row(name, "skip", f"doctor's {_seconds(self.deadline_s or 0)} s "
+                          f"{wire.DEADLINE_SKIP} for this check", "", "a longer --deadline")
+
+
 def run_all(root: str, *, expect_gpus: int | None, torch_timeout_s: float,
-            torch: bool = True, ctid: str = "<ct>", host_driver: str | None = None) -> dict[str, t.Any]:
+            torch: bool = True, ctid: str = "<ct>", host_driver: str | None = None,
+            deadline_s: float | None = None, direct: bool = False) -> dict[str, t.Any]:
     """Every container-side row; ``host_driver`` (what the host itself reports) is what the
     libraries must match, else the version the container reads in /proc/driver/nvidia (the
-    host's loaded module either way; they differ only while a host update is half done)."""
+    host's loaded module either way; they differ only while a host update is half done).
+
+    ``deadline_s`` bounds the whole run: nvidia-smi, torch and the leftovers check get what
+    is left of it (torch keeps the leftovers' share back for them), and a check with no time
+    left is a ``skip`` row that says so."""
+    budget = _Budget(deadline_s)
     driver = driver_version()
-    rows_smi, err = smi_gpus() if driver is not None else ([], None)
+    smi_s = budget.step(SMI_TIMEOUT_S)
+    rows_smi: list[dict[str, str]]
+    err: str | None
+    if driver is None:
+        rows_smi, err = [], None
+    elif smi_s is None:
+        rows_smi, err = [], f"not run: doctor's {_seconds(deadline_s or 0)} s deadline left no time"
+    else:
+        rows_smi, err = smi_gpus(smi_s)
     gpu_n = len(rows_smi) or len([p for p in container_nodes() if p[11:].isdigit()])
     rows = [
         check_libraries((host_driver or driver) if driver is not None else None),
-        check_device_nodes(driver, ctid=ctid),
+        check_device_nodes(driver, ctid=ctid, direct=direct),
         check_gpu_count(driver, rows_smi, err, expect_gpus),
         check_persistence(driver, rows_smi),
         check_shm(gpu_n if driver is not None else 0),
         check_disk(root),
-        check_torch(driver, root, torch_timeout_s) if torch else
-        doctor_row("torch-matmul", "skip", "--no-torch"),
-        check_leftovers(driver),
+        _torch_row(driver, root, torch, budget.step(torch_timeout_s, reserve=LEFTOVERS_BUDGET_S),
+                   budget),
+        check_leftovers(driver) if driver is None or budget.has(LEFTOVERS_BUDGET_S)
+        else budget.out_of_time("leftover-gpu-processes"),
     ]
     return {"rows": rows, "facts": {
         "driver": driver, "libraries": nvidia.library_version_sets(library_listing()),
         "nodes": {p: list(v) for p, v in container_nodes().items()}, "gpus": rows_smi,
         "smi_error": err}}
+
+
+def _torch_row(driver: str | None, root: str, torch: bool, timeout_s: float | None,
+               budget: _Budget) -> Row:
+    if not torch:
+        return doctor_row("torch-matmul", "skip", "--no-torch")
+    if timeout_s is None and driver is not None:
+        return budget.out_of_time("torch-matmul")
+    return check_torch(driver, root, timeout_s or MIN_STEP_S)
 
 
 def launch_rows(root: str, needed: list[int] | None) -> list[Row]:

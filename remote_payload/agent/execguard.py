@@ -18,7 +18,10 @@ and every process carries ``OPSCTL_EXEC_ID`` in its environment (which ``setsid`
   waiting anyway, so they stay part of the command until they exit or the deadline fires.
   A background process that let go of the output (a daemon) is left alone.
 
-Self-contained and stdlib only (python >= 3.10): nothing from the payload is imported.
+Stdlib only (python >= 3.10), and nothing from the payload but the shared ``/proc`` reader
+(:mod:`remote_payload.procfs`, with the bounded reader and the caps it imports): opsctl sends
+their text along with this file's (``opsctl/remote/command.py`` ``standalone``), so it runs
+where no payload is installed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import select
 import signal
 import sys
 import time
+
+from remote_payload import procfs
 
 KILL_AFTER_S = 2.0
 TIMEOUT_RC = 124
@@ -47,32 +52,23 @@ def subreaper() -> None:
 
 def stat(pid: int) -> tuple[str, int] | None:
     """(state, ppid) of ``pid``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    st = procfs.stat(pid)
+    return None if st is None else (st.state, st.ppid)
 
 
 def tree(me: int, marker: bytes) -> set[int]:
     """Live pids below ``me`` (parent links) or carrying ``marker`` in their environment."""
     parent: dict[int, int] = {}
     found: set[int] = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in procfs.pids():
+        if pid == me:
             continue
-        pid = int(name)
         st = stat(pid)
         if st is None or st[0] in ("Z", "X"):
             continue
         parent[pid] = st[1]
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.add(pid)
-        except OSError:
-            pass
+        if procfs.carries(pid, marker):
+            found.add(pid)
     for pid in parent:
         seen, p = set(), pid
         while p in parent and p not in seen:
@@ -86,18 +82,7 @@ def tree(me: int, marker: bytes) -> set[int]:
 
 def holds(pid: int, outputs: set[tuple[int, int]]) -> bool:
     """Whether ``pid`` has one of ``outputs`` ((dev, ino) pairs) open."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in outputs:
-            return True
-    return False
+    return not procfs.open_files(pid).isdisjoint(outputs)
 
 
 def reap(child: int, status: int | None) -> int | None:

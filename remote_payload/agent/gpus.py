@@ -23,7 +23,7 @@ import json
 import time
 import typing as t
 
-from remote_payload import safe_write
+from remote_payload import boundedread, safe_write
 from remote_payload.agent.common import which
 from remote_payload.procgroup import Group
 
@@ -37,6 +37,8 @@ SMI_TIMEOUT_S = 3.0
 SAMPLE_FILE = "gpus.json"
 SAMPLE_INTERVAL_S = 2.0
 SAMPLE_MAX_AGE_S = 3 * SAMPLE_INTERVAL_S  # older than this: the sampler is gone, query live
+#: the largest GPU sample read (a few KiB for eight GPUs): a file grown past it is no sample
+SAMPLE_MAX_BYTES = 1 << 20
 
 Gpu = dict[str, t.Any]
 
@@ -200,9 +202,10 @@ def sample_forever(path: str, stop: threading.Event, interval_s: float = SAMPLE_
 def read_sample(path: str, now: float) -> tuple[list[Gpu], str | None, float] | None:
     """``(gpus, gpu_error, sampled_at)`` from a fresh sample file, else None."""
     try:
-        with open(path, encoding="utf-8") as f:
-            sample = json.load(f)
+        sample = json.loads(boundedread.read_regular(path, SAMPLE_MAX_BYTES))
     except (OSError, ValueError):
+        return None
+    if not isinstance(sample, dict):
         return None
     at = float(sample.get("at") or 0.0)
     if not sample.get("static") and not 0 <= now - at <= SAMPLE_MAX_AGE_S:

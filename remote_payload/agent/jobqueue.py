@@ -8,7 +8,9 @@ queue knows is derived from the job dirs when it is needed (:func:`scan`):
   status.json carries (then ``created_at``, then the id); ``queue add`` gives a new job the
   next rank, ``queue move`` gives the moved job a rank between its new neighbours;
 - the GPU slots held are those of every live job (not QUEUED, not terminal, reconciled
-  against ``/proc``): its spec's ``gpu_slots``, ``None`` (the whole container) when absent.
+  against ``/proc``): its spec's ``gpu_slots``, ``None`` (the whole container) when absent;
+  a job dir whose records do not parse holds them too while a process of the job lives
+  (:func:`damaged_holders`).
 
 So no second list can disagree with the job dirs: a job that started, ended or was removed
 leaves the queue by the very write that changes its state (one atomic rename of its
@@ -26,7 +28,7 @@ older agent (which kept the order there) is read once under the lock: its order 
 ranks of the jobs it names that are still QUEUED, its slot count the container's, and the
 file is renamed ``queue.json.migrated-<time>`` (kept, never read again). A job dir whose
 records do not parse (:mod:`remote_payload.agent.jobrecord`) is set aside: it is listed
-under ``damaged`` and is neither queued nor a holder.
+under ``damaged`` and never queued, and it holds GPU slots only while its processes live.
 
 The rules are pure functions (:func:`assign`, :func:`plan`, :func:`check_after`,
 :func:`moved`), one definition for every caller, tested with hypothesis. :func:`advance`
@@ -402,6 +404,7 @@ def scan(root: str, *, reconcile: bool = True) -> Snapshot:
     queued: list[tuple[float, float, str]] = []
     ranks: dict[str, float | None] = {}
     holders: dict[str, Slots] = {}
+    unreadable: list[str] = []  # job dirs whose records do not parse: live ones still hold
     damaged = [{"path": p, "reason": jobstore.LINKED_JOB_DIR}
                for p in jobstore.linked_job_dirs(root)]
     for jid in sorted(jobstore.list_job_ids(root)):
@@ -429,11 +432,34 @@ def scan(root: str, *, reconcile: bool = True) -> Snapshot:
                 spec = jobrecord.read_spec(path)
         except jobrecord.DamagedRecord as exc:
             damaged.append(exc.to_doc())
+            unreadable.append(jid)
             continue
         slots = spec.get("gpu_slots")
         holders[jid] = list(slots) if isinstance(slots, list) else None
+    holders.update(damaged_holders(root, unreadable))
     queued.sort()
     return Snapshot([jid for _, _, jid in queued], holders, damaged, ranks)
+
+
+def damaged_holders(root: str, job_ids: t.Sequence[str]) -> dict[str, Slots]:
+    """The job dirs whose records do not parse but whose processes still live
+    (:func:`remote_payload.agent.jobstore.damaged_job_processes`): each holds the slots its
+    spec names, or the whole container when the spec does not parse either, until its last
+    process is gone. A damaged record never frees a GPU that a live process uses."""
+    from remote_payload.agent import jobstore
+
+    if not job_ids:
+        return {}
+    held: dict[str, Slots] = {}
+    for jid, pids in jobstore.damaged_job_processes(root, job_ids).items():
+        if not pids:
+            continue
+        try:
+            slots = jobrecord.read_spec(jobstore.job_dir(root, jid)).get("gpu_slots")
+        except jobrecord.DamagedRecord:
+            slots = None
+        held[jid] = list(slots) if isinstance(slots, list) else None
+    return held
 
 
 def next_rank(snap: Snapshot) -> float:
@@ -512,8 +538,8 @@ def wire_build_ok(build: t.Any) -> bool:
     """A torch build name (``torch-<version>-<variant>``): one path component, never ``..``."""
     import re
 
-    return isinstance(build, str) and re.fullmatch(r"torch-[0-9A-Za-z_+-][0-9A-Za-z._+-]{0,99}",
-                                                   build) is not None and ".." not in build
+    return isinstance(build, str) and len(build) <= wire.BUILD_NAME_MAX \
+        and re.fullmatch(wire.BUILD_NAME_PATTERN, build) is not None
 
 
 def current_build(root: str) -> str | None:

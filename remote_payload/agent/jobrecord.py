@@ -15,15 +15,13 @@ only (docs/architecture.md), and these checks are a few lines each.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import re
-import stat
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, wire
 
 #: a record larger than this is damaged (the agent writes a few KiB; a status.json that grew
 #: past this would cost every ``jobs`` call its memory)
@@ -148,7 +146,7 @@ def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The bytes of the regular file at ``path``, never following a symbolic link there (the
     agent writes its records with rename, never as links: a link is someone else's, and may
     name ``/etc/shadow`` or another job's record), never blocking on a FIFO or reading a
-    device, never more than ``limit`` bytes.
+    device, never more than ``limit`` bytes (:func:`remote_payload.boundedread.read_regular`).
 
     Raises:
         FileNotFoundError: no file.
@@ -156,27 +154,16 @@ def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
         OSError: it cannot be read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("a symbolic link, not the agent's file (left as it is)") from None
-        if exc.errno == errno.EISDIR:
-            raise ValueError("a directory, not a file") from None
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise ValueError("a directory, not a file")
-        if not stat.S_ISREG(mode):
-            raise ValueError("not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return data
+        return boundedread.read_regular(path, limit)
+    except boundedread.Refused as exc:
+        raise ValueError(_REFUSALS.get(exc.why, exc.reason)) from None
+
+
+_REFUSALS = {
+    boundedread.LINK: "a symbolic link, not the agent's file",
+    boundedread.DIRECTORY: "a directory, not a file",
+    boundedread.NOT_REGULAR: "not a regular file",
+}
 
 
 def read_status(job_path: str, missing: dict[str, t.Any] | None = None) -> dict[str, t.Any] | None:

@@ -17,9 +17,11 @@ import os
 import re
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, wire
 
 FILE = "secrets.json"
+#: the largest secrets file read (a playbook's env values; a link or FIFO there is refused)
+MAX_BYTES = 1 << 20
 MASK = b"***"
 #: Shorter values would mask ordinary text everywhere (and cannot be told from it): refused.
 MIN_LEN = wire.SECRET_MIN_LEN
@@ -61,8 +63,7 @@ def store(job_dir: str, values: dict[str, str]) -> None:
 
 def load(job_dir: str) -> dict[str, str]:
     try:
-        with open(os.path.join(job_dir, FILE), encoding="utf-8") as f:
-            values = json.load(f)
+        values = json.loads(boundedread.read_regular(os.path.join(job_dir, FILE), MAX_BYTES))
     except FileNotFoundError:
         return {}
     return {str(k): str(v) for k, v in values.items()} if isinstance(values, dict) else {}

@@ -16,7 +16,7 @@ import signal
 import time
 import typing as t
 
-from remote_payload import safe_write, wire
+from remote_payload import boundedread, limits, procfs, procgroup, safe_write, wire
 from remote_payload.agent import jobrecord
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.wire import ErrorType
@@ -25,6 +25,9 @@ JobState = wire.JobState
 
 # file names inside jobs/<id>/
 SPEC = "spec.json"
+#: spec.json and launch.json hold the job's environment and command line: owner-only (the
+#: secrets themselves never land there: :mod:`remote_payload.agent.jobsecrets`)
+PRIVATE_MODE = 0o600
 LAUNCH = "launch.json"  # agent-side facts: created_at, tmux socket/session, argv, base env
 STATUS = "status.json"
 OUTPUT = "output.log"
@@ -71,11 +74,33 @@ def job_dir(root: str, job_id: str) -> str:
 
 
 def current_job_id(root: str) -> str | None:
+    """The job ``jobs/current`` names, or None when there is none.
+
+    The agent writes that file itself (renamed into place, a job id and a newline), so
+    anything else there was put by someone else and is refused without being read whole or
+    shown: a link (its target is never read), a FIFO (never waited on), a device, more than
+    :data:`remote_payload.limits.CURRENT_JOB_BYTES`, or text that is no job id.
+
+    Raises:
+        jobrecord.DamagedRecord: the file is there but is not the agent's (``reason`` says
+            how; the file is left as it is).
+    """
+    path = os.path.join(jobs_root(root), "current")
     try:
-        with open(os.path.join(jobs_root(root), "current"), encoding="utf-8") as f:
-            return f.read().strip() or None
+        data = jobrecord.read_bounded(path, limits.CURRENT_JOB_BYTES)
     except FileNotFoundError:
         return None
+    except ValueError as exc:
+        raise jobrecord.DamagedRecord(path, str(exc)) from None
+    except OSError as exc:
+        raise jobrecord.DamagedRecord(path, f"unreadable: {exc.strerror or exc}") from None
+    text = data.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    if not JOB_ID_RE.fullmatch(text):
+        raise jobrecord.DamagedRecord(path, f"does not hold a job id ({len(data)} bytes; "
+                                            "not shown)")
+    return text
 
 
 def set_current_job(root: str, job_id: str) -> None:
@@ -194,8 +219,12 @@ def list_job_ids(root: str) -> list[str]:
         return []
 
 
+#: the ``damaged`` reason of a directory with none of a job's records, long after it was made
+NOT_A_JOB_DIR = ("none of a job's records (spec.json, launch.json, status.json, pid): not a "
+                 "job dir opsctl made (left as it is, never written into)")
+
 #: the ``damaged`` reason of a symbolic link where a job dir belongs
-LINKED_JOB_DIR = "a symbolic link, not a job dir (never followed, left as it is)"
+LINKED_JOB_DIR = "a symbolic link, not a job dir (never followed)"
 
 
 def linked_job_dirs(root: str) -> list[str]:
@@ -372,15 +401,10 @@ def final_state(exit_rec: dict[str, t.Any], cancelled: bool) -> JobState:
 
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """``(state, pgrp, starttime_ticks)`` of a process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # comm may contain spaces and parens: split after the last ')'
-    fields = data[data.rindex(b")") + 2:].split()
-    return fields[0].decode(), int(fields[2]), int(fields[19])
+    """``(state, pgrp, starttime_ticks)`` of a process, or None when it is gone
+    (:func:`remote_payload.procfs.stat`)."""
+    st = procfs.stat(pid)
+    return None if st is None else (st.state, st.pgrp, st.start_ticks)
 
 
 def start_ticks(pid: int) -> int | None:
@@ -399,11 +423,7 @@ def proc_alive(pid: int | None, ticks: int | None) -> bool:
 
 
 def proc_cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
+    return procfs.cmdline(pid)
 
 
 def group_members(pgid: int | None, min_ticks: int | None = None) -> list[int]:
@@ -415,15 +435,13 @@ def group_members(pgid: int | None, min_ticks: int | None = None) -> list[int]:
     if not pgid:
         return []
     pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = proc_stat(int(name))
+    for pid in procfs.pids():
+        st = proc_stat(pid)
         if st is None or st[1] != pgid or st[0] in ("Z", "X"):
             continue
         if min_ticks is not None and st[2] < min_ticks:
             continue
-        pids.append(int(name))
+        pids.append(pid)
     return sorted(pids)
 
 
@@ -440,21 +458,108 @@ def marked_processes(job_id: str, min_ticks: int | None = None) -> list[int]:
     needle = f"{JOB_ENV_MARKER}={job_id}".encode()
     me = os.getpid()
     pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in procfs.pids():
+        if pid == me or not procfs.carries(pid, needle):
             continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle not in env.split(b"\0"):
-            continue
-        st = proc_stat(int(name))
+        st = proc_stat(pid)
         if st is None or st[0] in ("Z", "X") or (min_ticks is not None and st[2] < min_ticks):
             continue
-        pids.append(int(name))
+        pids.append(pid)
     return sorted(pids)
+
+
+def tree_members(top: int | None, ticks: int | None) -> list[int]:
+    """The live processes below the job's first process ``top`` (its pid and its group's
+    id), by their parent links, while ``top`` is that very process (started at ``ticks``).
+
+    The job's first process is a child subreaper (:func:`remote_payload.agent.spawn.child_setup`):
+    an orphan anywhere below it is re-parented to it, so a process that left the job's
+    session, cgroup *and* environment marker (``env -i setsid``, a write to another
+    ``cgroup.procs``) is still found here while the job runs.
+    """
+    if not top or ticks is None or not proc_alive(top, ticks):
+        return []
+    kids: dict[int, list[int]] = {}
+    for pid in procfs.pids():
+        st = procfs.stat(pid)
+        if st is not None and st.state not in procfs.ENDED_STATES and st.start_ticks >= ticks:
+            kids.setdefault(st.ppid, []).append(pid)
+    found: list[int] = []
+    todo = list(kids.get(top, []))
+    while todo and len(found) < MAX_TREE_MEMBERS:
+        pid = todo.pop()
+        found.append(pid)
+        todo += kids.get(pid, [])
+    return sorted(found)
+
+
+#: a job tree larger than this is cut here (the scan stays bounded; the group, the cgroup and
+#: the marker still find the rest)
+MAX_TREE_MEMBERS = 65536
+
+
+def marked_by_job(job_ids: t.Collection[str]) -> dict[str, list[int]]:
+    """For each of ``job_ids``, the live pids whose environment carries its
+    ``OPSCTL_JOB_ID`` marker: one pass over ``/proc`` for all of them (a container may hold
+    many job dirs whose records do not parse; :func:`damaged_job_processes`)."""
+    wanted = {f"{JOB_ENV_MARKER}={j}".encode(): j for j in job_ids}
+    found: dict[str, list[int]] = {j: [] for j in job_ids}
+    if not wanted:
+        return found
+    me = os.getpid()
+    for pid in procfs.pids():
+        if pid == me:
+            continue
+        hits = [wanted[v] for v in procfs.environ_entries(pid) if v in wanted]
+        if not hits:
+            continue
+        st = proc_stat(pid)
+        if st is None or st[0] in ("Z", "X"):
+            continue
+        for j in hits:
+            found[j].append(pid)
+    return found
+
+
+def damaged_job_processes(root: str, job_ids: t.Collection[str]) -> dict[str, list[int]]:
+    """The live processes of jobs whose records do not parse (``status.json`` cut short, a
+    spec that is no spec): a job is its processes, not its record, so such a job keeps its GPU
+    slots and ``stop`` still ends it while any of them lives.
+
+    Found by what does not need the damaged record: the ``OPSCTL_JOB_ID`` marker, the job's
+    own cgroup (``opsctl-jobs/<id>``), and the process group of the ``pid`` record where that
+    record still parses and names the job's start time (a pgid without one could be reused).
+    """
+    marked = marked_by_job(job_ids)
+    out: dict[str, list[int]] = {}
+    for jid in job_ids:
+        pgid, ticks, cgroup = damaged_pid_facts(root, jid)
+        out[jid] = sorted(set(marked.get(jid, [])) | set(group_members(pgid, ticks) if ticks
+                                                          else [])
+                          | set(cgroup_members(cgroup, ticks)))
+    return out
+
+
+def damaged_pid_facts(root: str, job_id: str) -> tuple[int | None, int | None, str | None]:
+    """``(pgid, start_ticks, cgroup)`` of a job whose records may not parse: each taken only
+    when it has its type (the ``pid`` record is read back, never trusted), and the cgroup only
+    when it is this job's own; where the ``pid`` record gives none, the job's cgroup is where
+    the wrapper makes it (:func:`job_cgroup_create`)."""
+    path = job_dir(root, job_id)
+    try:
+        rec = _side_record(path, PID, {}) or {}
+    except jobrecord.DamagedRecord:
+        rec = {}
+
+    def whole(x: t.Any) -> int | None:
+        return x if isinstance(x, int) and not isinstance(x, bool) and x > 1 else None
+
+    pgid, ticks = whole(rec.get("pgid")), whole(rec.get("start_ticks"))
+    cgroup = rec.get("cgroup")
+    if not (_valid_cgroup(cgroup) and os.path.basename(str(cgroup)) == job_id):
+        mount = cgroup2_mount()
+        cgroup = os.path.join(mount, JOB_CGROUP_PARENT, job_id) if mount else None
+    return (pgid if ticks else None), ticks, cgroup
 
 
 # --- the job's cgroup (where a writable cgroup2 hierarchy exists) ------------------------
@@ -462,14 +567,12 @@ def marked_processes(job_id: str, min_ticks: int | None = None) -> list[int]:
 
 def cgroup2_mount() -> str | None:
     """Where the cgroup2 hierarchy is mounted (``/sys/fs/cgroup`` or, hybrid, ``.../unified``)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    return left.split(" ")[4]
-    except OSError:
-        pass
+    text = (procfs.read("self", "mountinfo") or b"").decode("utf-8", "replace")
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split(" ")
+        if right.split(" ", 1)[0] == "cgroup2" and len(fields) > 4:
+            return fields[4]
     return None
 
 
@@ -498,8 +601,8 @@ def cgroup_members(path: str | None, min_ticks: int | None = None) -> list[int]:
     if not _valid_cgroup(path):
         return []
     try:
-        with open(os.path.join(str(path), "cgroup.procs"), encoding="ascii") as f:
-            pids = [int(x) for x in f.read().split()]
+        pids = [int(x) for x in boundedread.read_regular(
+            os.path.join(str(path), "cgroup.procs"), limits.cap("PROC_FILE_BYTES")).split()]
     except (OSError, ValueError):
         return []
     live = []
@@ -526,25 +629,89 @@ def prune_job_cgroups() -> None:
 
 
 def job_processes(job_id: str, pgid: int | None, min_ticks: int | None,
-                  cgroup: str | None = None) -> list[int]:
-    """Every live process of the job: its process group, its cgroup, and the marked ones."""
+                  cgroup: str | None = None, seen: t.Mapping[int, int] | None = None
+                  ) -> list[int]:
+    """Every live process of the job: its process group, its cgroup, the marked ones, every
+    process below its first (:func:`tree_members`), and those of ``seen`` ({pid: start
+    ticks}: found below it earlier) that still run."""
     return sorted(set(group_members(pgid, min_ticks)) | set(marked_processes(job_id, min_ticks))
-                  | set(cgroup_members(cgroup, min_ticks)))
+                  | set(cgroup_members(cgroup, min_ticks)) | set(tree_members(pgid, min_ticks))
+                  | set(still_running(seen)))
+
+
+def still_running(seen: t.Mapping[int, int] | None) -> list[int]:
+    """The pids of ``seen`` ({pid: start ticks}) that are still those very processes."""
+    return [p for p, ticks in (seen or {}).items() if proc_alive(p, ticks)]
+
+
+def remember_tree(seen: dict[int, int], top: int | None, ticks: int | None) -> None:
+    """Add the processes below the job's first one to ``seen`` (their start ticks): once that
+    first process has ended, its orphans are re-parented away and the tree no longer leads
+    to them."""
+    for p in tree_members(top, ticks):
+        st = start_ticks(p)
+        if st is not None:
+            seen.setdefault(p, st)
+
+
+#: How many times one signal step scans the job again for processes it started meanwhile.
+SIGNAL_SCANS = 5
+
+
+def _still_the_jobs(job_id: str, pgid: int | None, min_ticks: int | None,
+                    cgroup: str | None) -> t.Callable[[int], bool]:
+    """Whether a process is (still) one of the job's: live, started no earlier than the job,
+    and in its process group, carrying its marker, or in its cgroup."""
+    needle = f"{JOB_ENV_MARKER}={job_id}"
+
+    def check(pid: int) -> bool:
+        st = proc_stat(pid)
+        if st is None or st[0] in ("Z", "X") or (min_ticks is not None and st[2] < min_ticks):
+            return False
+        if pgid and st[1] == pgid:
+            return True
+        if procfs.carries(pid, needle):
+            return True
+        if not _valid_cgroup(cgroup):
+            return False
+        try:
+            procs = boundedread.read_regular(os.path.join(str(cgroup), "cgroup.procs"),
+                                             limits.cap("PROC_FILE_BYTES"))
+        except OSError:
+            return False
+        return str(pid).encode() in procs.split()
+
+    return check
 
 
 def signal_job(job_id: str, pgid: int | None, min_ticks: int | None, sig: int,
-               cgroup: str | None = None) -> list[int]:
-    """Send ``sig`` to the job's group and to each of its processes outside it; returns them."""
-    group = group_members(pgid, min_ticks)
-    if group and pgid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    others = [p for p in sorted(set(marked_processes(job_id, min_ticks))
-                                | set(cgroup_members(cgroup, min_ticks))) if p not in group]
-    for p in others:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, sig)
-    return sorted(group + others)
+               cgroup: str | None = None, seen: t.Mapping[int, int] | None = None) -> list[int]:
+    """Send ``sig`` to each of the job's processes (its group, its marked ones, its cgroup's,
+    the tree below its first process and those of ``seen`` still running: see
+    :func:`job_processes`); returns those signalled.
+
+    Each one goes through :func:`remote_payload.procgroup.signal_if`: held by a pidfd while it
+    is checked to still be the job's, so a number reused since the scan (the job's own group
+    number included) is never signalled. No group is signalled by number: the job is scanned
+    again for what it started meanwhile, up to :data:`SIGNAL_SCANS` times (a fork loop that
+    outruns them gets the escalation's next step). The tree is read before each round of
+    signals, so a child that left the job's cgroup and scrubbed its environment is still
+    found below the job's first process."""
+    still = _still_the_jobs(job_id, pgid, min_ticks, cgroup)
+    done: set[int] = set()
+    sent: list[int] = []
+    for _ in range(SIGNAL_SCANS):
+        tree = {p: start_ticks(p) for p in {*tree_members(pgid, min_ticks), *still_running(seen)}}
+        new = [p for p in job_processes(job_id, pgid, min_ticks, cgroup, seen) if p not in done]
+        if not new:
+            break
+        done.update(new)
+
+        def check(pid: int, tree: dict[int, int | None] = tree) -> bool:
+            return still(pid) or (tree.get(pid) is not None and start_ticks(pid) == tree[pid])
+
+        sent += [p for p in new if procgroup.signal_if(p, sig, check)]
+    return sorted(sent)
 
 
 #: How a job's processes are ended, one rule for every path: ``stop`` sends SIGINT first (the
@@ -567,12 +734,19 @@ def escalate(job_id: str, pgid: int | None, min_ticks: int | None, cgroup: str |
     clean-up after the job exits or its pane goes away); an empty cgroup is removed.
     """
     sent: list[str] = []
+    seen: dict[int, int] = {}  # found below the job's first process: kept after it ended
     for sig, wait_s in plan:
-        if not signal_job(job_id, pgid, min_ticks, sig, cgroup):
+        remember_tree(seen, pgid, min_ticks)
+        if not signal_job(job_id, pgid, min_ticks, sig, cgroup, seen):
             break
         sent.append(sig.name)
-        wait_until(lambda: not job_processes(job_id, pgid, min_ticks, cgroup), wait_s, 0.05)
-    left = job_processes(job_id, pgid, min_ticks, cgroup)
+
+        def gone() -> bool:
+            remember_tree(seen, pgid, min_ticks)
+            return not job_processes(job_id, pgid, min_ticks, cgroup, seen)
+
+        wait_until(gone, wait_s, 0.05)
+    left = job_processes(job_id, pgid, min_ticks, cgroup, seen)
     if not left:
         cgroup_remove(cgroup)
     return sent, left
@@ -581,19 +755,16 @@ def escalate(job_id: str, pgid: int | None, min_ticks: int | None, cgroup: str |
 def catches_signal(pid: int, signum: int) -> bool:
     """Whether the process installed a handler for ``signum`` (``SigCgt`` in /proc status)."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except OSError:
-        pass
-    return False
+        return bool(int(procfs.status(pid).get("SigCgt", "0"), 16) >> (signum - 1) & 1)
+    except ValueError:
+        return False
 
 
 def is_python(pid: int) -> bool:
-    try:
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
+    exe_link = procfs.link(pid, "exe")
+    if exe_link is not None:
+        exe = os.path.basename(exe_link)
+    else:
         argv = proc_cmdline(pid)
         exe = os.path.basename(argv[0]) if argv else ""
     return exe.startswith("python")
@@ -614,14 +785,13 @@ def wait_until(pred: t.Callable[[], bool], timeout_s: float, interval_s: float =
 
 
 def read_tail_bytes(path: str, max_bytes: int) -> tuple[bytes, int, bool]:
-    """Last ``max_bytes`` of a file: ``(data, file_size, starts_at_file_start)``."""
+    """Last ``max_bytes`` of a file: ``(data, file_size, starts_at_file_start)``; a link, a
+    FIFO or a device in the job dir is no file of the job's (empty, never waited on)."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - max_bytes)
-            f.seek(start)
-            return f.read(size - start), size, start == 0
+        return boundedread.read_tail(path, max_bytes)
     except FileNotFoundError:
+        return b"", 0, True
+    except boundedread.Refused:
         return b"", 0, True
 
 
@@ -712,6 +882,16 @@ def _reconcile(root: str, job_id: str) -> JobRecord:
     status = jobrecord.read_status(path, {}) or {}  # none yet: a launch is writing the dir
     pid = _side_record(path, PID, {}) or {}
     exit_rec = _side_record(path, EXIT_CODE, None)
+    if not (spec or launch or status or pid or exit_rec is not None):
+        # none of the records a launch writes first: a launch still writing it (moments), or
+        # a directory opsctl never made (a user's, under a jobs/ that is theirs too): never
+        # taken for a job, never written into
+        try:
+            made = os.stat(path).st_mtime
+        except OSError:
+            made = time.time()
+        if time.time() - made >= PENDING_GRACE_S:
+            raise jobrecord.DamagedRecord(path, NOT_A_JOB_DIR)
     state = JobState(status.get("state", JobState.PENDING.value))
     evidence = list(status.get("evidence") or [])
 
@@ -810,8 +990,8 @@ def _lost_evidence(path: str, pid: dict[str, t.Any], launch: dict[str, t.Any]) -
         why.append("the wrapper never recorded a job pid")
     why.append(f"no {EXIT_CODE} file in {path}")
     try:
-        with open(os.path.join(path, WRAPPER_ERROR), encoding="utf-8") as f:
-            last = f.read().strip().splitlines()[-1:]
+        tail = boundedread.read_tail(os.path.join(path, WRAPPER_ERROR), 1 << 16)[0]
+        last = tail.decode("utf-8", "replace").strip().splitlines()[-1:]
         why.append(f"the wrapper crashed: {last[0] if last else '?'} (see {WRAPPER_ERROR})")
     except OSError:
         pass

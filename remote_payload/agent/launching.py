@@ -36,8 +36,8 @@ def write_launch_files(path: str, spec: dict[str, t.Any], *, socket: str, payloa
     now = time.time()
     job_id = spec["job_id"]
     try:
-        write_json_atomic(os.path.join(path, jobs.SPEC), spec)
-        write_json_atomic(os.path.join(path, jobs.LAUNCH), {
+        write_json_atomic(os.path.join(path, jobs.SPEC), spec, mode=jobs.PRIVATE_MODE)
+        write_json_atomic(os.path.join(path, jobs.LAUNCH), mode=jobs.PRIVATE_MODE, obj={
             "created_at": now, "tmux_socket": socket, "tmux_session": tmux.session_name(job_id),
             "payload_dir": payload, "argv": jobs.job_argv(spec), "agent_python": sys.executable,
             "base_env": base_env(), "replaced": replaced,
@@ -77,12 +77,12 @@ def start_wrapper(root: str, path: str, spec: dict[str, t.Any], socket: str) -> 
     session = tmux.session_name(job_id)
     payload = (read_json(os.path.join(path, jobs.LAUNCH), {}) or {}).get("payload_dir") \
         or payload_dir()
-    for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
-        tmux.kill_session(socket, dead)
     jobs.prune_job_cgroups()  # empty ones of wrappers that died
     wrapper_argv = ["env", f"PYTHONPATH={payload}", sys.executable, "-m",
                     "remote_payload.agent.wrapper", path]
     try:
+        for dead in tmux.dead_sessions(socket):  # finished jobs' panes; their output.log stays
+            tmux.kill_session(socket, dead)
         tmux.start_session(socket, session, wrapper_argv, cwd=spec["workdir"])
     except tmux.TmuxError as exc:
         fail_launch(path, f"tmux refused to start the session: {exc.stderr}")
@@ -233,8 +233,19 @@ def set_slots(spec: dict[str, t.Any], got: list[int] | None, request: wire.GpuRe
         spec["env"] = {**spec["env"], "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in got)}
 
 
+def holder_state(root: str, job_id: str) -> str:
+    """A live job's state for a refusal; a job whose records do not parse still runs (it holds
+    its slots: :func:`remote_payload.agent.jobqueue.damaged_holders`) and is named so."""
+    from remote_payload.agent import jobrecord
+
+    try:
+        return jobs.load(root, job_id).state.value
+    except jobrecord.DamagedRecord as exc:
+        return f"running with a damaged record ({exc.path}: {exc.reason})"
+
+
 def in_the_way_message(root: str, first: str, request: wire.GpuRequest) -> str:
-    state = jobs.load(root, first).state.value
+    state = holder_state(root, first)
     if request is None:
         return f"job {first} is {state}; stop it or launch with --replace"
     return (f"job {first} is {state} on GPUs this job needs ({request}); stop it, launch with "
@@ -298,8 +309,8 @@ def start_queued(root: str, job_id: str, slots: list[int] | None, socket: str) -
     status.update(state=JobState.PENDING.value, started_from_queue_at=now)
     status["transitions"] = [*(status.get("transitions") or []),
                              [JobState.PENDING.value, now, "started from the queue"]]
-    write_json_atomic(os.path.join(path, jobs.SPEC), spec)
-    write_json_atomic(os.path.join(path, jobs.LAUNCH), launch_rec)
+    write_json_atomic(os.path.join(path, jobs.SPEC), spec, mode=jobs.PRIVATE_MODE)
+    write_json_atomic(os.path.join(path, jobs.LAUNCH), launch_rec, mode=jobs.PRIVATE_MODE)
     write_json_atomic(os.path.join(path, gpus.PREFLIGHT_FILE), check)
     write_json_atomic(os.path.join(path, jobs.STATUS), status)
     jobs.set_current_job(root, job_id)

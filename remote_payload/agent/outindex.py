@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import os
 
+from remote_payload import boundedread
+
 INDEX = "output.idx"
 RESOLUTION_S = 1.0
+#: the longest index line read (``<time> <offset>``: under 40 bytes; a longer one is torn)
+MAX_INDEX_LINE = 256
 
 
 class Writer:
@@ -47,18 +51,19 @@ def offset_since(job_path: str, since: float, size: int) -> int | None:
     """Offset of the first output written at or after ``since``; ``size`` when none was;
     None when the job has no index (launched by an older agent)."""
     try:
-        with open(os.path.join(job_path, INDEX), encoding="ascii", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) != 2:
-                    continue  # a torn last line of a full disk
-                try:
-                    at, offset = float(parts[0]), int(parts[1])
-                except ValueError:
-                    continue
-                if at >= since:
-                    return min(offset, size)
+        for raw in boundedread.lines(os.path.join(job_path, INDEX), MAX_INDEX_LINE):
+            parts = raw.decode("ascii", "replace").split()
+            if len(parts) != 2:
+                continue  # a torn last line of a full disk
+            try:
+                at, offset = float(parts[0]), int(parts[1])
+            except ValueError:
+                continue
+            if at >= since:
+                return min(offset, size)
     except FileNotFoundError:
+        return None
+    except OSError:  # a link, a FIFO or a device in the job dir: no index of the wrapper's
         return None
     return size
 
@@ -72,7 +77,7 @@ def offset_of_last_lines(path: str, n: int, size: int) -> int:
     pos = size
     newlines = 0
     try:
-        with open(path, "rb") as f:
+        with boundedread.open_binary(path) as f:
             # a log that ends with "\n" has its last line before that newline
             f.seek(max(0, size - 1))
             skip_last = size > 0 and f.read(1) == b"\n"

@@ -15,6 +15,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 CANNOT_START_RC = 127
 
 
@@ -31,9 +32,18 @@ def die_with_parent() -> None:
 
 
 def child_setup(cgroup: str | None) -> None:
-    """:func:`die_with_parent`, then join the job's cgroup (before exec, so every process
-    the job ever starts is in it; best effort)."""
+    """:func:`die_with_parent`, a child subreaper (kept across the exec: an orphan anywhere
+    below the job's first process is re-parented to it, so ``stop`` finds it by the tree,
+    :func:`remote_payload.agent.jobstore.tree_members`, whatever session, cgroup or
+    environment it moved to), then join the job's cgroup (before exec, so every process the
+    job ever starts is in it; best effort)."""
     die_with_parent()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except Exception:
+        pass
     if cgroup is not None:
         try:
             fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)

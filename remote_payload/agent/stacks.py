@@ -23,7 +23,7 @@ import re
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, procfs, procgroup, safe_write, wire
 from remote_payload.agent import jobstore as jobs
 
 if t.TYPE_CHECKING:  # checked by mypy, never imported at run time
@@ -31,6 +31,7 @@ if t.TYPE_CHECKING:  # checked by mypy, never imported at run time
 from remote_payload.probes import stackdump
 
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
+MAX_DUMP_BYTES = 8 << 20  # of one process's stack dump read (a few KiB per thread)
 COLLECTIVES_FILE = "torch/distributed/distributed_c10d.py"
 TORCH_DIST = "torch/distributed/"
 DUMP_HEADER = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ (?:\[[^\]]*\] )?"
@@ -81,9 +82,9 @@ def capture(job_dir: str, pids: t.Sequence[int], *, timeout: float) -> list[Proc
     log = os.path.join(job_dir, jobs.OUTPUT)
     log_start = _size(log) or 0
     before = {p: _size(wire.proc_stacks_path(job_dir, p)) for p in pids}
-    for p in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, wire.STACKS_SIGNAL)
+    for p in pids:  # only a process that still has the handler: the default action kills
+        procgroup.signal_if(p, wire.STACKS_SIGNAL,
+                            lambda pid: jobs.catches_signal(pid, wire.STACKS_SIGNAL))
     texts = _wait_for_files(job_dir, before, timeout)
     out = [_describe(job_dir, p, text) for p, text in texts.items() if text.strip()]
     if any(before[p] is None and p not in texts for p in pids):
@@ -114,14 +115,12 @@ def summary(procs: t.Sequence[ProcessStacks]) -> str:
 
 
 def save(job_dir: str, procs: t.Sequence[ProcessStacks], stem: str) -> str:
-    """Keep the dumps: ``stack-dumps/<stem>.txt``, one section per process."""
-    folder = os.path.join(job_dir, jobs.STACK_DUMPS)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{stem}.txt")
-    with open(path, "w", encoding="utf-8") as f:
-        for p in procs:
-            f.write(f"=== pid {p.pid} rank {p.rank} role {p.role} gpu {p.gpu}: {p.cmd}\n")
-            f.write(p.dump.rstrip("\n") + "\n\n")
+    """Keep the dumps: ``stack-dumps/<stem>.txt``, one section per process, written whole
+    (:func:`remote_payload.safe_write.write_text`: never through a link planted there)."""
+    path = os.path.join(job_dir, jobs.STACK_DUMPS, f"{stem}.txt")
+    safe_write.write_text(path, "".join(
+        f"=== pid {p.pid} rank {p.rank} role {p.role} gpu {p.gpu}: {p.cmd}\n"
+        + p.dump.rstrip("\n") + "\n\n" for p in procs), make_parents=True)
     return path
 
 
@@ -201,8 +200,7 @@ def _identity(job_dir: str, pid: int) -> dict[str, t.Any]:
 
 def _announced(job_dir: str, pid: int) -> dict[str, t.Any]:
     try:
-        with open(wire.proc_info_path(job_dir, pid), encoding="utf-8") as f:
-            info = json.load(f)
+        info = json.loads(boundedread.read_regular(wire.proc_info_path(job_dir, pid), 1 << 16))
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
@@ -216,12 +214,10 @@ def _env_rank(pid: int) -> int | None:
 def _ancestors(pid: int, limit: int = 8) -> list[int]:
     out = []
     for _ in range(limit):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
+        st = procfs.stat(pid)
+        if st is None:
             break
-        pid = int(data[data.rindex(b")") + 2:].split()[1])
+        pid = st.ppid
         if pid <= 1:
             break
         out.append(pid)
@@ -229,17 +225,7 @@ def _ancestors(pid: int, limit: int = 8) -> list[int]:
 
 
 def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return out
+    return procfs.environ(pid)
 
 
 def _cmd(pid: int) -> str:
@@ -259,9 +245,7 @@ def _size(path: str) -> int | None:
 
 def _read_from(path: str, offset: int) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", "replace")
+        return boundedread.read_at(path, offset, MAX_DUMP_BYTES).decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -309,7 +293,7 @@ def _prune(job_dir: str) -> None:
             if ext != "stacks" or not stem.isdigit():
                 continue
             path = os.path.join(folder, name)
-            if _size(path) == 0 and not os.path.exists(f"/proc/{stem}"):
+            if _size(path) == 0 and not procfs.exists(stem):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
 

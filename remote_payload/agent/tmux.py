@@ -2,9 +2,8 @@
 
 Starting a session goes through libtmux (``Server.cmd`` is its single argv
 builder). Reading a pane is a plain ``tmux capture-pane`` child because ``status`` must
-stay fast and importing libtmux costs ~120 ms (and ``subprocess`` ~3 ms: it is started with
-:class:`~remote_payload.procgroup.Group`; the calls off the ``status`` path import
-``subprocess`` where they run).
+stay fast and importing libtmux costs ~120 ms (and ``subprocess`` ~3 ms): it and every other
+tmux child here are started with :mod:`remote_payload.procgroup`.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import typing as t
 
 from remote_payload import wire
 from remote_payload.agent.common import which
-from remote_payload.procgroup import Group
+from remote_payload.procgroup import ChildTimeout, Finished, Group, run
 
 DEFAULT_SOCKET = wire.DEFAULT_TMUX_SOCKET
 SESSION_PREFIX = "opsctl-"
@@ -81,17 +80,28 @@ def start_session(socket: str, session: str, argv: t.Sequence[str], cwd: str) ->
     return int(res.stdout[0])
 
 
+def _run(argv: list[str]) -> Finished:
+    """One tmux command under the tmux deadline.
+
+    Raises
+    ------
+    TmuxError
+        tmux did not answer in time (a wedged server, a broken tmux on the target).
+    """
+    try:
+        return run(argv, _TMUX_TIMEOUT_S, env=_clean_env())
+    except ChildTimeout:
+        raise TmuxError(argv[1:], f"no answer within {_TMUX_TIMEOUT_S:g} s (a hung tmux "
+                        "server or a broken tmux on the target)") from None
+
+
 def kill_session(socket: str, session: str) -> bool:
     """Kill one session; False when it did not exist."""
     tmux = which("tmux")
     if tmux is None:
         return False
-    import subprocess
-
-    proc = subprocess.run([tmux, "-L", socket, "kill-session", "-t", f"={session}"],
-                          capture_output=True, text=True, env=_clean_env(),
-                          timeout=_TMUX_TIMEOUT_S)
-    return proc.returncode == 0
+    done = _run([tmux, "-L", socket, "kill-session", "-t", f"={session}"])
+    return done.rc == 0
 
 
 def dead_sessions(socket: str) -> list[str]:
@@ -99,14 +109,9 @@ def dead_sessions(socket: str) -> list[str]:
     tmux = which("tmux")
     if tmux is None:
         return []
-    import subprocess
-
-    proc = subprocess.run([tmux, "-L", socket, "list-panes", "-a", "-F",
-                           "#{session_name} #{pane_dead}"],
-                          capture_output=True, text=True, env=_clean_env(),
-                          timeout=_TMUX_TIMEOUT_S)
+    done = _run([tmux, "-L", socket, "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"])
     names = []
-    for line in proc.stdout.splitlines():
+    for line in done.out.decode("utf-8", "replace").splitlines():
         name, _, dead = line.rpartition(" ")
         if dead == "1" and name.startswith(SESSION_PREFIX):
             names.append(name)
@@ -155,7 +160,4 @@ def version() -> str | None:
     tmux = which("tmux")
     if tmux is None:
         return None
-    import subprocess
-
-    proc = subprocess.run([tmux, "-V"], capture_output=True, text=True, timeout=_TMUX_TIMEOUT_S)
-    return proc.stdout.strip() or None
+    return run([tmux, "-V"], _TMUX_TIMEOUT_S).out.decode("utf-8", "replace").strip() or None

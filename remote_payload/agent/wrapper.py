@@ -36,13 +36,14 @@ import threading
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, wire
 from remote_payload.agent import diagnosis, gpus, jobsecrets, notify, outindex, spawn
 from remote_payload.agent import history as history_mod
 from remote_payload.agent import jobstore as jobs
 from remote_payload.agent import restart as restart_mod
 from remote_payload.agent import stacks as stacks_mod
 from remote_payload.agent.common import read_json, write_json_atomic
+from remote_payload.agent.verbs import goodput as goodput_verb
 
 JobState = wire.JobState
 
@@ -146,6 +147,9 @@ class Wrapper:
             self.status["healthy"] = True
         if new.is_terminal():
             self.history.mark(history_mod.MARK_END, f"{new.value}: {why}")
+            # written before the terminal status, whatever FLUSH_S says: a reader that sees
+            # the job ended (`status --follow`, then `plot`) finds its last buckets
+            self.history.flush(force=True)
         if write:
             self.write_status()
 
@@ -353,6 +357,8 @@ class Wrapper:
         env["PYTHONFAULTHANDLER"] = "1"
         env["OPSCTL_JOB_ID"] = self.spec["job_id"]
         env["OPSCTL_JOB_DIR"] = self.path
+        env[wire.ENV_GOODPUT_FILE] = self._f(goodput_verb.SUMMARY_CACHE)
+        env[wire.ENV_ATTEMPT] = str(self.attempt)
         env.update(self.secrets)
         return env
 
@@ -513,11 +519,14 @@ class Wrapper:
         return proc
 
     def start_threads(self, stop: threading.Event) -> None:
-        """The job-long helpers: GPU sampler, history writer, and the wall-clock limit."""
+        """The job-long helpers: GPU sampler, history writer, the run's goodput summary, and
+        the wall-clock limit."""
         threading.Thread(target=gpus.sample_forever, name="gpu-sampler", daemon=True,
                          args=(self._f(gpus.SAMPLE_FILE), stop),
                          kwargs={"on_sample": self.history.on_gpus}).start()
         threading.Thread(target=self.history.run, name="history", daemon=True,
+                         args=(stop,)).start()
+        threading.Thread(target=GoodputRefresher(self).run, name="goodput", daemon=True,
                          args=(stop,)).start()
         if self.spec.get("max_duration_s"):
             threading.Thread(target=self.time_limit, name="time-limit", daemon=True,
@@ -544,7 +553,7 @@ class Wrapper:
         """The last lines this attempt printed (not an earlier attempt's)."""
         path = self._f(jobs.OUTPUT)
         try:
-            with open(path, "rb") as f:
+            with boundedread.open_binary(path) as f:
                 size = f.seek(0, os.SEEK_END)
                 start = max(self.attempt_offset, size - DIAGNOSIS_BYTES)
                 f.seek(start)
@@ -694,6 +703,55 @@ class Wrapper:
             jobs.escalate(job_id, pgid, ticks, cgroup, jobs.LEFTOVERS_PLAN)
         jobs.cgroup_remove(cgroup)
         return left
+
+
+class GoodputRefresher:
+    """Keeps the run's goodput summary in the job dir fresh for the job itself: the
+    trainer's ``--report-to`` trackers log it as scalars (``wire.ENV_GOODPUT_FILE`` names the
+    file), since a trainer cannot see its run's earlier attempts and re-deploys.
+
+    The summary is the one ``status`` carries (:func:`remote_payload.agent.verbs.goodput.
+    refresh_summary`: one definition of the ledger, one file). It is computed at most every
+    ``every_s`` and never with more than ``share`` of one core: the pause after a refresh
+    grows with the CPU time that refresh took (:func:`~remote_payload.agent.verbs.goodput.
+    refresh_pause`). A failure (a full disk, a bug) costs the scalars, never the job; the
+    first one is said in the evidence."""
+
+    def __init__(self, wrapper: Wrapper, *, first_s: float | None = None,
+                 every_s: float | None = None, share: float | None = None):
+        self.w = wrapper
+        self.verb = goodput_verb
+        self.first_s = goodput_verb.REFRESH_FIRST_S if first_s is None else first_s
+        self.every_s = goodput_verb.REFRESH_EVERY_S if every_s is None else every_s
+        self.share = goodput_verb.REFRESH_MAX_SHARE if share is None else share
+        self.refreshes = 0
+        self.spent_s = 0.0  # CPU seconds of every refresh so far
+        self.failed = False
+
+    def run(self, stop: threading.Event) -> None:
+        pause = self.first_s
+        while not stop.wait(pause):
+            pause = self.refresh()
+
+    def refresh(self) -> float:
+        """One refresh; returns the pause before the next."""
+        w = self.w
+        root = os.path.dirname(os.path.dirname(w.path))
+        began = time.thread_time()
+        try:
+            self.verb.refresh_summary(root, w.spec["job_id"], (w.state.value, w.attempt))
+            self.refreshes += 1
+        except Exception as exc:
+            if not self.failed:
+                self.failed = True
+                with contextlib.suppress(Exception):
+                    w.status["evidence"] = [
+                        *w.status["evidence"],
+                        f"goodput summary not written ({type(exc).__name__}: {exc}); the "
+                        "trainer's trackers get no goodput scalars"]
+        spent = time.thread_time() - began
+        self.spent_s += spent
+        return self.verb.refresh_pause(spent, self.every_s, self.share)
 
 
 class HangWatch:

@@ -36,7 +36,6 @@ import platform
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,7 +43,7 @@ import time
 import traceback
 import typing as t
 
-from remote_payload import wire
+from remote_payload import procgroup, wire
 from remote_payload.probes import race_report, stackdump
 from remote_payload.probes._race_child import ALL_MODES, EVENT_RESULT, MODES, SIMULATIONS, WARM_MODES
 
@@ -147,38 +146,28 @@ def run_child(cfg: ProbeConfig, mode: str, workdir: str, raw: RawLog) -> ChildRu
     raw.write(f"\n===== mode {mode}: {' '.join(argv)}\n----- stdout")
     t0 = time.monotonic()
     with open(err_path, "wb") as err_f:
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_f, env=env,
-                                    cwd=mdir, start_new_session=True)
+        try:  # a session of its own, so inductor's compile workers are ended with it
+            child = procgroup.Group(argv, env=env, cwd=mdir, stderr=err_f.fileno())
         except OSError as exc:
             run.rc, run.start_error = 127, f"cannot start {cfg.python}: {exc}"
             raw.write(run.start_error)
             return run
 
-        def pump() -> None:
-            if proc.stdout is None:
-                return
-            for bline in proc.stdout:
-                line = bline.decode("utf-8", "replace").rstrip("\n")
-                run.stdout.append(line)
-                raw.write(line)
-                ev = wire.parse_event(line)
-                if ev is None:
-                    print(f"  {line}", flush=True)
-                elif ev.get("event") == EVENT_RESULT:
-                    run.result = ev
+        def line(text: str) -> None:
+            run.stdout.append(text)
+            raw.write(text)
+            ev = wire.parse_event(text)
+            if ev is None:
+                print(f"  {text}", flush=True)
+            elif ev.get("event") == EVENT_RESULT:
+                run.result = ev
 
-        reader = threading.Thread(target=pump, name=f"pump-{mode}", daemon=True)
-        reader.start()
+        # also on SIGTERM/Ctrl-C of this parent the whole tree is ended: never a hung child
         try:
-            proc.wait(timeout=cfg.timeout_s)
-        except subprocess.TimeoutExpired:
-            run.timed_out = True
-            say(f"{mode}: no result after {cfg.timeout_s:.0f} s, killing the child")
-        finally:  # also on SIGTERM/Ctrl-C of this parent: never leave a hung child behind
-            _kill_group(proc.pid)  # the child's session: inductor compile workers too
-        run.rc = proc.wait()
-        reader.join(5.0)
+            run.rc = child.stream(cfg.timeout_s, line, grace=0)
+        except procgroup.ChildTimeout as exc:
+            run.timed_out, run.rc = True, exc.finished.rc
+            say(f"{mode}: no result after {cfg.timeout_s:.0f} s, its processes were killed")
     run.wall_s = round(time.monotonic() - t0, 3)
     run.stderr = _read(err_path)
     run.dump = _read(dump_path)
@@ -193,13 +182,6 @@ def _temp_raw_path() -> str:
     fd, path = tempfile.mkstemp(prefix="compile-race-", suffix=".log")
     os.close(fd)
     return path
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read(path: str) -> str:

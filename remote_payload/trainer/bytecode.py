@@ -26,13 +26,13 @@ trainer starts either way.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import importlib.util
 import os
 import signal
 import struct
 import sys
+import time
 import typing as t
 
 from .. import procgroup, wire
@@ -122,29 +122,31 @@ def drive(args: t.Sequence[str]) -> int:
     that whole group when it is itself ended (SIGTERM, SIGHUP, Ctrl-C, or its parent's end:
     the kernel's parent-death signal). Killed outright (SIGKILL), it lets go of the lock with
     its last breath; workers it left behind carry the token recorded in the lock file, and
-    the next primer ends them before it starts its own. Returns compileall's exit code (0:
-    another primer holds the prefix)."""
+    the next primer ends them before it starts its own. When ``compileall`` itself ends first
+    (a SIGKILL of it alone), its workers are ended with it: the group is ended whenever the
+    wait for it ends. Returns compileall's exit status (128 + N after signal N; 0: another
+    primer holds the prefix)."""
     parent, prefix, workers, roots = int(args[0]), args[1], int(args[2]), list(args[3:])
     procgroup.install_signal_handlers()
-    _die_with(parent)
     del prefix  # named for ps; the lock came as fd _LOCK_FD, already taken
     lock = _LOCK_FD
     os.set_inheritable(lock, False)  # compileall and its workers never hold it
     try:
+        _die_with(parent)
         for token in os.read(lock, 4096).decode("ascii", "replace").split():
-            for pid in procgroup.marked(token):  # a killed primer's workers
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            procgroup.signal_marked(token, signal.SIGKILL)  # a killed primer's workers
         argv = [sys.executable, "-m", "compileall", "-q", "-j", str(workers), "-x", PRIME_SKIP,
                 *roots]
         child = procgroup.Group(argv, stdout=procgroup.DEVNULL, stderr=procgroup.DEVNULL)
         os.ftruncate(lock, 0)
         os.pwrite(lock, f"{child.token}\n".encode(), 0)
         try:
-            return child.wait()
-        except BaseException:
+            while not child.exited():  # unreaped until its tree is ended: see Group.end
+                time.sleep(0.1)
+        finally:
             child.end()
-            raise
+        rc = t.cast(int, child.returncode)
+        return 128 - rc if rc < 0 else rc  # an exit status: 128 + N after signal N
     except procgroup.Terminated as exc:
         return exc.code
     except KeyboardInterrupt:
@@ -162,7 +164,7 @@ def _die_with(parent: int) -> None:
     except (OSError, AttributeError):  # no prctl: the primer may outlive its parent
         return
     if os.getppid() != parent:  # it ended before the signal was asked for
-        os.kill(os.getpid(), signal.SIGTERM)
+        raise procgroup.Terminated(signal.SIGTERM)  # as the signal would have ended this
 
 
 def _cold(package: str) -> str | None:

@@ -29,10 +29,13 @@ def _pack(argv: t.Sequence[str]) -> dict[str, t.Any]:
     p = argparse.ArgumentParser(prog="python -m remote_payload.trainer pack",
                                 description="Write JSONL records as a memory-mapped token store.")
     p.add_argument("data", help="JSONL file or directory of *.jsonl shards")
-    p.add_argument("out", help="store directory to write (replaced atomically)")
+    p.add_argument("out", help="store directory to write, whole or not at all; never a file, a "
+                               "link, the current directory, a home or /")
     p.add_argument("--tokenizer", default=None, help="needed for messages/text records")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT although opsctl did not write it (its files are lost)")
     a = p.parse_args(argv)
-    return {"out": a.out, **write_store(a.out, iter_records(a.data, a.tokenizer))}
+    return {"out": a.out, **write_store(a.out, iter_records(a.data, a.tokenizer), force=a.force)}
 
 
 def _export(argv: t.Sequence[str]) -> dict[str, t.Any]:

@@ -212,7 +212,24 @@ class TrainArgs:
     stop_at_step: int = field(default=0, metadata=_h(
         "stop (checkpoint, exit 0) once this step is reached, keeping --steps' schedule (0 = off)"))
     ckpt_every: int = field(default=0, metadata=_h("checkpoint every K steps (0 = only at exit)"))
+    ckpt_write: str = field(default="background", metadata=_h(
+        "background: a periodic checkpoint is copied to host memory (pinned on CUDA, allocated "
+        "once) and written by a background thread while training goes on, at most one in "
+        "flight (one due while the last is still being written is deferred, with a warning "
+        "event); sync: written on the training thread, which waits for the disk. The final "
+        "checkpoint is always complete and durable before 'done'"))
+    keep_last: int = field(default=0, metadata=_h(
+        "after each checkpoint, remove this run's checkpoints but the N newest (0 = keep all); "
+        "never the one 'latest' names, one being read by a resume, export or eval, another "
+        "run's, or one changed since it was written"))
+    keep_every: int = field(default=0, metadata=_h(
+        "with --keep-last: also keep, as milestones, the first checkpoint at or after every "
+        "multiple of K steps (0 = none)"))
     resume: str | None = field(default=None, metadata=_h("checkpoint dir, or 'auto' for the latest"))
+    replace_checkpoints: bool = field(default=False, metadata=_h(
+        "a run that resumes nothing removes the checkpoints other runs left in --out-dir (only "
+        "directories the trainer wrote, never one being read) and their 'latest' before it "
+        "trains; without it such a run stops at once, naming them"))
     run_id: str = field(default="", metadata=_h("run id recorded in checkpoints (default: random)"))
     log_every: int = field(default=1, metadata=_h("emit a step event every N steps"))
     report_to: str = field(default="none", metadata=_h(
@@ -241,11 +258,16 @@ class TrainArgs:
         "so every rank ends up blocked in a collective) or 'raise' (that rank raises)"))
     debug_fault_rank: int = field(default=0, metadata=_h("rank of --debug-fault"))
     debug_fault_step: int = field(default=1, metadata=_h("step at which --debug-fault fires"))
+    debug_fault_plan: str = field(default="", metadata=_h(
+        "test switch: one fault per attempt of the job, e.g. 'raise@30,raise@28,hang@25,-': "
+        "the k-th entry is attempt k's (the wrapper's OPSCTL_ATTEMPT; '-' or past the list: "
+        "none), in place of --debug-fault and --debug-fault-step"))
 
     def __post_init__(self) -> None:
         choices = {"device": ("auto", "cpu", "cuda"), "attn": ("auto", "flex", "sdpa"),
                    "compile": ("auto", "on", "off"), "dtype": ("auto", "bf16", "fp32"),
                    "topology": ("colocated", "split"), "debug_fault": ("", "hang", "raise"),
+                   "ckpt_write": ("background", "sync"),
                    "target_precision": TARGET_PRECISIONS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -257,9 +279,13 @@ class TrainArgs:
         for name in ("token_budget", "max_batch", "ce_chunk", "nproc", "log_every", "ddp_bucket_mb"):
             if getattr(self, name) < 1:
                 raise TrainerConfigError(f"--{name.replace('_', '-')} must be >= 1")
-        if min(self.steps, self.warmup_steps, self.ckpt_every, self.stop_at_step) < 0:
-            raise TrainerConfigError(
-                "--steps, --warmup-steps, --ckpt-every and --stop-at-step must be >= 0")
+        if min(self.steps, self.warmup_steps, self.ckpt_every, self.stop_at_step,
+               self.keep_last, self.keep_every) < 0:
+            raise TrainerConfigError("--steps, --warmup-steps, --ckpt-every, --stop-at-step, "
+                                     "--keep-last and --keep-every must be >= 0")
+        if self.keep_every and not self.keep_last:
+            raise TrainerConfigError("--keep-every K keeps milestones among what --keep-last N "
+                                     "removes: give --keep-last too")
         if not 0 <= self.warmup_ratio < 1:
             raise TrainerConfigError("--warmup-ratio must be in [0, 1)")
         if not self.epochs >= 0:
@@ -272,10 +298,38 @@ class TrainArgs:
             parse_report_to(self.report_to)
         except ReportToError as e:
             raise TrainerConfigError(str(e)) from None
+        self.fault_plan()  # refuses a malformed plan before anything starts
         if self.topology == "split" and self.target_ranks < 1:
             raise TrainerConfigError("--topology split needs --target-ranks K >= 1")
         if self.topology == "colocated" and self.target_ranks:
             raise TrainerConfigError("--target-ranks only applies to --topology split")
+
+    def fault_plan(self) -> list[tuple[str, int] | None]:
+        """``--debug-fault-plan`` as ``(fault, step)`` per attempt (None: no fault).
+
+        Raises:
+            TrainerConfigError: an entry that is not ``-``, ``raise@STEP`` or ``hang@STEP``.
+        """
+        if not self.debug_fault_plan:
+            return []
+        out: list[tuple[str, int] | None] = []
+        for entry in self.debug_fault_plan.split(","):
+            kind, at, step = entry.strip().partition("@")
+            if kind == "-" and not at:
+                out.append(None)
+            elif kind in ("raise", "hang") and at and step.isdigit() and len(step) <= 9:
+                out.append((kind, int(step)))
+            else:
+                raise TrainerConfigError(
+                    f"--debug-fault-plan entry {entry[:40]!r}: '-', 'raise@STEP' or 'hang@STEP'")
+        return out
+
+    def fault_for(self, attempt: int) -> tuple[str, int] | None:
+        """This attempt's fault: its plan entry when a plan is given, else --debug-fault."""
+        if self.debug_fault_plan:
+            plan = self.fault_plan()
+            return plan[attempt - 1] if 1 <= attempt <= len(plan) else None
+        return (self.debug_fault, self.debug_fault_step) if self.debug_fault else None
 
     def buckets(self) -> tuple[int, ...]:
         if not self.seq_buckets:

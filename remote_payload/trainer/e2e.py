@@ -31,7 +31,7 @@ import sys
 import time
 import typing as t
 
-from .. import wire
+from .. import safe_write, wire
 from .config import TrainerConfigError
 from .events import Log
 from .toy import Language
@@ -78,9 +78,8 @@ class _Tee(io.TextIOBase):
 
 def _write_prompts(path: pathlib.Path, lang: Language, n: int, seed: int) -> None:
     rng = random.Random(seed)
-    with path.open("w") as fh:
-        for _ in range(n):
-            fh.write(json.dumps({"messages": lang.conversation(rng)}) + "\n")
+    safe_write.write_text(path, "".join(json.dumps({"messages": lang.conversation(rng)}) + "\n"
+                                        for _ in range(n)))
 
 
 def parse(argv: t.Sequence[str]) -> argparse.Namespace:
@@ -173,7 +172,8 @@ def run(argv: t.Sequence[str]) -> dict[str, t.Any]:
     def train_argv(name: str, *extra: str) -> list[str]:
         return ["--preset", "tiny", *common, "--tokenizer", str(target_dir), "--data",
                 str(out / "regen"), "--out-dir", str(out / name), "--seed", str(a.seed),
-                *size["drafter"], *epochs, *extra]
+                # the pipeline starts over each time: an earlier pipeline's drafter goes
+                "--replace-checkpoints", *size["drafter"], *epochs, *extra]
 
     def run_eval(ckpt: str, precision: str, *extra: str) -> dict[str, t.Any]:
         return evaluate.run([*common, "--ckpt", ckpt, "--prompts", str(out / "heldout.jsonl"),

@@ -58,6 +58,10 @@ class Engine:
         self.ce_fn = torch.compile(_ce_chunk, dynamic=False) if compile_model else _ce_chunk
         decay = [p for p in self.raw.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.raw.parameters() if p.dim() < 2]
+        #: a checkpoint's copy of the weights and moments still in flight (a CUDA event on
+        #: the copy's stream, :mod:`.saver`): the next optimizer step, which overwrites
+        #: them, waits for it on the GPU; forward and backward do not
+        self.pending_copy: t.Any = None
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay},
              {"params": no_decay, "weight_decay": 0.0}],
@@ -105,6 +109,9 @@ class Engine:
         gn = None
         if self.grad_clip > 0:
             gn = torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
+        if self.pending_copy is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.pending_copy)
+            self.pending_copy = None
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return StepOut(loss.detach(), correct, counted, gn)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import wire
+from .. import safe_write, wire
 from . import checkpoint, fp8, trackers
 from .chat_data import iter_json, load_tokenizer, prompt_messages, render_prompt
 from .config import TARGET_PRECISIONS, DrafterConfig, TrainerConfigError
@@ -181,7 +181,9 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
                         "output channel, activations per token, as --target-precision fp8 of "
                         "training; embedding and LM head stay bf16; needs compute capability "
                         "8.9+ on CUDA)")
-    p.add_argument("--json-out", default=None, help="also write the result document here")
+    p.add_argument("--json-out", default=None,
+                   help="also write the result document here (replaced whole; never through "
+                        "a link)")
     p.add_argument("--report-to", default="none",
                    help="experiment trackers for tau, as the trainer's --report-to: the run "
                         "'<run id>-eval' beside the checkpoint's run, at the checkpoint's step")
@@ -194,6 +196,8 @@ def parse(argv: t.Sequence[str]) -> argparse.Namespace:
         raise TrainerConfigError(f"--max-new-tokens {a.max_new_tokens}: at least 1")
     if a.limit < 0:
         raise TrainerConfigError(f"--limit {a.limit}: 0 (all) or more")
+    if a.json_out:
+        safe_write.check_file(a.json_out)  # before the measurement, not after it
     return a
 
 
@@ -266,7 +270,7 @@ def run(argv: t.Sequence[str], log: Log | None = None) -> dict[str, t.Any]:
             f"{len(prompts)} prompts; accepted per block position "
             + " ".join(f"{x:.2f}" for x in result["per_position"]))
     if a.json_out:
-        pathlib.Path(a.json_out).write_text(json.dumps(result, indent=1))
+        safe_write.write_text(a.json_out, json.dumps(result, indent=1))
     return result
 
 

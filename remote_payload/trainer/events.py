@@ -19,7 +19,7 @@ import threading
 import time
 import typing as t
 
-from .. import wire
+from .. import procfs, wire
 from ..wire import format_event
 
 
@@ -70,15 +70,12 @@ def process_age() -> float:
     time against ``/proc/uptime``, 10 ms ticks), so the start-up breakdown includes the
     interpreter's start and ``import torch``; elsewhere, since this module was imported.
     """
+    st, uptime = procfs.stat("self"), procfs.uptime()
+    if st is None or uptime is None:
+        return time.monotonic() - _IMPORTED
     try:
-        with open("/proc/self/stat") as f:
-            stat = f.read()
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        # field 22 (starttime), counted after the ")" that closes the command name
-        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
+        return max(0.0, uptime - st.start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
         return time.monotonic() - _IMPORTED
 
 

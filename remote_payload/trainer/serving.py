@@ -33,11 +33,11 @@ import pathlib
 import re
 import shlex
 import shutil
-import stat
 import sys
 import typing as t
 from dataclasses import dataclass
 
+from .. import safe_write
 from .config import TrainerConfigError
 
 VLLM_VERSION = "0.33"
@@ -213,36 +213,30 @@ def target_of(ckpt: pathlib.Path) -> Target:
 def _small_file(path: pathlib.Path) -> bytes:
     """A regular file's bytes, at most :data:`TARGET_CONFIG_MAX_BYTES`. The target's path is
     the user's (meta.json): a FIFO there would block the export forever and ``/dev/zero``
-    would fill memory, so it is opened without blocking and anything else is refused.
+    would fill memory, so :func:`remote_payload.boundedread.read_regular` reads it (a link
+    the user made is followed) and anything else is refused.
 
     Raises:
         OSError: unreadable, not a regular file, or too big.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > TARGET_CONFIG_MAX_BYTES:
-            raise OSError(f"{path}: not a regular file of at most {TARGET_CONFIG_MAX_BYTES} bytes")
-        return f.read(TARGET_CONFIG_MAX_BYTES + 1)
+    from remote_payload import boundedread
+
+    return boundedread.read_regular(path, TARGET_CONFIG_MAX_BYTES, follow_links=True)
 
 
 def write_card(path: pathlib.Path, text: str) -> None:
     """Write the card as UTF-8; a path that is not UTF-8 (a lone surrogate from the file
     system's bytes) is written back as those very bytes, so its lines name the real path.
 
-    Written beside it and renamed over it: a README.md that became a link after :func:`ours`
-    looked (another process in a shared directory) is replaced, never written through, and
-    an export stopped halfway leaves the old card or the new one, not half of one."""
-    data = text.encode("utf-8", "surrogateescape")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    :func:`remote_payload.safe_write.write_bytes`: written beside it and renamed over it, so
+    an export stopped halfway leaves the old card or the new one, not half of one; a link
+    there is refused, never written through.
+
+    Raises:
+        DestinationRefused: ``path`` is a link or not a regular file.
+        WriteFailed: the disk said no.
+    """
+    safe_write.write_bytes(path, text.encode("utf-8", "surrogateescape"), mode=0o644)
 
 
 def ours(readme: pathlib.Path) -> bool:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import typing as t
 
 import numpy as np
 
+from .. import safe_write
 from .config import TrainerConfigError
 
 FORMAT = 1
@@ -61,30 +61,54 @@ def is_store(path: str) -> bool:
     return (pathlib.Path(path) / "meta.json").is_file() and (pathlib.Path(path) / "index.npy").is_file()
 
 
+#: the files of a store: a directory holding exactly these and no marker is a store
+STORE_FILES = ("tokens.bin", "mask.bin", "index.npy", "meta.json")
+#: the marker's kind of a store directory (:mod:`remote_payload.safe_write`)
+KIND = "token-store"
+
+
+def _unmarked_store(out: str) -> bool:
+    """Whether ``out`` is a store without opsctl's marker: exactly :data:`STORE_FILES`,
+    regular files (a store written by hand or copied without its marker). Packing into it
+    again replaces what ``pack`` makes, nothing else."""
+    try:
+        with os.scandir(out) as it:
+            entries = {e.name: e.is_file(follow_symlinks=False) for e in it}
+    except OSError:
+        return False
+    return sorted(entries) == sorted(STORE_FILES) and all(entries.values())
+
+
 def write_store(out: str, records: t.Iterable[tuple[t.Sequence[int], t.Sequence[int]]],
-                min_len: int = 0) -> dict[str, int]:
-    """Stream ``records`` into a store at ``out`` (written under a temporary name, then
-    renamed: a reader never sees half a store). Returns its meta."""
-    final = pathlib.Path(out)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    index: list[tuple[int, int]] = []
-    total = 0
-    with open(tmp / "tokens.bin", "wb") as ft, open(tmp / "mask.bin", "wb") as fm:
-        for ids, m in records:
-            if len(ids) <= min_len:
-                continue
-            np.asarray(ids, dtype=np.int32).tofile(ft)
-            np.asarray(m, dtype=np.uint8).tofile(fm)
-            index.append((total, len(ids)))
-            total += len(ids)
-    np.save(tmp / "index.npy", np.array(index, dtype=np.int64).reshape(-1, 2))
-    meta = {"format": FORMAT, "records": len(index), "tokens": total}
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+                min_len: int = 0, *, force: bool = False) -> dict[str, int]:
+    """Stream ``records`` into a store at ``out``; returns its meta.
+
+    Written whole or not at all (:func:`remote_payload.safe_write.new_directory`): filled
+    under a temporary sibling, then swapped in; a failure or a kill at any step leaves the
+    previous store readable (a killed writer's temporary sibling is removed by the next
+    write). ``out`` is refused when it is a file, a link, the current directory, a home or
+    ``/``, or a directory of someone else's files (``force`` replaces the latter).
+
+    Raises:
+        DestinationRefused: the rule and the path; nothing was written.
+        WriteFailed: the disk said no (the previous store is kept).
+    """
+    force = force or _unmarked_store(out)
+    safe_write.check_directory(out, kind=KIND, force=force)  # before a record is read
+    with safe_write.new_directory(out, kind=KIND, force=force) as tmp:
+        index: list[tuple[int, int]] = []
+        total = 0
+        with open(tmp / "tokens.bin", "wb") as ft, open(tmp / "mask.bin", "wb") as fm:
+            for ids, m in records:
+                if len(ids) <= min_len:
+                    continue
+                np.asarray(ids, dtype=np.int32).tofile(ft)
+                np.asarray(m, dtype=np.uint8).tofile(fm)
+                index.append((total, len(ids)))
+                total += len(ids)
+        np.save(tmp / "index.npy", np.array(index, dtype=np.int64).reshape(-1, 2))
+        meta = {"format": FORMAT, "records": len(index), "tokens": total}
+        (tmp / "meta.json").write_text(json.dumps(meta))
     return meta
 
 

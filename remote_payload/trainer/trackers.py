@@ -10,6 +10,12 @@ show: every numeric field of a ``step`` event as ``train/<field>``, of an ``eval
 ``acceptance`` event as ``eval/<field>``. The run's configuration goes in as hyper-parameters,
 the torch build and the payload digest as tags.
 
+The run's goodput goes beside a ``step`` event's metrics: ``goodput/ratio``,
+``goodput/effective_tok_s``, ``goodput/wall_s`` and ``goodput/badput_s/<cause>``. The trainer
+cannot see its run's earlier attempts and re-deploys, so it computes none of it: the job's
+wrapper keeps the run's ledger in brief in the job dir (the summary ``status`` shows; its path
+in ``OPSCTL_GOODPUT_FILE``), and :class:`GoodputFile` reads it, bounded and untrusted.
+
 Why a thread: a backend's calls can be slow (W&B's start ~10 s, MLflow's first SQLite
 write ~15 s on 2 loaded cores, a dead MLflow server its HTTP timeout), and the training step
 must never wait for them. The trainer only puts an event's metrics on each backend's bounded
@@ -37,6 +43,8 @@ import time
 import typing as t
 import urllib.parse
 from dataclasses import dataclass, field
+
+from remote_payload import boundedread
 
 #: Every backend ``--report-to`` knows, by Hugging Face's names.
 CHOICES = ("tensorboard", "wandb", "mlflow")
@@ -123,6 +131,99 @@ def metrics_of(event: str, fields: t.Mapping[str, t.Any]) -> tuple[dict[str, flo
     if not out:
         return None
     return out, step if isinstance(step, int) and not isinstance(step, bool) else 0
+
+
+# --- the run's goodput, as the job's wrapper keeps it ------------------------------------
+
+#: The causes of the run's ledger (``remote_payload.agent.goodput.CAUSES``; a test holds
+#: them equal): each but ``productive`` is logged as ``goodput/badput_s/<cause>``.
+GOODPUT_CAUSES = ("productive", "startup", "compile", "checkpoint", "stall", "lost",
+                  "shutdown", "restart_gap", "queue_wait", "unknown")
+#: The summary file is read at most this often (a step event between reads logs nothing new).
+GOODPUT_READ_EVERY_S = 10.0
+#: A summary file larger than this is damaged, never read whole.
+GOODPUT_MAX_BYTES = 1 << 20
+_GOODPUT_RANGE = {"goodput": (0.0, 1.0), "effective_tok_s": (0.0, 1e15), "wall_s": (0.0, 1e11)}
+
+
+def _finite(v: t.Any, low: float, high: float) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if low <= f <= high else None  # NaN fails both comparisons
+
+
+def goodput_metrics(data: bytes) -> tuple[float, dict[str, float]] | None:
+    """``(computed at, scalars)`` of the summary file's bytes: ``goodput/ratio``,
+    ``goodput/effective_tok_s``, ``goodput/wall_s`` and ``goodput/badput_s/<cause>``.
+
+    The file sits in the job dir, where anything in the container may write, so it is
+    untrusted: anything damaged (not UTF-8 JSON, not the summary's shape, a number out of its
+    range or not finite, an unknown cause) is None, "no scalar this time". A figure the
+    ledger has not got yet (``null``: no wall time) is left out. Never raises."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(doc, dict):
+        return None
+    at, summary = _finite(doc.get("at"), 0.0, 1e11), doc.get("summary")
+    if at is None or not isinstance(summary, dict):
+        return None
+    out: dict[str, float] = {}
+    for key, (low, high) in _GOODPUT_RANGE.items():
+        v = summary.get(key)
+        if v is None:
+            continue
+        f = _finite(v, low, high)
+        if f is None:
+            return None
+        out["goodput/ratio" if key == "goodput" else f"goodput/{key}"] = f
+    causes = summary.get("causes")
+    if causes is not None:
+        if not isinstance(causes, dict) or not set(causes) <= set(GOODPUT_CAUSES):
+            return None
+        for cause, v in causes.items():
+            f = _finite(v, 0.0, 1e11)
+            if f is None:
+                return None
+            if cause != "productive":
+                out[f"goodput/badput_s/{cause}"] = f
+    return (at, out) if out else None
+
+
+class GoodputFile:
+    """The run's goodput summary that the job's wrapper refreshes (``OPSCTL_GOODPUT_FILE``):
+    read at most every :data:`GOODPUT_READ_EVERY_S`, through the bounded reader (a regular
+    file of at most :data:`GOODPUT_MAX_BYTES`; a link or a FIFO there is refused, never
+    followed or waited on), and its scalars given once per refresh of the file."""
+
+    def __init__(self, path: str, every_s: float = GOODPUT_READ_EVERY_S,
+                 clock: t.Callable[[], float] = time.monotonic):
+        self.path = path
+        self.every_s = every_s
+        self.clock = clock
+        self.read_at: float | None = None
+        self.logged_at: float | None = None  # the file's own "at" last given
+
+    def poll(self) -> dict[str, float] | None:
+        """The file's scalars when it was refreshed since the last ones given, else None."""
+        now = self.clock()
+        if self.read_at is not None and now - self.read_at < self.every_s:
+            return None
+        self.read_at = now
+        try:
+            data = boundedread.read_regular(self.path, GOODPUT_MAX_BYTES)
+        except OSError:  # not there yet, a link, a FIFO, too large: no scalar this time
+            return None
+        got = goodput_metrics(data)
+        if got is None or got[0] == self.logged_at:
+            return None
+        self.logged_at = got[0]
+        return got[1]
 
 
 @dataclass
@@ -409,8 +510,9 @@ class Trackers:
     """
 
     def __init__(self, backends: t.Sequence[Tracker], info: RunInfo, warn: Warn, *,
-                 queue_size: int = QUEUE_SIZE):
+                 queue_size: int = QUEUE_SIZE, goodput: GoodputFile | None = None):
         self.backends = list(backends)  # the ones still on (a failure takes one out)
+        self.goodput = goodput  # the run's ledger, logged beside a step event's metrics
         self.info = info
         self.warn = warn
         self.failed: dict[str, str] = {}
@@ -437,6 +539,16 @@ class Trackers:
             return
         if got is None:
             return
+        if event == "step" and self.goodput is not None:
+            try:
+                extra = self.goodput.poll()
+            except Exception as exc:  # a reader bug costs the goodput scalars, never the run
+                self.goodput = None
+                self._warn("all", f"the goodput summary could not be read: {type(exc).__name__}: "
+                                  f"{exc}; no goodput scalars for this run")
+                extra = None
+            if extra:
+                got = ({**got[0], **extra}, got[1])
         for lane in self.lanes:
             if lane.backend not in self.backends:
                 continue
@@ -532,9 +644,11 @@ class Trackers:
 
 
 def open_trackers(names: t.Sequence[str], info: RunInfo, warn: Warn,
-                  say: t.Callable[..., None]) -> Trackers | None:
+                  say: t.Callable[..., None], goodput_file: str | None = None) -> Trackers | None:
     """Start the named backends (``all`` resolved); ``say(**fields)`` gets where each
-    writes (the ``trackers`` event). None when there are none.
+    writes (the ``trackers`` event). None when there are none. ``goodput_file``: the run's
+    goodput summary (the job's ``OPSCTL_GOODPUT_FILE``), whose scalars go with the step
+    metrics (:class:`GoodputFile`).
 
     A backend whose package is missing costs a warning, not the run."""
     names = resolve(names)
@@ -551,4 +665,5 @@ def open_trackers(names: t.Sequence[str], info: RunInfo, warn: Warn,
         return None
     say(report_to=[b.name for b in backends], run=info.run_id,
         **{b.name: b.where(info) for b in backends})
-    return Trackers(backends, info, warn)
+    return Trackers(backends, info, warn,
+                    goodput=GoodputFile(goodput_file) if goodput_file else None)

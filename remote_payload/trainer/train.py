@@ -25,7 +25,7 @@ import torch
 
 from .. import safe_write, wire
 from ..compile_guard import serialized_compile
-from . import checkpoint, dist, fp8, schedule, trackers
+from . import checkpoint, dist, fp8, saver, schedule, trackers
 from .checkpoint import CheckpointError
 from .config import DrafterConfig, TrainArgs, TrainerConfigError, parse_args
 from .data import Batch, Source, SyntheticSource, make_source
@@ -43,6 +43,9 @@ COMPILE_BUDGET_S = 300.0  # one shape's first step (compile + run), per bucket
 FIRST_STEPS_BUDGET_S = 120.0  # from the end of a compile to the next step event
 STEP_BUDGET_FACTOR = 4.0  # a step event is late after 4x the measured time between two
 STEP_BUDGET_MIN_S = 30.0
+#: most run ids a checkpoint's ``lineage`` carries (a run resumed more often than this forgets
+#: its oldest attempts: their checkpoints are then left by --keep-last, never wrongly removed)
+LINEAGE_MAX = 64
 
 
 class _StopFlag:
@@ -130,6 +133,8 @@ class Trainer:
         #: ``--report-to``'s trackers (rank 0): closed before the ``done`` event, so a
         #: tracker's last warning is never printed after the run's last word
         self.reporting: trackers.Trackers | None = None
+        #: ``--debug-fault`` / ``--debug-fault-plan``: this attempt's ``(fault, step)``, if any
+        self.fault = args.fault_for(_attempt())
         self.device, self.attn, self.compile_on, self.amp = _resolve_runtime(args)
         self.cfg = _model_config(args)
         self.run_id = args.run_id or uuid.uuid4().hex[:12]
@@ -170,7 +175,10 @@ class Trainer:
         self._sync()
         self.marks.mark("drafter_built_at")
         self.seen_shapes: set[tuple[int, int]] = set()
-        self._saver: t.Any = None  # the final checkpoint's writer thread (see _finish)
+        #: the run ids whose checkpoints are this run's (this attempt's, and those of the
+        #: attempts it resumed from): what --keep-last may remove
+        self.lineage: list[str] = [self.run_id]
+        self.ckpt: saver.Checkpointer | None = None  # rank 0's checkpoints (see _drafter_loop)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -241,23 +249,66 @@ class Trainer:
             self.log.say(f"compiled drafter step for shape {shape} in {secs:.1f}s")
         return out, lr, secs
 
-    def _save(self, step: int, announce: bool = True) -> t.Any:
-        """Rank 0 writes ``ckpt-<step>`` (atomic and durable: :func:`checkpoint.save`)."""
+    def _meta(self) -> dict[str, t.Any]:
+        return {"run_id": self.run_id, "lineage": self.lineage[-LINEAGE_MAX:],
+                "cfg": _asdict(self.cfg), "args": _asdict(self.args)}
+
+    def _checkpointer(self) -> saver.Checkpointer | None:
+        """Rank 0's checkpoints (periodic, final, pruning); None on every other rank."""
         if self.engine is None or self.topo.rank != 0:
             return None
-        meta = {"run_id": self.run_id, "cfg": _asdict(self.cfg), "args": _asdict(self.args)}
-        path = checkpoint.save(self.args.out_dir, step, self.engine.raw, self.engine.opt, meta)
-        if announce:
-            self.log.event(wire.EVENT_CHECKPOINT, step=step, path=str(path))
-            self.log.say(f"checkpoint saved: {path}")
-        return path
+        engine = self.engine
+        ck = saver.Checkpointer(self.args.out_dir, engine.raw, engine.opt, self.device,
+                                mode=self.args.ckpt_write, keep_last=self.args.keep_last,
+                                keep_every=self.args.keep_every, owners=self.lineage)
+        ck.engine_hook = lambda done: setattr(engine, "pending_copy", done)
+        return ck
+
+    def _send(self, events: list[tuple[str, dict[str, t.Any]]]) -> None:
+        for name, fields in events:
+            self.log.event(name, **fields)
+            if name == wire.EVENT_CHECKPOINT:
+                self.log.say(f"checkpoint saved: {fields['path']} ({fields['mode']}, training "
+                             f"blocked {fields['blocked_s']:.2f}s, written in "
+                             f"{fields['write_s']:.1f}s)")
+            else:
+                self.log.say(f"warning: {fields['message']}")
+
+    def _fresh_out_dir(self) -> str | None:
+        """Rank 0, on a run that resumes nothing: the other runs' checkpoints in --out-dir
+        removed (``--replace-checkpoints``), or why the run must not start over them (its
+        checkpoints would meet theirs step for step, and ``latest`` is theirs)."""
+        theirs = checkpoint.others(self.args.out_dir, self.lineage)
+        if not theirs:
+            return None
+        if self.args.replace_checkpoints:
+            try:
+                removed = checkpoint.replace_others(self.args.out_dir, self.lineage)
+            except CheckpointError as e:
+                return str(e)
+            self.log.event(wire.EVENT_WARNING, source="checkpoint", removed=removed,
+                           message=f"--replace-checkpoints removed {len(removed)} checkpoint(s) "
+                                   f"of other runs from {self.args.out_dir}")
+            self.log.say(f"removed other runs' checkpoints: {', '.join(removed)}")
+            return None
+        names = ", ".join(n for n, _ in theirs[:3]) + (f" and {len(theirs) - 3} more"
+                                                       if len(theirs) > 3 else "")
+        return (f"--out-dir {self.args.out_dir} holds checkpoints of run {theirs[-1][1]!r} "
+                f"({names}) and this run resumes none: --resume auto continues that run, "
+                "another --out-dir starts a new one beside it, --replace-checkpoints removes "
+                "them first")
 
     def _resume(self) -> int:
         path = None
+        problem = None
         if self.topo.rank == 0:
             p = checkpoint.resolve(self.args.resume, self.args.out_dir)
             path = str(p) if p is not None else None
-        path = dist.broadcast_object(self.topo, path)
+            if path is None:
+                problem = self._fresh_out_dir()
+        path, problem = dist.broadcast_object(self.topo, (path, problem))
+        if problem is not None:
+            raise TrainerConfigError(problem)
         if path is None:
             return 0
         import pathlib
@@ -266,6 +317,11 @@ class Trainer:
             meta = checkpoint.load(pathlib.Path(path), self.engine.raw, self.engine.opt, self.device)
         else:
             meta = checkpoint.read_meta(pathlib.Path(path))
+        checkpoint.release(pathlib.Path(path))  # read: --keep-last may remove it in time
+        earlier = meta.get("lineage") or [meta.get("run_id")]
+        if isinstance(earlier, list):
+            ids = [x for x in earlier if isinstance(x, str) and x and x != self.run_id]
+            self.lineage[:0] = ids[-LINEAGE_MAX:]
         self.marks.mark("resumed_at")
         self.log.event(wire.EVENT_RESUME, step=meta["step"], path=path, from_run=meta.get("run_id"))
         self.log.say(f"resumed from {path} at step {meta['step']}")
@@ -293,10 +349,7 @@ class Trainer:
         if self.topo.rank == 0 and self.args.save_cache_artifacts:
             art = torch.compiler.save_cache_artifacts()
             if art is not None:
-                tmp = self.args.save_cache_artifacts + f".tmp-{os.getpid()}"
-                with open(tmp, "wb") as f:
-                    f.write(art[0])
-                os.replace(tmp, self.args.save_cache_artifacts)
+                safe_write.write_bytes(self.args.save_cache_artifacts, art[0])  # whole, no link
                 self.log.event(wire.EVENT_CACHE_ARTIFACTS, path=self.args.save_cache_artifacts,
                                bytes=len(art[0]))
         self.log.event(wire.EVENT_CACHE, **cache_counters())
@@ -313,10 +366,11 @@ class Trainer:
     def _maybe_fault(self, step: int) -> None:
         """``--debug-fault``: the failures opsctl must name, on demand (tests, device checks)."""
         args = self.args
-        if not args.debug_fault or self.topo.rank != args.debug_fault_rank or step != args.debug_fault_step:
+        if self.fault is None or self.topo.rank != args.debug_fault_rank or step != self.fault[1]:
             return
-        self.log.say(f"rank {self.topo.rank}: --debug-fault {args.debug_fault} at step {step}")
-        if args.debug_fault == "raise":
+        kind = self.fault[0]
+        self.log.say(f"rank {self.topo.rank}: --debug-fault {kind} at step {step}")
+        if kind == "raise":
             raise RuntimeError(f"--debug-fault raise on rank {self.topo.rank} at step {step}")
         if self.topo.distributed:
             dist.hang_forever(self.topo)
@@ -348,6 +402,7 @@ class Trainer:
                   budget_s=COMPILE_BUDGET_S if self.compile_on else FIRST_STEPS_BUDGET_S)
         step, announced = start, not self.compile_on
         window = _Window(self.device)
+        self.ckpt = self._checkpointer()
         while step < args.steps:
             self._maybe_fault(step)
             stop = _StopFlag.requested or (0 < args.stop_at_step <= step)
@@ -379,14 +434,15 @@ class Trainer:
                 window = _Window(self.device, window.step_time)
             if not self.marks.sent:
                 self._startup_event()
-            if args.ckpt_every and step % args.ckpt_every == 0 and step < args.steps:
-                self._save(step)
+            if self.ckpt is not None:
+                due = bool(args.ckpt_every) and step % args.ckpt_every == 0 and step < args.steps
+                self._send(self.ckpt.step_end(step, due, self._meta, last=step >= args.steps))
         last_step = time.perf_counter()
-        saver = self._start_final_save(step)
+        final_save = self._start_final_save(step)
         if args.check_replicas:
             self._check_replicas()
         dist.finish(topo)  # the other ranks leave while rank 0 writes (barrier, destroy)
-        ckpt_s = self._join_final_save(saver, step)
+        ckpt_s = self._join_final_save(final_save, step)
         why = _StopFlag.signame or ("stop-at-step" if step < args.steps else "finished")
         if self.reporting is not None:
             self.reporting.close(ok=True)
@@ -398,6 +454,16 @@ class Trainer:
         log.event(wire.EVENT_DONE, **done)
         log.say(f"done at step {step} ({why})")
         return 0
+
+    def settle_checkpoint(self) -> None:
+        """After a failure: wait for the periodic checkpoint in flight and say it, so the
+        record shows what the next attempt resumes from (the interpreter's exit waits for the
+        writer thread anyway; its event would be lost). A failed write is not reported over
+        the failure that ended the run."""
+        if self.ckpt is None:
+            return
+        with contextlib.suppress(Exception):
+            self._send(self.ckpt.drain())
 
     def _startup_event(self) -> None:
         """Once, after the first optimizer step: when each start-up phase ended (seconds
@@ -411,28 +477,35 @@ class Trainer:
         """Rank 0 writes the final checkpoint on a thread while the run winds down (the
         replica check, the process group's barrier and destroy); :meth:`_join_final_save`
         waits for it to be durable before ``done`` is said."""
-        if self.engine is None or self.topo.rank != 0:
+        if self.ckpt is None:
             return None
         import concurrent.futures
 
-        def write() -> tuple[t.Any, float]:
-            t0 = time.perf_counter()
-            path = self._save(step, announce=False)
-            return path, round(time.perf_counter() - t0, 3)
+        ck, meta = self.ckpt, self._meta()
+
+        def write() -> tuple[list[tuple[str, dict[str, t.Any]]], saver.Job]:
+            before = ck.drain()  # the write in flight first: the final one comes after it
+            return before, ck.final(step, meta)
 
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="final-ckpt")
         fut = pool.submit(write)
         pool.shutdown(wait=False)
         return fut
 
-    def _join_final_save(self, saver: t.Any, step: int) -> float | None:
+    def _join_final_save(self, saver_: t.Any, step: int) -> float | None:
         """Wait for the final checkpoint; returns its write time (None: not this rank's)."""
-        if saver is None:
+        if saver_ is None:
             return None
-        path, secs = saver.result()  # re-raises the writer's error here, before any `done`
-        self.log.event(wire.EVENT_CHECKPOINT, step=step, path=str(path), seconds=secs)
-        self.log.say(f"checkpoint saved: {path} ({secs:.1f}s)")
-        return t.cast(float, secs)
+        # result() re-raises an error of either write here, before any `done`
+        got: tuple[list[tuple[str, dict[str, t.Any]]], saver.Job] = saver_.result()
+        before, job = got
+        self._send(before)
+        secs = round(job.write_s, 3)
+        if self.ckpt is not None:
+            self.ckpt.close()
+        self.log.event(wire.EVENT_CHECKPOINT, **job.event(), seconds=secs)
+        self.log.say(f"checkpoint saved: {job.path} ({secs:.1f}s)")
+        return secs
 
     def _log_step(self, step: int, lr: float, w: _Window) -> None:
         self._sync()
@@ -527,6 +600,13 @@ class _Window:
         self.waits, self.wait_s = [], 0.0
 
 
+def _attempt() -> int:
+    """Which attempt of its job this process is (the wrapper's ``OPSCTL_ATTEMPT``; 1 outside
+    a job or when the value is not a number)."""
+    text = os.environ.get(wire.ENV_ATTEMPT, "1")
+    return int(text) if text.isdigit() and len(text) <= 6 else 1
+
+
 def _asdict(obj: t.Any) -> dict[str, t.Any]:
     import dataclasses
 
@@ -572,6 +652,9 @@ def run(args: TrainArgs) -> int:
         try:
             rc = trainer.warmup() if args.warmup_only else trainer.run()
             ok = rc == 0
+        except BaseException:
+            trainer.settle_checkpoint()
+            raise
         finally:
             if reporting is not None:
                 reporting.close(ok)  # a failed run's; a finished one closed before `done`
@@ -605,7 +688,8 @@ def _open_trackers(trainer: Trainer, log: Log) -> trackers.Trackers | None:
                 **trackers.flatten("model", _asdict(trainer.cfg))},
         tags={"torch": torch.__version__, "payload": _payload_digest(), "run": trainer.run_id})
     opened = trackers.open_trackers(names, info, warn,
-                                    lambda **where: log.event(wire.EVENT_TRACKERS, **where))
+                                    lambda **where: log.event(wire.EVENT_TRACKERS, **where),
+                                    goodput_file=os.environ.get(wire.ENV_GOODPUT_FILE) or None)
     if opened is not None:
         log.listeners.append(opened.on_event)
     return opened

@@ -367,7 +367,8 @@ def test_the_job_gets_its_env_the_opsctl_vars_and_the_sitehook(agent: Agent) -> 
     code = ("import os, sys, sitecustomize\n"
             "print(os.environ['OPSCTL_JOB_ID'], os.environ['OPSCTL_JOB_DIR'])\n"
             "print(os.environ['MY_VAR'], os.environ['PYTHONUNBUFFERED'], sys.executable)\n"
-            "print(os.environ['PYTHONPATH'])\nprint(sitecustomize.__file__)")
+            "print(os.environ['PYTHONPATH'])\nprint(sitecustomize.__file__)\n"
+            "print(os.environ['OPSCTL_GOODPUT_FILE'], os.environ['OPSCTL_ATTEMPT'])")
     doc = agent.launch(code, env={"MY_VAR": "v 1", "PYTHONPATH": "/extra"})
     end = agent.wait_state(doc["job_id"], "SUCCEEDED")
     job_dir = str(Path(doc["output_log"]).parent)
@@ -376,6 +377,9 @@ def test_the_job_gets_its_env_the_opsctl_vars_and_the_sitehook(agent: Agent) -> 
     assert end["output_tail"][2] == os.pathsep.join(
         [str(REPO / "remote_payload" / "sitehook"), str(REPO), "/extra"])
     assert end["output_tail"][3] == str(REPO / "remote_payload" / "sitehook" / "sitecustomize.py")
+    # the run's goodput summary the wrapper keeps, for the trainer's --report-to scalars
+    # and which attempt of the job this process is
+    assert end["output_tail"][4] == os.path.join(job_dir, "goodput-summary.json") + " 1"
 
 
 @pytest.mark.parametrize(("spec", "field"), [
@@ -538,3 +542,51 @@ def test_status_after_the_exit_record_of_a_dead_wrapper_is_the_records(tmp_path:
     rec = jobs.load(root, job_id)
     assert (rec.state.value, rec.evidence[:1]) == ("FAILED", ["before"])
     assert time.monotonic() - t0 < 0.5  # no wait: nobody will write the final status
+
+
+@pytest.mark.slow
+def test_the_wrapper_writes_its_runs_goodput_summary_where_the_job_is_told(agent: Agent) -> None:
+    """No status is asked after the launch (a status writes the same file): a summary the job
+    finds at OPSCTL_GOODPUT_FILE computed over 10 s after its start is the wrapper's own
+    refresh, which comes 15 s after the start."""
+    code = ("import json, os, time\n"
+            "path, began = os.environ['OPSCTL_GOODPUT_FILE'], time.time()\n"
+            "while time.time() < began + 40:\n"
+            "    try:\n"
+            "        doc = json.load(open(path))\n"
+            "    except (OSError, ValueError):\n"
+            "        doc = {'at': 0}\n"
+            "    if doc['at'] > began + 10:\n"
+            "        print('summary', doc['run_id'], doc['moment'], sorted(doc['summary']))\n"
+            "        break\n"
+            "    time.sleep(0.2)\n")
+    began = time.time()
+    doc = agent.launch(code)
+    job_dir = Path(doc["output_log"]).parent
+    _wait(lambda: (job_dir / jobs.EXIT_CODE).exists(), timeout=60)
+    took = time.time() - began
+    line = next(x for x in (job_dir / "output.log").read_text().splitlines()
+                if x.startswith("summary "))
+    assert line.startswith(f"summary {doc['job_id']} ['RUNNING', 1] ['causes', "), line
+    assert took >= 15.0, took  # the first refresh waits for the first steps
+
+
+def test_a_directory_opsctl_never_made_under_jobs_is_no_job_and_never_written_into(
+        agent: Agent) -> None:
+    """A user's own directory under ``jobs/`` (none of a job's records, older than a launch
+    takes to write them): ``jobs`` lists it as damaged, not PENDING; ``stop`` of it is a
+    one-line DamagedRecord and writes nothing into it."""
+    first = agent.launch("print('one')")
+    agent.wait_state(first["job_id"], "SUCCEEDED")
+    mine = agent.root / "jobs" / "stuff"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    old = time.time() - jobs.PENDING_GRACE_S - 5
+    os.utime(mine, (old, old))
+    listing = agent.data("jobs")
+    assert "stuff" not in [j["job_id"] for j in listing["jobs"]], listing
+    assert any(d["path"].endswith("/stuff") and d["reason"] == jobs.NOT_A_JOB_DIR
+               for d in listing["damaged"]), listing
+    reply = agent.reply("stop", "--job", "stuff")
+    assert not reply["ok"] and reply["error"]["type"] == "DamagedRecord", reply
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"], "nothing written into it"

@@ -21,6 +21,7 @@ from pydantic import TypeAdapter
 from opsctl.remote.shapes import pydantic_view
 from remote_payload import wire_shapes
 from tests.agent.test_agent_queue import PY, Agent, gate, pytestmark, spec
+from tests.waiting import wait_for
 
 __all__ = ["pytestmark"]  # the same needs: Linux /proc and tmux
 SHAPES = {"queue": wire_shapes.QueueDoc, "jobs": wire_shapes.JobListDoc}
@@ -158,3 +159,71 @@ def test_an_empty_job_id_never_means_the_current_job(agent: Agent) -> None:
         reply = agent.reply(*args)
         assert reply["error"]["type"] == "UsageError" and "empty" in reply["error"]["message"]
     assert agent.state("cur-42") == "SUCCEEDED"
+
+
+def test_a_running_job_whose_status_is_cut_short_keeps_its_gpu_until_stop_ends_its_processes(
+        agent: Agent, tmp_path: Path) -> None:
+    """The attack: a RUNNING job's status.json is truncated. Its GPU slot must not go to the
+    next queued job while its processes live, and ``stop`` must still end them."""
+    go = tmp_path / "never"  # the gate never opens: only stop ends the first job
+    pidfile = tmp_path / "first.pid"
+    code = f"import os\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n{gate(go)}"
+    out = agent.add(spec("held-50", code, gpus=[0]))
+    assert out["started"] == ["held-50"]
+    agent.wait_state("held-50", "RUNNING")
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 10, what="the job's pid"))
+    status = agent.root / "jobs" / "held-50" / "status.json"
+    status.write_bytes(status.read_bytes()[:17])  # cut short mid-document
+    added = agent.add(spec("next-50", "print('ran beside it')", gpus=[0]))
+    assert added["started"] == []  # GPU 0 is still used by held-50's process
+    listed = agent.data("queue", "--slots", "8")
+    assert {h["job_id"]: h["gpu_slots"] for h in listed["holders"]} == {"held-50": [0]}
+    assert [d["path"] for d in listed["damaged"]] == [str(status)]
+    assert [r["job_id"] for r in listed["jobs"]] == ["next-50"]
+    assert os.path.exists(f"/proc/{pid}")
+
+    stopped = agent.reply("stop", "--job", "held-50", "--grace", "2", "--kill-after", "2")
+    wait_for(lambda: not _alive(pid), 10, what="held-50's process to end")
+    if stopped["ok"]:  # the live wrapper wrote its record again: the end is backed by it
+        assert stopped["data"]["state"] == "CANCELLED" and stopped["data"]["remaining_pids"] == []
+    else:  # never a state the record cannot back: the error says what was ended
+        err = stopped["error"]
+        assert err["type"] == "DamagedRecord" and "none is left" in err["message"], err
+    agent.wait_state("next-50", "SUCCEEDED")  # the slot is free once the process is gone
+
+
+def test_stop_of_a_job_whose_records_are_all_damaged_still_ends_its_marked_processes(
+        agent: Agent, tmp_path: Path) -> None:
+    """No record parses (status and pid cut short, no wrapper): the job's processes are found
+    by their ``OPSCTL_JOB_ID`` marker, ended, and the reply says so, never CANCELLED."""
+    job = agent.root / "jobs" / "wreck-51"
+    job.mkdir(parents=True)
+    (job / "spec.json").write_text(json.dumps({"job_id": "wreck-51", "command": ["x"],
+                                               "gpus": [1], "gpu_slots": [1]}))
+    (job / "status.json").write_bytes(b'{"state": "RUNN')
+    (job / "pid").write_bytes(b'{"pid": ')
+    env = {**os.environ, "OPSCTL_JOB_ID": "wreck-51"}
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(300)"], env=env,
+                            start_new_session=True)
+    try:
+        held = agent.data("queue", "--slots", "8")["holders"]
+        assert {h["job_id"]: h["gpu_slots"] for h in held} == {"wreck-51": [1]}
+        reply = agent.reply("stop", "--job", "wreck-51", "--grace", "1", "--kill-after", "1")
+        assert not reply["ok"] and reply["error"]["type"] == "DamagedRecord", reply
+        assert f"[{proc.pid}]" in reply["error"]["message"]
+        assert "none is left" in reply["error"]["message"]
+        assert proc.wait(timeout=10) != 0
+        assert (job / "status.json").read_bytes() == b'{"state": "RUNN'  # left as it is
+        assert agent.data("queue", "--slots", "8")["holders"] == []  # nothing holds GPU 1 now
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False

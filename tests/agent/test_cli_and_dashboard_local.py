@@ -285,6 +285,29 @@ class TestDashboard:
             server.shutdown()
             server.server_close()
 
+    @pytest.mark.parametrize("first, second", [("{ok}", "evil.example"), ("evil.example", "{ok}"),
+                                               ("{ok}", "{ok}")])
+    def test_a_request_with_two_host_headers_is_refused_whichever_comes_first(self, first, second):
+        server = dashboard.serve(port=0, refresh_s=1.0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            port = server.server_address[1]
+            ok = f"127.0.0.1:{port}"
+            request = (f"GET /status.json HTTP/1.1\r\nHost: {first.format(ok=ok)}\r\n"
+                       f"Host: {second.format(ok=ok)}\r\nConnection: close\r\n\r\n")
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(request.encode())
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+            status_line = reply.split(b"\r\n", 1)[0]
+            assert status_line.split()[1] == b"400", reply[:200]
+            assert b"more than one Host header" in reply
+            assert b'"hosts"' not in reply
+        finally:
+            server.shutdown()
+            server.server_close()
+
     def test_a_host_that_never_answers_does_not_block_each_refresh(self, isolated_env, monkeypatch):
         monkeypatch.setattr(dashboard, "REFRESH_WAIT_S", 1.0)
         with silent_server() as (port, _accepted):

@@ -343,6 +343,20 @@ def test_reinstalling_the_current_build_keeps_it_current(root: Path, index_url: 
     assert current_python(str(root)) is not None and leftovers(root) == []
 
 
+def test_a_reinstall_killed_between_its_two_renames_gets_the_old_build_back(
+        root: Path, index_url: str) -> None:
+    # without renameat2 a reinstall moves the old build aside, then renames the new one in;
+    # a kill between the two leaves only the old build at .trash-: the next swap restores it
+    build = root / "envs" / "torch-2.11.0-cu128"
+    os.rename(root / "envs" / "current", root / "envs" / "current.saved")
+    aside = root / "envs" / ".trash-torch-2.11.0-cu128-99999"
+    os.rename(build, aside)
+    os.rename(root / "envs" / "current.saved", root / "envs" / "current")
+    swap(root, "cu128", index_url)
+    assert not aside.exists() and (build / "bin" / "python").exists()
+    assert os.readlink(root / "envs" / "current") == "torch-2.11.0-cu128" and leftovers(root) == []
+
+
 def test_wheelhouse_without_the_pinned_wheel_fails_before_making_a_venv(root: Path,
                                                                         tmp_path: Path) -> None:
     build_fake_torches(str(tmp_path))  # cu126/cu128/cu130 fakes, no +cpu
@@ -385,3 +399,32 @@ def test_extra_requirements_install_without_replacing_the_pinned_torch(root: Pat
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "2.11.0+cu130"]
     swap(root, "cu128", index_url)
+
+
+def test_a_current_build_lacking_a_playbooks_requirement_is_built_again_with_it(
+        root: Path, index_url: str) -> None:
+    """A playbook's new requirements are never skipped because its torch build is current."""
+    extra = ("--requirement", "opsctl-fake-extra", "--requirements-index-url", index_url)
+    reply, _ = swap(root, "cu128", index_url, *extra)
+    assert reply["ok"], reply
+    assert reply["data"]["action"] == "install"
+    assert reply["data"]["requirements_added"] == ["opsctl-fake-extra"]
+    assert os.readlink(root / "envs" / "current") == "torch-2.11.0-cu128"
+    python = root / "envs" / "torch-2.11.0-cu128" / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import opsctl_fake_extra, torch; "
+                          "print(opsctl_fake_extra.OK, torch.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "2.11.0+cu128"]
+    again, _ = swap(root, "cu128", index_url, *extra)  # it has them now: nothing to do
+    assert again["data"]["action"] == "noop" and again["data"]["requirements_added"] == []
+
+
+def test_install_only_never_rebuilds_the_current_build_under_a_live_job(
+        root: Path, index_url: str, running_job: str) -> None:
+    reply, _ = swap(root, "cu128", index_url, "--install-only", "--requirement",
+                    "opsctl-fake-extra==1.0", "--requirements-index-url", index_url)
+    assert reply["error"]["type"] == "JobRunning", reply
+    assert "opsctl-fake-extra==1.0" in reply["error"]["message"]
+    assert running_job in reply["error"]["message"]
+    assert os.readlink(root / "envs" / "current") == "torch-2.11.0-cu128"
+    assert leftovers(root) == []

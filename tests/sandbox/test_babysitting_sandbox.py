@@ -294,6 +294,44 @@ def test_a_secret_reaches_the_job_and_appears_in_no_file_and_no_output(
     assert hits == []
 
 
+MLFLOW_JOB = """
+    import hashlib, os, sys
+    for name in ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"):
+        print(name, os.environ[name], hashlib.sha256(os.environ[name].encode()).hexdigest(),
+              flush=True)
+    print("user", os.environ["MLFLOW_TRACKING_USERNAME"], flush=True)
+"""
+
+
+def test_mlflow_credentials_in_a_playbooks_env_travel_as_secrets_and_land_in_no_file(
+        target, tmp_path, isolated_env):
+    """The attack: MLflow credentials put in ``env`` (not ``secrets``) landed in a
+    world-readable spec.json. They travel as secrets: on stdin, 0600, removed, masked."""
+    password = f"pw-{uuid.uuid4().hex}"
+    uri = f"https://trainer:{password}@mlflow.invalid/"
+    res = deploy(tmp_path, "mlflowish", py(MLFLOW_JOB),
+                 env={"MLFLOW_TRACKING_PASSWORD": password, "MLFLOW_TRACKING_URI": uri,
+                      "MLFLOW_TRACKING_USERNAME": "trainer"})
+    assert res.exit_code == 0, res.output
+    job = json.loads(res.stdout)["job_id"]
+    job_dir = f"{ROOT}/jobs/{job}"
+    assert follow(job)["state"] == "SUCCEEDED"
+    modes = cexec("stat", "-c", "%a", f"{job_dir}/spec.json", f"{job_dir}/launch.json").stdout
+    assert modes.split() == ["600", "600"]
+    spec = json.loads(cexec("cat", f"{job_dir}/spec.json").stdout)
+    assert sorted(spec["secrets"]) == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI"]
+    assert spec["env"]["MLFLOW_TRACKING_USERNAME"] == "trainer"  # not a credential: kept
+    log = run("logs", "--job", job).stdout
+    for value in (password, uri):
+        assert f"{hashlib.sha256(value.encode()).hexdigest()}" in log  # the job had it
+        found = cexec("grep", "-rlF", "--", password, ROOT)
+        assert (found.exit_code, found.stdout) == (1, ""), found.stdout
+    assert password not in log + res.stdout and "user trainer" in log
+    hits = [str(p) for p in isolated_env.rglob("*") if p.is_file()
+            and password.encode() in p.read_bytes()]
+    assert hits == []
+
+
 def test_a_missing_secret_is_a_usage_error_before_anything_remote(target, tmp_path, monkeypatch):
     monkeypatch.delenv("OPSCTL_TEST_MISSING", raising=False)
     env_file = tmp_path / "secrets.env"

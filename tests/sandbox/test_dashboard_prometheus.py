@@ -141,6 +141,8 @@ def test_prometheus_scrapes_the_fleet_and_serves_its_series_back(fleet, served, 
     loss = query(prometheus, 'opsctl_job_loss{host="gpu-a"}')
     assert len(loss) == 1 and math.isnan(float(loss[0]["value"][1]))  # NaN, not a dropped scrape
     assert float(query(prometheus, 'opsctl_job_tokens_per_second{host="gpu-a"}')[0]["value"][1]) > 1000
+    ratio = query(prometheus, 'opsctl_run_goodput_ratio{host="gpu-a"}')  # its run's ledger
+    assert len(ratio) == 1 and 0.0 <= float(ratio[0]["value"][1]) <= 1.0, ratio
     queue = wait_for(lambda: query(prometheus, 'opsctl_queue_length{host="gpu-a"}'), 30,
                      what="the queue length of ct 200")
     assert [float(r["value"][1]) for r in queue] == [0.0]
@@ -164,7 +166,8 @@ def test_prometheus_scrapes_the_fleet_and_serves_its_series_back(fleet, served, 
     targets = api(prometheus, "/api/v1/targets")["data"]["activeTargets"]
     assert [tg["health"] for tg in targets] == ["up"], targets
     health = {"OpsctlJobFailed": "ok", "OpsctlNoStepFor10Minutes": "ok",
-              "OpsctlGpuIdle5Minutes": "ok", "OpsctlHostDown": "ok"}
+              "OpsctlGpuIdle5Minutes": "ok", "OpsctlHostDown": "ok",
+              "OpsctlGoodputBelow80Percent": "ok"}
     wait_for(lambda: {r["name"]: r["health"] for g in api(prometheus, "/api/v1/rules")["data"]["groups"]
                       for r in g["rules"]} == health, 30, what="the example rules evaluated")
     CliRunner().invoke(cli, ["exec", "--host", fleet, "--ct", "200", "--", "touch", go])

@@ -244,6 +244,43 @@ def test_stop_ends_detached_children_too(root, tmp_path):
     assert marked(job_id) == [] and scrubbed(seconds) == ""
 
 
+LEAVER = textwrap.dedent("""
+    import os, subprocess, time
+    # a child that leaves the job's cgroup (for a cgroup of its own beside the job's) and its
+    # session: its OPSCTL_JOB_ID marker still says whose it is
+    mount = next(ln.split(" - ")[0].split()[4] for ln in open("/proc/self/mountinfo")
+                 if ln.split(" - ")[1].split()[0] == "cgroup2")
+    away = os.path.join(mount, "opsctl-jobs", "away-SECONDS")
+    os.makedirs(away, exist_ok=True)
+    child = subprocess.Popen(["setsid", "sleep", "SECONDS"])
+    # and an orphan that also scrubbed its environment: no marker, no cgroup, no session
+    orphan = int(subprocess.run(["sh", "-c", "env -i setsid sleep 2SECONDS >/dev/null 2>&1 & "
+                                 "echo $!"], capture_output=True, text=True).stdout)
+    for pid in (child.pid, orphan):
+        with open(os.path.join(away, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    print("spawned", open(f"/proc/{orphan}/cgroup").read().split(), flush=True)
+    time.sleep(1000)
+""")
+
+
+def test_stop_ends_children_that_left_the_jobs_cgroup_and_never_says_cancelled_while_one_lives(
+        root, tmp_path):
+    seconds = f"1{uuid.uuid4().int % 10**6:06d}"
+    job_id = deploy(tmp_path, "leaver", LEAVER.replace("SECONDS", seconds))["job_id"]
+    st = wait_for(lambda: (s := status(job_id)) and "spawned" in "".join(s["output_tail"]) and s,
+                  what="the child")
+    assert f"away-{seconds}" in "".join(st["output_tail"]), st["output_tail"]  # it left
+    assert wait_for(lambda: scrubbed(seconds) and scrubbed("2" + seconds), what="the children")
+    res = run("stop", "--host", "sandbox", "--ct", CT, "--job", job_id, "--grace", "2", "--json")
+    doc = json.loads(res.stdout)
+    left = scrubbed(seconds) + scrubbed("2" + seconds)
+    assert not (doc["state"] == "CANCELLED" and left and not doc["remaining_pids"]), (doc, left)
+    assert (res.exit_code, doc["state"], doc["remaining_pids"], left) == (0, "CANCELLED", [], "")
+    cexec("sh", "-c", f"rmdir /sys/fs/cgroup/opsctl-jobs/away-{seconds} "
+                      f"/sys/fs/cgroup/unified/opsctl-jobs/away-{seconds} 2>/dev/null; true")
+
+
 def test_a_job_that_exits_leaves_no_detached_children_behind(root, tmp_path):
     script, seconds = detacher(1)
     job_id = deploy(tmp_path, "detach", script)["job_id"]
@@ -359,6 +396,77 @@ def test_ctrl_c_on_deploy_replace_never_launches_the_new_job_later(root, tmp_pat
              if not n.startswith(".") and n != "gpu-slots.json"]
     assert names == [job_a] or sorted(names) == sorted([job_a, "current"]), names
     assert status()["job_id"] == job_a
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_mid_launch_says_the_job_was_not_launched_and_what_was_stopped(
+        root, tmp_path, isolated_env, signame):
+    job_a = deploy(tmp_path, "a", STUBBORN)["job_id"]  # ignores SIGINT: the stop takes 30 s
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opsctl", "deploy", "--host", "sandbox", "--ct", CT, "--playbook",
+         str(book(tmp_path, "b", "import time\ntime.sleep(300)")), "--replace", "--no-wait"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: cexec("sh", "-c", f"test -e {root}/jobs/{job_a}/cancel_requested && echo y"),
+             what="the replace to begin stopping the old job")
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    text = err.decode()
+    assert proc.returncode == {"SIGTERM": errors.TERMINATED, "SIGHUP": errors.HANGUP}[signame], text
+    assert f"deploy terminated by {signame} during launch" in text, text
+    assert "was not launched and will not be" in text, text
+    assert f"job {job_a} had already been sent the stop signal" in text, text
+    assert "Traceback" not in text
+    cexec("pkill", "-KILL", "-f", "signal[.]SIG_IGN")  # see the Ctrl-C test above
+    launch = f"remote_payload[.]agent --root {root} launch"
+    wait_for(lambda: cexec("sh", "-c", f"pgrep -f '{launch}' || echo gone").strip() == "gone",
+             timeout=60, what="the interrupted launch to end in the container")
+    names = [n for n in cexec("ls", f"{root}/jobs").split()
+             if not n.startswith(".") and n != "gpu-slots.json"]
+    assert sorted(set(names) - {"current"}) == [job_a], names
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_once_the_job_is_launched_names_it_and_the_exact_stop_command(
+        root, tmp_path, isolated_env, signame):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    never = {"event": "never-sent"}  # the deploy waits for health until the signal
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opsctl", "deploy", "--host", "sandbox", "--ct", CT, "--playbook",
+         str(book(tmp_path, "sig", "import time\ntime.sleep(300)", healthy_when=never))],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def launched() -> str | None:
+        names = cexec("sh", "-c", f"ls {root}/jobs 2>/dev/null || true").split()
+        return next((n for n in names if n.startswith("sig-")), None)
+
+    job = wait_for(launched, timeout=60, what="the job dir in the container")
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    text = " ".join(err.decode().split())  # the console wraps long lines
+    assert proc.returncode == {"SIGTERM": errors.TERMINATED, "SIGHUP": errors.HANGUP}[signame], text
+    assert f"terminated by {signame}" in text and "Traceback" not in text, text
+    command = f"opsctl stop --host sandbox --ct {CT} --job {job}"
+    assert job in text and command in text, text
+    assert not watch.is_terminal(status(job))  # it keeps running: the message is the way out
+    res = run(*command.split()[1:], "--grace", "1")  # the printed command, as printed
+    assert res.exit_code == 0, res.output
+    assert status(job)["state"] == "CANCELLED"
+
+
+def test_stop_on_a_terminal_of_a_running_job_whose_status_is_cut_short_still_ends_it(
+        root, tmp_path, monkeypatch):
+    for where in ("opsctl.cli.jobs.interactive", "opsctl.cli.app.interactive"):
+        monkeypatch.setattr(where, lambda: True)  # a person answers "y"
+    first = deploy(tmp_path, "cut", "import time\ntime.sleep(300)")  # quiet: no rewrite
+    job_id, pid = first["job_id"], first["status"]["pid"]
+    cexec("truncate", "-s", "17", f"{root}/jobs/{job_id}/status.json")
+    res = run("stop", "--host", "sandbox", "--ct", CT, "--job", job_id, "--grace", "1",
+              input="y\n")
+    assert f"stop job {job_id} (its record is damaged" in res.output, res.output
+    assert res.exit_code in (0, errors.REMOTE_FAILED), res.output  # CANCELLED, or said so
+    assert res.exit_code == 0 or "none is left" in res.output, res.output
+    assert cexec("sh", "-c", f"test -e /proc/{pid} && echo alive || echo gone").strip() == "gone"
 
 
 # --- 12. the deploy verdict ---------------------------------------------------------------

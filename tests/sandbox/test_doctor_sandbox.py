@@ -45,6 +45,31 @@ def test_doctor_on_the_sandbox_skips_gpu_checks_without_crashing(target: Path) -
     assert set(rows) >= {"pct", "dev-shm"}
 
 
+def test_doctor_with_a_short_deadline_holds_it_end_to_end(sandbox, isolated_env: Path) -> None:
+    # a root of its own, new each run: the module's ROOT has a payload once any test ran
+    root = f"{ROOT}-deadline-{os.getpid()}-{time.time_ns()}"
+    use_private_root(sandbox, isolated_env, root)
+
+    def doctor_15(exit_code: int) -> dict[str, dict[str, str]]:
+        t0 = time.monotonic()
+        res = run("doctor", *T, "--deadline", "15", "--json")
+        took = time.monotonic() - t0
+        assert took < 15, f"doctor took {took:.1f} s of its 15 s"
+        assert res.exit_code == exit_code, res.output
+        return {r["name"]: r for r in json.loads(res.stdout)["rows"]}
+
+    # a fresh root has no payload, and shipping one may take longer than 15 s: not shipped,
+    # and a doctor that could not run its container checks is never a clean bill
+    rows = doctor_15(errors.DOCTOR_FAILED)
+    assert rows["disk-free"]["status"] == "skip" and "does not fit" in rows["disk-free"]["reason"]
+    assert rows["deadline"]["status"] == "fail" and "disk-free" in rows["deadline"]["reason"]
+    assert run("doctor", *T, "--json").exit_code == 0  # the default deadline ships it
+    rows = doctor_15(0)
+    assert rows["disk-free"]["status"] in ("ok", "warn"), rows["disk-free"]
+    assert root in rows["disk-free"]["evidence"] and "deadline" not in rows
+    assert run("exec", *T, "--", "rm", "-rf", "--one-file-system", root).exit_code == 0
+
+
 def test_doctor_prints_one_row_per_check(target: Path) -> None:
     res = run("doctor", *T)
     assert res.exit_code == 0, res.output
@@ -196,3 +221,41 @@ def test_deploy_refuses_on_a_failing_doctor_check_unless_forced(sandbox, isolate
         run("stop", *T, job, "--grace", "1")
     finally:
         run("exec", *T, "--", "umount", "-l", FULL_ROOT)
+
+
+_WRITE = """\
+import json, os, sys
+root = sys.argv[1]
+for rel, text in json.load(sys.stdin).items():
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+"""
+
+
+def test_a_deadline_that_leaves_no_time_for_the_container_is_never_a_clean_bill(target: Path):
+    """An agent that never answers, and a deadline of 8 s: what is left after the host's
+    checks cannot hold the agent's, so doctor says so in a failing ``deadline`` row and exits
+    28 (never "no failing check", exit 0), within its deadline."""
+    from opsctl.config import inventory as inventory_mod
+    from opsctl.remote import payload
+    from opsctl.remote.transport import Remote
+
+    files = {"payload/remote_payload/__init__.py": "",
+             "payload/remote_payload/agent/__init__.py": "",
+             "payload/remote_payload/agent/__main__.py": "import time\ntime.sleep(100000)\n",
+             "payload/MANIFEST.json": json.dumps({"digest": payload.build_manifest().digest})}
+    with Remote(inventory_mod.load().resolve("sandbox"), use_mux=False) as r:
+        res = r.pct_exec(200, ["python3", "-c", _WRITE, ROOT], stdin=json.dumps(files).encode(),
+                         timeout=30)
+        assert res.rc == 0, res.stderr
+    start = time.monotonic()
+    res = run("doctor", *T, "--deadline", "8", "--json")
+    took = time.monotonic() - start
+    assert res.exit_code == errors.DOCTOR_FAILED, res.output
+    doc = json.loads(res.stdout)
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert doc["ok"] is False and rows["deadline"]["status"] == "fail"
+    assert "container-libraries" in rows["deadline"]["reason"]
+    assert took < 8 + 1.5, took

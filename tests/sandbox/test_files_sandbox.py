@@ -303,3 +303,60 @@ def test_playbook_outputs_sharing_a_name_are_refused_naming_both(target, tmp_pat
     message = json.loads(res.stdout)["error"]["message"]
     assert f"/opt/opsctl/data/a/{name}" in message and f"/root/{name}" in message
     assert sorted(os.listdir(tmp_path)) == ["outs.yaml"]
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """The live processes below ``pid`` (by their parent links), with their command names."""
+    kids: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        comm, rest = stat.rsplit(b")", 1)
+        fields = rest.split()
+        if fields[0] in (b"Z", b"X"):
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(entry))
+        names[int(entry)] = comm.split(b"(", 1)[1].decode("utf-8", "replace")
+    found: dict[int, str] = {}
+    todo = list(kids.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found[p] = names[p]
+        todo += kids.get(p, [])
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] not in (
+            b"Z", b"X")
+    except OSError:
+        return False
+
+
+def test_a_sigkill_of_opsctl_mid_pull_ends_its_rsync_and_ssh_too(target, tmp_path):
+    """The attack: opsctl SIGKILLed during a pull (no handler runs); its rsync and the ssh
+    under it ran on to the end of the transfer. They end with it."""
+    src = f"/root/{unique('killed')}"
+    assert run("exec", "--host", target, "--ct", "200", "--", "sh", "-c",
+               f"mkdir -p {src} && head -c 67108864 /dev/urandom > {src}/big.bin").exit_code == 0
+    dest = tmp_path / "back"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "opsctl", "pull", "--host", target, "--ct",
+                             "200", src, str(dest), "--method", "rsync", "--bwlimit", "2048"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(lambda: _partial_size(dest, "big.bin") >= 1 << 20 or proc.poll() is not None, 60,
+             interval=0.05)
+    below = _descendants(proc.pid)
+    assert proc.poll() is None and "rsync" in below.values() and "ssh" in below.values(), \
+        (below, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+    proc.kill()  # SIGKILL: no handler of opsctl runs
+    proc.wait(timeout=10)
+    wait_for(lambda: not any(_alive(p) for p in below), 15, interval=0.1,
+             what=f"the pull's children {below} to end with opsctl")
+    assert _partial_size(dest, "big.bin") < 64 << 20  # they did not run on to the end

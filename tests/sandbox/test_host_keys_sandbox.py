@@ -116,3 +116,25 @@ def test_accept_new_into_a_known_hosts_that_cannot_be_written_is_a_host_key_erro
     assert res.exit_code == errors.HOST_KEY, res.output
     assert "cannot record the host key of [127.0.0.1]:" in res.output
     assert "in /proc/version" in res.output and "nothing was run" in res.output
+
+
+OTHER_HOST = "other.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+
+
+@pytest.mark.parametrize("how", ["host trust", "--accept-new-host-key"])
+def test_a_key_recorded_after_a_last_line_without_newline_keeps_both_entries_whole(
+        how, sandbox, isolated_env, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text(OTHER_HOST)  # a hand edit left no newline at the end
+    write_inventory(isolated_env, sandbox, port=sandbox.port, known_hosts=str(known))
+    if how == "host trust":
+        res = run("host", "trust", "--host", "h", "--yes")
+    else:
+        res = run("exec", "--accept-new-host-key", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == 0, res.output
+    sandbox_key = (sandbox.state_dir / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    assert known.read_text().splitlines() == [
+        OTHER_HOST, f"[127.0.0.1]:{sandbox.port} ssh-ed25519 {sandbox_key}"]
+    res = run("exec", "--host", "h", "--ct", "200", "--", "true")
+    assert res.exit_code == 0, res.output
+    assert "unreadable" not in res.stderr

@@ -31,13 +31,27 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def finished_job(sandbox, isolated_env: Path, tmp_path: Path) -> str:
+#: the bundled CPU smoke job's events (playbooks/dflash-cpu-smoke.yaml: 40 steps, a step event
+#: every 5, all within a few seconds), without its torch install
+SMOKE_LOSSES = [6.9412, 6.5203, 6.2281, 6.0105, 5.837, 5.6622, 5.5159, 5.4057]
+SMOKE_TRAINER = textwrap.dedent(f"""
+    import json, time
+    def ev(**k): print(json.dumps(k), flush=True)
+    ev(event="phase", phase="training")
+    for i, loss in enumerate({SMOKE_LOSSES!r}):
+        ev(event="step", step=5 * (i + 1), loss=loss, tok_s=1800.0 + i, lr=3e-3, mem_gib=0.4)
+        time.sleep(0.05)
+    print("done", flush=True)
+""")
+
+
+def _finished(sandbox, isolated_env: Path, tmp_path: Path, name: str, script: str) -> str:
+    """The job ``name`` running ``script`` in ct 200, deployed and followed to its end."""
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")
-    book = tmp_path / "curves.yaml"
-    book.write_text(json.dumps({"name": "curves", "command": ["python3", "-c", TRAINER],
+    book = tmp_path / f"{name}.yaml"
+    book.write_text(json.dumps({"name": name, "command": ["python3", "-c", script],
                                 "timeout_s": 60, "healthy_when": {"event": "step"}}))
     res = run("deploy", "--host", "sandbox", "--ct", "200", "--playbook", str(book), "--json")
     assert res.exit_code == 0, res.output
@@ -45,6 +59,16 @@ def finished_job(sandbox, isolated_env: Path, tmp_path: Path) -> str:
     res = run("status", "--host", "sandbox", "--ct", "200", "--job", job_id, "--follow", "--json")
     assert res.exit_code == 0, res.output
     return job_id
+
+
+@pytest.fixture
+def finished_job(sandbox, isolated_env: Path, tmp_path: Path) -> str:
+    return _finished(sandbox, isolated_env, tmp_path, "curves", TRAINER)
+
+
+@pytest.fixture
+def finished_smoke_job(sandbox, isolated_env: Path, tmp_path: Path) -> str:
+    return _finished(sandbox, isolated_env, tmp_path, "smoke-events", SMOKE_TRAINER)
 
 
 def test_status_carries_a_small_history_and_shows_it_as_sparklines(finished_job):
@@ -81,3 +105,28 @@ def test_plot_draws_the_job_and_writes_the_same_charts_as_png(finished_job, tmp_
     assert doc["job_id"] == finished_job and doc["source"] == "history.json"
     assert len(doc["history"]["t"]) >= 2 and "mfu" in doc["history"]
 
+
+
+def test_a_finished_40_step_jobs_plot_and_sparkline_end_at_its_final_loss(finished_smoke_job):
+    """Its 8 step events fit in one or two 2 s buckets: the plot is drawn from the events
+    themselves and ends at the last one, as the metrics line does."""
+    job = finished_smoke_job
+    res = run("plot", job, "--host", "sandbox", "--ct", "200", "--json")
+    assert res.exit_code == 0, res.output
+    hist = json.loads(res.stdout)["history"]
+    assert hist["last"]["loss"] == {"t": hist["last"]["loss"]["t"], "v": 5.4057, "step": 40}
+    assert hist["steps"]["step"] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert hist["steps"]["loss"] == SMOKE_LOSSES
+
+    res = run("status", "--host", "sandbox", "--ct", "200", "--job", job)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert "loss 5.4057" in next(x for x in lines if x.startswith("metrics:"))
+    spark = next(x for x in lines if x.strip().startswith("loss"))
+    assert " 5.4057  (5.4057…6.9412)" in spark, spark
+
+    for by, axis in (("time", "minutes since start"), ("step", "step")):
+        res = run("plot", job, "--host", "sandbox", "--ct", "200", "--by", by,
+                  "--metric", "loss,tok_s", "--width", "80")
+        assert res.exit_code == 0, res.output
+        assert axis in res.output and "Ktok/s" in res.output

@@ -287,3 +287,60 @@ def test_a_signal_to_queue_add_queues_the_whole_pipeline_or_none_of_it(
     for j in mine:  # every queued step waits for a step of its own batch, which is there
         if j.get("after") is not None:
             assert j["after"] in ids, j
+
+
+def _queue_add_processes() -> list[str]:
+    """The command lines of the ``queue-add`` processes on this machine (the ssh that opsctl
+    started, and the agent in the container: LXC shares this kernel's process table)."""
+    import os
+
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                words = f.read().decode("utf-8", "replace").replace("\0", " ")
+        except OSError:
+            continue
+        if "queue-add" in words and "--specs-stdin" in words and "pytest" not in words:
+            found.append(words)
+    return found
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_while_64_steps_are_queued_names_them_and_the_command_that_takes_them_out(
+        q: Queue, signame: str) -> None:
+    import os
+    import signal
+    import sys
+
+    name = f"wide{signame.lower()}"
+    book = q.book(name, gate="all")
+    pipe = q.home / f"pipe-{name}.json"
+    pipe.write_text(json.dumps({"name": f"p{name}", "steps": [
+        {"playbook": book, "name": f"s{i}", "after": "previous" if i else None}
+        for i in range(64)]}))
+    proc = subprocess.Popen([sys.executable, "-m", "opsctl", "queue", "add", *T,
+                             "--playbook", str(pipe)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    wait_for(lambda: any("remote_payload.agent" in c for c in _queue_add_processes())
+             or proc.poll() is not None, 120, what="the container to be queueing", interval=0.02)
+    proc.send_signal(getattr(signal, signame))
+    _out, err = proc.communicate(timeout=120)
+    text = " ".join(err.split())  # the console wraps long lines
+    assert proc.returncode == {"SIGTERM": errors.TERMINATED, "SIGHUP": errors.HANGUP}[signame], text
+    assert f"queue add terminated by {signame} during queue of 64 jobs" in text, text
+    assert "Traceback" not in text
+    first = text.split(" of 64 jobs (", 1)[1].split(" ", 1)[0]
+    command = f"opsctl stop --host sandbox --ct {CT} --job {first}"
+    assert command in text and "the 63 steps that wait for it are cancelled" in text, text
+
+    wait_for(lambda: not _queue_add_processes(), 60, what="the queue-add to end in the container")
+    mine = [j for j in ok_json("jobs", *T, "--all")["jobs"] if j["name"] == name]
+    assert len(mine) in (0, 64), [j["job_id"] for j in mine]  # whole or none
+    if mine:  # queued: the printed command takes the whole batch out
+        res = run(*command.split()[1:], "--grace", "1")
+        assert res.exit_code == 0, res.output
+        wait_for(lambda: all(j["state"] == "CANCELLED" for j in ok_json("jobs", *T, "--all")
+                             ["jobs"] if j["name"] == name), 60, what="the batch cancelled")

@@ -423,3 +423,109 @@ def test_the_smoke_job_with_report_to_tensorboard_is_served_here(sandbox, real_b
             p.kill()
             p.wait()
     assert wait_for(lambda: not _tensorboards(isolated_env), 10), _tensorboards(isolated_env)
+
+
+def _sh(script: str) -> None:
+    res = run("exec", "--host", "sandbox", "--ct", "200", "--", "sh", "-c", script)
+    assert res.exit_code == 0, res.output
+
+
+def test_a_status_reply_naming_a_traversal_job_id_writes_nothing_outside_the_copies(
+        deploy, isolated_env, tmp_path, monkeypatch):
+    """The container answers ``status`` with ``job_id: ../../../.ssh`` and has a matching
+    ``trackers`` event and logdir holding ``authorized_keys``: nothing is written outside
+    ``<opsctl home>/tensorboard`` (the id is checked here too, whatever the reply check does)."""
+    from opsctl.ops import watch
+
+    real = deploy(_job(None, None))
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    said = json.dumps({"event": "trackers", "report_to": ["tensorboard"], "run": "r",
+                       "tensorboard": logdir}, separators=(",", ":"))
+    _sh(f"mkdir -p /.ssh {logdir} && printf '%s\\n' '{said}' > /.ssh/events.jsonl && "
+        f"echo 'ssh-ed25519 AAAA attacker' > {logdir}/authorized_keys && "
+        f"echo x > {logdir}/events.out.tfevents.1")
+    fetch = watch.fetch_status
+
+    def hostile(agent, job_id, lines=20):
+        doc = dict(fetch(agent, real, lines))
+        doc["job_id"] = "../../../.ssh"
+        return doc
+
+    monkeypatch.setattr(watch, "fetch_status", hostile)
+    aimed = isolated_env.parent / ".ssh"  # <home>/tensorboard/<host>-ct200/../../../.ssh
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    res = run("tensorboard", "--host", "sandbox", "--ct", "200", "--port", "0")
+    assert res.exit_code == 25, res.output
+    assert "no job id" in res.output and "Traceback" not in res.output, res.output
+    assert not aimed.exists(), list(aimed.rglob("*"))
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def _peak_rss_kib(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, int, str]:
+    """(exit code, peak resident KiB of the command, its stderr), measured in a fresh parent."""
+    probe = ("import json, resource, subprocess, sys; "
+             "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+             "print(json.dumps([p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN)"
+             ".ru_maxrss, p.stderr[-2000:]]))")
+    out = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    rc, rss, err = json.loads(out.stdout)
+    return rc, rss, err
+
+
+def test_300k_trackers_lines_cost_bounded_memory_and_the_last_one_counts(deploy, isolated_env):
+    logdir = f"/var/tmp/opsctl-tb-never-{uuid.uuid4().hex[:6]}/tensorboard"
+    job_id = deploy(_job(None, None))
+    said = json.dumps({"event": "trackers", "report_to": ["tensorboard"], "run": "r",
+                       "tensorboard": "/var/tmp/x" * 100 + "/tensorboard"}, separators=(",", ":"))
+    last = json.dumps({"event": "trackers", "report_to": ["tensorboard"], "run": "r",
+                       "tensorboard": logdir}, separators=(",", ":"))
+    events = f"/opt/opsctl/jobs/{job_id}/events.jsonl"
+    _sh(f"i=0; while [ $i -lt 300 ]; do printf '%s\\n' '{said}'; i=$((i+1)); done > /tmp/k.jsonl && "
+        f"for j in $(seq 1000); do cat /tmp/k.jsonl; done >> {events} && "
+        f"printf '%s\\n' '{last}' >> {events} && rm /tmp/k.jsonl")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rc, rss_kib, err = _peak_rss_kib([sys.executable, "-m", "opsctl", "tensorboard", job_id,
+                                      "--host", "sandbox", "--ct", "200", "--port", "0"], env, 300)
+    assert rc == 2 and f"{logdir} does not exist" in err, err  # the last event named it
+    assert rss_kib < 250 * 1024, f"peak {rss_kib // 1024} MiB"
+
+
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_event_files_larger_than_the_cap_stop_the_copy_with_one_line_naming_it(
+        deploy, isolated_env, tmp_path, method):
+    logdir = f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard"
+    job_id = deploy(_job(logdir, _event_file(tmp_path)))
+    _sh(f"head -c 200000 /dev/zero > {logdir}/run1/events.out.tfevents.9.big")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPSCTL_PULLED_EVENT_BYTES": "100000",
+           "OPSCTL_FILES_METHOD": method}
+    p = subprocess.run([sys.executable, "-m", "opsctl", "tensorboard", job_id, "--host", "sandbox",
+                        "--ct", "200", "--port", "0"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 25, p.stderr
+    assert "100000" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    big = list((isolated_env / "tensorboard").rglob("*.big"))
+    assert all(f.stat().st_size <= 100000 for f in big), big
+
+
+def test_a_tensorboard_server_that_dies_ends_the_session_with_one_line(deploy, isolated_env, tmp_path):
+    job_id = deploy(_job(f"/var/tmp/opsctl-tb-{uuid.uuid4().hex[:8]}/tensorboard", _event_file(tmp_path)))
+    p = _start(job_id, refresh="0")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("http://127.0.0.1:" in x for x in lines), 120,
+                 what=f"the URL line (stderr so far: {lines})")
+        for pid in _tensorboards(isolated_env):
+            os.kill(pid, signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    reader.join(5)
+    err = "".join(lines)
+    assert p.returncode == 2, err
+    assert "exited with -9 while serving" in err and "Traceback" not in err, err
+

@@ -228,6 +228,10 @@ def test_the_demo_deploys_the_real_cpu_torch_and_trains(sandbox, real_build: Non
     st = json.loads(opsctl("status", "--follow", "--json", "--poll", "1").stdout)
     assert (st["state"], st["exit_code"]) == ("SUCCEEDED", 0)
     assert st["last_step"]["step"] == 40 and st["last_step"]["loss"] < 6.5
+    # its plot ends at the loss it ended at, and has a row per step event (every 5 steps)
+    plot = valid("plot", opsctl("plot", "--json").stdout)["history"]
+    assert plot["last"]["loss"]["v"] == st["last_step"]["loss"]
+    assert plot["steps"]["step"] == list(range(5, 41, 5))
     info = json.loads(opsctl("cache", "info", "--json").stdout)
     assert info["current_build"] == "torch-2.13.0-cpu"
     assert info["current_fingerprint"].startswith("torch2.13.0+cpu-cudanone")

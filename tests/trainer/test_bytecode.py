@@ -336,3 +336,31 @@ def test_a_primer_killed_midway_leaves_no_worker_holding_the_prefix(cold, sig):
     assert wait_for(lambda: not (_primer_tree(prefix) & first), 10), "a killed primer's workers"
     again.end()
     assert wait_for(lambda: not _primer_tree(prefix), 10), _primer_tree(prefix)
+
+
+def test_compileall_killed_alone_takes_its_workers_with_it(cold):
+    """A SIGKILL of compileall itself (not of the primer) leaves workers that no one waits
+    for: the primer ends its whole group as soon as compileall is gone, and frees the prefix."""
+    import signal
+
+    from tests.waiting import wait_for
+
+    pkg, prefix = cold
+    for i in range(1500):
+        (pkg / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n" for j in range(80)))
+    child = bytecode.prime(str(prefix), dict(os.environ), 2, packages=("fakecold",))
+    assert child is not None
+
+    def compileall_pid() -> int | None:
+        for pid in _primer_tree(prefix):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[1]) == child.pid:
+                    return pid
+        return None
+
+    wait_for(lambda: len(_primer_tree(prefix)) >= 4, 30, what="the primer's workers")
+    target = wait_for(compileall_pid, 10, what="compileall")
+    os.kill(target, signal.SIGKILL)
+    assert child.wait(timeout=30) == 128 + signal.SIGKILL  # compileall's end, reported
+    assert wait_for(lambda: not _primer_tree(prefix), 10), _primer_tree(prefix)
+    _wait_unlocked(prefix, timeout=5)

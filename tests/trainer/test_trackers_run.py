@@ -8,6 +8,7 @@ the run directory or is pointed at a dead port on 127.0.0.1.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pathlib
 import struct
@@ -22,6 +23,7 @@ pytest.importorskip("tensorboard")
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
 
+from remote_payload.agent.verbs import goodput as goodput_verb  # noqa: E402
 from remote_payload.trainer import trackers  # noqa: E402
 from remote_payload.trainer.train import main  # noqa: E402
 
@@ -82,8 +84,11 @@ def _wandb_records(run_dir: pathlib.Path) -> list:
     return out
 
 
-def test_every_tracker_records_the_step_metrics_config_and_tags_of_the_run(capsys, tmp_path, monkeypatch):
+def test_every_tracker_records_the_step_metrics_goodput_config_and_tags_of_the_run(
+        capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", KEY)  # offline all the same: WANDB_MODE says so
+    goodput = _goodput_file(tmp_path / goodput_verb.SUMMARY_CACHE)
+    monkeypatch.setenv("OPSCTL_GOODPUT_FILE", str(tmp_path / goodput_verb.SUMMARY_CACHE))
     out = tmp_path / "run"
     rc, ev = _run(capsys, out, "--report-to", "tensorboard,wandb,mlflow", "--run-id", "trk1")
     assert rc == 0, ev[-3:]
@@ -115,6 +120,10 @@ def test_every_tracker_records_the_step_metrics_config_and_tags_of_the_run(capsy
     assert [int(h["_step"]) for h in history] == [2, 4, 6], history
     assert [float(h["train/loss"]) for h in history] == pytest.approx(
         [steps[s]["loss"] for s in (2, 4, 6)])
+    # the run's goodput, once, at the first step after the summary was read
+    assert [(int(h["_step"]), float(h["goodput/ratio"])) for h in history
+            if "goodput/ratio" in h] == [(2, pytest.approx(goodput["goodput"]))]
+    assert float(history[0]["goodput/badput_s/stall"]) == pytest.approx(goodput["causes"]["stall"])
     (run_rec,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert f"torch:{torch.__version__}" in run_rec.tags and run_rec.display_name == "trk1"
     assert "args.lr" in {c.key for c in run_rec.config.update}
@@ -127,6 +136,8 @@ def test_every_tracker_records_the_step_metrics_config_and_tags_of_the_run(capsy
     assert run.info.status == "FINISHED" and run.info.run_name == "trk1"
     hist = client.get_metric_history(run.info.run_id, "train/loss")
     assert {m.step: m.value for m in hist} == pytest.approx({k: e["loss"] for k, e in steps.items()})
+    hist = client.get_metric_history(run.info.run_id, "goodput/effective_tok_s")
+    assert [(m.step, m.value) for m in hist] == [(2, pytest.approx(goodput["effective_tok_s"]))]
     assert run.data.params["args.steps"] == "6" and run.data.params["model.block_size"] == "4"
     assert run.data.tags["torch"] == torch.__version__ and run.data.tags["payload"] == "local"
 
@@ -247,3 +258,85 @@ def test_a_sigterm_ends_the_run_with_the_last_step_in_tensorboard(tmp_path):
     acc.Reload()
     assert max(s.step for s in acc.Scalars("train/loss")) >= 3
     assert glob.glob(str(out / "tensorboard" / "sig" / "events.out.tfevents.*"))
+
+
+def _goodput_file(path: pathlib.Path) -> dict:
+    """The run's summary as the job's wrapper writes it: the agent's own ledger of a run with
+    a crash (its stall, lost progress and restart gap), summed up as ``status`` shows it."""
+    from remote_payload.agent import goodput
+
+    t0 = 1_790_000_000.0
+    events = [{"event": "startup", "first_step_at": 5.0, "_at": t0 + 5},
+              *({"event": "step", "step": s, "tok_s": 900.0, "_at": t0 + 5 + s}
+                for s in range(1, 31)),
+              {"event": "restart", "attempt": 2, "reason": "python_exception", "_at": t0 + 40},
+              {"event": "resume", "step": 20, "_at": t0 + 44},
+              {"event": "startup", "first_step_at": 4.0, "_at": t0 + 45},
+              *({"event": "step", "step": s, "tok_s": 900.0, "_at": t0 + 25 + s}
+                for s in range(21, 41))]
+    facts = goodput.JobFacts("train-20261203-100000-aaaa", t0 - 1, t0, None, "RUNNING", events)
+    doc = goodput.ledger([facts], t0 + 66.0)
+    summary = {"run_id": "train-20261203-100000-aaaa", **goodput.summary(doc)}
+    cache = {"key": [], "at": t0 + 66.0, "moment": ["RUNNING", 2], "run_id": summary["run_id"],
+             "summary": summary}
+    path.write_text(json.dumps(cache))
+    return summary
+
+
+def test_tensorboard_gets_the_runs_goodput_from_the_wrappers_summary(capsys, tmp_path, monkeypatch):
+    """The trainer cannot see its run's earlier attempts: the wrapper's summary (named by
+    OPSCTL_GOODPUT_FILE) becomes goodput scalars at the trainer's step."""
+    summary = _goodput_file(tmp_path / goodput_verb.SUMMARY_CACHE)
+    assert summary["causes"]["stall"] > 0 and summary["causes"]["lost"] > 0
+    monkeypatch.setenv("OPSCTL_GOODPUT_FILE", str(tmp_path / goodput_verb.SUMMARY_CACHE))
+    out = tmp_path / "run"
+    rc, ev = _run(capsys, out, "--report-to", "tensorboard", "--run-id", "gp1")
+    assert rc == 0, ev[-3:]
+    assert [e for e in ev if e["event"] == "warning"] == []
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard" / "gp1"))
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    # read once per refresh of the file (at most every 10 s): at the first logged step
+    ratio = [(s.step, s.value) for s in acc.Scalars("goodput/ratio")]
+    assert ratio == [(2, pytest.approx(summary["goodput"], rel=1e-6))]
+    (tok,) = acc.Scalars("goodput/effective_tok_s")
+    assert (tok.step, tok.value) == (2, pytest.approx(summary["effective_tok_s"], rel=1e-6))
+    for cause, seconds in summary["causes"].items():
+        name = f"goodput/badput_s/{cause}"
+        if cause == "productive":
+            assert name not in scalars
+            continue
+        (got,) = acc.Scalars(name)
+        assert (got.step, got.value) == (2, pytest.approx(seconds, rel=1e-6, abs=1e-6)), cause
+    assert {f"train/{n}" for n in ("loss", "acc", "tok_s")} <= scalars
+
+
+@pytest.mark.parametrize("plant", ["missing", "fifo", "link", "garbage", "huge"])
+def test_a_goodput_file_that_is_damaged_or_planted_costs_the_scalars_never_the_run(
+        capsys, tmp_path, monkeypatch, plant):
+    path = tmp_path / "goodput-summary.json"
+    if plant == "fifo":
+        os.mkfifo(path)  # a reader that opened it blocking would wait forever
+    elif plant == "link":
+        real = tmp_path / "real.json"
+        _goodput_file(real)
+        os.symlink(real, path)
+    elif plant == "garbage":
+        path.write_bytes(b'{"at": 1e400, "summary": {"goodput": "\xff"')
+    elif plant == "huge":
+        path.write_bytes(b"[" * (trackers.GOODPUT_MAX_BYTES + 10))
+    monkeypatch.setenv("OPSCTL_GOODPUT_FILE", str(path))
+    out = tmp_path / "run"
+    started = time.monotonic()
+    rc, ev = _run(capsys, out, "--report-to", "tensorboard", "--run-id", "gp2")
+    assert rc == 0, ev[-3:]
+    assert time.monotonic() - started < 120
+    assert [e for e in ev if e["event"] == "warning"] == []
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard" / "gp2"))
+    acc.Reload()
+    assert [s for s in acc.Tags()["scalars"] if s.startswith("goodput/")] == []
+    assert "train/loss" in acc.Tags()["scalars"]

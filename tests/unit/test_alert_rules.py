@@ -24,12 +24,13 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules_accepts_the_example_rules():
     res = promtool("check", "rules", str(RULES))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 4 rules found" in res.stdout
+    assert "SUCCESS: 5 rules found" in res.stdout
 
 
 def test_promtool_test_rules_passes_the_rules_test_file():
     """Job FAILED, no step for 10 minutes while RUNNING, a GPU at 0 % for 5 minutes while a
-    job runs, a host down: each fires when it should and not before."""
+    job runs, a host down, a run's goodput below 0.8 for an hour: each fires when it should
+    and not before."""
     res = promtool("test", "rules", RULES_TEST.name)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout

@@ -3,7 +3,7 @@
 Every import counts, also the ones inside functions (a lazy import that points upwards is
 still an upward arrow). The layers, top to bottom::
 
-    opsctl.cli      click + rich; the only package that imports them
+    opsctl.cli      click + rich; the only package that imports them (rich: cli/render.py alone)
     opsctl.ops      use cases: deploy, jobs, watch, torch, hosts     opsctl.sandbox
     opsctl.remote   transport, mux, agent client, payload, reply shapes
     opsctl.state    run-time state: the remembered target
@@ -11,7 +11,8 @@ still an upward arrow). The layers, top to bottom::
     opsctl.errors   the error tree                       remote_payload.wire (stdlib only)
 
 opsctl imports from the container side only the modules both sides share, each stdlib only
-(:data:`SHARED_WITH_OPSCTL`): the wire contract, the file writer, the tar sync, GPU facts.
+(:data:`SHARED_WITH_OPSCTL`): the wire contract, the file writer, the bounded reader, the
+`/proc` reader, the tar sync, GPU facts.
 
 Each module's layer is the package it sits in. The container side (``remote_payload``) never
 imports ``opsctl``.
@@ -47,7 +48,8 @@ LAYERS: dict[str, set[str]] = {
 SHARED_WITH_OPSCTL = ("remote_payload.wire", "remote_payload.wire_shapes",
                       "remote_payload.safe_write", "remote_payload.tarsync",
                       "remote_payload.gpufacts", "remote_payload.procgroup",
-                      "remote_payload.limits", "remote_payload.torchindex")
+                      "remote_payload.limits", "remote_payload.torchindex",
+                      "remote_payload.boundedread", "remote_payload.procfs")
 
 
 def _module_name(path: Path) -> str:
@@ -130,6 +132,17 @@ def test_only_the_cli_imports_click_and_rich():
     assert offenders == []
 
 
+def test_every_rich_view_is_in_render_the_only_module_that_imports_rich():
+    importers = []
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "rich" for n in names):
+                importers.append(mod)
+    assert sorted(set(importers)) == ["opsctl.cli.render"]
+
+
 def test_the_container_side_never_imports_opsctl():
     offenders = [f"{m} -> {d}" for m, deps in GRAPH.items() if m.startswith("remote_payload")
                  for d in deps if d.startswith("opsctl")]
@@ -159,9 +172,22 @@ def test_the_wire_contract_is_stdlib_only():
 
 
 def test_the_file_writer_is_stdlib_only_and_imports_nothing_of_the_project():
-    """safe_write.py is imported by the CLI, the agent (Python 3.10) and the trainer."""
-    assert GRAPH["remote_payload.safe_write"] == set()
+    """safe_write.py is imported by the CLI, the agent (Python 3.10) and the trainer; it
+    reads its markers with the bounded reader, which is stdlib only too."""
+    assert GRAPH["remote_payload.safe_write"] <= {"remote_payload.boundedread"}
     assert _third_party("remote_payload.safe_write") == []
+
+
+def test_the_bounded_reader_and_the_proc_reader_are_stdlib_only():
+    """Both sides import them, and the self-contained programs (``opsctl exec``'s guard, the
+    payload unpacker) carry their text: they import nothing of the project but each other
+    and the caps."""
+    assert GRAPH["remote_payload.boundedread"] == set()
+    assert GRAPH["remote_payload.procfs"] <= {"remote_payload.boundedread",
+                                               "remote_payload.limits"}
+    assert GRAPH["remote_payload.limits"] == set()
+    for module in ("remote_payload.boundedread", "remote_payload.procfs"):
+        assert _third_party(module) == []
 
 
 def test_opsctl_imports_only_the_shared_modules_of_the_container_side():

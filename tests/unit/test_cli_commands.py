@@ -29,9 +29,10 @@ def test_every_command_defined_in_a_family_is_listed():
 
 def test_the_top_level_commands_are_the_documented_ones():
     assert sorted(cli.commands) == [
-        "attach", "cache", "completion", "dashboard", "deploy", "doctor", "envs", "exec", "forward", "help",
-        "host", "hosts", "jobs", "logs", "mux", "playbooks", "plot", "probe", "pull", "push", "queue",
-        "sandbox", "schema", "shell", "stacks", "status", "stop", "swap-torch", "tensorboard"]
+        "attach", "cache", "completion", "dashboard", "deploy", "doctor", "envs", "exec", "forward",
+        "goodput", "help", "host", "hosts", "jobs", "logs", "mux", "playbooks", "plot", "probe", "pull",
+        "push", "queue", "sandbox", "schema", "shell", "stacks", "status", "stop", "swap-torch",
+        "tensorboard"]
 
 
 def test_the_commands_page_shows_every_top_level_command_at_a_glance():

@@ -131,19 +131,6 @@ def test_the_agent_never_imports_the_shapes_at_run_time():
                 pytest.fail(f"{path} imports wire_shapes at run time")
 
 
-class _Agent:
-    """An agent whose every reply is ``reply`` (pure logic: no container)."""
-
-    def __init__(self, reply: t.Any) -> None:
-        self.reply = reply
-
-    def ensure_payload(self, force: bool = False) -> None:
-        return None
-
-    def call(self, verb: str, *args: str, **_: t.Any) -> t.Any:
-        return self.reply
-
-
 @pytest.mark.parametrize("reply", [
     {"root": "/opt/opsctl", "caches": "not a list"},
     {"root": "/opt/opsctl", "current_fingerprint": None, "current_build": None,
@@ -158,10 +145,12 @@ def test_a_command_given_a_reply_that_is_not_its_shape_exits_25_with_one_json_er
 
     from opsctl.cli import cli
     from opsctl.ops import jobs
+    from tests.replies import envelope, scripted_agent
 
     @contextlib.contextmanager
     def target(*_: t.Any, **__: t.Any) -> t.Iterator[t.Any]:
-        yield types.SimpleNamespace(label="pve1 ct 200", agent=_Agent(reply))
+        yield types.SimpleNamespace(label="pve1 ct 200",
+                                    agent=scripted_agent(lambda verb, args: envelope(verb, reply)))
 
     monkeypatch.setattr(jobs, "open_target", target)
     res = CliRunner().invoke(cli, ["cache", "info", "--host", "pve1", "--ct", "200", "--json"])

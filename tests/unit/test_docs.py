@@ -64,6 +64,47 @@ def _nav_pages(node: object) -> list[str]:
     return []
 
 
+def _sentences(text: str) -> list[str]:
+    """The prose sentences of a page: headings, tables, code and markers left out."""
+    out: list[str] = []
+    in_code = False
+    for para in text.split("\n\n"):
+        lines = []
+        for line in para.splitlines():
+            if line.lstrip().startswith("```"):
+                in_code = not in_code
+                continue
+            if not in_code and not line.lstrip().startswith(("#", "|", "<!--")):
+                lines.append(line)
+        out += re.split(r"(?<=[.!?])\s+", " ".join(" ".join(lines).split()))
+    return out
+
+
+def test_no_long_sentence_is_printed_twice_on_a_page():
+    repeated = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        seen: set[str] = set()
+        for sentence in _sentences(page.read_text(encoding="utf-8")):
+            if len(sentence) >= 100 and sentence in seen:
+                repeated.append(f"{page.relative_to(ROOT)}: {sentence[:80]}…")
+            seen.add(sentence)
+    assert repeated == []
+
+
+def test_the_threat_model_is_in_the_docs_and_linked_from_the_front_page_and_the_architecture():
+    assert (DOCS / "threat-model.md").is_file()
+    for page in ("index.md", "architecture.md"):
+        assert "(threat-model.md)" in (DOCS / page).read_text(encoding="utf-8"), page
+
+
+def test_every_module_and_test_the_threat_model_names_exists():
+    text = (DOCS / "threat-model.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:opsctl|remote_payload|tests)/[\w/]+\.py)`", text))
+    assert named, "the threat model names the module and the test of each rule"
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert missing == []
+
+
 def test_every_docs_page_is_in_the_navigation_and_every_nav_entry_exists():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
     nav = set(_nav_pages(config["nav"]))

@@ -329,3 +329,29 @@ class TestContentIsComparedNotAssumed:
         (dest / "f").write_bytes(b"remote!")
         os.utime(dest / "f", ns=(st.st_atime_ns, st.st_mtime_ns))
         assert tarsync.scan(str(dest), tarsync.listing(str(src), sums=True)) == []
+
+
+OWN = [(ROOT, f"{ROOT}/data")]
+
+
+@pytest.mark.parametrize("path", [f"{ROOT}/envs", f"{ROOT}/jobs", f"{ROOT}/payloads",
+                                  f"{ROOT}/envs/cu124-2.5.1", f"{ROOT}/jobs/x/y", f"{ROOT}/other"])
+def test_delete_never_reaches_opsctls_own_state_in_the_container(path):
+    with pytest.raises(errors.DeleteRefused, match="opsctl's own state"):
+        filepaths.check_delete("container path", path, REMOTE, OWN)
+
+
+@pytest.mark.parametrize("path", [f"{ROOT}/data/run", f"{ROOT}/data/a/b", "/scratch/out"])
+def test_delete_into_a_directory_of_the_users_under_data_is_allowed(path):
+    filepaths.check_delete("container path", path, REMOTE, OWN)
+
+
+@given(st.lists(st.sampled_from(["data", "envs", "jobs", "x", ".."]), min_size=1, max_size=4))
+def test_no_normalized_path_inside_the_root_but_outside_data_passes(parts):
+    path = posixpath.normpath(posixpath.join(ROOT, *parts))
+    inside_data = path.startswith(f"{ROOT}/data/")
+    inside_root = path.startswith(f"{ROOT}/") or path == ROOT
+    refused = filepaths.delete_refusal(path, REMOTE) or filepaths.own_state_refusal(
+        path, ROOT, f"{ROOT}/data")
+    if inside_root and not inside_data:
+        assert refused is not None, path

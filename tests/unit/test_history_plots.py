@@ -334,8 +334,10 @@ def test_the_wrapper_records_steps_gpu_samples_and_the_end_in_history_json(tmp_p
         assert loss[0] > loss[-1]
         assert set(hist["gpu_util"]) - {None} == {50.0}  # the mean of 0 % and 100 %
         assert [m["kind"] for m in hist["marks"]] == ["compile", "end"]
+        assert hist["last"]["loss"]["v"] == 3.0 / 12  # written before the end was: the last step
         full = agent("history")["data"]
         assert full["source"] == "history.json"
+        assert full["history"]["steps"]["step"] == list(range(1, 13))
         assert set(full["history"]["gpu_mem_gib"]) - {None} == {128.0}  # 0 + 131072 MiB
     finally:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
@@ -393,3 +395,38 @@ def test_an_absurd_loss_is_drawn_clamped_not_a_traceback(loss):
     assert "loss" in chart
     (row,) = plots.sparkline_rows(hist, metrics=("loss",))
     assert row.last == "2.0000" and float(row.high) <= plots.METRICS["loss"].high
+
+
+# --- extreme finite values: the buckets keep a finite mean ---------------------------------
+
+_FINITE = st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                    st.sampled_from([1e308, -1e308, 1.7976931348623157e308, -1.7976931348623157e308,
+                                     5e-324, 0.0]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples=st.lists(st.tuples(st.floats(min_value=0, max_value=1e5), _FINITE),
+                        min_size=1, max_size=60),
+       cap=st.integers(min_value=2, max_value=8))
+def test_every_bucket_of_finite_losses_has_a_finite_mean_within_their_range(samples, cap):
+    h = agent_history.History(cap=cap, bucket_s=1.0)
+    for at, loss in sorted(samples):
+        h.add(1_700_000_000.0 + at, {"loss": loss})
+    low, high = min(v for _, v in samples), max(v for _, v in samples)
+    cols = h.columns()
+    reduced = agent_history.reduce(cols, 3)
+    for col in (cols["loss"], reduced["loss"]):
+        assert all(v is not None for v in col)
+        assert all(low - abs(low) * 1e-3 <= v <= high + abs(high) * 1e-3 for v in col), (low, high, col)
+    json.dumps(cols, allow_nan=False)  # the file and the reply are strict JSON
+    shapes.validate(HistoryDoc, reduced, where="test")
+
+
+def test_steps_at_loss_1e308_are_plotted_not_reported_as_no_steps():
+    rec = agent_history.History(bucket_s=60.0)
+    for i in range(4):  # one bucket holds all four steps: their sum overflows, their mean does not
+        rec.add(1_700_000_000.0 + i, {"loss": 1e308, "tok_s": 1000.0})
+    hist = shapes.validate(HistoryDoc, agent_history.reduce(rec.columns(), 120), where="test")
+    assert hist["loss"] == [pytest.approx(1e308, rel=1e-3)]
+    chart = plots.terminal_charts(hist, ("loss", "tok_s"), color=False)
+    assert "loss" in chart and "Ktok/s" in chart

@@ -34,6 +34,28 @@ def test_a_bare_address_of_a_known_host_uses_its_inventory_entry():
     assert inv.resolve("10.1.2.6").name == "pve1"
 
 
+@pytest.mark.parametrize("where", ["containers:\n      50: {gpus: true}",
+                                   "enter: direct\n    target: {gpus: true}",
+                                   "port: true"])
+def test_a_yaml_boolean_is_no_count_of_gpus_nor_a_port(tmp_path, where):
+    (tmp_path / "hosts.yaml").write_text(f"hosts:\n  a:\n    address: 127.0.0.1\n    {where}\n")
+    with pytest.raises(ConfigError) as exc:
+        inventory.load([tmp_path])
+    assert "hosts.a." in exc.value.message and "\n" not in exc.value.message
+
+
+def test_a_known_hosts_address_with_another_user_keeps_its_kind_of_target(tmp_path):
+    """``admin@ADDR:PORT`` of a direct host is that direct host as ``admin`` (never a fresh
+    Proxmox host sent ``pct exec``), with its root; only the user differs."""
+    (tmp_path / "hosts.yaml").write_text(
+        "hosts:\n  gpu1:\n    address: 127.0.0.1\n    port: 2222\n    enter: direct\n"
+        "    root: /srv/opsctl\n    target: {gpus: 1}\n")
+    inv = inventory.load([tmp_path])
+    h = inv.resolve("admin@127.0.0.1:2222")
+    assert (h.direct, h.user, h.port, h.root) == (True, "admin", 2222, "/srv/opsctl")
+    assert inv.resolve("127.0.0.1:2222").name == "gpu1" and inv.resolve("gpu1").user == "root"
+
+
 def test_an_unknown_name_lists_the_known_hosts():
     inv = inventory.load([REPO / "inventory"])
     with pytest.raises(ConfigError) as exc:

@@ -378,3 +378,32 @@ def test_a_directory_at_the_queued_hint_is_left_and_costs_only_a_scan(tmp_path: 
     q.set_hint(str(tmp_path))
     q.clear_hint(str(tmp_path))
     assert hint.is_dir() and q.may_have_queued(str(tmp_path))
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(record=st.one_of(st.binary(max_size=200), _JSON.map(lambda v: json.dumps(v).encode()),
+                        st.fixed_dictionaries({}, optional={
+                            "pgid": _JSON, "start_ticks": _JSON, "cgroup": _JSON}).map(
+                            lambda d: json.dumps(d).encode())))
+def test_a_damaged_jobs_pid_record_gives_only_typed_facts_and_never_another_jobs_cgroup(
+        tmp_path: Path, record: bytes) -> None:
+    """What ``stop`` of a damaged job and the GPU holders read back from its ``pid`` record:
+    a pgid only with the start time that makes it this job's, whole numbers only, and a
+    cgroup that is this job's own (never one the record names for another job)."""
+    from remote_payload.agent import jobstore
+
+    job = tmp_path / "jobs" / "wreck-60"
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "pid").write_bytes(record)
+    pgid, ticks, cgroup = jobstore.damaged_pid_facts(str(tmp_path), "wreck-60")
+    for value in (pgid, ticks):
+        assert value is None or (type(value) is int and value > 1)
+    assert pgid is None or ticks is not None
+    assert cgroup is None or (os.path.basename(cgroup) == "wreck-60"
+                              and os.path.basename(os.path.dirname(cgroup))
+                              == jobstore.JOB_CGROUP_PARENT)

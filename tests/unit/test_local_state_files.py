@@ -21,6 +21,17 @@ def test_local_logs_are_readable_by_their_owner_only(isolated_env: Path):
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
+def test_a_logs_folder_the_user_linked_elsewhere_keeps_its_own_mode(isolated_env: Path,
+                                                                    tmp_path: Path):
+    shared = tmp_path / "bigdisk"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    (isolated_env / "logs").symlink_to(shared)
+    log = paths.new_log("x.log")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755, "the user's folder is left as it was"
+    assert log.parent == isolated_env / "logs" and stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
 def test_a_gone_muxs_lock_and_log_files_are_pruned_a_day_later(tmp_path) -> None:
     import fcntl
     import os

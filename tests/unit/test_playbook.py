@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -110,3 +111,58 @@ def test_ordinary_healthy_when_regexes_are_accepted(tmp_path, regex):
     book = tmp_path / "b.yaml"
     book.write_text(f"name: x\ncommand: [sh]\nhealthy_when: {{regex: '{regex}'}}\n")
     assert playbook.load(book).healthy_when.regex == regex
+
+
+@pytest.mark.parametrize(("name", "value", "credential"), [
+    ("MLFLOW_TRACKING_PASSWORD", "x" * 20, True),
+    ("MLFLOW_TRACKING_TOKEN", "x" * 20, True),
+    ("HF_TOKEN", "x" * 20, True),
+    ("WANDB_API_KEY", "x" * 20, True),
+    ("AWS_SECRET_ACCESS_KEY", "x" * 20, True),
+    ("MLFLOW_TRACKING_URI", "https://me:pw123456789@mlflow.example/", True),
+    ("MLFLOW_TRACKING_URI", "https://mlflow.example/", False),
+    ("MLFLOW_TRACKING_USERNAME", "trainer", False),
+    ("TOKENIZERS_PARALLELISM", "false", False),
+    ("CUDA_VISIBLE_DEVICES", "0", False),
+    ("CACHE_KEY", "abc", False),
+])
+def test_an_env_entry_holding_a_credential_is_told_by_its_name_or_a_password_in_a_url(
+        name: str, value: str, credential: bool) -> None:
+    from opsctl.config.playbook import is_credential
+
+    assert is_credential(name, value) is credential
+
+
+def test_credential_env_entries_go_in_the_spec_by_name_only_and_their_values_as_secrets() -> None:
+    from opsctl.ops.deploy import collect_secrets
+
+    token = "tok-" + "9" * 20
+    book = playbook.Playbook(name="p", command=["true"], secrets=["OTHER_SECRET"],
+                    env={"MLFLOW_TRACKING_TOKEN": token, "LR": "3e-4"})
+    spec = book.job_spec("p-1", root="/opt/opsctl")
+    assert spec["env"] == {"LR": "3e-4"} and token not in json.dumps(spec)
+    assert spec["secrets"] == ["OTHER_SECRET", "MLFLOW_TRACKING_TOKEN"]
+    values = collect_secrets(book, environ={"OTHER_SECRET": "o" * 20})
+    assert values == {"OTHER_SECRET": "o" * 20, "MLFLOW_TRACKING_TOKEN": token}
+    short = playbook.Playbook(name="p", command=["true"], env={"HF_TOKEN": "abc"})
+    with pytest.raises(errors.ConfigError) as exc:
+        collect_secrets(short, environ={})
+    assert "HF_TOKEN" in exc.value.message and "abc" not in exc.value.message
+
+
+@pytest.mark.parametrize("gpus", ["true", "[0, true]", "'2'"])
+def test_a_boolean_or_a_string_is_no_gpu_count(tmp_path, gpus):
+    p = write(tmp_path, f"""
+        name: hello
+        command: [python3]
+        gpus: {gpus}
+    """)
+    with pytest.raises(ConfigError) as exc:
+        playbook.load(p)
+    assert "gpus" in exc.value.message
+
+
+def test_a_gpu_count_or_indices_load(tmp_path):
+    for gpus, want in (("2", 2), ("[0, 3]", [0, 3]), ("null", None)):
+        p = write(tmp_path, f"name: hello\ncommand: [python3]\ngpus: {gpus}\n")
+        assert playbook.load(p).gpus == want

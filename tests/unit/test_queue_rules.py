@@ -332,8 +332,10 @@ class TestQueueAddInterrupted:
                 raise KeyboardInterrupt
 
         host = types.SimpleNamespace(root="/opt/opsctl", label="h", containers={200: None},
-                                     notify_urls=lambda ct: [])
-        tgt = t.cast(t.Any, types.SimpleNamespace(host=host, ctid=200, label="h ct 200",
+                                     notify_urls=lambda ct: [], target_spec=lambda ct: None,
+                                     direct=False)
+        tgt = t.cast(t.Any, types.SimpleNamespace(host=host, ctid=200, label="h ct 200", name="h",
+                                                  flags=["--host", "h", "--ct", "200"],
                                                   agent=Agent()))
         book = Playbook(name="p", command=["true"])
         with pytest.raises(errors.Interrupted) as exc:
@@ -379,7 +381,8 @@ def _torch_target(agent: _TorchAgent) -> t.Any:
     import types
 
     host = types.SimpleNamespace(root="/opt/opsctl", label="h", containers={200: None},
-                                 notify_urls=lambda ct: [], torch_builds=None)
+                                 notify_urls=lambda ct: [], torch_builds=None,
+                                 target_spec=lambda ct: None, direct=False)
     return types.SimpleNamespace(host=host, ctid=200, label="h ct 200", agent=agent,
                                  inventory=types.SimpleNamespace(torch_builds=None))
 
@@ -433,3 +436,33 @@ def test_a_build_name_the_agent_accepts_is_one_safe_path_component(name: str) ->
     if q.wire_build_ok(name):
         assert name.startswith("torch-") and "/" not in name and ".." not in name
         assert name not in (".", "..") and "\x00" not in name
+
+
+class _CurrentBuildAgent(_TorchAgent):
+    """``envs``: the playbook's build is already current."""
+
+    def call(self, verb: str, *args: str, timeout: float = 60, stdin: bytes | None = None,
+             on_stderr: t.Any = None) -> t.Any:
+        if verb == "envs":
+            self.calls.append((verb, args, stdin))
+            return {"builds": [], "current": "torch-2.13.0-cpu"}
+        return super().call(verb, *args, timeout=timeout, stdin=stdin, on_stderr=on_stderr)
+
+
+def test_deploy_sends_a_playbooks_requirements_although_its_torch_build_is_current() -> None:
+    """The agent decides (it rebuilds a build that lacks them); deploy never skips the call."""
+    from opsctl.ops import deploy as deploy_ops
+
+    agent = _CurrentBuildAgent()
+    book = Playbook(name="p", command=["true"], torch={"variant": "cpu"},
+                    requirements=["transformers==5.24.0"])
+    steps: list[dict[str, t.Any]] = []
+    deploy_ops._prepare_torch(_torch_target(agent), book, steps, None, replace=False)
+    [swap] = [args for verb, args, _ in agent.calls if verb == "swap"]
+    assert "transformers==5.24.0" in swap
+    assert steps[-1]["step"] == "torch" and steps[-1]["requirements"] == ["transformers==5.24.0"]
+    plain = _CurrentBuildAgent()
+    deploy_ops._prepare_torch(_torch_target(plain), Playbook(name="p", command=["true"],
+                                                             torch={"variant": "cpu"}),
+                              [], None, replace=False)
+    assert "swap" not in [verb for verb, _, _ in plain.calls]  # nothing asked: nothing to do

@@ -449,7 +449,7 @@ def test_a_destination_swapped_after_the_check_is_put_back_and_refused(tmp_path,
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_text("keep")
-    real_exchange = safe_write._exchange
+    real_exchange = safe_write.exchange
     real_check = safe_write.check_directory
     calls: list[str] = []
 
@@ -464,7 +464,7 @@ def test_a_destination_swapped_after_the_check_is_put_back_and_refused(tmp_path,
                 os.rename(victim, out)
 
     monkeypatch.setattr(safe_write, "check_directory", check_then_race)
-    monkeypatch.setattr(safe_write, "_exchange",
+    monkeypatch.setattr(safe_write, "exchange",
                         real_exchange if exchange else (lambda a, b: False))
     with pytest.raises(DestinationRefused), safe_write.new_directory(out, kind="export") as d:
         _fill(d, a="new")
@@ -631,3 +631,98 @@ def test_a_marker_that_is_a_link_or_a_directory_is_no_marker(tmp_path, kind):
     assert safe_write.read_marker(model) is None
     with pytest.raises(DestinationRefused, match="opsctl did not write"):
         safe_write.check_directory(model, kind="export")
+
+
+# --- links, lines, and the writers that use them ------------------------------------------
+
+
+def test_write_link_points_a_link_elsewhere_in_one_step(tmp_path):
+    link = tmp_path / "current"
+    safe_write.write_link(link, "build-a")
+    safe_write.write_link(link, "build-b")
+    assert os.readlink(link) == "build-b"
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_write_link_never_replaces_what_is_not_a_link(what, tmp_path):
+    there = tmp_path / "current"
+    if what == "file":
+        there.write_text("x")
+    else:
+        there.mkdir()
+    with pytest.raises(DestinationRefused, match="not a symbolic link"):
+        safe_write.write_link(there, "build-a")
+    assert not there.is_symlink()
+
+
+@pytest.mark.parametrize("ending", ["", "last line\n", "last line"])
+def test_append_line_makes_the_line_one_of_its_own(ending, tmp_path):
+    path = tmp_path / "lines"
+    path.write_text(ending)
+    safe_write.append_line(path, "new")
+    assert path.read_text().splitlines() == [*ending.splitlines(), "new"]
+    assert path.read_text().endswith("new\n")
+
+
+def test_append_line_refuses_a_line_break_in_the_line(tmp_path):
+    with pytest.raises(DestinationRefused, match="line break"):
+        safe_write.append_line(tmp_path / "lines", "a\nb")
+    assert not (tmp_path / "lines").exists()
+
+
+def test_check_file_refuses_a_link_or_a_directory_before_any_work(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "victim")
+    for path in (tmp_path / "dir", tmp_path / "link", f"{tmp_path}/x/"):
+        with pytest.raises(DestinationRefused):
+            safe_write.check_file(path)
+    safe_write.check_file(tmp_path / "new.json")
+    assert not (tmp_path / "victim").exists()
+
+
+def test_eval_json_out_through_a_link_is_refused_before_the_measurement(tmp_path):
+    pytest.importorskip("torch")
+    from remote_payload.trainer import evaluate
+
+    victim = tmp_path / "victim"
+    victim.write_text("the user's")
+    (tmp_path / "out.json").symlink_to(victim)
+    with pytest.raises(DestinationRefused, match="symbolic link"):
+        evaluate.parse(["--ckpt", "c", "--target-path", "t", "--prompts", "p",
+                        "--json-out", str(tmp_path / "out.json")])
+    assert victim.read_text() == "the user's"
+
+
+def test_a_stack_dump_is_never_written_through_a_planted_link(tmp_path):
+    from remote_payload.agent import jobstore, stacks
+
+    victim = tmp_path / "victim"
+    victim.write_text("the user's")
+    folder = tmp_path / "job" / jobstore.STACK_DUMPS
+    folder.mkdir(parents=True)
+    (folder / "dump.txt").symlink_to(victim)
+    proc = stacks.ProcessStacks(pid=1, rank=0, role="train", gpu=None, cmd="python", dump="x",
+                                threads=1, where="", collective=None, caller=None)
+    with pytest.raises(DestinationRefused):
+        stacks.save(str(tmp_path / "job"), [proc], "dump")
+    assert victim.read_text() == "the user's"
+    path = stacks.save(str(tmp_path / "job"), [proc], "other")
+    assert pathlib.Path(path).read_text().startswith("=== pid 1 rank 0")
+
+
+def test_torch_history_is_appended_never_through_a_link(tmp_path):
+    from remote_payload.agent.torchenv.layout import Layout, append_history
+
+    layout = Layout(str(tmp_path))
+    append_history(layout, {"a": 1})
+    append_history(layout, {"a": 2})
+    assert [json.loads(x) for x in pathlib.Path(layout.history).read_text().splitlines()] == [
+        {"a": 1}, {"a": 2}]
+    victim = tmp_path / "victim"
+    victim.write_text("")
+    os.unlink(layout.history)
+    os.symlink(victim, layout.history)
+    with pytest.raises(DestinationRefused):
+        append_history(layout, {"a": 3})
+    assert victim.read_text() == ""

@@ -211,18 +211,22 @@ def test_a_card_naming_a_path_that_is_not_utf8_is_written_as_that_path_s_own_byt
     assert raw.decode("utf-8", "surrogateescape").startswith(serving.CARD_MARK)
 
 
-def test_a_readme_that_becomes_a_link_after_the_check_is_replaced_never_written_through(
+def test_a_readme_that_becomes_a_link_after_the_check_is_refused_never_written_through(
         tmp_path):
     """write_card runs after ours() said yes; a link put there in between (a shared
-    directory) is replaced by the card, and the file it pointed at is untouched."""
+    directory) is refused (remote_payload/safe_write.py), and the file it pointed at is
+    untouched."""
+    from remote_payload import safe_write
+
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's\n")
     readme = tmp_path / "out" / serving.README_FILE
     readme.parent.mkdir()
     readme.symlink_to(victim)
-    serving.write_card(readme, serving.model_card(CONFIG, str(readme.parent), QWEN3_8B))
+    with pytest.raises(safe_write.DestinationRefused, match="symbolic link"):
+        serving.write_card(readme, serving.model_card(CONFIG, str(readme.parent), QWEN3_8B))
     assert victim.read_text() == "the user's\n"
-    assert not readme.is_symlink() and readme.read_text().startswith(serving.CARD_MARK)
+    assert readme.is_symlink()
     assert sorted(p.name for p in readme.parent.iterdir()) == [serving.README_FILE]
 
 

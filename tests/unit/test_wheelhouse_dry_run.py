@@ -1,13 +1,16 @@
 """``swap-torch --dry-run`` of a wheelhouse build checks, from this machine, the index its
 wheels would be downloaded from (``download_index_url``, else the build's ``index_url``):
 it answers and has the version, within a time bound; whatever the index serves, the answer
-is a fact or one TorchEnvError, never a traceback or a false "ok". Local ``file:`` indexes
-and a loopback socket only."""
+is a fact or one TorchEnvError, never a traceback or a false "ok". It looks up no host name:
+an index on a named host is "not checked here". Local ``file:`` indexes and a loopback socket
+only."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
+import typing as t
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,45 @@ def test_any_page_is_a_fact_or_one_torch_env_error(tmp_path_factory, page):
         assert "nothing was changed" in str(exc)
     else:
         assert "2.13.0+cpu" in fact
+
+
+@pytest.fixture
+def no_lookups(monkeypatch):
+    """A resolver that fails the test if anything looks a name up (the calls are kept too, so a
+    caller that swallows the error still fails it)."""
+    calls: list[tuple[object, ...]] = []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def refuse(*args: object, **kwargs: object) -> t.NoReturn:
+        calls.append(args)
+        raise AssertionError(f"a dry run looked up a host name: {args[:2]}")
+
+    def numeric_only(host: str, *args: t.Any, **kwargs: t.Any) -> t.Any:
+        try:  # an IP literal is no lookup: the socket module passes those through too
+            ipaddress.ip_address(host)
+        except ValueError:
+            refuse(host, *args)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", numeric_only)
+    monkeypatch.setattr(socket, "gethostbyname", refuse)
+    monkeypatch.setattr(socket, "gethostbyname_ex", refuse)
+    yield calls
+    assert calls == []
+
+
+@pytest.mark.parametrize("index", ["https://download.pytorch.org/whl/cpu",
+                                   "http://mirror.internal:8080/simple", "https://localhost/simple"])
+def test_a_dry_run_looks_up_no_host_name_and_says_the_index_was_not_checked(no_lookups, index):
+    fact = check_wheelhouse_index(_build("file:///nowhere", download=index))
+    assert fact.startswith("not checked here") and "looks up no host names" in fact
+    fact = check_wheelhouse_index(_build(index))
+    assert fact.startswith("not checked here")
+
+
+def test_an_index_on_an_ip_literal_is_still_checked_without_a_lookup(no_lookups):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens
+    with pytest.raises(TorchEnvError, match="cannot reach"):
+        check_wheelhouse_index(_build(f"http://127.0.0.1:{port}/simple"))

@@ -11,9 +11,9 @@ import glob
 import json
 import os
 import re
-import subprocess
 import typing as t
 
+from remote_payload import procgroup
 from remote_payload.agent.common import AgentFailure, read_json, write_json_atomic
 from remote_payload.agent.torchenv.procs import clean_env
 from remote_payload.wire import ErrorType
@@ -50,13 +50,20 @@ def probe_facts(python: str, *, timeout_s: float = 180.0) -> dict[str, t.Any]:
     AgentFailure
         ``TorchFactsFailed`` when torch does not import or the probe prints no result.
     """
-    proc = subprocess.run([python, "-I", INSPECT_SCRIPT, "--facts"], capture_output=True,
-                          text=True, env=clean_env(), timeout=timeout_s, check=False)
-    result = parse_inspect_output(proc.stdout)
-    if proc.returncode != 0 or result is None or "facts" not in result:
+    try:
+        done = procgroup.run([python, "-I", INSPECT_SCRIPT, "--facts"], timeout_s,
+                             env=clean_env())
+    except procgroup.ChildTimeout as exc:
+        raise AgentFailure(ErrorType.TorchFactsFailed,
+                           f"torch facts with {python}: no answer within {timeout_s:g} s",
+                           python=python, rc=exc.finished.rc,
+                           stderr_tail=exc.finished.err.decode("utf-8", "replace")[-2000:]
+                           ) from None
+    result = parse_inspect_output(done.out.decode("utf-8", "replace"))
+    if done.rc != 0 or result is None or "facts" not in result:
         raise AgentFailure(ErrorType.TorchFactsFailed, f"cannot read torch facts with {python}",
-                           python=python, rc=proc.returncode,
-                           stderr_tail=(proc.stderr or "")[-2000:])
+                           python=python, rc=done.rc,
+                           stderr_tail=done.err.decode("utf-8", "replace")[-2000:])
     return dict(result["facts"])
 
 

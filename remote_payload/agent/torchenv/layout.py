@@ -13,12 +13,14 @@ import os
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, safe_write, wire
 from remote_payload.agent.common import AgentFailure
 from remote_payload.wire import ErrorType
 
 BUILD_PREFIX = wire.TORCH_BUILD_PREFIX
 MARKER = ".opsctl-build.json"  # written last: a venv without it is not a build
+#: the most of a build marker, or of the builds' history's tail, read
+MAX_RECORD_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +118,8 @@ def current_python(root: str) -> str | None:
 
 def read_marker(layout: Layout, build: str) -> dict[str, t.Any] | None:
     try:
-        with open(os.path.join(layout.build_dir(build), MARKER), encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(boundedread.read_regular(os.path.join(layout.build_dir(build), MARKER),
+                                                   MAX_RECORD_BYTES))
     except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -134,26 +136,24 @@ def list_builds(layout: Layout) -> list[str]:
 
 
 def switch_current(layout: Layout, build: str) -> None:
-    """Point ``envs/current`` at ``build`` atomically: temp link, then rename over."""
-    tmp = os.path.join(layout.envs, f".current.tmp.{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    os.symlink(build, tmp)  # relative: the root may be bind-mounted elsewhere
-    os.replace(tmp, layout.current_link)
+    """Point ``envs/current`` at ``build`` atomically
+    (:func:`remote_payload.safe_write.write_link`: a new link, renamed over)."""
+    safe_write.write_link(layout.current_link, build)  # relative: the root may be bind-mounted
 
 
 def append_history(layout: Layout, entry: dict[str, t.Any]) -> None:
+    """One JSON line at the end of ``envs/history.jsonl``
+    (:func:`remote_payload.safe_write.append_text`: never through a link)."""
     os.makedirs(layout.envs, exist_ok=True)
-    with open(layout.history, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    safe_write.append_text(layout.history, json.dumps(entry, sort_keys=True) + "\n")
 
 
 def read_history(layout: Layout, last: int = 20) -> list[dict[str, t.Any]]:
     try:
-        with open(layout.history, encoding="utf-8") as f:
-            lines = f.readlines()[-last:] if last > 0 else []
+        tail = boundedread.read_tail(layout.history, MAX_RECORD_BYTES)[0] if last > 0 else b""
     except FileNotFoundError:
         return []
+    lines = tail.decode("utf-8", "replace").splitlines()[-last:] if last > 0 else []
     out = []
     for line in lines:
         with contextlib.suppress(ValueError):

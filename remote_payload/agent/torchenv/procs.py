@@ -8,13 +8,13 @@ a stalled download is obvious.
 from __future__ import annotations
 
 import os
-import subprocess
+import signal
 import sys
-import threading
 import time
 import typing as t
 
 from remote_payload.agent.torchenv.layout import dir_usage
+from remote_payload.procgroup import STDOUT, ChildTimeout, Group
 
 # Variables that would make a child pip or python pick up settings from outside the build.
 _SCRUB_PREFIXES = ("PIP_", "PYTHON", "VIRTUAL_ENV", "CONDA_", "UV_")
@@ -22,6 +22,9 @@ _KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "LOGNAME", "SSL_CERT_
          "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
          "http_proxy", "https_proxy", "no_proxy", "CUDA_VISIBLE_DEVICES",
          "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
+
+#: how much of a child's output :func:`run_logged` returns (the failure reasons are read from it)
+_TAIL_CHARS = 65536
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -36,53 +39,42 @@ def clean_env(**extra: str) -> dict[str, str]:
 def run_logged(argv: t.Sequence[str], *, log_path: str, env: dict[str, str], label: str,
                cwd: str | None = None, timeout_s: float | None = None,
                watch_dir: str | None = None, heartbeat_s: float = 15.0) -> tuple[int, str]:
-    """Run ``argv``; append its output to ``log_path`` and echo it to stderr.
+    """Run ``argv`` as a process group (:mod:`remote_payload.procgroup`); append its output
+    to ``log_path`` and echo it to stderr.
+
+    The deadline holds whatever the child does (a silent pip, a grandchild that keeps the
+    output pipe open), and the whole tree is ended before this returns.
 
     Returns (returncode, last ~64 KB of output). ``returncode`` is -9 after a timeout.
     """
-    done = threading.Event()
     t0 = time.monotonic()
     tail: list[str] = []
+    held = [0]  # characters in tail
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=cwd, text=True,
-                                errors="replace", bufsize=1)
+
+        def line(text: str) -> None:
+            log.write(text + "\n")
+            log.flush()
+            sys.stderr.write(f"[{label}] {text}\n")
+            tail.append(text + "\n")
+            held[0] += len(tail[-1])
+            while held[0] > _TAIL_CHARS and len(tail) > 1:
+                held[0] -= len(tail.pop(0))
 
         def heartbeat() -> None:
-            while not done.wait(heartbeat_s):
-                grown = dir_usage(watch_dir)[0] if watch_dir else 0
-                line = (f"[{label}] still running after {time.monotonic() - t0:.0f}s"
-                        + (f", {grown / 1e6:.0f} MB written" if watch_dir else ""))
-                sys.stderr.write(line + "\n")
-                sys.stderr.flush()
+            grown = dir_usage(watch_dir)[0] if watch_dir else 0
+            sys.stderr.write(f"[{label}] still running after {time.monotonic() - t0:.0f}s"
+                             + (f", {grown / 1e6:.0f} MB written" if watch_dir else "") + "\n")
+            sys.stderr.flush()
 
-        def killer() -> None:
-            if timeout_s is not None and not done.wait(timeout_s):
-                proc.kill()
-
-        threads = [threading.Thread(target=heartbeat, daemon=True),
-                   threading.Thread(target=killer, daemon=True)]
-        for th in threads:
-            th.start()
+        group = Group(argv, env=env, cwd=cwd, stderr=STDOUT)
         try:
-            stdout = proc.stdout
-            if stdout is None:
-                raise RuntimeError("child has no stdout pipe")
-            for line in stdout:
-                log.write(line)
-                log.flush()
-                sys.stderr.write(f"[{label}] {line}")
-                tail.append(line)
-                if len(tail) > 800:
-                    del tail[:400]
-            rc = proc.wait()
-        finally:
-            done.set()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            rc = group.stream(timeout_s, line, on_tick=heartbeat, tick_s=heartbeat_s)
+        except ChildTimeout:
+            rc = -signal.SIGKILL
+            log.write(f"[timed out after {timeout_s:g}s: its processes were ended]\n")
         log.write(f"[exit {rc} after {time.monotonic() - t0:.1f}s]\n")
     sys.stderr.flush()
-    return rc, "".join(tail)[-65536:]
+    return rc, "".join(tail)[-_TAIL_CHARS:]

@@ -12,12 +12,12 @@ import dataclasses
 import glob
 import os
 import shutil
-import subprocess
+import stat
 import sys
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, procgroup, safe_write, wire
 from remote_payload.agent.common import AgentFailure, write_json_atomic
 from remote_payload.agent.torchenv.fingerprint import (
     INSPECT_SCRIPT,
@@ -84,10 +84,10 @@ def has_gpus() -> bool:
     if exe is None:
         return False
     try:
-        proc = subprocess.run([exe, "-L"], capture_output=True, timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        done = procgroup.run([exe, "-L"], 15)
+    except OSError:  # TimeoutError included: a hung nvidia-smi was ended
         return False
-    return proc.returncode == 0 and b"GPU" in proc.stdout
+    return done.rc == 0 and b"GPU" in done.out
 
 
 def pip_failure_reason(output: str) -> str:
@@ -146,8 +146,12 @@ def dry_run(layout: Layout, build: str, req: SwapRequest) -> dict[str, t.Any]:
         ``TorchInstallFailed`` (step ``index``): the index is unreachable or lacks the version.
     """
     t0 = time.monotonic()
-    previous, action = _plan(layout, build, req.reinstall)
+    previous, action = _plan(layout, build, req.reinstall, req.requirements)
     checked: list[str] = []
+    marker = read_marker(layout, build)
+    if marker is not None and missing_requirements(marker, req.requirements):
+        checked.append(f"{build} lacks {', '.join(missing_requirements(marker, req.requirements))}"
+                       ": it would be built again with them")
     if action == "install" and not req.wheelhouse and req.index_url:
         pinned = f"{req.version}+{req.variant}"
         try:
@@ -195,15 +199,41 @@ def wheelhouse_pin(wheelhouse: str, version: str, variant: str) -> str:
     return sorted(matching, key=lambda v: "+" not in v)[0]  # prefer the exact local tag
 
 
-def _plan(layout: Layout, build: str, reinstall: bool) -> tuple[str | None, str]:
+def _plan(layout: Layout, build: str, reinstall: bool,
+          requirements: t.Sequence[str] = ()) -> tuple[str | None, str]:
     """The current build, and what a swap to ``build`` does: noop, switch or install (the
-    dry run and the real swap decide it by this one rule)."""
+    dry run and the real swap decide it by this one rule). An installed build that lacks
+    some of ``requirements`` (its marker lists what it was built with) is built again
+    (:func:`missing_requirements`): a playbook's new requirements are never skipped."""
     previous = current_build(layout)
+    marker = read_marker(layout, build)
+    if marker is not None and missing_requirements(marker, requirements):
+        return previous, "install"
     if previous == build and not reinstall:
         return previous, "noop"
-    if read_marker(layout, build) is not None and not reinstall:
+    if marker is not None and not reinstall:
         return previous, "switch"
     return previous, "install"
+
+
+def missing_requirements(marker: t.Mapping[str, t.Any], requirements: t.Sequence[str]
+                         ) -> list[str]:
+    """The requirements an installed build was not built with (its marker's list, read back:
+    anything but a list of strings counts as none)."""
+    had = marker.get("requirements")
+    have = set(had) if isinstance(had, list) and all(isinstance(r, str) for r in had) else set()
+    return [r for r in requirements if r not in have]
+
+
+def with_kept_requirements(layout: Layout, build: str, req: SwapRequest) -> SwapRequest:
+    """``req`` for a rebuild of an installed build: its requirements are the build's own
+    (from its marker) followed by the new ones, so a rebuild never drops a package an
+    earlier playbook installed."""
+    marker = read_marker(layout, build) or {}
+    had = marker.get("requirements")
+    old = [r for r in had if isinstance(r, str)] if isinstance(had, list) else []
+    merged = tuple(dict.fromkeys([*old, *req.requirements]))
+    return dataclasses.replace(req, requirements=merged)
 
 
 def _rewrite_bin(venv: str, old: str, new: str) -> None:
@@ -213,20 +243,29 @@ def _rewrite_bin(venv: str, old: str, new: str) -> None:
         path = os.path.join(bindir, name)
         if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
             continue
-        with open(path, "rb") as f:
-            data = f.read()
-        if old.encode() in data:
-            mode = os.stat(path).st_mode
-            with open(path, "wb") as f:
-                f.write(data.replace(old.encode(), new.encode()))
-            os.chmod(path, mode)
+        try:
+            data = boundedread.read_regular(path, 1 << 20)
+        except OSError:  # became a link or grew meanwhile: not a script of the venv's
+            continue
+        if old.encode() in data:  # rewritten whole, its mode kept (less the umask)
+            safe_write.write_bytes(path, data.replace(old.encode(), new.encode()),
+                                   mode=stat.S_IMODE(os.stat(path).st_mode), durable=False)
 
 
 def _remove_stale_builds(layout: Layout) -> None:
-    """Half-made venvs of an install that was killed (we hold the lock: none is running)."""
-    for name in os.listdir(layout.envs):
+    """Half-made venvs of an install that was killed (we hold the lock: none is running).
+
+    A ``.trash-<build>-<pid>`` whose build is missing is that build, moved aside by a
+    reinstall killed before the new copy took its name: it is put back, never removed."""
+    for name in sorted(os.listdir(layout.envs)):
+        path = os.path.join(layout.envs, name)
+        if name.startswith(".trash-"):
+            build = name[len(".trash-"):].rpartition("-")[0]
+            if build and not os.path.lexists(layout.build_dir(build)):
+                os.rename(path, layout.build_dir(build))
+                continue
         if name.startswith((".building-", ".trash-")):
-            shutil.rmtree(os.path.join(layout.envs, name), ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _summary(checks: t.Sequence[t.Mapping[str, t.Any]]) -> str:
@@ -257,11 +296,19 @@ def swap(layout: Layout, req: SwapRequest) -> dict[str, t.Any]:
     with locked(layout):
         if not req.dry_run:
             _remove_stale_builds(layout)
-        previous, action = _plan(layout, build, req.reinstall)
+        previous, action = _plan(layout, build, req.reinstall, req.requirements)
+        marker = read_marker(layout, build)
+        missing = missing_requirements(marker, req.requirements) if marker is not None else []
+        if missing:  # built again with them (and with what it had): never skipped
+            if req.install_only and build == previous:
+                # the live jobs run on the current build: it is never rebuilt under them
+                refuse_if_job_running(layout, f"install {', '.join(missing)} into {build}")
+            req = with_kept_requirements(layout, build, req)
         reply: dict[str, t.Any] = {
             "action": action, "build": build, "previous": previous, "dry_run": req.dry_run,
             "path": layout.build_dir(build), "log_path": None, "verification": None,
             "install_seconds": None, "switch_seconds": None,
+            "requirements_added": missing,
         }
         if req.dry_run or action == "noop":
             reply.update(current=previous, seconds=round(time.monotonic() - t0, 3))
@@ -368,9 +415,13 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
             "installed_at": time.time(), "install_seconds": install_s, "log_path": log_path,
             "size_bytes": size, "files": files, "verification": verification,
         })
-        if os.path.exists(final):  # --reinstall: the old copy goes only now, and comes back
-            trash = os.path.join(layout.envs, f".trash-{build}-{os.getpid()}")  # on failure
-            os.replace(final, trash)
+        if os.path.exists(final) and safe_write.exchange(tmp, final):
+            # --reinstall: the new build and the old one trade places in one step, so a kill
+            # at any moment leaves a whole build at its name; the old one, now at ``tmp``, goes
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif os.path.exists(final):  # no renameat2: two renames, and a kill between them
+            trash = os.path.join(layout.envs, f".trash-{build}-{os.getpid()}")  # leaves the
+            os.replace(final, trash)  # old build at .trash-, which the next swap puts back
             try:
                 os.replace(tmp, final)
             except OSError:
@@ -382,7 +433,7 @@ def _install(layout: Layout, build: str, req: SwapRequest, previous: str | None
         facts = dict(verification["facts"], executable=os.path.join(final, "bin", "python"))
         verification["facts"] = facts
         store_facts(final, facts)
-    except (_StepFailed, OSError, subprocess.SubprocessError) as exc:
+    except (_StepFailed, OSError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, _StepFailed):
             step, message, reason = exc.step, exc.message, exc.reason

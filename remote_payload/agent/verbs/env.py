@@ -38,7 +38,7 @@ def run(verb: str, args: argparse.Namespace) -> dict[str, t.Any]:
         "tmux_socket": tmux.socket_name(getattr(args, "tmux_socket", None)),
         "libtmux": _libtmux_version(),
         "payload_digest": manifest.get("digest"),
-        "current_job": jobs.current_job_id(root),
+        "current_job": _current_job(root),
         "disk_free_bytes": free,
     }
 
@@ -52,3 +52,14 @@ def _libtmux_version() -> str | None:
     except ImportError:
         return None
     return str(libtmux.__version__)
+
+
+def _current_job(root: str) -> str | None:
+    """The current job's id; None when ``jobs/current`` is missing or not the agent's (the
+    environment report is still given; ``jobs`` lists the damaged file)."""
+    from remote_payload.agent import jobrecord
+
+    try:
+        return jobs.current_job_id(root)
+    except jobrecord.DamagedRecord:
+        return None

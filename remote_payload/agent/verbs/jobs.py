@@ -14,7 +14,7 @@ import sys
 import time
 import typing as t
 
-from remote_payload import wire
+from remote_payload import boundedread, wire
 from remote_payload.agent import history, launching
 from remote_payload.agent import jobqueue as queue
 from remote_payload.agent import jobstore as jobs
@@ -82,8 +82,9 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                        help="start at the first output written in the last S seconds (the "
                             "container's clock: a laptop's skew does not matter)")
     if verb == "jobs":
-        p.add_argument("--limit", type=int, default=0,
-                       help="the newest N jobs, plus every job still live (0: all)")
+        p.add_argument("--limit", type=_row_limit, default=0, metavar="N",
+                       help="the newest N jobs, plus every job still live (0: all); "
+                       f"never more than {wire.JOB_ROWS_MAX} rows")
     if verb == "stop":
         p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                        help="seconds between SIGINT and SIGTERM (the trainer checkpoints on SIGINT)")
@@ -91,6 +92,15 @@ def add_arguments(verb: str, p: argparse.ArgumentParser) -> None:
                        help="seconds between SIGTERM and SIGKILL")
     if verb == "stacks":
         p.add_argument("--timeout", type=float, default=10.0)
+
+
+def _row_limit(text: str) -> int:
+    """``--limit``: a whole number from 0 to :data:`wire.JOB_ROWS_MAX`."""
+    import argparse
+
+    if not (text.isascii() and text.isdigit()) or int(text) > wire.JOB_ROWS_MAX:
+        raise argparse.ArgumentTypeError(f"not a whole number from 0 to {wire.JOB_ROWS_MAX}")
+    return int(text)
 
 
 def run(verb: str, args: argparse.Namespace) -> t.Any:
@@ -253,6 +263,9 @@ def status_document(root: str, job_id: str, lines: int = DEFAULT_LINES, *,
     if live:
         doc["history"] = t.cast("HistoryDoc | None", history.for_status(
             rec.path, plain["diagnosis"], ended or now))
+        from remote_payload.agent.verbs import goodput
+
+        doc["goodput"] = goodput.status_summary(root, job_id, (rec.state.value, doc["attempt"]))
     if pane is not None:
         doc["pane_tail"] = pane.result()
         doc["tmux"]["error"] = pane.error
@@ -370,7 +383,7 @@ def launch(root: str, spec_json: str, *, replace: bool, grace: float,
             first = in_the_way[0]
             raise AgentFailure(ErrorType.JobAlreadyRunning,
                                launching.in_the_way_message(root, first, request),
-                               job_id=first, state=jobs.load(root, first).state.value)
+                               job_id=first, state=launching.holder_state(root, first))
         launching.set_slots(spec, got if fits else None, request)
         running = [jobs.load(root, j) for j in in_the_way]
         # GPUs held by anything but opsctl's jobs: visible foreign processes refuse before a
@@ -481,7 +494,7 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | Non
     path = os.path.join(rec.path, jobs.OUTPUT)
     since_indexed = None
     try:
-        with open(path, "rb") as f:
+        with boundedread.open_binary(path) as f:
             size = f.seek(0, os.SEEK_END)
             if tail is not None or since is not None:
                 starts = []
@@ -499,6 +512,10 @@ def logs(root: str, job_id: str, offset: int, max_bytes: int, *, tail: int | Non
             data = f.read(max_bytes)
     except FileNotFoundError:
         data, size = b"", 0
+    except boundedread.Refused as exc:  # a link, FIFO or device where the job's log belongs
+        from remote_payload.agent.jobrecord import DamagedRecord
+
+        raise DamagedRecord(path, exc.reason) from None
     next_offset = offset + len(data)
     return {"job_id": job_id, "offset": offset, "next_offset": next_offset,
             "data_b64": b64encode(data).decode("ascii"), "eof": next_offset >= size,
@@ -520,7 +537,13 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
     signals sent and the pids still left after SIGKILL (a process stuck in the kernel),
     which the CLI reports; a finished job's leftover detached processes are ended too.
     """
-    rec = jobs.load(root, job_id)
+    from remote_payload.agent import jobrecord
+
+    try:
+        rec = jobs.load(root, job_id)
+    except jobrecord.DamagedRecord as exc:
+        return _stop_damaged(root, job_id, exc, grace=grace, kill_after=kill_after,
+                             reason=reason)
     pgid: int | None = rec.pid.get("pgid")
     ticks: int | None = rec.pid.get("start_ticks")
     cgroup: str | None = rec.pid.get("cgroup")
@@ -541,6 +564,57 @@ def stop(root: str, job_id: str, *, grace: float = DEFAULT_GRACE_S,
     return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
             "remaining_pids": remaining, "waited_s": round(time.monotonic() - t0, 3),
             "exit_code": (rec.exit or {}).get("exit_code"), "signal": (rec.exit or {}).get("signal")}
+
+
+def _stop_damaged(root: str, job_id: str, damage: ValueError, *, grace: float,
+                  kill_after: float, reason: str) -> StopDoc:
+    """``stop`` of a job whose records do not parse: its processes are still ended (found by
+    :func:`jobs.damaged_job_processes`: marker, cgroup, the ``pid`` record where it parses),
+    with the same escalation, and the cancel marker is written so a live wrapper records
+    CANCELLED (it rewrites ``status.json`` whole). The damaged record itself is left as it is.
+
+    Raises:
+        AgentFailure: ``DamagedRecord`` when the record still does not parse afterwards: the
+            message says which signals went out and which pids survived (never a state the
+            record cannot back).
+    """
+    from remote_payload.agent import jobrecord
+
+    path = getattr(damage, "path", jobs.job_dir(root, job_id))
+    why = getattr(damage, "reason", str(damage))
+    pgid, ticks, cgroup = jobs.damaged_pid_facts(root, job_id)
+    found = jobs.damaged_job_processes(root, [job_id])[job_id]
+    sent: list[str] = []
+    remaining: list[int] = []
+    t0 = time.monotonic()
+    if found:
+        jobs.request_cancel(root, job_id, reason=reason)
+        sent, remaining = jobs.escalate(job_id, pgid, ticks, cgroup,
+                                        jobs.stop_plan(grace, kill_after))
+        remaining = sorted(set(remaining) | set(jobs.damaged_job_processes(root, [job_id])[job_id]))
+
+        def readable_end() -> bool:
+            try:
+                return jobs.load(root, job_id).state.is_terminal()
+            except (jobrecord.DamagedRecord, AgentFailure):
+                return False
+
+        if not remaining and jobs.wait_until(readable_end, 3.0, 0.02):
+            rec = jobs.load(root, job_id)  # the wrapper wrote its record again
+            return {"job_id": job_id, "state": rec.state.value, "signals_sent": sent,
+                    "remaining_pids": [], "waited_s": round(time.monotonic() - t0, 3),
+                    "exit_code": (rec.exit or {}).get("exit_code"),
+                    "signal": (rec.exit or {}).get("signal")}
+    if not found:
+        ended = "no process of the job was running"
+    elif remaining:
+        ended = (f"sent {', '.join(sent)} to its processes {found}; pids {remaining} still "
+                 "run (stuck in the kernel?)")
+    else:
+        ended = f"sent {', '.join(sent)} to its processes {found}; none is left"
+    raise AgentFailure(ErrorType.DamagedRecord, f"damaged job record {path}: {why}; {ended}; "
+                       "the record is left as it is", path=path, reason=why, job_id=job_id,
+                       signals_sent=sent, remaining_pids=remaining, found_pids=found)
 
 
 # --- stacks -------------------------------------------------------------------
@@ -629,10 +703,14 @@ def list_jobs(root: str, limit: int = 0) -> JobListDoc:
     not parse is listed under ``damaged`` (path and reason) and left on disk untouched."""
     from remote_payload.agent import jobrecord
 
-    current = jobs.current_job_id(root)
-    dated = []
     damaged: list[DamagedRecordDoc] = [{"path": p, "reason": jobs.LINKED_JOB_DIR}
                                        for p in jobs.linked_job_dirs(root)]
+    try:
+        current = jobs.current_job_id(root)
+    except jobrecord.DamagedRecord as exc:  # listed with the rest; the jobs still are
+        current = None
+        damaged.append({"path": exc.path, "reason": exc.reason})
+    dated = []
     for jid in jobs.list_job_ids(root):
         try:
             st = jobrecord.read_status(jobs.job_dir(root, jid), {}) or {}
@@ -645,6 +723,8 @@ def list_jobs(root: str, limit: int = 0) -> JobListDoc:
     dated.sort(reverse=True)
     rows: list[JobRowDoc] = []
     for i, (created, jid, recorded) in enumerate(dated):
+        if len(rows) >= wire.JOB_ROWS_MAX:
+            break  # the newest JOB_ROWS_MAX: a reply the CLI takes (``total`` counts them all)
         if limit and i >= limit and recorded in _TERMINAL_NAMES:
             continue  # older and over (states only move forward): outside the window
         try:
@@ -657,7 +737,7 @@ def list_jobs(root: str, limit: int = 0) -> JobListDoc:
         row["current"] = jid == current
         rows.append(row)
     return {"current": current, "jobs": rows, "total": len(dated), "limit": limit,
-            "damaged": sorted(damaged, key=lambda d: d["path"])}
+            "damaged": sorted(damaged, key=lambda d: d["path"])[:wire.JOB_ROWS_MAX]}
 
 
 _TERMINAL_NAMES = frozenset(s.value for s in JobState if s.is_terminal())
@@ -677,6 +757,8 @@ def _job_row(root: str, job_id: str) -> JobRowDoc:
         cached = None
     if isinstance(cached, dict) and cached.get("status_mtime_ns") == stamp and stamp:
         return t.cast("JobRowDoc", {k: v for k, v in cached.items() if k != "status_mtime_ns"})
+    from remote_payload.agent.verbs import goodput
+
     doc = status_document(root, job_id, lines=0, live=False)
     diag = doc.get("diagnosis") or []
     step = doc.get("last_step") or {}
@@ -691,6 +773,7 @@ def _job_row(root: str, job_id: str) -> JobRowDoc:
         "attempt": doc["attempt"], "max_restarts": doc["max_restarts"], "restarts": doc["restarts"],
         "end_reason": doc["end_reason"], "max_duration_s": doc["max_duration_s"], "run": doc["run"],
         "gpu_slots": doc.get("gpu_slots"), "after": doc.get("after"),
+        "goodput": goodput.job_goodput(root, job_id, doc),
     }
     if doc["state"] in _TERMINAL_NAMES and stamp:
         try:

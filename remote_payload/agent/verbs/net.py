@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import os
 import socket
 import struct
 import typing as t
+
+from remote_payload import procfs
 
 SIOCGIFFLAGS = 0x8913
 SIOCGIFADDR = 0x8915
@@ -83,7 +84,4 @@ def free_port() -> int:
 
 
 def _netns() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/net")
-    except OSError:
-        return None
+    return procfs.link("self", "ns/net")
