@@ -521,6 +521,14 @@ def write_png(hist: HistoryDoc, metrics: t.Sequence[str], path: str, title: str 
             ax.axvline(mx, color=MARK_COLOR.get(m["kind"], "k"), linewidth=0.8, linestyle="--")
     axes[-1, 0].set_xlabel(xlabel + "  (dashed: " + ", ".join(
         sorted({m["kind"] for m, _ in marks})) + ")" if marks else xlabel)
+    _save_figure(fig, path, title)
+
+
+def _save_figure(fig: t.Any, path: str, title: str) -> None:
+    """Title, lay out and write a figure as PNG through the atomic writer, then free it (a
+    failed write still closes the figure, so a long dashboard does not leak them)."""
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -669,10 +677,4 @@ def write_goodput_png(doc: t.Mapping[str, t.Any], path: str, title: str = "") ->
                 color=[GOODPUT_COLOR[n] for n in names])
     bottom.invert_yaxis()
     bottom.set_xlabel(label)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        write_file_atomic(path, lambda f: fig.savefig(f, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
+    _save_figure(fig, path, title)

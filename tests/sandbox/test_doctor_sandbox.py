@@ -15,6 +15,7 @@ import pytest
 
 from opsctl import errors
 from tests.cli_runner import run_cli as run
+from tests.fake_agent import plant_agent
 from tests.sandbox_plugin import use_private_root
 
 pytestmark = pytest.mark.sandbox
@@ -223,33 +224,16 @@ def test_deploy_refuses_on_a_failing_doctor_check_unless_forced(sandbox, isolate
         run("exec", *T, "--", "umount", "-l", FULL_ROOT)
 
 
-_WRITE = """\
-import json, os, sys
-root = sys.argv[1]
-for rel, text in json.load(sys.stdin).items():
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-"""
 
 
 def test_a_deadline_that_leaves_no_time_for_the_container_is_never_a_clean_bill(target: Path):
     """An agent that never answers, and a deadline of 8 s: what is left after the host's
     checks cannot hold the agent's, so doctor says so in a failing ``deadline`` row and exits
     28 (never "no failing check", exit 0), within its deadline."""
-    from opsctl.config import inventory as inventory_mod
     from opsctl.remote import payload
-    from opsctl.remote.transport import Remote
 
-    files = {"payload/remote_payload/__init__.py": "",
-             "payload/remote_payload/agent/__init__.py": "",
-             "payload/remote_payload/agent/__main__.py": "import time\ntime.sleep(100000)\n",
-             "payload/MANIFEST.json": json.dumps({"digest": payload.build_manifest().digest})}
-    with Remote(inventory_mod.load().resolve("sandbox"), use_mux=False) as r:
-        res = r.pct_exec(200, ["python3", "-c", _WRITE, ROOT], stdin=json.dumps(files).encode(),
-                         timeout=30)
-        assert res.rc == 0, res.stderr
+    plant_agent(ROOT, "import time\ntime.sleep(100000)\n",
+                {"payload/MANIFEST.json": json.dumps({"digest": payload.build_manifest().digest})})
     start = time.monotonic()
     res = run("doctor", *T, "--deadline", "8", "--json")
     took = time.monotonic() - start

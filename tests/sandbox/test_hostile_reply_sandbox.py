@@ -29,6 +29,7 @@ from opsctl.remote.agent_client import Agent
 from opsctl.remote.transport import Remote
 from remote_payload import wire_shapes as ws
 from tests.cli_runner import run_cli
+from tests.fake_agent import plant_agent
 from tests.replies import _STATUS, envelope, hostile
 from tests.sandbox.test_pct_host_sandbox import spec
 
@@ -100,26 +101,10 @@ def home(sandbox, tmp_path_factory: pytest.TempPathFactory) -> t.Iterator[Path]:
 
     home = tmp_path_factory.mktemp("hostile-home")
     with private_home(sandbox, home, ROOT):
-        files = {"payload/remote_payload/__init__.py": "",
-                 "payload/remote_payload/agent/__init__.py": "",
-                 "payload/remote_payload/agent/__main__.py": FAKE_MAIN}
-        with Remote(inventory_mod.load().resolve("sandbox"), use_mux=False) as r:
-            res = r.pct_exec(200, ["python3", "-c", _WRITE, ROOT],
-                             stdin=json.dumps(files).encode(), timeout=30)
-        assert res.rc == 0, res.stderr
+        plant_agent(ROOT, FAKE_MAIN)
         yield home
 
 
-#: writes ``{relative path: text}`` (stdin) under the root given as argv[1]
-_WRITE = """\
-import json, os, sys
-root = sys.argv[1]
-for rel, text in json.load(sys.stdin).items():
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-"""
 
 
 def _answer(verb: str, reply: bytes) -> None:

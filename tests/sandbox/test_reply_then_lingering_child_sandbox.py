@@ -5,7 +5,6 @@ deadline, whether the command goes over its own connection or through the multip
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from opsctl.remote import channel
 from opsctl.remote import mux_client as mux
 from opsctl.remote.transport import Remote
 from tests.cli_runner import run_cli as run
+from tests.fake_agent import plant_agent
 from tests.sandbox_plugin import use_private_root
 
 pytestmark = pytest.mark.sandbox
@@ -26,15 +26,6 @@ LINGER = ("import os, time\n"
           "\"error\": {\"type\": \"NoSuchJob\", \"message\": \"no job named lingerer\"}}', "
           "flush=True)\n"
           "if os.fork() == 0:\n    time.sleep(40)\n")
-_WRITE = """\
-import json, os, sys
-root = sys.argv[1]
-for rel, text in json.load(sys.stdin).items():
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-"""
 
 
 def _start_mux(spec: inventory_mod.HostSpec) -> None:
@@ -49,13 +40,7 @@ def test_a_reply_followed_by_a_child_holding_stdout_is_used_within_the_grace(
         sandbox, isolated_env, monkeypatch, mux_on):
     use_private_root(sandbox, isolated_env, ROOT)
     monkeypatch.setenv("OPSCTL_MUX", mux_on)
-    files = {"payload/remote_payload/__init__.py": "",
-             "payload/remote_payload/agent/__init__.py": "",
-             "payload/remote_payload/agent/__main__.py": LINGER}
-    with Remote(inventory_mod.load().resolve("sandbox"), use_mux=False) as r:
-        res = r.pct_exec(200, ["python3", "-c", _WRITE, ROOT], stdin=json.dumps(files).encode(),
-                         timeout=30)
-        assert res.rc == 0, res.stderr
+    plant_agent(ROOT, LINGER)
     if mux_on == "1":
         _start_mux(inventory_mod.load().resolve("sandbox"))
     try:
