@@ -437,8 +437,11 @@ def test_the_stall_benchmark_runs_every_mode_and_reports_blocked_time_tok_s_and_
     for mode in ("none", "background", "sync"):
         assert res[mode]["tok_s"] > 0 and res[mode]["steps"] == 4, res[mode]
     for mode in ("background", "sync"):
-        assert res[mode]["checkpoints"] == 2 and len(res[mode]["blocked_s"]) == 2, res[mode]
+        assert res[mode]["due"] == 2 and len(res[mode]["blocked_s"]) == 2, res[mode]
         assert res[mode]["blocked_max_s"] >= res[mode]["blocked_mean_s"] >= 0
+    assert res["sync"]["checkpoints"] == 2, res["sync"]
+    # a slow disk defers step 4's behind step 2's write, and the loop ends before it is taken
+    assert 1 <= res["background"]["checkpoints"] <= 2, res["background"]
     assert res["background"]["staging_bytes"] > 0
     assert set(res["targets"]) == {"blocked_at_most_1s", "tok_s_within_2pct"}
     assert not any((tmp_path / "ck").glob("*/ckpt-*")), "the benchmark leaves no checkpoint"
