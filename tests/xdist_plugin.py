@@ -44,6 +44,7 @@ LONGEST_FIRST = (
     # template, a core idle (2026-12-02, a cold LXC cache: 14 min 14 s before, 13 min 45 s after)
     REAL_TORCH_GROUP,  # ~330 s: the template, the session's one real install, two-rank jobs
     "test_trainer_run",  # ~90 s: gloo ranks training on CPU
+    "test_whole_chain_cpu",  # ~65 s: its own sshd and this machine as a direct target
     "test_probe",  # ~75 s: a real flex-attention compile
     "test_torch_swap",  # ~90 s: fake builds, a real venv and pip each
     "test_dflash_recipe",  # ~50 s: the CPU end-to-end recipe
@@ -53,11 +54,14 @@ LONGEST_FIRST = (
     "test_agent_queue",  # ~40 s
     # then the sandbox modules, longest first; those that link the real build the first
     # group installs come after two others, by when that install is done
+    "test_direct_target_sandbox",  # ~130 s: the README demo's real torch install on the direct host
     "test_deploy_and_job_wrapper_sandbox",  # ~100 s
     "test_cli_sandbox",  # ~90 s
     "test_multinode_sandbox",  # ~170 s: two torchrun nodes
     REAL_TORCH_DEMO_GROUP,  # ~130 s: the demo, a cache seed, the build's cache dirs
     "test_files_nothing_lost_sandbox",  # ~90 s: every push/pull edge, rsync and tar
+    "test_tensorboard_sandbox",  # ~90 s: real TensorBoard servers, signals at each stage
+    "test_goodput_sandbox",  # ~60 s: a crash, a restart and a re-deploy of one run
     "test_queue_sandbox",  # ~50 s
     "test_babysitting_sandbox",  # ~55 s
     "test_exec_streams_and_endings_sandbox",  # 200 MB streamed twice, deadlines, Ctrl-C
