@@ -84,6 +84,26 @@ def real_cpu_build(sandbox: sandbox_mod.SandboxInfo, ct: int, root: str,
         return reply
 
 
+def link_published_build(envs_dir: Path) -> bool:
+    """Hard-link the session's published build into ``envs_dir`` of a root on this machine (the
+    sandbox's direct host), waiting for an install under way; False when none is published yet
+    or this machine's ``/usr/bin/python3`` is not the build's (its venv links that python), in
+    which case the caller's deploy installs the build the product's way."""
+    with _locked() as shared:
+        cached = shared / BUILD
+        if not (cached.is_dir() and (shared / INSTALL_REPLY).is_file()):
+            return False
+        cfg = (cached / "pyvenv.cfg").read_text()
+        here = subprocess.run(["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"],
+                              capture_output=True, text=True, check=False).stdout.strip()
+        if f"version = {here}\n" not in cfg:
+            return False
+        if not (envs_dir / BUILD).exists():
+            envs_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-al", str(cached), str(envs_dir / BUILD)], check=True)
+        return True
+
+
 def _swap(ct: int, env: dict[str, str], *extra: str) -> dict[str, t.Any]:
     res = CliRunner().invoke(cli, ["swap-torch", *SWAP_ARGS, "--host", "sandbox", "--ct", str(ct),
                                    "--json", *extra], catch_exceptions=False, env=env)

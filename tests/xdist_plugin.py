@@ -54,11 +54,11 @@ LONGEST_FIRST = (
     "test_agent_queue",  # ~40 s
     # then the sandbox modules, longest first; those that link the real build the first
     # group installs come after two others, by when that install is done
-    "test_direct_target_sandbox",  # ~130 s: the README demo's real torch install on the direct host
     "test_deploy_and_job_wrapper_sandbox",  # ~100 s
     "test_cli_sandbox",  # ~90 s
     "test_multinode_sandbox",  # ~170 s: two torchrun nodes
     REAL_TORCH_DEMO_GROUP,  # ~130 s: the demo, a cache seed, the build's cache dirs
+    "test_direct_target_sandbox",  # ~70 s: both kinds of host; links the real build too
     "test_files_nothing_lost_sandbox",  # ~90 s: every push/pull edge, rsync and tar
     "test_tensorboard_sandbox",  # ~90 s: real TensorBoard servers, signals at each stage
     "test_goodput_sandbox",  # ~60 s: a crash, a restart and a re-deploy of one run

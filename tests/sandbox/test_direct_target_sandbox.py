@@ -275,8 +275,13 @@ def test_a_direct_host_whose_ssh_user_is_not_root_needs_no_sudo(sandbox, isolate
 @pytest.mark.slow
 def test_the_cpu_smoke_playbook_trains_on_the_direct_host(sandbox, isolated_env):
     """The README demo on a direct host, in its default root (the sandbox's own): the deploy
-    installs the real CPU torch build there once (minutes on a cold root), then trains, and
-    the job's report, log and list read as on a container."""
+    makes the real CPU torch build current there, then trains, and the job's report, log and
+    list read as on a container. The session's one real install is linked in when it is
+    published (``tests/shared_torch.py``; the install path itself is the same agent code the
+    container tests run), else the deploy installs it (a minute on 2 cores)."""
+    from tests.shared_torch import link_published_build
+
+    link_published_build(sandbox_mod.direct_root(sandbox.state_dir) / "envs")
     inv = isolated_env / "inventory"
     inv.mkdir(parents=True, exist_ok=True)
     shutil.copy(sandbox.inventory_file, inv / "sandbox.yaml")

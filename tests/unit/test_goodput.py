@@ -107,7 +107,7 @@ maybe_time = st.none() | st.floats(min_value=-100, max_value=2000, allow_nan=Fal
     lambda x: T0 + x)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(events, states, maybe_time, maybe_time, maybe_time), min_size=1,
                 max_size=3), st.none() | st.floats(min_value=0, max_value=1e6))
 def test_a_ledger_of_hostile_events_still_partitions_the_wall_time(jobs, expect):
@@ -177,7 +177,7 @@ wild_events = st.lists(st.builds(
                     | st.just(7 * 86400.0), max_size=5)), max_size=30)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(wild_events, st.sampled_from(["FAILED", "SUCCEEDED", "CANCELLED"]),
                           st.floats(min_value=0, max_value=50), st.floats(min_value=60, max_value=150)),
                 min_size=1, max_size=3))
