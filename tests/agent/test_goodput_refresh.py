@@ -108,3 +108,18 @@ def test_a_summary_that_cannot_be_written_is_said_once_and_the_job_goes_on(tmp_p
     (said,) = wrapper.status["evidence"]
     assert said.startswith("goodput summary not written") and "no goodput scalars" in said
     assert refresher.refreshes == 0
+
+
+def test_status_never_reuses_a_summary_made_before_the_run_had_a_goodput(tmp_path: Path) -> None:
+    """A status at a job's first instant finds no wall time yet (goodput None); the next one,
+    within the cache's age and at the same moment, computes the ratio instead of reusing
+    that (the dashboard's ``opsctl_run_goodput_ratio`` would be missing for 30 s)."""
+    scripted_run(tmp_path)
+    moment = ("SUCCEEDED", 2)
+    doc = goodput_verb.status_summary(str(tmp_path), JOB_B, moment)
+    assert doc is not None and doc["goodput"] is not None
+    cache = tmp_path / "jobs" / JOB_B / goodput_verb.SUMMARY_CACHE
+    young = json.loads(cache.read_text())
+    young["summary"] = {**young["summary"], "goodput": None}
+    cache.write_text(json.dumps(young))
+    assert goodput_verb.status_summary(str(tmp_path), JOB_B, moment) == doc

@@ -33,7 +33,8 @@ def test_the_whole_chain_runs_on_cpu_through_this_machines_openssh(tmp_path: Pat
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("TMUX", None)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--sshd-prefix", "/",
-                           "--device", "cpu", "--preset", "tiny", "--goodput-s", "3",
+                           "--device", "cpu", "--preset", "tiny", "--goodput-s", "3", "--redeploy-s", "3",
+                           "--probe-threads", "1",
                            "--budget-s", "300", "--work", str(tmp_path)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=420, check=False)
     print(proc.stdout[-20000:], proc.stderr[-20000:], sep="\n")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from remote_payload.agent import goodput
 from remote_payload.agent.goodput import Interval
+from remote_payload.wire_shapes import GoodputCause
 
 T0 = 1_790_000_000.0
 
@@ -257,3 +258,16 @@ def test_a_file_whose_times_go_backwards_is_damaged_not_counted_again():
     assert twice["causes"] == once["causes"] and twice["restarts"] == once["restarts"] == 1
     assert twice["damaged_lines"] > 0
     assert any("behind an earlier line" in u for u in twice["unknown"])
+
+
+def test_a_young_runs_brief_rounded_to_the_millisecond_still_adds_up():
+    """Productive 100.49 ms of 249.51 ms is goodput 0.4028; rounded to the millisecond on the
+    wire they read 0.100 of 0.250 (0.4): the rounding, not a lie, so the brief is kept."""
+    from opsctl.remote.agent_client import goodput_problem
+
+    exact_p, exact_w = 0.10049, 0.24951
+    causes = {c: 0.0 for c in t.get_args(GoodputCause)}
+    causes.update(productive=round(exact_p, 3), startup=round(exact_w - exact_p, 3))
+    brief = {"wall_s": round(exact_w, 3), "causes": causes, "goodput": round(exact_p / exact_w, 4)}
+    assert goodput_problem(brief, whole=False) is None
+    assert goodput_problem({**brief, "goodput": 0.9}, whole=False) is not None

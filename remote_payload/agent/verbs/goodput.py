@@ -288,7 +288,10 @@ def status_summary(root: str, job_id: str, moment: t.Sequence[t.Any] = ()) -> Go
         except (OSError, ValueError):
             cached = None
         now = time.time()
-        fresh = isinstance(cached, dict) and isinstance(cached.get("summary"), dict)
+        # a summary with no goodput yet (a run too young to have a wall time) is cheap to make
+        # again, and reusing it would hide the run's ratio for SUMMARY_MAX_AGE_S
+        fresh = isinstance(cached, dict) and isinstance(cached.get("summary"), dict) and \
+            cached["summary"].get("goodput") is not None
         if fresh and isinstance(cached.get("at"), float) and cached.get("moment") == list(
                 moment) and 0 <= now - cached["at"] < SUMMARY_MAX_AGE_S:
             return t.cast("GoodputSummaryDoc", cached["summary"])
