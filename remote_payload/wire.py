@@ -294,6 +294,18 @@ def format_event(event: str, **fields: t.Any) -> str:
 NONFINITE_KEY = "nonfinite"
 
 
+def number_in(v: t.Any, low: float, high: float) -> float | None:
+    """``v`` as a finite float within ``[low, high]``, else None: what a number read back from
+    untrusted JSON may be (a bool is no number, nor an integer too large for a float)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and low <= f <= high else None
+
+
 def finite_json(obj: t.Any, path: str = "") -> tuple[t.Any, list[str]]:
     """``obj`` with every non-finite float replaced by ``None``, and the paths replaced.
 

@@ -47,6 +47,8 @@ import json
 import math
 import typing as t
 
+from remote_payload import wire
+
 PRODUCTIVE, STARTUP, COMPILE, CHECKPOINT, STALL, LOST, SHUTDOWN = (
     "productive", "startup", "compile", "checkpoint", "stall", "lost", "shutdown")
 RESTART_GAP, QUEUE_WAIT, UNKNOWN = "restart_gap", "queue_wait", "unknown"
@@ -189,14 +191,9 @@ def bounded(segments: list[Interval], start: float, end: float,
 
 
 def number(v: t.Any, low: float = 0.0, high: float = MAX_SECONDS) -> float | None:
-    """``v`` as a finite float within ``[low, high]``, else None (a bool is no number)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) and low <= f <= high else None
+    """``v`` as a finite float within ``[low, high]``, else None (:func:`wire.number_in`;
+    seconds by default)."""
+    return wire.number_in(v, low, high)
 
 
 def step_of(v: t.Any) -> int | None:

@@ -44,7 +44,7 @@ import typing as t
 import urllib.parse
 from dataclasses import dataclass, field
 
-from remote_payload import boundedread
+from remote_payload import boundedread, wire
 
 #: Every backend ``--report-to`` knows, by Hugging Face's names.
 CHOICES = ("tensorboard", "wandb", "mlflow")
@@ -146,14 +146,6 @@ GOODPUT_MAX_BYTES = 1 << 20
 _GOODPUT_RANGE = {"goodput": (0.0, 1.0), "effective_tok_s": (0.0, 1e15), "wall_s": (0.0, 1e11)}
 
 
-def _finite(v: t.Any, low: float, high: float) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if low <= f <= high else None  # NaN fails both comparisons
 
 
 def goodput_metrics(data: bytes) -> tuple[float, dict[str, float]] | None:
@@ -170,7 +162,7 @@ def goodput_metrics(data: bytes) -> tuple[float, dict[str, float]] | None:
         return None
     if not isinstance(doc, dict):
         return None
-    at, summary = _finite(doc.get("at"), 0.0, 1e11), doc.get("summary")
+    at, summary = wire.number_in(doc.get("at"), 0.0, 1e11), doc.get("summary")
     if at is None or not isinstance(summary, dict):
         return None
     out: dict[str, float] = {}
@@ -178,7 +170,7 @@ def goodput_metrics(data: bytes) -> tuple[float, dict[str, float]] | None:
         v = summary.get(key)
         if v is None:
             continue
-        f = _finite(v, low, high)
+        f = wire.number_in(v, low, high)
         if f is None:
             return None
         out["goodput/ratio" if key == "goodput" else f"goodput/{key}"] = f
@@ -187,7 +179,7 @@ def goodput_metrics(data: bytes) -> tuple[float, dict[str, float]] | None:
         if not isinstance(causes, dict) or not set(causes) <= set(GOODPUT_CAUSES):
             return None
         for cause, v in causes.items():
-            f = _finite(v, 0.0, 1e11)
+            f = wire.number_in(v, 0.0, 1e11)
             if f is None:
                 return None
             if cause != "productive":
